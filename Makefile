@@ -1,0 +1,31 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test run lint clean system-deps
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+## System packages the tests need (none yet beyond the machine's PostgreSQL).
+system-deps:
+	@true
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+run: install
+	$(BIN)/lockd serve
+
+lint: install
+	$(BIN)/ruff check lockd resource_proxy tests
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

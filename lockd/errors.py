@@ -1,0 +1,116 @@
+"""The one typed error hierarchy of lockd, mapped to RFC 9457 problem details in ``api``.
+
+::
+
+    LockdError                      500  internal (never raised for client input)
+    ├── InvalidRequest              422  invalid_request   bad name, TTL out of bounds, bad field
+    │   └── PayloadTooLarge         413  payload_too_large
+    ├── NotFound                    404  not_found
+    ├── LockHeld                    409  held              not granted within wait_ms
+    ├── LeaseLost                   410  lease_lost        expired, released or unknown lease
+    ├── Unauthorized                401  unauthorized
+    ├── Forbidden                   403  forbidden
+    └── StoreUnavailable            503  store_unavailable the store cannot answer; safe to retry
+
+Every error carries ``code`` (the problem slug), ``status``, a human ``detail`` and optional
+extension members (``extra``) that go into the problem body. Messages never contain lease ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "PROBLEM_TYPE_PREFIX",
+    "LockdError",
+    "InvalidRequest",
+    "PayloadTooLarge",
+    "NotFound",
+    "LockHeld",
+    "LeaseLost",
+    "Unauthorized",
+    "Forbidden",
+    "StoreUnavailable",
+]
+
+PROBLEM_TYPE_PREFIX = "urn:lockd:problem:"
+
+
+class LockdError(Exception):
+    """Base of every lockd error. ``status``/``code``/``title`` are class defaults."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str | None = None, **extra: Any):
+        self.detail = detail or self.title
+        self.extra = extra
+        super().__init__(self.detail)
+
+    def problem(self) -> dict[str, Any]:
+        """The problem-details body (``application/problem+json``)."""
+        body = {
+            "type": PROBLEM_TYPE_PREFIX + self.code,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+        }
+        body.update(self.extra)
+        return body
+
+
+class InvalidRequest(LockdError):
+    """The request is well-formed HTTP but its content is not acceptable (422)."""
+
+    status, code, title = 422, "invalid_request", "Invalid request"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request body exceeds the server's limit (413)."""
+
+    status, code, title = 413, "payload_too_large", "Payload too large"
+
+
+class NotFound(LockdError):
+    """No such route or resource (404)."""
+
+    status, code, title = 404, "not_found", "Not found"
+
+
+class LockHeld(LockdError):
+    """The lock was not granted within ``wait_ms`` (409).
+
+    ``extra`` carries the holder's ``owner`` and remaining ``ttl_ms`` (never its lease id); the
+    API adds a ``Retry-After`` header from ``ttl_ms``.
+    """
+
+    status, code, title = 409, "held", "Lock is held"
+
+
+class LeaseLost(LockdError):
+    """The lease is not live: it expired, was released, or never existed (410).
+
+    A lost lease never comes back (invariant 3): acquire again for a new, higher fence.
+    """
+
+    status, code, title = 410, "lease_lost", "Lease lost"
+
+
+class Unauthorized(LockdError):
+    """Missing or wrong API key (401)."""
+
+    status, code, title = 401, "unauthorized", "Unauthorized"
+
+
+class Forbidden(LockdError):
+    """The key is valid but not allowed to make this call (403)."""
+
+    status, code, title = 403, "forbidden", "Forbidden"
+
+
+class StoreUnavailable(LockdError):
+    """The store did not answer (connection lost, no quorum, timeout); nothing was granted (503)."""
+
+    status, code, title = 503, "store_unavailable", "Store unavailable"

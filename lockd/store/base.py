@@ -1,0 +1,105 @@
+"""The ``Store`` protocol every lockd backend implements, and the values it trades in.
+
+A store is the single source of truth for who holds which lock. It judges expiry by ITS clock
+(SQLite: lockd's injectable clock, one node; PostgreSQL: the database server's ``now()``; etcd: its
+own leases), never a client's. Every method is atomic at the store: two lockd processes on one
+PostgreSQL database, or on one etcd cluster, are correct together.
+
+Waiting is NOT the store's job: the service keeps waiters in memory and retries ``acquire`` when
+the store reports that a lock may have freed (``subscribe``) or when the holder's lease runs out
+(``Holder.ttl_ms``).
+
+Errors: ``LeaseLost`` (renew/release of a lease that is not live) and ``StoreUnavailable`` (the
+store cannot answer; nothing was changed or the outcome is unknown). Nothing else escapes a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Grant", "Holder", "LockState", "Store", "ReleaseListener"]
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A live lease as the store recorded it. ``ttl_ms``: time left, by the store's clock."""
+
+    lock: str
+    lease_id: str
+    fence: int
+    ttl_ms: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Why an acquire was not granted: the current holder (never its lease id).
+
+    ``ttl_ms`` is the holder's remaining lease by the store's clock: the waiter retries then.
+    """
+
+    lock: str
+    owner: str
+    ttl_ms: int
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """What ``GET /v1/locks/{name}`` shows. ``fence`` is the last fence issued (0: never)."""
+
+    lock: str
+    held: bool
+    fence: int
+    owner: str | None
+    ttl_ms: int
+
+
+ReleaseListener = Callable[[str], None]
+"""Called on the event loop with a lock name that may have just freed (released anywhere)."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A lock store. All durations are integer milliseconds."""
+
+    async def open(self) -> None:
+        """Connect and create the schema idempotently. Raises ``StoreUnavailable``."""
+
+    async def close(self) -> None:
+        """Release every connection; idempotent."""
+
+    async def acquire(
+        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None
+    ) -> Grant | Holder:
+        """Grant ``lock`` to a new lease ``lease_id`` for ``ttl_ms`` if no live lease holds it.
+
+        The grant's fence is strictly greater than every fence ever issued for ``lock``
+        (invariant 1). If the live lease was acquired with the same non-empty ``client_id``, that
+        lease is returned (same lease id and fence) and its expiry is pushed to ``ttl_ms`` from
+        now: a retried acquire must not deadlock on itself. Otherwise returns the ``Holder``.
+        """
+
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
+        """Push a live lease's expiry to ``ttl_ms`` from now; same fence. Raises ``LeaseLost``."""
+
+    async def release(self, lock: str, lease_id: str) -> None:
+        """End a live lease and notify listeners (here and on other lockd processes).
+
+        Raises ``LeaseLost`` if the lease is not live (an expired lease cannot be released).
+        """
+
+    async def get(self, lock: str) -> LockState:
+        """The lock's state; an unknown lock is ``held=False, fence=0``."""
+
+    async def list(self, prefix: str, limit: int, after: str | None) -> list[LockState]:
+        """Up to ``limit`` locks whose name starts with ``prefix`` and sorts after ``after``,
+        in name order (the cursor is the last name of the previous page)."""
+
+    def subscribe(self, listener: ReleaseListener) -> None:
+        """Register ``listener``; called with a lock name whenever a lease of it is released."""
+
+    async def ping(self) -> None:
+        """Raise ``StoreUnavailable`` unless the store answers."""

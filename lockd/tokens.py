@@ -1,0 +1,233 @@
+"""Fencing tokens: compact JWS (RFC 7515) signed with Ed25519, and the JWKS that verifies them.
+
+This is the one module that both ``lockd`` (which signs) and ``resource_proxy`` (which verifies)
+import. A token is what a lock holder hands to the protected resource; it carries the lock's name
+and the grant's fence, so a client cannot fence a resource off by inventing a huge number
+(invariant 6) nor use one lock's token for another lock.
+
+Format::
+
+    header  {"alg": "EdDSA", "typ": "JWT", "kid": "<RFC 7638 thumbprint>"}
+    claims  {"lock": "<name>", "fence": <int>, "iat": <unix seconds>, "iss": "lockd"}
+
+Tokens carry no ``exp``: fencing must not depend on any clock. A token stays *valid* forever and is
+made *useless* by a higher fence, which is the whole point of fencing.
+
+Keys live in a key directory as PEM files (``<kid>.pem``, mode 0600). ``KeyRing.load_or_create``
+creates one Ed25519 key pair on first start and reuses it afterwards; every key in the directory is
+published in the JWKS, the newest one signs, so a key can be rotated by adding a newer file.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+__all__ = [
+    "ALGORITHM",
+    "Claims",
+    "KeyRing",
+    "TokenError",
+    "InvalidToken",
+    "UnknownKey",
+    "Verifier",
+    "public_jwk",
+    "thumbprint",
+]
+
+ALGORITHM = "EdDSA"
+ISSUER = "lockd"
+
+
+class TokenError(Exception):
+    """Base of every token failure; the message is safe to show a client."""
+
+
+class InvalidToken(TokenError):
+    """Malformed token, bad signature, wrong algorithm or missing/ill-typed claims."""
+
+
+class UnknownKey(InvalidToken):
+    """The token's ``kid`` is not in the verifier's key set (maybe lockd rotated; refetch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """The verified content of a token: the lock it fences and the grant's fence."""
+
+    lock: str
+    fence: int
+    kid: str
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _b64url_decode(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _raw_public(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def thumbprint(key: Ed25519PublicKey) -> str:
+    """RFC 7638 JWK thumbprint (SHA-256, base64url) of an Ed25519 public key, used as ``kid``."""
+    canonical = json.dumps(
+        {"crv": "Ed25519", "kty": "OKP", "x": _b64url(_raw_public(key))},
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+    return _b64url(hashlib.sha256(canonical.encode()).digest())
+
+
+def public_jwk(key: Ed25519PublicKey) -> dict[str, str]:
+    """The public JWK (RFC 8037 OKP) of ``key``, with ``kid``, ``alg`` and ``use``."""
+    return {
+        "kty": "OKP",
+        "crv": "Ed25519",
+        "x": _b64url(_raw_public(key)),
+        "kid": thumbprint(key),
+        "alg": ALGORITHM,
+        "use": "sig",
+    }
+
+
+class KeyRing:
+    """The signing key and every published public key of one lockd.
+
+    ``signing`` signs new tokens; ``jwks()`` lists all public keys so tokens signed by an older key
+    still verify after a rotation.
+    """
+
+    def __init__(self, signing: Ed25519PrivateKey, others: list[Ed25519PublicKey] | None = None):
+        self._signing = signing
+        self.kid = thumbprint(signing.public_key())
+        self._public = [signing.public_key(), *(others or [])]
+
+    @classmethod
+    def generate(cls) -> KeyRing:
+        """A fresh in-memory key pair (tests, throwaway servers)."""
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def load_or_create(cls, key_dir: str | os.PathLike[str]) -> KeyRing:
+        """Load every ``*.pem`` private key in ``key_dir``; create the directory and a key if none.
+
+        The newest file (by modification time) signs. Files are written 0600 and atomically
+        (temp file + rename), so two processes starting at once at worst create two valid keys.
+        """
+        directory = Path(key_dir)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        files = sorted(directory.glob("*.pem"), key=lambda p: (p.stat().st_mtime, p.name))
+        keys: list[Ed25519PrivateKey] = []
+        for path in files:
+            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise ValueError(f"{path} is not an Ed25519 private key")
+            keys.append(key)
+        if not keys:
+            key = Ed25519PrivateKey.generate()
+            pem = key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+            final = directory / f"{thumbprint(key.public_key())}.pem"
+            tmp = directory / f".{final.name}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(pem)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+            keys.append(key)
+        signing = keys[-1]
+        return cls(signing, [k.public_key() for k in keys[:-1]])
+
+    def sign(self, lock: str, fence: int, *, extra: Mapping[str, Any] | None = None) -> str:
+        """A compact JWS for a grant of ``lock`` with ``fence``; ``extra`` claims are added."""
+        claims: dict[str, Any] = {"iss": ISSUER, "lock": lock, "fence": int(fence), "iat": int(time.time())}
+        if extra:
+            claims.update(extra)
+        return jwt.encode(claims, self._signing, algorithm=ALGORITHM, headers={"kid": self.kid})
+
+    def jwks(self) -> dict[str, list[dict[str, str]]]:
+        """The JWKS document served at ``GET /v1/keys``."""
+        return {"keys": [public_jwk(k) for k in self._public]}
+
+    def verifier(self) -> Verifier:
+        return Verifier(self.jwks())
+
+
+class Verifier:
+    """Verifies tokens offline against a JWKS (``{"keys": [...]}``).
+
+    Only Ed25519 OKP keys with ``alg`` EdDSA (or no ``alg``) are accepted; any other key in the set
+    is ignored. ``verify`` raises ``UnknownKey`` for a ``kid`` not in the set (the proxy refetches
+    lockd's JWKS once on that) and ``InvalidToken`` for everything else that is wrong.
+    """
+
+    def __init__(self, jwks: Mapping[str, Any]):
+        self._keys: dict[str, Ed25519PublicKey] = {}
+        for jwk in jwks.get("keys", []) if isinstance(jwks, Mapping) else []:
+            if not isinstance(jwk, Mapping):
+                continue
+            if jwk.get("kty") != "OKP" or jwk.get("crv") != "Ed25519":
+                continue
+            if jwk.get("alg", ALGORITHM) != ALGORITHM:
+                continue
+            try:
+                key = Ed25519PublicKey.from_public_bytes(_b64url_decode(str(jwk["x"])))
+            except (KeyError, ValueError):
+                continue
+            self._keys[str(jwk.get("kid") or thumbprint(key))] = key
+
+    @property
+    def kids(self) -> frozenset[str]:
+        return frozenset(self._keys)
+
+    def verify(self, token: str) -> Claims:
+        """Check the signature and claims of ``token``; return its ``Claims``.
+
+        Raises ``UnknownKey`` or ``InvalidToken`` (never anything else) with a message fit for a
+        problem detail.
+        """
+        if not isinstance(token, str) or token.count(".") != 2 or len(token) > 4096:
+            raise InvalidToken("token is not a compact JWS")
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.PyJWTError as exc:
+            raise InvalidToken("token header is malformed") from exc
+        if header.get("alg") != ALGORITHM:
+            raise InvalidToken(f"token algorithm must be {ALGORITHM}")
+        kid = header.get("kid")
+        if not isinstance(kid, str) or kid not in self._keys:
+            raise UnknownKey("token was signed by an unknown key")
+        try:
+            claims = jwt.decode(
+                token,
+                self._keys[kid],
+                algorithms=[ALGORITHM],
+                options={"require": ["lock", "fence"], "verify_aud": False},
+            )
+        except jwt.PyJWTError as exc:
+            raise InvalidToken("token signature or claims are invalid") from exc
+        lock, fence = claims.get("lock"), claims.get("fence")
+        if not isinstance(lock, str) or not lock:
+            raise InvalidToken("token claim 'lock' must be a non-empty string")
+        if isinstance(fence, bool) or not isinstance(fence, int) or fence < 1:
+            raise InvalidToken("token claim 'fence' must be a positive integer")
+        return Claims(lock=lock, fence=fence, kid=kid)

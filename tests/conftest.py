@@ -1,0 +1,55 @@
+"""Fixtures shared by every suite. PostgreSQL is required under CI=true (a failure, not a skip)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support import (
+    PG_ADMIN_DSN,
+    ThrowawayPostgres,
+    create_database,
+    drop_database,
+    pg_available,
+    sqlalchemy_url,
+)
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(reason: str | None, what: str) -> None:
+    """Skip locally, fail under CI, when a service the test needs is missing."""
+    if reason is None:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is required under CI=true: {reason}")
+    pytest.skip(f"{what} unavailable: {reason}")
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn() -> str:
+    require(pg_available(PG_ADMIN_DSN), "PostgreSQL")
+    return PG_ADMIN_DSN
+
+
+@pytest.fixture
+def pg_dsn(pg_admin_dsn: str):
+    """A fresh, empty PostgreSQL database for this test (libpq DSN); dropped afterwards."""
+    dsn = create_database(pg_admin_dsn)
+    yield dsn
+    drop_database(dsn, pg_admin_dsn)
+
+
+@pytest.fixture
+def pg_url(pg_dsn: str) -> str:
+    """The same fresh database as a SQLAlchemy URL (``postgresql+psycopg://…``)."""
+    return sqlalchemy_url(pg_dsn)
+
+
+@pytest.fixture
+def throwaway_pg():
+    """A started PostgreSQL cluster of its own, for tests that stop, crash or restart it."""
+    cluster = ThrowawayPostgres().init().start()
+    yield cluster
+    cluster.destroy()
