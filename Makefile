@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-## System packages the tests need (none yet beyond the machine's PostgreSQL).
+## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
 system-deps:
-	@true
+	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -53,3 +53,33 @@ def throwaway_pg():
     cluster = ThrowawayPostgres().init().start()
     yield cluster
     cluster.destroy()
+
+
+# --- etcd (a 3-member cluster of real etcd processes; see tests/etcd_support.py) ---------------
+import uuid  # noqa: E402
+
+from tests.etcd_support import EtcdCluster, etcd_available  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def etcd_shared_cluster():
+    """One 3-member etcd cluster for the session (a start takes ~3 s); never faulted."""
+    require(etcd_available(), "etcd")
+    cluster = EtcdCluster(3).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_url(etcd_shared_cluster: EtcdCluster) -> str:
+    """``etcd://h:p,h:p,h:p/<prefix>`` on the shared cluster, with a key prefix of its own."""
+    return etcd_shared_cluster.url(f"t-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def etcd_cluster():
+    """A started 3-member etcd cluster of this test's own, for tests that kill or pause members."""
+    require(etcd_available(), "etcd")
+    cluster = EtcdCluster(3).start()
+    yield cluster
+    cluster.stop()

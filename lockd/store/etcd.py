@@ -1,0 +1,586 @@
+"""The etcd store: ``etcd://host:port,host:port,…[/prefix][?timeout=2.5]`` (etcd v3, Raft).
+
+Talks to etcd's v3 JSON gateway (on the client port) with ``httpx``. Why not a client library:
+the maintained Python etcd v3 clients either pin old ``grpcio``/``protobuf`` releases
+(``etcd3``, unmaintained since 2020) or are young async wrappers; the gateway needs nothing beyond
+the ``httpx`` lockd already depends on, works with any etcd ≥ 3.4, and every call below is one
+small JSON POST. Keys and values travel base64-encoded; 64-bit ids and revisions come back as
+strings, and fields equal to zero/false are omitted.
+
+Layout under the prefix (default ``lockd``)::
+
+    <prefix>/locks/<name>   the live lease: value JSON {lease_id, owner, client_id, ttl_s},
+                            bound to an etcd lease, so etcd deletes it when that lease expires
+    <prefix>/fences/<name>  written in the same transaction as every grant: its mod_revision
+                            is the last fence issued for <name> (kept after release; tiny)
+
+How each operation maps onto etcd:
+
+* **acquire**: grant an etcd lease, then ONE transaction ``if create_revision(lock key) == 0:
+  put lock key (bound to that lease) and put fence key; else range lock key``. The fence is the
+  transaction's revision (= the key's ``create_revision``): etcd's store-wide revision only ever
+  grows, across leader changes and restarts, so every grant of a lock gets a higher fence than
+  any earlier one (invariant 1) even though the lock key is deleted on release. A refused
+  acquire revokes its unused etcd lease. Same non-empty ``client_id`` as the holder: the
+  holder's lease is renewed and returned.
+* **renew**: read the lock key, check it holds this ``lease_id``, then keep the etcd lease alive
+  (etcd refuses to keep an expired lease alive, even one not yet reaped: invariant 3). etcd cannot
+  change a lease's TTL, so a renew with a NEW ``ttl_ms`` keeps the old lease alive, grants a new
+  one and moves the key to it with a put guarded on the key's ``mod_revision`` (a put keeps
+  ``create_revision``, hence the fence), then revokes the old one.
+* **release**: read, check ``lease_id``, delete the key guarded on its ``mod_revision``, revoke
+  the etcd lease.
+* **expiry** is etcd's own lease expiry (its leader's clock; checked about every 500 ms).
+* **subscribe**: ONE watch stream per store on the lock-key prefix, delete events only (release
+  and expiry both delete the key). On errors it reconnects, to the next endpoint, resuming at the
+  revision after the last event it delivered, so no release is missed; if etcd has compacted that
+  revision away, it resumes from the oldest one kept (waiters then rely on their expiry timer).
+
+TTL rounding: etcd leases are whole seconds, so the etcd lease is ``ceil(ttl_ms / 1000)`` s, and
+never shorter than etcd's minimum lease TTL (``ceil(1.5 × election timeout)``: 2 s with etcd's
+default flags). The effective TTL may therefore be LONGER than asked; ``Grant.ttl_ms`` reports
+the TTL etcd granted (never less than asked). etcd reports a holder's remaining time in whole
+seconds, truncated, so ``Holder.ttl_ms`` and ``LockState.ttl_ms`` round it up to the next second
+(capped at the granted TTL): a waiter's fallback timer then fires after the expiry, not before.
+
+Availability: requests carry ``hasleader`` metadata so a member without a leader fails fast
+instead of queueing; connection errors and "no leader" answers move on to the next endpoint; the
+whole call is bounded by ``timeout`` (default 2.5 s), after which ``StoreUnavailable`` is raised
+(no quorum → 503 in about that time, nothing granted). Reads are linearizable (etcd's default).
+Every request may be replayed on another endpoint when its answer was lost, and every write is
+written so that a replay is recognised: see ``_post``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+from lockd.errors import LeaseLost, StoreUnavailable
+from lockd.store.base import Grant, Holder, LockState, ReleaseListener
+
+__all__ = ["EtcdStore", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
+
+log = logging.getLogger("lockd.store.etcd")
+
+DEFAULT_PREFIX = "lockd"
+DEFAULT_TIMEOUT_S = 2.5
+DEFAULT_PORT = 2379
+_RETRY_PAUSE_S = 0.05
+# Answers that mean "this member cannot serve now; another one (or a moment later) may".
+_RETRYABLE = ("no leader", "leader changed", "not capable", "timed out", "deadline exceeded",
+              "too many requests", "stopped", "not started")
+_HEADERS = {"Grpc-Metadata-hasleader": "true"}
+
+
+def parse_etcd_url(url: str) -> tuple[list[str], str, float]:
+    """``etcd://h:p,h:p/prefix?timeout=2.5`` → (base URLs, key prefix, timeout in seconds).
+
+    Port defaults to 2379, prefix to ``lockd``. Raises ``ValueError`` on a malformed URL.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "etcd" or not parts.netloc:
+        raise ValueError(f"not an etcd store URL (etcd://host:port,…): {url!r}")
+    endpoints = []
+    for host in parts.netloc.split(","):
+        host = host.strip()
+        if not host:
+            continue
+        if ":" not in host.rsplit("]", 1)[-1]:
+            host = f"{host}:{DEFAULT_PORT}"
+        endpoints.append(f"http://{host}")
+    if not endpoints:
+        raise ValueError(f"etcd store URL names no endpoint: {url!r}")
+    prefix = parts.path.strip("/") or DEFAULT_PREFIX
+    timeout = DEFAULT_TIMEOUT_S
+    query = parse_qs(parts.query)
+    if "timeout" in query:
+        try:
+            timeout = float(query["timeout"][0])
+        except ValueError:
+            raise ValueError(f"etcd store URL: bad timeout {query['timeout'][0]!r}") from None
+        if not 0.1 <= timeout <= 60:
+            raise ValueError("etcd store URL: timeout must be within 0.1..60 seconds")
+    return endpoints, prefix, timeout
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text or "")
+
+
+def _int(value: Any) -> int:
+    """etcd's JSON gateway sends 64-bit integers as strings and omits zeros."""
+    return int(value or 0)
+
+
+def _prefix_end(key: bytes) -> bytes:
+    """The smallest key greater than every key that starts with ``key`` (etcd's range_end)."""
+    stripped = key.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else b"\x00"
+
+
+def _secs(ttl_ms: int) -> int:
+    return max(1, math.ceil(ttl_ms / 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A lock key as read from etcd."""
+
+    name: str
+    lease_id: str
+    owner: str
+    client_id: str | None
+    ttl_s: int  # the TTL asked for, in seconds (the etcd lease may have been granted more)
+    etcd_lease: int
+    fence: int  # create_revision
+    mod_revision: int
+
+    @classmethod
+    def parse(cls, name: str, kv: dict[str, Any]) -> _Held:
+        value = json.loads(_unb64(kv.get("value")))
+        return cls(name=name, lease_id=value["lease_id"], owner=value.get("owner", ""),
+                   client_id=value.get("client_id"), ttl_s=int(value.get("ttl_s", 0)),
+                   etcd_lease=_int(kv.get("lease")), fence=_int(kv.get("create_revision")),
+                   mod_revision=_int(kv.get("mod_revision")))
+
+
+def _value(lease_id: str, owner: str, client_id: str | None, ttl_s: int) -> str:
+    doc = {"lease_id": lease_id, "owner": owner, "client_id": client_id, "ttl_s": ttl_s}
+    return _b64(json.dumps(doc, separators=(",", ":")).encode())
+
+
+class _EtcdError(StoreUnavailable):
+    """An error answer from etcd that is not an outage (e.g. lease not found): callers that
+    expect one catch it; anywhere else it surfaces as ``StoreUnavailable``."""
+
+
+class EtcdStore:
+    """A lock ``Store`` on an etcd v3 cluster. See the module docstring for the mapping.
+
+    ``url``: ``etcd://host:port,host:port,…[/prefix][?timeout=seconds]``. ``timeout`` bounds
+    every store call (all endpoint retries included) before ``StoreUnavailable``.
+    """
+
+    def __init__(self, url: str, *, timeout: float | None = None):
+        self._endpoints, self._prefix, url_timeout = parse_etcd_url(url)
+        self._timeout = timeout if timeout is not None else url_timeout
+        self._locks = f"{self._prefix}/locks/".encode()
+        self._fences = f"{self._prefix}/fences/".encode()
+        self._current = 0  # index of the endpoint that answered last
+        self._http: httpx.AsyncClient | None = None
+        self._listeners: list[ReleaseListener] = []
+        self._watch_task: asyncio.Task | None = None
+        self._watch_created = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (a linearizable read must succeed) and start the watch stream."""
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                headers=_HEADERS, limits=httpx.Limits(max_connections=64,
+                                                      max_keepalive_connections=32))
+        try:
+            revision = await self._ping()
+        except BaseException:
+            await self.close()
+            raise
+        if self._watch_task is None:
+            self._watch_created = asyncio.Event()
+            self._watch_task = asyncio.create_task(self._watch_loop(revision + 1),
+                                                   name="lockd-etcd-watch")
+
+    async def close(self) -> None:
+        """Stop the watch and close every connection; idempotent."""
+        task, self._watch_task = self._watch_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
+
+    async def wait_watching(self, timeout: float = 5.0) -> None:
+        """Until the watch stream is established (tests use it to avoid a startup race)."""
+        await asyncio.wait_for(self._watch_created.wait(), timeout)
+
+    # -- transport -----------------------------------------------------------------------
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST to the current endpoint; on failure move on to the next, within ``timeout``.
+
+        Replaying is safe for every request this store sends, which is why a request whose
+        answer was lost is retried elsewhere: reads, keep-alive and revoke are idempotent; a
+        replayed grant leaves an unused etcd lease that expires on its own; every write is a
+        transaction guarded on the lock key (``create_revision == 0`` or ``mod_revision``)
+        whose caller recognises its own earlier success when the guard fails (the key holds
+        the etcd lease it just granted, or it is gone while our etcd lease still lives).
+        Raises ``StoreUnavailable`` when no member answered usefully in time, ``_EtcdError``
+        for any other error answer.
+        """
+        if self._http is None:
+            raise StoreUnavailable("etcd store is not open")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        n = len(self._endpoints)
+        index = self._current
+        failures = 0
+        last = "no answer"
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0.01:
+                raise StoreUnavailable(
+                    f"etcd did not answer within {self._timeout:g}s "
+                    f"(endpoints {', '.join(self._endpoints)}): {last}")
+            endpoint = self._endpoints[index % n]
+            try:
+                response = await self._http.post(
+                    endpoint + path, json=body,
+                    timeout=httpx.Timeout(remaining, connect=min(remaining, 1.0)))
+            except httpx.HTTPError as exc:  # refused, reset, timed out: try another member
+                last = f"{endpoint}: {type(exc).__name__} {exc}".strip()
+            else:
+                if response.status_code == 200:
+                    self._current = index % n
+                    return response.json()
+                code, message = self._error_of(response)
+                if not (code == 14 or response.status_code == 503
+                        or any(marker in message for marker in _RETRYABLE)):
+                    raise _EtcdError(f"etcd refused the request: {message}")
+                last = f"{endpoint}: {message}"
+            index += 1
+            failures += 1
+            if failures % n == 0:  # every member failed once: give the cluster a moment
+                await asyncio.sleep(min(_RETRY_PAUSE_S * (failures // n),
+                                        max(0.0, deadline - loop.time() - 0.01), 0.25))
+
+    @staticmethod
+    def _error_of(response: httpx.Response) -> tuple[int, str]:
+        try:
+            doc = response.json()
+        except ValueError:
+            return 0, f"HTTP {response.status_code}"
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):  # streaming shape
+            doc = doc["error"]
+        if not isinstance(doc, dict):
+            return 0, f"HTTP {response.status_code}"
+        code = doc.get("code", doc.get("grpc_code", 0))
+        return _int(code), str(doc.get("message") or doc.get("error") or response.status_code)
+
+    # -- keys and small etcd calls ----------------------------------------------------------
+
+    def _lock_key(self, lock: str) -> bytes:
+        return self._locks + lock.encode()
+
+    def _fence_key(self, lock: str) -> bytes:
+        return self._fences + lock.encode()
+
+    async def _ping(self) -> int:
+        """A linearizable read (needs a quorum); returns the store revision."""
+        doc = await self._post("/v3/kv/range", {"key": _b64(self._fences), "count_only": True})
+        return _int(doc["header"].get("revision"))
+
+    async def _grant(self, ttl_s: int) -> tuple[int, int]:
+        """A new etcd lease of ``ttl_s`` seconds → (id, granted TTL in seconds)."""
+        doc = await self._post("/v3/lease/grant", {"TTL": ttl_s})
+        if doc.get("error"):
+            raise StoreUnavailable(f"etcd refused a lease: {doc['error']}")
+        return _int(doc["ID"]), _int(doc["TTL"])
+
+    async def _keepalive(self, etcd_lease: int) -> int:
+        """Refresh an etcd lease; its granted TTL in seconds, 0 if it is gone or expired."""
+        doc = await self._post("/v3/lease/keepalive", {"ID": str(etcd_lease)})
+        return _int(doc.get("result", {}).get("TTL"))
+
+    async def _revoke(self, etcd_lease: int) -> None:
+        """Revoke an etcd lease (deleting its keys); best effort: it expires anyway."""
+        try:
+            await self._post("/v3/lease/revoke", {"ID": str(etcd_lease)})
+        except StoreUnavailable as exc:  # not found, or unreachable: its TTL ends it
+            log.debug("revoke of an etcd lease failed: %s", exc)
+
+    async def _remaining_ms(self, etcd_lease: int) -> int:
+        """Upper bound of an etcd lease's time left (etcd reports truncated whole seconds):
+        0 if it is gone."""
+        doc = await self._post("/v3/lease/timetolive", {"ID": str(etcd_lease)})
+        ttl = _int(doc.get("TTL"))
+        if ttl < 0:
+            return 0
+        return min((ttl + 1) * 1000, _int(doc.get("grantedTTL")) * 1000)
+
+    async def _txn(self, compare: list, success: list, failure: list) -> dict[str, Any]:
+        return await self._post("/v3/kv/txn",
+                                {"compare": compare, "success": success, "failure": failure})
+
+    async def _read_lock(self, lock: str) -> _Held | None:
+        doc = await self._post("/v3/kv/range", {"key": _b64(self._lock_key(lock))})
+        kvs = doc.get("kvs") or []
+        return _Held.parse(lock, kvs[0]) if kvs else None
+
+    @staticmethod
+    def _range_kv(doc: dict[str, Any], index: int = 0) -> dict[str, Any] | None:
+        """The first kv of the ``index``-th range response of a transaction answer."""
+        responses = doc.get("responses") or []
+        kvs = responses[index].get("response_range", {}).get("kvs") if index < len(responses) else None
+        return kvs[0] if kvs else None
+
+    # -- Store protocol ----------------------------------------------------------------------
+
+    async def acquire(
+        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None
+    ) -> Grant | Holder:
+        """Grant ``lock`` if its key is absent (one guarded transaction); see the module doc."""
+        key = _b64(self._lock_key(lock))
+        ttl_s = _secs(ttl_ms)
+        for _ in range(3):
+            etcd_lease, granted = await self._grant(ttl_s)
+            keep = False
+            try:
+                doc = await self._txn(
+                    [{"key": key, "target": "CREATE", "create_revision": "0"}],
+                    [{"request_put": {"key": key, "lease": str(etcd_lease),
+                                      "value": _value(lease_id, owner, client_id, ttl_s)}},
+                     {"request_put": {"key": _b64(self._fence_key(lock)), "value": ""}}],
+                    [{"request_range": {"key": key}}])
+                if doc.get("succeeded"):
+                    keep = True
+                    return Grant(lock, lease_id, _int(doc["header"]["revision"]),
+                                 granted * 1000, owner)
+                kv = self._range_kv(doc)
+                if kv is None:
+                    continue  # cannot happen (the range is in the same transaction); retry
+                holder = _Held.parse(lock, kv)
+                if holder.etcd_lease == etcd_lease:  # a replay of our own successful put
+                    keep = True
+                    return Grant(lock, lease_id, holder.fence, granted * 1000, owner)
+            finally:
+                if not keep:
+                    await self._revoke(etcd_lease)
+            if client_id and holder.client_id == client_id:
+                try:
+                    return await self._extend(holder, ttl_ms)
+                except (LeaseLost, _Moved):
+                    continue  # it lapsed or changed meanwhile: try again from the start
+            remaining = await self._remaining_ms(holder.etcd_lease)
+            if remaining == 0:
+                continue  # the holder's lease is gone: its key went with it
+            return Holder(lock, holder.owner, remaining, holder.fence)
+        raise StoreUnavailable(f"etcd: lock {lock!r} kept changing hands; try again")
+
+    async def _extend(self, held: _Held, ttl_ms: int) -> Grant:
+        """Push ``held``'s expiry to ``ttl_ms`` from now; same fence. Raises ``LeaseLost``."""
+        ttl_s = _secs(ttl_ms)
+        granted = await self._keepalive(held.etcd_lease)
+        if granted <= 0:
+            raise LeaseLost(f"lease on {held.name!r} expired", lock=held.name)
+        if ttl_s == held.ttl_s:
+            return Grant(held.name, held.lease_id, held.fence, granted * 1000, held.owner)
+        # A different TTL: etcd leases cannot change theirs. Move the key to a new lease; the
+        # keep-alive above ensures the old one is live, so nothing lapsed is brought back.
+        new_lease, new_granted = await self._grant(ttl_s)
+        key = _b64(self._lock_key(held.name))
+        moved = False
+        try:
+            doc = await self._txn(
+                [{"key": key, "target": "MOD", "mod_revision": str(held.mod_revision)}],
+                [{"request_put": {"key": key, "lease": str(new_lease), "value": _value(
+                    held.lease_id, held.owner, held.client_id, ttl_s)}}],
+                [{"request_range": {"key": key}}])
+            kv = None if doc.get("succeeded") else self._range_kv(doc)
+            moved = doc.get("succeeded") or (kv is not None and _int(kv.get("lease")) == new_lease)
+        finally:
+            if not moved:
+                await self._revoke(new_lease)
+        if not moved:
+            raise _Moved
+        await self._revoke(held.etcd_lease)
+        return Grant(held.name, held.lease_id, held.fence, new_granted * 1000, held.owner)
+
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
+        """Keep this lease's etcd lease alive (or move it to a new TTL). Raises ``LeaseLost``."""
+        for _ in range(3):
+            held = await self._read_lock(lock)
+            if held is None or held.lease_id != lease_id:
+                raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
+            try:
+                return await self._extend(held, ttl_ms)
+            except _Moved:
+                continue  # changed under us (a concurrent renew of the same lease): re-read
+            except LeaseLost:
+                # Its etcd lease is gone. Lost, unless a concurrent renew of this same lease
+                # just moved the key to a new etcd lease.
+                again = await self._read_lock(lock)
+                if again is None or again.lease_id != lease_id or again.etcd_lease == held.etcd_lease:
+                    raise
+        raise StoreUnavailable(f"etcd: lease on {lock!r} kept changing; try again")
+
+    async def release(self, lock: str, lease_id: str) -> None:
+        """Delete the lock key if it holds this lease, then revoke its etcd lease."""
+        for _ in range(3):
+            held = await self._read_lock(lock)
+            if held is None or held.lease_id != lease_id:
+                raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
+            key = _b64(self._lock_key(lock))
+            doc = await self._txn(
+                [{"key": key, "target": "MOD", "mod_revision": str(held.mod_revision)}],
+                [{"request_delete_range": {"key": key}}],
+                [{"request_range": {"key": key}}])
+            kv = None if doc.get("succeeded") else self._range_kv(doc)
+            if kv is None and not doc.get("succeeded"):
+                # Gone. Our own replayed delete, if the etcd lease still lives (expiry and
+                # revoke take the lease with the key); else it lapsed before we got there.
+                if await self._remaining_ms(held.etcd_lease) == 0:
+                    raise LeaseLost(f"lease on {lock!r} expired", lock=lock)
+            elif kv is not None:
+                continue  # modified under us (moved by a renew): re-read and check again
+            await self._revoke(held.etcd_lease)
+            return
+        raise StoreUnavailable(f"etcd: lease on {lock!r} kept changing; try again")
+
+    async def get(self, lock: str) -> LockState:
+        """Lock key and fence key in one linearizable read; the holder's time left if held."""
+        doc = await self._txn([], [{"request_range": {"key": _b64(self._lock_key(lock))}},
+                                   {"request_range": {"key": _b64(self._fence_key(lock))}}], [])
+        lock_kv, fence_kv = self._range_kv(doc, 0), self._range_kv(doc, 1)
+        fence = _int(fence_kv.get("mod_revision")) if fence_kv else 0
+        if lock_kv is None:
+            return LockState(lock, False, fence, None, 0)
+        held = _Held.parse(lock, lock_kv)
+        return await self._state(held, max(fence, held.fence))
+
+    async def _state(self, held: _Held, fence: int) -> LockState:
+        remaining = await self._remaining_ms(held.etcd_lease)
+        if remaining == 0:
+            return LockState(held.name, False, fence, None, 0)
+        return LockState(held.name, True, fence, held.owner, remaining)
+
+    async def list(self, prefix: str, limit: int, after: str | None) -> list[LockState]:
+        """Locks ever acquired (they have a fence key) named ``prefix…`` after ``after``."""
+        if limit <= 0:
+            return []
+        start = prefix if after is None or after < prefix else after + "\x00"
+        end_f = _b64(_prefix_end(self._fences + prefix.encode()))
+        end_l = _b64(_prefix_end(self._locks + prefix.encode()))
+        # Held locks are a subset of fenced ones (both keys are put by the same transaction),
+        # so the first ``limit`` held names after ``start`` cover every held name on the page.
+        doc = await self._txn([], [
+            {"request_range": {"key": _b64(self._fences + start.encode()), "range_end": end_f,
+                               "limit": str(limit), "keys_only": True}},
+            {"request_range": {"key": _b64(self._locks + start.encode()), "range_end": end_l,
+                               "limit": str(limit)}},
+        ], [])
+        responses = doc.get("responses") or [{}, {}]
+        fence_kvs = responses[0].get("response_range", {}).get("kvs") or []
+        lock_kvs = responses[1].get("response_range", {}).get("kvs") or []
+        held = {}
+        for kv in lock_kvs:
+            name = _unb64(kv["key"])[len(self._locks):].decode()
+            held[name] = _Held.parse(name, kv)
+        names = [(_unb64(kv["key"])[len(self._fences):].decode(), _int(kv.get("mod_revision")))
+                 for kv in fence_kvs]
+        states = await asyncio.gather(*(
+            self._state(held[name], max(fence, held[name].fence)) if name in held
+            else _resolved(LockState(name, False, fence, None, 0))
+            for name, fence in names))
+        return list(states)
+
+    def subscribe(self, listener: ReleaseListener) -> None:
+        """Register ``listener``; the store's single watch stream calls it on every delete."""
+        self._listeners.append(listener)
+
+    async def ping(self) -> None:
+        """A linearizable read: raises ``StoreUnavailable`` without a quorum."""
+        await self._ping()
+
+    # -- watch ---------------------------------------------------------------------------
+
+    def _notify(self, name: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(name)
+            except Exception:  # a listener's bug must not stop the watch
+                log.exception("release listener failed for %r", name)
+
+    async def _watch_loop(self, start_revision: int) -> None:
+        """Keep one watch stream open; deliver delete events; resume after errors."""
+        next_revision = start_revision
+        index = self._current
+        failures = 0
+        while True:
+            endpoint = self._endpoints[index % len(self._endpoints)]
+            request = {"create_request": {
+                "key": _b64(self._locks), "range_end": _b64(_prefix_end(self._locks)),
+                "filters": ["NOPUT"], "start_revision": str(next_revision),
+                "progress_notify": True}}
+            try:
+                assert self._http is not None
+                async with self._http.stream(
+                        "POST", endpoint + "/v3/watch", json=request,
+                        timeout=httpx.Timeout(None, connect=1.0)) as response:
+                    if response.status_code != 200:
+                        raise _WatchBroken(f"HTTP {response.status_code}")
+                    async for line in response.aiter_lines():
+                        if not line.strip():
+                            continue
+                        next_revision = self._on_watch_message(json.loads(line), next_revision)
+                        failures = 0
+                raise _WatchBroken("stream ended")
+            except asyncio.CancelledError:
+                raise
+            except (httpx.HTTPError, _WatchBroken, ValueError, KeyError) as exc:
+                failures += 1
+                index += 1
+                if failures == 1 or failures % 20 == 0:
+                    log.warning("etcd watch on %s broke (%s); reconnecting", endpoint, exc)
+                await asyncio.sleep(min(0.05 * failures, 1.0))
+
+    def _on_watch_message(self, msg: dict[str, Any], next_revision: int) -> int:
+        """Handle one watch message; returns the revision to resume from after a break."""
+        if "error" in msg:
+            raise _WatchBroken(str(msg["error"].get("message", msg["error"])))
+        result = msg["result"]
+        if result.get("created"):
+            self._watch_created.set()
+        if result.get("canceled"):
+            compacted = _int(result.get("compact_revision"))
+            if compacted:  # events before it are gone: resume there; timers cover the gap
+                log.warning("etcd watch: revision %d compacted; resuming at %d",
+                            next_revision, compacted)
+                next_revision = compacted
+            raise _WatchBroken(result.get("cancel_reason") or "watch canceled")
+        events = result.get("events") or []
+        for event in events:
+            kv = event.get("kv", {})
+            next_revision = max(next_revision, _int(kv.get("mod_revision")) + 1)
+            if event.get("type") == "DELETE":
+                self._notify(_unb64(kv.get("key"))[len(self._locks):].decode())
+        if not events and not result.get("created"):  # progress notification: all sent
+            next_revision = max(next_revision, _int(result["header"].get("revision")) + 1)
+        return next_revision
+
+
+class _Moved(Exception):
+    """The lock key changed between our read and our guarded write."""
+
+
+class _WatchBroken(Exception):
+    """The watch stream failed or ended; reconnect."""
+
+
+async def _resolved(value: LockState) -> LockState:
+    return value
