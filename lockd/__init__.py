@@ -1,0 +1,74 @@
+"""lockd: a lease-and-fence distributed lock service, and its Python client.
+
+The public client API is re-exported here::
+
+    from lockd import LockClient, FencedSession, StaleTokenError
+
+    client = LockClient("http://127.0.0.1:7070")
+    with client.lock("jobs/nightly", ttl=30, wait=60) as lease:     # seconds
+        FencedSession("http://127.0.0.1:7071", lease).upsert("reports", 1, {"id": 1})
+
+The server lives in ``lockd.app``/``lockd.service``/``lockd.cli`` and is not imported here.
+"""
+
+from lockd.client import (
+    DEFAULT_URL,
+    MAX_WAIT,
+    AsyncLease,
+    AsyncLockClient,
+    Lease,
+    LeaseRef,
+    LeaseState,
+    LockClient,
+    LockStatus,
+)
+from lockd.client_errors import (
+    AcquireTimeout,
+    FencingError,
+    InvalidToken,
+    LeaseLostError,
+    LockClientError,
+    LockNotAcquired,
+    LockNotAllowed,
+    NotFoundError,
+    PermissionDenied,
+    ProtocolError,
+    ServiceUnavailable,
+    StaleTokenError,
+    TokenRequired,
+    TransportError,
+    ValidationError,
+)
+from lockd.fenced import AsyncFencedSession, FencedSession
+
+__all__ = [
+    # clients and leases
+    "DEFAULT_URL",
+    "MAX_WAIT",
+    "LockClient",
+    "AsyncLockClient",
+    "Lease",
+    "AsyncLease",
+    "LeaseRef",
+    "LeaseState",
+    "LockStatus",
+    # fenced access to the protected resource
+    "FencedSession",
+    "AsyncFencedSession",
+    # errors
+    "LockClientError",
+    "LockNotAcquired",
+    "AcquireTimeout",
+    "LeaseLostError",
+    "FencingError",
+    "StaleTokenError",
+    "TokenRequired",
+    "InvalidToken",
+    "LockNotAllowed",
+    "PermissionDenied",
+    "NotFoundError",
+    "ValidationError",
+    "ServiceUnavailable",
+    "TransportError",
+    "ProtocolError",
+]

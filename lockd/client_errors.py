@@ -1,0 +1,292 @@
+"""The one typed error hierarchy of the lockd client library (``LockClient``, ``FencedSession``).
+
+Every failure the client raises derives from ``LockClientError``; foreign exceptions (``httpx``
+transport errors, undecodable bodies) are translated at the boundary, the way ``httpx`` translates
+``socket`` errors into its own, so callers never need ``except httpx.HTTPError``::
+
+    LockClientError                    any client-side failure; .status/.code/.detail/.problem
+    ├── LockNotAcquired                409 held: not granted (try_acquire returns None instead)
+    │   └── AcquireTimeout             acquire(wait=...) gave up; .waited (seconds)
+    ├── LeaseLostError                 410 lease_lost, or the local deadline passed unrenewed
+    ├── FencingError                   the proxy refused a token
+    │   ├── StaleTokenError            409 stale_token: .lock, .presented, .highest
+    │   ├── TokenRequired              428 token_required
+    │   ├── InvalidToken               401 invalid_token
+    │   └── LockNotAllowed             403 lock_not_allowed
+    ├── PermissionDenied               401/403 from lockd (unauthorized, forbidden)
+    ├── NotFoundError                  404 unknown table, row or route
+    ├── ValidationError                422 invalid_request (bad name, TTL out of bounds, bad column), 413
+    ├── ServiceUnavailable             503 store_unavailable: nothing was written; safe to retry
+    │   └── TransportError             no usable answer: connect refused, timeout, reset
+    └── ProtocolError                  an answer the contract does not allow (bad JSON, odd status)
+
+``ServiceUnavailable`` (and its ``TransportError``) are the *transient* errors: the background
+renewal retries them until the lease's local deadline; everything else is final.
+
+Problem bodies (RFC 9457) are matched by their ``code`` first, then by HTTP status, so a server
+that adds a new code still maps to the right branch. Messages never contain lease ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import httpx
+
+__all__ = [
+    "LockClientError",
+    "LockNotAcquired",
+    "AcquireTimeout",
+    "LeaseLostError",
+    "FencingError",
+    "StaleTokenError",
+    "TokenRequired",
+    "InvalidToken",
+    "LockNotAllowed",
+    "PermissionDenied",
+    "NotFoundError",
+    "ValidationError",
+    "ServiceUnavailable",
+    "TransportError",
+    "ProtocolError",
+    "error_from_response",
+    "translate_transport_errors",
+]
+
+
+class LockClientError(Exception):
+    """Base of every client failure.
+
+    ``status`` is the HTTP status (``None`` when there was no answer), ``code`` the problem slug,
+    ``detail`` a human message and ``problem`` the full problem body (``{}`` if none).
+    """
+
+    default_code: ClassVar[str] = "client_error"
+
+    def __init__(
+        self,
+        detail: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        problem: dict[str, Any] | None = None,
+    ):
+        super().__init__(detail)
+        self.detail = detail
+        self.status = status
+        self.code = code or self.default_code
+        self.problem = problem or {}
+
+
+class LockNotAcquired(LockClientError):
+    """The lock is held by someone else (lockd 409 ``held``).
+
+    ``lock``, the holder's ``owner`` and remaining ``ttl_ms`` (never its lease id) and
+    ``retry_after`` (seconds, from the ``Retry-After`` header) when lockd sent them.
+    """
+
+    default_code = "held"
+
+    def __init__(self, detail: str, *, lock: str | None = None, owner: str | None = None,
+                 ttl_ms: int | None = None, retry_after: float | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+        self.owner = owner
+        self.ttl_ms = ttl_ms
+        self.retry_after = retry_after
+
+
+class AcquireTimeout(LockNotAcquired):
+    """``acquire(wait=...)`` was not granted the lock within ``wait`` seconds (``waited``)."""
+
+    def __init__(self, detail: str, *, waited: float, **kw: Any):
+        super().__init__(detail, **kw)
+        self.waited = waited
+
+
+class LeaseLostError(LockClientError):
+    """The lease is not live: lockd answered 410, or the local deadline passed without a renewal.
+
+    A lost lease never comes back: acquire again for a new, higher fence.
+    """
+
+    default_code = "lease_lost"
+
+    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+
+
+class FencingError(LockClientError):
+    """The fencing proxy refused the request because of its token."""
+
+
+class StaleTokenError(FencingError):
+    """The proxy has honoured a higher fence for this lock than the one presented (409).
+
+    Someone acquired the lock after this lease: this holder's write was rejected and changed
+    nothing. ``presented`` is this lease's fence, ``highest`` the proxy's.
+    """
+
+    default_code = "stale_token"
+
+    def __init__(self, detail: str, *, lock: str | None = None, presented: int | None = None,
+                 highest: int | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+        self.presented = presented
+        self.highest = highest
+
+
+class TokenRequired(FencingError):
+    """The proxy needs a ``Fencing-Token`` header for this call (428)."""
+
+    default_code = "token_required"
+
+
+class InvalidToken(FencingError):
+    """The proxy could not verify the token: bad signature, unknown key, malformed (401)."""
+
+    default_code = "invalid_token"
+
+
+class LockNotAllowed(FencingError):
+    """The proxy's policy does not let this lock write this table or row (403)."""
+
+    default_code = "lock_not_allowed"
+
+
+class PermissionDenied(LockClientError):
+    """lockd refused the caller (401 ``unauthorized`` / 403 ``forbidden``)."""
+
+    default_code = "forbidden"
+
+
+class NotFoundError(LockClientError):
+    """No such table, row or route (404)."""
+
+    default_code = "not_found"
+
+
+class ValidationError(LockClientError):
+    """The server rejected the request's content (422, 413): fix the request, do not retry."""
+
+    default_code = "invalid_request"
+
+
+class ServiceUnavailable(LockClientError):
+    """The service or its store could not answer (503); nothing was changed. Safe to retry."""
+
+    default_code = "store_unavailable"
+
+
+class TransportError(ServiceUnavailable):
+    """No usable HTTP answer at all: connection refused or reset, timeout, DNS failure."""
+
+    default_code = "transport_error"
+
+
+class ProtocolError(LockClientError):
+    """The server answered something the contract does not allow (bad JSON, unexpected status)."""
+
+    default_code = "protocol_error"
+
+
+_BY_CODE: dict[str, type[LockClientError]] = {
+    "held": LockNotAcquired,
+    "lease_lost": LeaseLostError,
+    "stale_token": StaleTokenError,
+    "token_required": TokenRequired,
+    "invalid_token": InvalidToken,
+    "lock_not_allowed": LockNotAllowed,
+    "unauthorized": PermissionDenied,
+    "forbidden": PermissionDenied,
+    "not_found": NotFoundError,
+    "invalid_request": ValidationError,
+    "payload_too_large": ValidationError,
+    "store_unavailable": ServiceUnavailable,
+}
+
+_BY_STATUS: dict[int, type[LockClientError]] = {
+    401: PermissionDenied,
+    403: PermissionDenied,
+    404: NotFoundError,
+    410: LeaseLostError,
+    413: ValidationError,
+    422: ValidationError,
+    428: TokenRequired,
+    502: ServiceUnavailable,
+    503: ServiceUnavailable,
+    504: ServiceUnavailable,
+}
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["retry-after"])
+    except (KeyError, ValueError):
+        return None
+
+
+def error_from_response(response: httpx.Response) -> LockClientError:
+    """The typed error for a non-2xx ``response`` (a problem body or not).
+
+    Matching is by problem ``code`` first, then by status; an unmapped status becomes
+    ``ProtocolError`` (4xx) or ``ServiceUnavailable`` (5xx: the server failed, retrying may help).
+    """
+    status = response.status_code
+    problem: dict[str, Any] = {}
+    with contextlib.suppress(ValueError):
+        body = response.json()
+        if isinstance(body, dict):
+            problem = body
+    code = problem.get("code") if isinstance(problem.get("code"), str) else None
+    detail = problem.get("detail") or problem.get("title") or response.reason_phrase or "error"
+    detail = f"{status} {detail}"
+    cls = _BY_CODE.get(code or "") or _BY_STATUS.get(status)
+    if cls is None:
+        cls = ServiceUnavailable if status >= 500 else ProtocolError
+    if cls is LockNotAcquired and status != 409:
+        cls = ProtocolError
+    kw: dict[str, Any] = {"status": status, "code": code, "problem": problem}
+    if cls is LockNotAcquired:
+        return LockNotAcquired(detail, lock=problem.get("lock"), owner=problem.get("owner"),
+                               ttl_ms=_int_or_none(problem.get("ttl_ms")),
+                               retry_after=_retry_after(response), **kw)
+    if cls is LeaseLostError:
+        return LeaseLostError(detail, lock=problem.get("lock"), **kw)
+    if cls is StaleTokenError:
+        return StaleTokenError(detail, lock=problem.get("lock"),
+                               presented=_int_or_none(problem.get("presented")),
+                               highest=_int_or_none(problem.get("highest")), **kw)
+    return cls(detail, **kw)
+
+
+@contextlib.contextmanager
+def translate_transport_errors(what: str) -> Iterator[None]:
+    """Re-raise ``httpx`` errors raised inside the block as ``TransportError``/``ProtocolError``.
+
+    ``what`` names the call for the message (e.g. ``"POST /v1/locks/x/renew"``).
+    """
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise TransportError(f"{what}: timed out ({type(exc).__name__})") from exc
+    except httpx.LocalProtocolError as exc:
+        raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except httpx.TransportError as exc:
+        # Includes RemoteProtocolError (the server went away mid-answer): transient.
+        raise TransportError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except (httpx.DecodingError, httpx.TooManyRedirects) as exc:
+        raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc

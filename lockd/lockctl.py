@@ -1,0 +1,328 @@
+"""``lockctl``: lockd from the shell.
+
+::
+
+    lockctl [--url URL] [--json] acquire NAME --ttl 30s [--wait 10s] [--owner O]
+    lockctl [--url URL] [--json] renew NAME LEASE_ID [--ttl 30s]
+    lockctl [--url URL] [--json] release NAME LEASE_ID
+    lockctl [--url URL] [--json] status NAME
+    lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
+    lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] -- COMMAND [ARG...]
+
+``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``. Durations take a unit:
+``500ms``, ``30s``, ``2m``, ``1h``, ``1m30s``. ``--wait`` defaults to 0 (try once). Output is
+for humans unless ``--json`` (one JSON document on stdout; leases in the contract's shape, with
+``ttl_ms``). ``--url`` and ``--json`` may also follow the subcommand.
+
+``run`` acquires the lock, starts COMMAND in its own process group with ``LOCKD_LOCK``,
+``LOCKD_FENCE`` and ``LOCKD_TOKEN`` (the fencing token to hand to the proxy) in its environment,
+renews the lease in the background every ttl/3 (``--renew-every``) and releases it when COMMAND
+exits. If the lease is lost (lockd answers 410, or no renewal succeeded before the local
+deadline), COMMAND's process group gets SIGTERM, then SIGKILL after ``--grace`` (default 5s).
+SIGINT, SIGTERM and SIGHUP sent to lockctl are forwarded to COMMAND's process group.
+
+Exit codes:
+
+====  ==============================================================================
+0     success (``run``: COMMAND's own status is passed through, whatever it is)
+1     any other error (unexpected answer from lockd, ...)
+2     usage error: bad arguments, bad duration, lockd rejected the request (422)
+69    lockd unavailable (EX_UNAVAILABLE): no answer, or 503 store_unavailable
+75    lock not acquired (EX_TEMPFAIL): held by someone else within ``--wait``
+79    lease lost: renew/release of a lease that is not live, or ``run`` lost the lease
+      before it released it (COMMAND was stopped, or had just finished)
+126   ``run``: COMMAND is not executable;  127: COMMAND not found
+128+N ``run``: COMMAND was killed by signal N (shell convention)
+====  ==============================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from lockd.client import DEFAULT_URL, Lease, LeaseRef, LockClient, LockStatus
+from lockd.client_errors import (
+    LeaseLostError,
+    LockClientError,
+    LockNotAcquired,
+    ServiceUnavailable,
+    ValidationError,
+)
+from lockd.durations import format_duration, parse_duration
+
+__all__ = [
+    "EXIT_OK",
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "EXIT_UNAVAILABLE",
+    "EXIT_NOT_ACQUIRED",
+    "EXIT_LEASE_LOST",
+    "EXIT_CANNOT_EXECUTE",
+    "EXIT_NOT_FOUND",
+    "main",
+]
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+EXIT_NOT_ACQUIRED = 75
+EXIT_LEASE_LOST = 79
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Usage(Exception):
+    """A usage error found after parsing (exit 2)."""
+
+
+def _duration(text: str) -> float:
+    """argparse type: a human duration -> seconds (float)."""
+    try:
+        return parse_duration(text) / 1000
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _default_owner() -> str:
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
+    return f"lockctl {user}@{socket.gethostname()} pid {os.getpid()}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS,
+                        help=f"lockd base URL (default: $LOCKD_URL or {DEFAULT_URL})")
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print JSON for scripts")
+    parser = argparse.ArgumentParser(prog="lockctl", parents=[common],
+                                     description="Command line client of lockd.",
+                                     epilog="Exit codes: 0 ok, 1 error, 2 usage, 69 lockd "
+                                            "unavailable, 75 not acquired, 79 lease lost; run "
+                                            "passes COMMAND's status through.")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def add(name: str, help_: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help_, description=help_)
+
+    p = add("acquire", "acquire a lock once (no renewal) and print the lease")
+    p.add_argument("name")
+    p.add_argument("--ttl", type=_duration, required=True)
+    p.add_argument("--wait", type=_duration, default=0.0)
+    p.add_argument("--owner", default=None)
+
+    p = add("renew", "renew a lease by lock name and lease id")
+    p.add_argument("name")
+    p.add_argument("lease_id")
+    p.add_argument("--ttl", type=_duration, default=None)
+
+    p = add("release", "release a lease by lock name and lease id")
+    p.add_argument("name")
+    p.add_argument("lease_id")
+
+    p = add("status", "show one lock")
+    p.add_argument("name")
+
+    p = add("ls", "list locks")
+    p.add_argument("--prefix", default="")
+    p.add_argument("--limit", type=int, default=None)
+
+    p = add("run", "hold a lock while a command runs: run NAME --ttl 30s -- COMMAND [ARG...]")
+    p.add_argument("name")
+    p.add_argument("--ttl", type=_duration, required=True)
+    p.add_argument("--wait", type=_duration, default=0.0)
+    p.add_argument("--owner", default=None)
+    p.add_argument("--grace", type=_duration, default=5.0,
+                   help="time between SIGTERM and SIGKILL when the lease is lost (default 5s)")
+    p.add_argument("--renew-every", type=_duration, default=None,
+                   help="renewal period (default ttl/3)")
+    return parser
+
+
+class _Out:
+    def __init__(self, as_json: bool):
+        self.as_json = as_json
+
+    def emit(self, doc: Any, human: str) -> None:
+        if self.as_json:
+            print(json.dumps(doc, sort_keys=True))
+        else:
+            print(human)
+        sys.stdout.flush()
+
+    def error(self, exc: LockClientError | str) -> None:
+        if isinstance(exc, str):
+            doc: dict[str, Any] = {"error": "error", "detail": exc}
+            text = exc
+        else:
+            doc = {"error": exc.code, "status": exc.status, "detail": exc.detail}
+            for key in ("lock", "owner", "ttl_ms"):
+                if exc.problem.get(key) is not None:
+                    doc[key] = exc.problem[key]
+            text = exc.detail
+        if self.as_json:
+            print(json.dumps(doc, sort_keys=True), file=sys.stderr)
+        else:
+            print(f"lockctl: {text}", file=sys.stderr)
+
+
+def _exit_code(exc: LockClientError) -> int:
+    if isinstance(exc, LockNotAcquired):
+        return EXIT_NOT_ACQUIRED
+    if isinstance(exc, LeaseLostError):
+        return EXIT_LEASE_LOST
+    if isinstance(exc, ServiceUnavailable):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, ValidationError):
+        return EXIT_USAGE
+    return EXIT_ERROR
+
+
+def _lease_text(verb: str, lease: Lease) -> str:
+    return "\n".join([
+        f"{verb} {lease.lock}",
+        f"  fence     {lease.fence}",
+        f"  ttl       {format_duration(round(lease.ttl * 1000))}",
+        f"  owner     {lease.owner}",
+        f"  lease_id  {lease.lease_id}",
+        f"  token     {lease.token}",
+    ])
+
+
+def _status_text(s: LockStatus) -> str:
+    if not s.held:
+        return f"{s.lock}: free (last fence {s.fence}, {s.waiters} waiting)"
+    left = format_duration(round(s.ttl * 1000))
+    return f"{s.lock}: held by {s.owner!r} (fence {s.fence}, {left} left, {s.waiters} waiting)"
+
+
+def _ls_text(items: list[LockStatus]) -> str:
+    rows = [("LOCK", "HELD", "FENCE", "TTL", "WAITERS", "OWNER")]
+    for s in items:
+        rows.append((s.lock, "yes" if s.held else "no", str(s.fence),
+                     format_duration(round(s.ttl * 1000)) if s.held else "-", str(s.waiters),
+                     s.owner or ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5]
+                     for r in rows).rstrip()
+
+
+def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: _Out) -> int:
+    lease = client.acquire(args.name, args.ttl, wait=args.wait, owner=args.owner or _default_owner(),
+                           renew_every=args.renew_every)
+    env = {**os.environ, "LOCKD_LOCK": lease.lock, "LOCKD_FENCE": str(lease.fence),
+           "LOCKD_TOKEN": lease.token}
+    try:
+        child = subprocess.Popen(command, env=env, process_group=0)
+    except OSError as exc:
+        client._release_at_exit(lease, failed=True)
+        out.error(f"cannot run {command[0]!r}: {exc.strerror or exc}")
+        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+
+    def forward(signum: int, _frame: Any) -> None:
+        _killpg(child, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    stopped = False
+    try:
+        while child.poll() is None:
+            if lease.lost.wait(0.05):
+                reason = lease.lost_reason.detail if lease.lost_reason else "lease lost"
+                out.error(f"{reason}; stopping the command (pid {child.pid})")
+                _stop(child, args.grace)
+                stopped = True
+                break
+        status = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        client.release(lease)
+    except LeaseLostError as exc:
+        if not stopped:
+            out.error(f"{exc.detail} (the command had exited with {_status_code(status)})")
+        return EXIT_LEASE_LOST
+    except LockClientError as exc:
+        out.error(f"release failed ({exc.detail}); lockd frees the lock when its TTL runs out")
+    return _status_code(status)
+
+
+def _status_code(status: int) -> int:
+    return 128 - status if status < 0 else status
+
+
+def _killpg(child: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(child.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop(child: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the command's process group; SIGKILL it if it is still running after ``grace``."""
+    _killpg(child, signal.SIGTERM)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        _killpg(child, signal.SIGKILL)
+    child.wait()
+    _killpg(child, signal.SIGKILL)  # stragglers of the group that ignored SIGTERM
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lockctl`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, command = argv[:at], argv[at + 1:]
+    parser = _parser()
+    args = parser.parse_args(argv)  # exits 2 on a usage error
+    out = _Out(getattr(args, "json", False))
+    if args.cmd == "run" and not command:
+        parser.error("run needs a command after --: run NAME --ttl 30s -- COMMAND [ARG...]")
+    if args.cmd != "run" and command:
+        parser.error(f"{args.cmd} takes no command after --")
+    url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
+    try:
+        with LockClient(url) as client:
+            return _dispatch(client, args, command, out)
+    except LockClientError as exc:
+        out.error(exc)
+        return _exit_code(exc)
+
+
+def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], out: _Out) -> int:
+    if args.cmd == "acquire":
+        lease = client.acquire(args.name, args.ttl, wait=args.wait,
+                               owner=args.owner or _default_owner(), auto_renew=False)
+        out.emit(lease.as_dict(), _lease_text("acquired", lease))
+    elif args.cmd == "renew":
+        lease = client.renew(LeaseRef(args.name, args.lease_id), ttl=args.ttl)
+        out.emit(lease.as_dict(), _lease_text("renewed", lease))
+    elif args.cmd == "release":
+        client.release(LeaseRef(args.name, args.lease_id))
+        out.emit({"lock": args.name, "released": True}, f"released {args.name}")
+    elif args.cmd == "status":
+        s = client.status(args.name)
+        out.emit(s.to_json(), _status_text(s))
+    elif args.cmd == "ls":
+        items = list(client.locks(args.prefix, limit=args.limit))
+        out.emit({"items": [s.to_json() for s in items]}, _ls_text(items))
+    elif args.cmd == "run":
+        return _run(client, args, command, out)
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
