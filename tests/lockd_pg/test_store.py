@@ -1,0 +1,337 @@
+"""``PostgresStore`` called directly, against a fresh PostgreSQL database per test.
+
+Each test runs its coroutine with ``asyncio.run`` (no pytest plugin needed). Expiry is real: short
+TTLs (a few hundred ms) judged by the database server's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import threading
+import time
+
+import psycopg
+import pytest
+
+from lockd.errors import LeaseLost, StoreUnavailable
+from lockd.store import open_store
+from lockd.store.base import Grant, Holder, LockState, Store
+from lockd.store.postgres import PostgresStore, libpq_url
+from tests.support import free_port
+
+
+def lease_id() -> str:
+    return secrets.token_urlsafe(24)
+
+
+@contextlib.asynccontextmanager
+async def opened(url: str, **kwargs):
+    store = PostgresStore(url, **kwargs)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def grant(store: PostgresStore, lock: str, ttl_ms: int = 5000, owner: str = "t",
+                client_id: str | None = None) -> Grant:
+    got = await store.acquire(lock, lease_id=lease_id(), ttl_ms=ttl_ms, owner=owner,
+                              client_id=client_id)
+    assert isinstance(got, Grant), got
+    return got
+
+
+def test_store_satisfies_protocol_and_open_store_builds_it(pg_url, pg_dsn):
+    store = open_store(pg_url, clock=time.time)
+    assert isinstance(store, PostgresStore)
+    assert isinstance(store, Store)
+    assert isinstance(open_store(pg_dsn, clock=time.time), PostgresStore)
+
+
+def test_grant_holder_release_and_fence_kept(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            first = await grant(store, "jobs/a", ttl_ms=5000, owner="alice")
+            assert (first.lock, first.fence, first.owner, first.ttl_ms) == ("jobs/a", 1, "alice", 5000)
+
+            refused = await store.acquire("jobs/a", lease_id=lease_id(), ttl_ms=5000, owner="bob",
+                                          client_id=None)
+            assert isinstance(refused, Holder)
+            assert (refused.owner, refused.fence) == ("alice", 1)
+            assert 0 < refused.ttl_ms <= 5000
+
+            state = await store.get("jobs/a")
+            assert state == LockState("jobs/a", True, 1, "alice", state.ttl_ms)
+            assert 0 < state.ttl_ms <= 5000
+
+            await store.release("jobs/a", first.lease_id)
+            assert await store.get("jobs/a") == LockState("jobs/a", False, 1, None, 0)
+            with pytest.raises(LeaseLost) as lost:
+                await store.release("jobs/a", first.lease_id)
+            assert lost.value.extra == {"lock": "jobs/a"}
+            with pytest.raises(LeaseLost):
+                await store.renew("jobs/a", first.lease_id, 5000)
+
+            second = await grant(store, "jobs/a", owner="bob")
+            assert second.fence == 2 and second.owner == "bob"
+            assert await store.get("never/used") == LockState("never/used", False, 0, None, 0)
+
+    asyncio.run(main())
+
+
+def test_renew_keeps_fence_pushes_expiry_and_rejects_strangers(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            lease = await grant(store, "r", ttl_ms=300)
+            renewed = await store.renew("r", lease.lease_id, 60_000)
+            assert (renewed.lease_id, renewed.fence, renewed.ttl_ms) == (lease.lease_id, 1, 60_000)
+            await asyncio.sleep(0.5)  # past the first TTL: the renewal is what keeps it
+            assert (await store.get("r")).held
+            with pytest.raises(LeaseLost):
+                await store.renew("r", lease_id(), 1000)
+            with pytest.raises(LeaseLost):
+                await store.release("r", lease_id())
+            with pytest.raises(LeaseLost):
+                await store.renew("other", lease.lease_id, 1000)
+            assert (await store.get("r")).held
+
+    asyncio.run(main())
+
+
+def test_same_client_id_retry_returns_same_lease(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            first = await grant(store, "c", ttl_ms=1000, owner="w1", client_id="req-1")
+            again = await store.acquire("c", lease_id=lease_id(), ttl_ms=30_000, owner="w1",
+                                        client_id="req-1")
+            assert isinstance(again, Grant)
+            assert (again.lease_id, again.fence, again.ttl_ms) == (first.lease_id, 1, 30_000)
+            # Another client id, or none, or an empty one, is refused.
+            for cid in ("req-2", None, ""):
+                other = await store.acquire("c", lease_id=lease_id(), ttl_ms=1000, owner="x",
+                                            client_id=cid)
+                assert isinstance(other, Holder), cid
+            # An empty client id never matches another empty one.
+            empty = await grant(store, "c-empty", client_id="")
+            refused = await store.acquire("c-empty", lease_id=lease_id(), ttl_ms=1000,
+                                          owner="x", client_id="")
+            assert isinstance(refused, Holder)
+            await store.release("c-empty", empty.lease_id)
+            # After release the client id starts a new lease with a higher fence.
+            await store.release("c", first.lease_id)
+            fresh = await grant(store, "c", client_id="req-1")
+            assert fresh.lease_id != first.lease_id and fresh.fence == 2
+
+    asyncio.run(main())
+
+
+def test_acquire_with_same_lease_id_is_idempotent(pg_url):
+    """What makes the internal retry after a broken connection safe."""
+
+    async def main():
+        async with opened(pg_url) as store:
+            lid = lease_id()
+            one = await store.acquire("i", lease_id=lid, ttl_ms=1000, owner="o", client_id=None)
+            two = await store.acquire("i", lease_id=lid, ttl_ms=2000, owner="o", client_id=None)
+            assert isinstance(two, Grant) and (two.lease_id, two.fence, two.ttl_ms) == (lid, one.fence, 2000)
+
+    asyncio.run(main())
+
+
+def test_expiry_by_server_clock_and_fence_increases(pg_url, pg_dsn):
+    async def main():
+        async with opened(pg_url) as store:
+            lease = await grant(store, "e", ttl_ms=200)
+            await asyncio.sleep(0.35)
+            state = await store.get("e")
+            assert state == LockState("e", False, 1, None, 0)
+            with pytest.raises(LeaseLost):
+                await store.renew("e", lease.lease_id, 1000)
+            with pytest.raises(LeaseLost):
+                await store.release("e", lease.lease_id)
+            nxt = await grant(store, "e", ttl_ms=200)
+            assert nxt.fence == 2
+
+            # Only the row's expiry against the server's now() decides: push the expiry an hour
+            # ahead in the database and the 200 ms lease is live long after lockd's idea of it;
+            # move it into the server's past and it is gone at once.
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute("UPDATE lockd.locks SET expires_at = now() + interval '1 hour'"
+                             " WHERE name = 'e'")
+                await asyncio.sleep(0.35)
+                state = await store.get("e")
+                assert state.held and 3_500_000 < state.ttl_ms <= 3_600_000
+                refused = await store.acquire("e", lease_id=lease_id(), ttl_ms=200, owner="",
+                                              client_id=None)
+                assert isinstance(refused, Holder) and refused.ttl_ms > 3_500_000
+                conn.execute("UPDATE lockd.locks SET expires_at = now() - interval '1 ms'"
+                             " WHERE name = 'e'")
+            with pytest.raises(LeaseLost):
+                await store.renew("e", nxt.lease_id, 1000)
+            assert (await grant(store, "e")).fence == 3
+
+    asyncio.run(main())
+
+
+def test_fence_survives_store_reopen_and_second_instance(pg_url):
+    async def main():
+        fences = []
+        async with opened(pg_url) as a:
+            for _ in range(3):
+                lease = await grant(a, "f")
+                fences.append(lease.fence)
+                await a.release("f", lease.lease_id)
+        async with opened(pg_url) as b:  # a new process would see the same
+            lease = await grant(b, "f", ttl_ms=150)
+            fences.append(lease.fence)
+            await asyncio.sleep(0.25)  # expiry, not release
+            fences.append((await grant(b, "f")).fence)
+            assert (await b.get("f")).fence == fences[-1]
+        assert fences == [1, 2, 3, 4, 5]
+
+    asyncio.run(main())
+
+
+def test_concurrent_acquires_on_two_instances_grant_exactly_one(pg_url):
+    async def main():
+        async with opened(pg_url) as a, opened(pg_url) as b:
+            for round_no in range(5):
+                name = f"race/{round_no}"  # the first round of each races on the INSERT too
+                results = await asyncio.gather(*(
+                    (a if i % 2 else b).acquire(name, lease_id=lease_id(), ttl_ms=5000,
+                                                owner=f"w{i}", client_id=None)
+                    for i in range(16)
+                ))
+                grants = [r for r in results if isinstance(r, Grant)]
+                assert len(grants) == 1, results
+                holders = [r for r in results if isinstance(r, Holder)]
+                assert all(h.owner == grants[0].owner and h.fence == 1 for h in holders)
+
+    asyncio.run(main())
+
+
+def test_list_pages_in_name_order_with_literal_wildcards(pg_url):
+    names = ["a%b/1", "a%b/2", "a%b/3", "a%bz", "axb/1", "a%", "a_c/1", "abc/1", "a_c",
+             "B", "a", "b", "\u00e9t\u00e9", "z%"]
+
+    async def main():
+        async with opened(pg_url) as store:
+            for name in names:
+                lease = await grant(store, name)
+                if name.endswith("2"):
+                    await store.release(name, lease.lease_id)
+
+            async def pages(prefix, limit):
+                seen, after = [], None
+                while True:
+                    page = await store.list(prefix, limit, after)
+                    assert len(page) <= limit
+                    seen.extend(page)
+                    if len(page) < limit:
+                        return seen
+                    after = page[-1].lock
+
+            everything = await pages("", 3)
+            assert [s.lock for s in everything] == sorted(names)  # code point order
+            by_name = {s.lock: s for s in everything}
+            assert by_name["a%b/2"] == LockState("a%b/2", False, 1, None, 0)
+            assert by_name["a%b/1"].held and by_name["a%b/1"].owner == "t"
+
+            assert [s.lock for s in await pages("a%b", 2)] == ["a%b/1", "a%b/2", "a%b/3", "a%bz"]
+            assert [s.lock for s in await pages("a%b/", 1)] == ["a%b/1", "a%b/2", "a%b/3"]
+            assert [s.lock for s in await pages("a_c", 1)] == ["a_c", "a_c/1"]
+            assert [s.lock for s in await pages("a%", 10)] == ["a%", "a%b/1", "a%b/2", "a%b/3", "a%bz"]
+            assert await store.list("nothing", 10, None) == []
+            assert await store.list("a", 0, None) == []
+            assert [s.lock for s in await store.list("a", 2, "a_c/1")] == ["abc/1", "axb/1"]
+            assert await store.list("a\x00", 10, None) == []
+
+    asyncio.run(main())
+
+
+def test_release_notifies_listener_on_another_instance(pg_url):
+    async def main():
+        got: list[tuple[str, bool]] = []
+        arrived = asyncio.Event()
+        loop_thread = threading.get_ident()
+
+        def listener(name: str) -> None:
+            asyncio.get_running_loop()  # raises unless called on the event loop
+            got.append((name, threading.get_ident() == loop_thread))
+            arrived.set()
+
+        async with opened(pg_url) as a, opened(pg_url) as b:
+            b.subscribe(listener)
+            lease = await grant(a, "n/1")
+            await asyncio.sleep(0.1)
+            assert got == []  # a grant does not notify
+            t0 = time.monotonic()
+            await a.release("n/1", lease.lease_id)
+            await asyncio.wait_for(arrived.wait(), 5)
+            latency = time.monotonic() - t0
+            assert got == [("n/1", True)]
+            assert latency < 1.0, latency
+            # A lapsed lease is not "released": nothing is sent, and its release fails.
+            short = await grant(a, "n/2", ttl_ms=100)
+            await asyncio.sleep(0.2)
+            with pytest.raises(LeaseLost):
+                await a.release("n/2", short.lease_id)
+            await asyncio.sleep(0.2)
+            assert got == [("n/1", True)]
+
+    asyncio.run(main())
+
+
+def test_schema_lives_in_lockd_schema_and_concurrent_opens_are_safe(pg_url, pg_dsn):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE public.locks (name text PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO public.locks VALUES ('mine', 'user data')")
+
+    async def main():
+        stores = [PostgresStore(pg_url) for _ in range(4)]
+        await asyncio.gather(*(s.open() for s in stores))
+        try:
+            await grant(stores[0], "s")
+            assert (await stores[3].get("s")).held
+        finally:
+            for s in stores:
+                await s.close()
+                await s.close()  # idempotent
+
+    asyncio.run(main())
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT * FROM public.locks").fetchall() == [("mine", "user data")]
+        assert conn.execute("SELECT to_regclass('lockd.locks') IS NOT NULL").fetchone() == (True,)
+
+
+def test_unreachable_database_is_store_unavailable_without_secrets():
+    url = f"postgresql+psycopg://lockd:s3cr3t-pw@127.0.0.1:{free_port()}/nowhere?pool_timeout=1"
+
+    async def main():
+        store = PostgresStore(url)
+        t0 = time.monotonic()
+        with pytest.raises(StoreUnavailable) as exc:
+            await store.open()
+        assert time.monotonic() - t0 < 5
+        assert "s3cr3t" not in exc.value.detail and "lockd:" not in exc.value.detail
+        assert exc.value.status == 503
+        with pytest.raises(StoreUnavailable):
+            await store.ping()  # not open
+        await store.close()
+
+    asyncio.run(main())
+    assert "s3cr3t" not in repr(PostgresStore(url))
+
+
+def test_url_forms_and_pool_parameters():
+    libpq, own = libpq_url("postgresql+psycopg://u:p@h:5/db?pool_max=3&sslmode=disable&pool_timeout=2")
+    assert libpq == "postgresql://u:p@h:5/db?sslmode=disable"
+    assert own == {"pool_max": "3", "pool_timeout": "2"}
+    assert libpq_url("postgresql://h/db")[0] == "postgresql://h/db"
+    with pytest.raises(ValueError):
+        libpq_url("mysql://h/db")
+    store = PostgresStore("postgresql://h/db?pool_min=2&pool_max=4&pool_timeout=1.5", pool_max=6)
+    assert (store._pool_min, store._pool_max, store._pool_timeout) == (2, 6, 1.5)
