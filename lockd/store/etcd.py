@@ -34,7 +34,8 @@ How each operation maps onto etcd:
 * **subscribe**: ONE watch stream per store on the lock-key prefix, delete events only (release
   and expiry both delete the key). On errors it reconnects, to the next endpoint, resuming at the
   revision after the last event it delivered, so no release is missed; if etcd has compacted that
-  revision away, it resumes from the oldest one kept (waiters then rely on their expiry timer).
+  revision away, it resumes from the oldest one kept and calls the listeners for every lock that
+  is free, so waiters whose release fell into the gap retry.
 
 TTL rounding: etcd leases are whole seconds, so the etcd lease is ``ceil(ttl_ms / 1000)`` s, and
 never shorter than etcd's minimum lease TTL (``ceil(1.5 × election timeout)``: 2 s with etcd's
@@ -178,6 +179,9 @@ class EtcdStore:
     def __init__(self, url: str, *, timeout: float | None = None):
         self._endpoints, self._prefix, url_timeout = parse_etcd_url(url)
         self._timeout = timeout if timeout is not None else url_timeout
+        # One attempt may hang when etcd dropped the request with its leader (a follower's
+        # forwarded proposal is lost when the leader dies); give up on it early and replay.
+        self._attempt_timeout = max(0.5, self._timeout * 0.4)
         self._locks = f"{self._prefix}/locks/".encode()
         self._fences = f"{self._prefix}/fences/".encode()
         self._current = 0  # index of the endpoint that answered last
@@ -185,6 +189,8 @@ class EtcdStore:
         self._listeners: list[ReleaseListener] = []
         self._watch_task: asyncio.Task | None = None
         self._watch_created = asyncio.Event()
+        self._gap = False  # the watch resumed after compacted history: wake every free lock
+        self._resume_at = 0  # the revision the watch resumes from after a break
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -249,9 +255,9 @@ class EtcdStore:
                     f"(endpoints {', '.join(self._endpoints)}): {last}")
             endpoint = self._endpoints[index % n]
             try:
+                attempt = min(remaining, self._attempt_timeout)
                 response = await self._http.post(
-                    endpoint + path, json=body,
-                    timeout=httpx.Timeout(remaining, connect=min(remaining, 1.0)))
+                    endpoint + path, json=body, timeout=httpx.Timeout(attempt))
             except httpx.HTTPError as exc:  # refused, reset, timed out: try another member
                 last = f"{endpoint}: {type(exc).__name__} {exc}".strip()
             else:
@@ -518,14 +524,15 @@ class EtcdStore:
 
     async def _watch_loop(self, start_revision: int) -> None:
         """Keep one watch stream open; deliver delete events; resume after errors."""
-        next_revision = start_revision
+        self._resume_at = start_revision
         index = self._current
         failures = 0
+        self._gap = False
         while True:
             endpoint = self._endpoints[index % len(self._endpoints)]
             request = {"create_request": {
                 "key": _b64(self._locks), "range_end": _b64(_prefix_end(self._locks)),
-                "filters": ["NOPUT"], "start_revision": str(next_revision),
+                "filters": ["NOPUT"], "start_revision": str(self._resume_at),
                 "progress_notify": True}}
             try:
                 assert self._http is not None
@@ -537,8 +544,11 @@ class EtcdStore:
                     async for line in response.aiter_lines():
                         if not line.strip():
                             continue
-                        next_revision = self._on_watch_message(json.loads(line), next_revision)
+                        self._on_watch_message(json.loads(line))
                         failures = 0
+                        if self._gap and self._watch_created.is_set():
+                            self._gap = False
+                            await self._notify_free_locks()
                 raise _WatchBroken("stream ended")
             except asyncio.CancelledError:
                 raise
@@ -549,8 +559,35 @@ class EtcdStore:
                     log.warning("etcd watch on %s broke (%s); reconnecting", endpoint, exc)
                 await asyncio.sleep(min(0.05 * failures, 1.0))
 
-    def _on_watch_message(self, msg: dict[str, Any], next_revision: int) -> int:
-        """Handle one watch message; returns the revision to resume from after a break."""
+    async def _keys(self, prefix: bytes) -> list[str]:
+        """Every key name under ``prefix`` (prefix stripped), in pages of 1000."""
+        names: list[str] = []
+        start, end = prefix, _b64(_prefix_end(prefix))
+        while True:
+            doc = await self._post("/v3/kv/range", {"key": _b64(start), "range_end": end,
+                                                    "limit": "1000", "keys_only": True})
+            kvs = doc.get("kvs") or []
+            names += [_unb64(kv["key"])[len(prefix):].decode() for kv in kvs]
+            if not doc.get("more") or not kvs:
+                return names
+            start = _unb64(kvs[-1]["key"]) + b"\x00"
+
+    async def _notify_free_locks(self) -> None:
+        """After a gap in the watch history (compaction): call listeners for every lock that
+        is free now, so any waiter for a release we could not see retries (rare; one read of
+        the names of all locks ever used)."""
+        try:
+            fenced = await self._keys(self._fences)
+            held = set(await self._keys(self._locks))
+        except StoreUnavailable as exc:
+            log.warning("etcd watch: could not list locks after a gap: %s", exc.detail)
+            return
+        for lock in fenced:
+            if lock not in held:
+                self._notify(lock)
+
+    def _on_watch_message(self, msg: dict[str, Any]) -> None:
+        """Handle one watch message; keep ``_resume_at``, the revision to resume from."""
         if "error" in msg:
             raise _WatchBroken(str(msg["error"].get("message", msg["error"])))
         result = msg["result"]
@@ -558,20 +595,21 @@ class EtcdStore:
             self._watch_created.set()
         if result.get("canceled"):
             compacted = _int(result.get("compact_revision"))
-            if compacted:  # events before it are gone: resume there; timers cover the gap
+            if compacted:  # the deletes before it are gone: resume there, then wake all
                 log.warning("etcd watch: revision %d compacted; resuming at %d",
-                            next_revision, compacted)
-                next_revision = compacted
+                            self._resume_at, compacted)
+                self._resume_at = compacted
+                self._gap = True
+                self._watch_created.clear()
             raise _WatchBroken(result.get("cancel_reason") or "watch canceled")
         events = result.get("events") or []
         for event in events:
             kv = event.get("kv", {})
-            next_revision = max(next_revision, _int(kv.get("mod_revision")) + 1)
+            self._resume_at = max(self._resume_at, _int(kv.get("mod_revision")) + 1)
             if event.get("type") == "DELETE":
                 self._notify(_unb64(kv.get("key"))[len(self._locks):].decode())
         if not events and not result.get("created"):  # progress notification: all sent
-            next_revision = max(next_revision, _int(result["header"].get("revision")) + 1)
-        return next_revision
+            self._resume_at = max(self._resume_at, _int(result["header"].get("revision")) + 1)
 
 
 class _Moved(Exception):
