@@ -589,8 +589,9 @@ class _ClientBase:
     def _timeout_error(name: str, wait: float | None, started: float, now: float,
                        last: LockNotAcquired | None) -> AcquireTimeout:
         owner = last.owner if last else None
+        left = f", {last.ttl_ms / 1000:g} s left" if last and last.ttl_ms is not None else ""
         return AcquireTimeout(
-            f"lock {name!r} not acquired within {wait} s" + (f" (held by {owner!r})" if owner else ""),
+            f"lock {name!r} is held (owner {owner!r}{left}); not acquired within {wait:g} s",
             waited=now - started, lock=name, owner=owner,
             ttl_ms=last.ttl_ms if last else None, retry_after=last.retry_after if last else None,
             status=409, code="held", problem=last.problem if last else None)
@@ -798,10 +799,14 @@ class LockClient(_ClientBase):
         was_lost = lease._state is LeaseState.LOST
         try:
             self._request("POST", _lock_path(lease.lock) + "/release",
-                          json={"lease_id": lease.lease_id})
+                          json={"lease_id": lease.lease_id},
+                          timeout=min(self.timeout, 2.0) if was_lost else None)
         except LeaseLostError as exc:
             lease._mark_lost(exc)
             lease.check()
+        except LockClientError:
+            if not was_lost:
+                raise  # still ours as far as we know: the caller may retry
         if was_lost:
             lease.check()
         lease._mark_released()
@@ -1013,10 +1018,14 @@ class AsyncLockClient(_ClientBase):
         was_lost = lease._state is LeaseState.LOST
         try:
             await self._request("POST", _lock_path(lease.lock) + "/release",
-                                json={"lease_id": lease.lease_id})
+                                json={"lease_id": lease.lease_id},
+                                timeout=min(self.timeout, 2.0) if was_lost else None)
         except LeaseLostError as exc:
             lease._mark_lost(exc)
             lease.check()
+        except LockClientError:
+            if not was_lost:
+                raise  # still ours as far as we know: the caller may retry
         if was_lost:
             lease.check()
         lease._mark_released()

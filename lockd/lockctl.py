@@ -246,15 +246,16 @@ def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    lost = stopped
     try:
         client.release(lease)
     except LeaseLostError as exc:
         if not stopped:
             out.error(f"{exc.detail} (the command had exited with {_status_code(status)})")
-        return EXIT_LEASE_LOST
+        lost = True
     except LockClientError as exc:
         out.error(f"release failed ({exc.detail}); lockd frees the lock when its TTL runs out")
-    return _status_code(status)
+    return EXIT_LEASE_LOST if lost else _status_code(status)
 
 
 def _status_code(status: int) -> int:

@@ -1,0 +1,179 @@
+"""Blocking facades over ``LockClient`` and ``AsyncLockClient`` so that ONE behavioural suite runs
+against both.
+
+``AsyncApi`` runs an asyncio event loop in a thread of its own; every call is submitted to it with
+``run_coroutine_threadsafe`` and waited for, so renewal tasks, ``asyncio.Event``\\ s and
+callbacks all live on that loop exactly as they would in an asyncio program. Both facades count
+the HTTP requests their client sends (real ``httpx`` event hooks), keyed by method and path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections import Counter
+from typing import Any
+
+import httpx
+
+from lockd import AsyncFencedSession, AsyncLockClient, FencedSession, LockClient
+
+__all__ = ["SyncApi", "AsyncApi"]
+
+
+class SyncApi:
+    kind = "sync"
+
+    def __init__(self, url: str, **client_kw: Any):
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._http = httpx.Client(event_hooks={"request": [self._count]})
+        self.client = LockClient(url, http_client=self._http, **client_kw)
+        self._sessions: list[FencedSession] = []
+
+    def _count(self, request: httpx.Request) -> None:
+        self.requests[(request.method, request.url.path)] += 1
+
+    def renew_count(self, name: str) -> int:
+        return self.requests[("POST", f"/v1/locks/{name}/renew")]
+
+    def try_acquire(self, *a: Any, **kw: Any):
+        return self.client.try_acquire(*a, **kw)
+
+    def acquire(self, *a: Any, **kw: Any):
+        return self.client.acquire(*a, **kw)
+
+    def renew(self, *a: Any, **kw: Any):
+        return self.client.renew(*a, **kw)
+
+    def release(self, *a: Any, **kw: Any):
+        return self.client.release(*a, **kw)
+
+    def status(self, *a: Any, **kw: Any):
+        return self.client.status(*a, **kw)
+
+    def locks(self, *a: Any, **kw: Any):
+        return list(self.client.locks(*a, **kw))
+
+    def lock(self, *a: Any, **kw: Any):
+        return self.client.lock(*a, **kw)
+
+    def wait_lost(self, lease: Any, timeout: float) -> bool:
+        return lease.lost.wait(timeout)
+
+    def session(self, proxy_url: str, lease: Any) -> FencedSession:
+        session = FencedSession(proxy_url, lease)
+        self._sessions.append(session)
+        return session
+
+    def close(self) -> None:
+        for s in self._sessions:
+            s.close()
+        self.client.close()
+        self._http.close()
+
+
+class _AsyncFacade:
+    """Blocking view of an async object: coroutine methods are run on the facade's loop."""
+
+    def __init__(self, api: AsyncApi, target: Any):
+        self._api = api
+        self._target = target
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._target, attr)
+        if inspect.iscoroutinefunction(value):
+            return lambda *a, **kw: self._api.run(value(*a, **kw))
+        return value
+
+
+class AsyncApi:
+    kind = "async"
+
+    def __init__(self, url: str, **client_kw: Any):
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="async-api", daemon=True)
+        self._thread.start()
+        self._sessions: list[AsyncFencedSession] = []
+
+        async def make() -> tuple[httpx.AsyncClient, AsyncLockClient]:
+            http = httpx.AsyncClient(event_hooks={"request": [self._count]})
+            return http, AsyncLockClient(url, http_client=http, **client_kw)
+
+        self._http, self.client = self.run(make())
+
+    async def _count(self, request: httpx.Request) -> None:
+        self.requests[(request.method, request.url.path)] += 1
+
+    def renew_count(self, name: str) -> int:
+        return self.requests[("POST", f"/v1/locks/{name}/renew")]
+
+    def run(self, coro: Any, timeout: float = 120.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def try_acquire(self, *a: Any, **kw: Any):
+        return self.run(self.client.try_acquire(*a, **kw))
+
+    def acquire(self, *a: Any, **kw: Any):
+        return self.run(self.client.acquire(*a, **kw))
+
+    def renew(self, *a: Any, **kw: Any):
+        return self.run(self.client.renew(*a, **kw))
+
+    def release(self, *a: Any, **kw: Any):
+        return self.run(self.client.release(*a, **kw))
+
+    def status(self, *a: Any, **kw: Any):
+        return self.run(self.client.status(*a, **kw))
+
+    def locks(self, *a: Any, **kw: Any):
+        async def collect() -> list[Any]:
+            return [s async for s in self.client.locks(*a, **kw)]
+
+        return self.run(collect())
+
+    @contextlib.contextmanager
+    def lock(self, *a: Any, **kw: Any):
+        cm = self.client.lock(*a, **kw)
+        lease = self.run(cm.__aenter__())
+        try:
+            yield lease
+        except BaseException as exc:
+            if not self.run(cm.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self.run(cm.__aexit__(None, None, None))
+
+    def wait_lost(self, lease: Any, timeout: float) -> bool:
+        async def wait() -> bool:
+            try:
+                await asyncio.wait_for(lease.lost.wait(), timeout)
+                return True
+            except TimeoutError:
+                return False
+
+        return self.run(wait(), timeout + 10)
+
+    def session(self, proxy_url: str, lease: Any) -> Any:
+        async def make() -> AsyncFencedSession:
+            return AsyncFencedSession(proxy_url, lease)
+
+        session = self.run(make())
+        self._sessions.append(session)
+        return _AsyncFacade(self, session)
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for s in self._sessions:
+                await s.aclose()
+            await self.client.aclose()
+            await self._http.aclose()
+
+        try:
+            self.run(shutdown(), 30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()

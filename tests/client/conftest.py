@@ -1,0 +1,172 @@
+"""Fixtures of the client suite: real ``lockd serve`` and ``resource-proxy serve`` processes.
+
+``lockd_server``: a lockd of its own per test on a SQLite file, restartable on the same port and
+store (or on a fresh store). ``shared_lockd`` + ``proxy``: one lockd and one proxy per module
+for tests that only need them running (every test uses its own lock names). ``api``: the
+behavioural suite runs once with ``LockClient`` and once with ``AsyncLockClient`` (driven
+through a small blocking adapter, ``tests.client.adapters``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sqlite3
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.client.adapters import AsyncApi, SyncApi
+from tests.support import VENV_BIN, ServiceProcess, free_port
+
+RESOURCE_SCHEMA = [
+    "CREATE TABLE items (id INTEGER PRIMARY KEY, owner TEXT NOT NULL DEFAULT '', n INTEGER)",
+    "CREATE TABLE pairs (a TEXT NOT NULL, b INTEGER NOT NULL, v TEXT, PRIMARY KEY (a, b))",
+]
+
+
+def _bin(name: str) -> str:
+    path = VENV_BIN / name
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+class LockdServer:
+    """``lockd serve`` on a SQLite file in ``workdir``; ``restart()`` keeps port, keys, store."""
+
+    def __init__(self, workdir: Path, port: int | None = None):
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.key_dir = workdir / "keys"
+        self.db = workdir / "lockd.db"
+        self.proc: ServiceProcess | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def store(self) -> str:
+        return f"sqlite:///{self.db}"
+
+    def start(self) -> LockdServer:
+        self.starts += 1
+        self.proc = ServiceProcess(
+            [_bin("lockd"), "serve", "--store", self.store, "--port", str(self.port),
+             "--key-dir", str(self.key_dir)],
+            ready_url=self.url + "/healthz",
+            log_path=self.workdir / f"lockd-{self.starts}.log",
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.stop()
+
+    def kill(self) -> None:
+        if self.proc:
+            self.proc.kill()
+
+    def pause(self) -> None:
+        assert self.proc
+        self.proc.pause()
+
+    def resume(self) -> None:
+        assert self.proc
+        self.proc.resume()
+
+    def restart(self, *, fresh_store: bool = False) -> LockdServer:
+        """Stop and start again; ``fresh_store`` points it at a new, empty SQLite file."""
+        self.stop()
+        if fresh_store:
+            self.db = self.workdir / f"lockd-{uuid.uuid4().hex[:8]}.db"
+        return self.start()
+
+    def log(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("lockd-*.log")))
+
+
+class ProxyServer:
+    """``resource-proxy serve`` on a SQLite resource DB with the tables of ``RESOURCE_SCHEMA``."""
+
+    def __init__(self, workdir: Path, lockd_url: str):
+        self.workdir = workdir
+        self.port = free_port()
+        self.db = workdir / "res.db"
+        with sqlite3.connect(self.db) as conn:
+            for stmt in RESOURCE_SCHEMA:
+                conn.execute(stmt)
+        self.proc = ServiceProcess(
+            [_bin("resource-proxy"), "serve", "--database-url", f"sqlite:///{self.db}",
+             "--lockd-url", lockd_url, "--port", str(self.port)],
+            ready_url=self.url + "/healthz",
+            log_path=workdir / "proxy.log",
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def rows(self, table: str) -> list[tuple]:
+        """Read the resource DB directly (the ground truth, bypassing the proxy)."""
+        with sqlite3.connect(self.db) as conn:
+            return conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()  # noqa: S608
+
+
+def _workdir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+@pytest.fixture
+def lockd_server():
+    """A lockd of this test's own (restart, pause or kill it freely)."""
+    server = LockdServer(_workdir("lockd-client-")).start()
+    yield server
+    server.stop()
+    if sys.exc_info()[0] is None:
+        shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def shared_lockd():
+    """One lockd for the module's tests that do not disturb it."""
+    server = LockdServer(_workdir("lockd-shared-")).start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def proxy(shared_lockd: LockdServer):
+    """A proxy over a fresh SQLite resource DB, trusting ``shared_lockd``'s keys."""
+    server = ProxyServer(_workdir("proxy-client-"), shared_lockd.url)
+    server.proc.start()
+    yield server
+    server.proc.stop()
+    shutil.rmtree(server.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def name(request) -> str:
+    """A lock name of this test's own."""
+    node = re.sub(r"[^A-Za-z0-9.:/-]", "-", request.node.name[:60])
+    return f"test/{node}/{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(params=["sync", "async"])
+def make_api(request):
+    """Build blocking facades over ``LockClient`` (sync) or ``AsyncLockClient`` (async)."""
+    made = []
+
+    def make(url: str):
+        api = SyncApi(url) if request.param == "sync" else AsyncApi(url)
+        made.append(api)
+        return api
+
+    make.kind = request.param
+    yield make
+    for api in made:
+        api.close()
