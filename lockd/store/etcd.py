@@ -191,6 +191,7 @@ class EtcdStore:
         self._watch_created = asyncio.Event()
         self._gap = False  # the watch resumed after compacted history: wake every free lock
         self._resume_at = 0  # the revision the watch resumes from after a break
+        self._background: set[asyncio.Task] = set()  # revokes in flight
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -211,7 +212,9 @@ class EtcdStore:
                                                    name="lockd-etcd-watch")
 
     async def close(self) -> None:
-        """Stop the watch and close every connection; idempotent."""
+        """Stop the watch, finish pending revokes, close every connection; idempotent."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=self._timeout)
         task, self._watch_task = self._watch_task, None
         if task is not None:
             task.cancel()
@@ -313,6 +316,12 @@ class EtcdStore:
         doc = await self._post("/v3/lease/keepalive", {"ID": str(etcd_lease)})
         return _int(doc.get("result", {}).get("TTL"))
 
+    def _revoke_soon(self, etcd_lease: int) -> None:
+        """Revoke an etcd lease that holds no lock key (any more) without waiting for it."""
+        task = asyncio.get_running_loop().create_task(self._revoke(etcd_lease))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _revoke(self, etcd_lease: int) -> None:
         """Revoke an etcd lease (deleting its keys); best effort: it expires anyway."""
         try:
@@ -376,7 +385,7 @@ class EtcdStore:
                     return Grant(lock, lease_id, holder.fence, granted * 1000, owner)
             finally:
                 if not keep:
-                    await self._revoke(etcd_lease)
+                    self._revoke_soon(etcd_lease)
             if client_id and holder.client_id == client_id:
                 try:
                     return await self._extend(holder, ttl_ms)
@@ -411,10 +420,10 @@ class EtcdStore:
             moved = doc.get("succeeded") or (kv is not None and _int(kv.get("lease")) == new_lease)
         finally:
             if not moved:
-                await self._revoke(new_lease)
+                self._revoke_soon(new_lease)
         if not moved:
             raise _Moved
-        await self._revoke(held.etcd_lease)
+        self._revoke_soon(held.etcd_lease)
         return Grant(held.name, held.lease_id, held.fence, new_granted * 1000, held.owner)
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
@@ -454,7 +463,7 @@ class EtcdStore:
                     raise LeaseLost(f"lease on {lock!r} expired", lock=lock)
             elif kv is not None:
                 continue  # modified under us (moved by a renew): re-read and check again
-            await self._revoke(held.etcd_lease)
+            self._revoke_soon(held.etcd_lease)
             return
         raise StoreUnavailable(f"etcd: lease on {lock!r} kept changing; try again")
 
