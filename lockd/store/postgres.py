@@ -567,6 +567,8 @@ class PostgresStore:
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 if self._listening.is_set():
                     log.warning("LISTEN connection lost (%s); reconnecting", _first_line(exc))
+                else:
+                    log.debug("LISTEN connection attempt failed: %s", _first_line(exc))
                 self._listening.clear()
             except Exception:
                 log.exception("LISTEN loop failed; reconnecting")

@@ -335,3 +335,19 @@ def test_url_forms_and_pool_parameters():
         libpq_url("mysql://h/db")
     store = PostgresStore("postgresql://h/db?pool_min=2&pool_max=4&pool_timeout=1.5", pool_max=6)
     assert (store._pool_min, store._pool_max, store._pool_timeout) == (2, 6, 1.5)
+
+
+def test_pooled_connections_never_run_with_synchronous_commit_off(pg_url, pg_dsn):
+    """An acknowledged grant must be durable, or a crash could hand its fence out again."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        dbname = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off')
+
+    async def main():
+        async with opened(pg_url, pool_min=2) as store:
+            assert store._pool is not None
+            async with store._pool.connection() as conn:
+                cur = await conn.execute("SHOW synchronous_commit")
+                assert await cur.fetchone() == ("on",)
+
+    asyncio.run(main())
