@@ -86,7 +86,7 @@ class EtcdMember:
             os.kill(self.proc.pid, sig)
 
     def kill(self) -> None:
-        """SIGKILL (after SIGCONT would be pointless: SIGKILL works on a stopped process)."""
+        """SIGKILL, like a crash (it also ends a paused member)."""
         if self.running:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
