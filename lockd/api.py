@@ -1,0 +1,316 @@
+"""lockd's HTTP routes, and the ONE place where errors become RFC 9457 problem details.
+
+Every failure leaves as ``application/problem+json`` ``{type, title, status, detail, code, ...}``:
+
+===================================================  ======  ====================
+cause                                                status  code
+===================================================  ======  ====================
+``LockdError`` subclasses (``lockd.errors``)         theirs  theirs
+bad name / field / TTL / wait / cursor, missing       422     ``invalid_request``
+field, malformed JSON, non-JSON ``Content-Type``
+body over ``settings.max_body_bytes``                413     ``payload_too_large``
+unknown route / method                               404/405 ``not_found`` / ``method_not_allowed``
+anything unexpected (logged with its traceback)      500     ``internal`` (no trace in the body)
+===================================================  ======  ====================
+
+Malformed JSON is 422 like every other unacceptable body (one status for "your body is wrong";
+``errors`` lists what). A 409 ``held`` carries ``Retry-After`` (the holder's TTL, whole seconds).
+
+Request bodies are read here, not by FastAPI, so that the size limit applies while reading and
+a waiting acquire can watch its connection: if the client goes away, the wait is cancelled and
+the waiter leaves the queue at once (uvicorn does not cancel a handler on disconnect by itself).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lockd.errors import PROBLEM_TYPE_PREFIX, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
+from lockd.schemas import (
+    AcquireRequest,
+    HealthBody,
+    LeaseBody,
+    LockPage,
+    LockStateBody,
+    ReleasedBody,
+    ReleaseRequest,
+    RenewRequest,
+)
+from lockd.service import LockService
+from lockd.store.base import LockState
+
+__all__ = ["PROBLEM_JSON", "create_router", "install_error_handlers", "problem_response"]
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+_M = TypeVar("_M", bound=BaseModel)
+_T = TypeVar("_T")
+
+
+# --- problems: the one mapping ------------------------------------------------------------------
+
+
+def problem_response(status: int, code: str, title: str, detail: str,
+                     extra: dict[str, Any] | None = None,
+                     headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"type": PROBLEM_TYPE_PREFIX + code, "title": title, "status": status,
+            "detail": detail, "code": code}
+    if extra:
+        body.update(extra)
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def _lockd_error(exc: LockdError) -> JSONResponse:
+    headers = None
+    if isinstance(exc, LockHeld):
+        ttl_ms = int(exc.extra.get("ttl_ms") or 0)
+        headers = {"Retry-After": str(max(1, math.ceil(ttl_ms / 1000)))}
+    return problem_response(exc.status, exc.code, exc.title, exc.detail, exc.extra, headers)
+
+
+def _invalid(errors: Sequence[Any]) -> InvalidRequest:
+    """An ``InvalidRequest`` listing pydantic errors (never echoing input: it may hold secrets)."""
+    items = [
+        {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg", "")),
+         "type": str(e.get("type", ""))}
+        for e in errors
+    ]
+    if any(item["type"] == "json_invalid" for item in items):
+        detail = "request body is not valid JSON"
+    else:
+        detail = "; ".join(
+            (".".join(i["loc"]) + ": " if i["loc"] else "") + i["msg"] for i in items
+        ) or "invalid request"
+    return InvalidRequest(detail, errors=items)
+
+
+def _http_error(exc: StarletteHTTPException) -> JSONResponse:
+    try:
+        phrase = HTTPStatus(exc.status_code).phrase
+    except ValueError:
+        phrase = "HTTP error"
+    code = {404: "not_found", 405: "method_not_allowed"}.get(
+        exc.status_code, phrase.lower().replace(" ", "_").replace("-", "_")
+    )
+    detail = exc.detail if isinstance(exc.detail, str) else phrase
+    if exc.status_code == 404 and detail == phrase:
+        detail = "no such route; see /docs for the API"
+    return problem_response(exc.status_code, code, phrase, detail, headers=exc.headers)
+
+
+def _internal(request: Request, exc: BaseException) -> JSONResponse:
+    log.error("unexpected error on %s %s", request.method, request.url.path,
+              exc_info=(type(exc), exc, exc.__traceback__))
+    return problem_response(500, "internal", "Internal error",
+                            "the server failed unexpectedly; the failure was logged")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every error an HTTP client can cause (and every one it cannot) to a problem."""
+
+    async def on_lockd_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, LockdError)
+        return _lockd_error(exc)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        return _lockd_error(_invalid(exc.errors()))
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        return _http_error(exc)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        return _internal(request, exc)
+
+    app.add_exception_handler(LockdError, on_lockd_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+class _GuardedRoute(APIRoute):
+    """Turns an unexpected exception in a route into a logged 500 problem right here, so it
+    does not travel on to Starlette's server-error middleware (which would log it twice)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except (LockdError, StarletteHTTPException, RequestValidationError):
+                raise
+            except Exception as exc:
+                return _internal(request, exc)
+
+        return guarded
+
+
+# --- request bodies -----------------------------------------------------------------------------
+
+
+async def read_body(request: Request, model: type[_M]) -> _M:
+    """Read and validate a JSON body of at most ``settings.max_body_bytes``.
+
+    An empty body counts as ``{}`` (so a missing field is reported as such). Raises
+    ``PayloadTooLarge`` (413) or ``InvalidRequest`` (422).
+    """
+    content_type = request.headers.get("content-type")
+    if content_type is not None:
+        media = content_type.split(";", 1)[0].strip().lower()
+        if media != "application/json" and not media.endswith("+json"):
+            raise InvalidRequest(f"Content-Type must be application/json (got {media or '-'!r})")
+    limit = request.app.state.settings.max_body_bytes
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks).strip() or b"{}"
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _invalid(exc.errors(include_url=False, include_input=False)) from None
+
+
+class _ClientGone(Exception):
+    """The HTTP client disconnected while its request was still waiting."""
+
+
+async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Return when the ASGI server reports ``http.disconnect`` (the body is already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def until_disconnect(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done() and not watch.done():  # we ourselves were cancelled
+            task.cancel()
+        watch.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    raise _ClientGone
+
+
+# --- routes -------------------------------------------------------------------------------------
+
+
+def _service(request: Request) -> LockService:
+    return request.app.state.service
+
+
+def _state_body(state: LockState, waiters: int) -> dict[str, Any]:
+    return {"lock": state.lock, "held": state.held, "fence": state.fence, "owner": state.owner,
+            "ttl_ms": state.ttl_ms, "waiters": waiters}
+
+
+def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model.model_json_schema()}}}}
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"description": HTTPStatus(s).phrase, "content": {PROBLEM_JSON: {}}}
+            for s in statuses}
+
+
+def create_router() -> APIRouter:
+    """The v1 routes; they find the ``LockService`` at ``request.app.state.service``."""
+    router = APIRouter(route_class=_GuardedRoute)
+
+    @router.post("/v1/locks/{name:path}/acquire", response_model=LeaseBody,
+                 openapi_extra=_body_doc(AcquireRequest), responses=_problems(409, 413, 422, 503))
+    async def acquire(name: str, request: Request) -> Response:
+        """Grant the lock, waiting up to ``wait_ms`` behind earlier waiters (409 if not)."""
+        service = _service(request)
+        service.check_name(name)
+        body = await read_body(request, AcquireRequest)
+        call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms,
+                               owner=body.owner, client_id=body.client_id)
+        if body.wait_ms == 0:
+            lease = await call
+        else:
+            try:
+                lease = await until_disconnect(request, call)
+            except _ClientGone:
+                log.info("client went away while waiting for lock %r", name)
+                return Response(status_code=499)
+        return JSONResponse(lease.body())
+
+    @router.post("/v1/locks/{name:path}/renew", response_model=LeaseBody,
+                 openapi_extra=_body_doc(RenewRequest), responses=_problems(410, 413, 422, 503))
+    async def renew(name: str, request: Request) -> Response:
+        """Extend a live lease (same fence); 410 if it is not live."""
+        service = _service(request)
+        service.check_name(name)
+        body = await read_body(request, RenewRequest)
+        return JSONResponse((await service.renew(name, body.lease_id, body.ttl_ms)).body())
+
+    @router.post("/v1/locks/{name:path}/release", response_model=ReleasedBody,
+                 openapi_extra=_body_doc(ReleaseRequest), responses=_problems(410, 413, 422, 503))
+    async def release(name: str, request: Request) -> Response:
+        """End a live lease; the longest waiter is granted next. 410 if it is not live."""
+        service = _service(request)
+        service.check_name(name)
+        body = await read_body(request, ReleaseRequest)
+        await service.release(name, body.lease_id)
+        return JSONResponse({"released": True})
+
+    @router.get("/v1/locks", response_model=LockPage, responses=_problems(422, 503))
+    async def list_locks(request: Request, prefix: str = "", limit: int = 100,
+                         cursor: str | None = None) -> Response:
+        """Locks whose name starts with ``prefix``, in name order, ``limit`` (1-1000) a page."""
+        items, next_cursor = await _service(request).list(prefix, limit, cursor)
+        return JSONResponse({"items": [_state_body(s, w) for s, w in items],
+                             "next_cursor": next_cursor})
+
+    @router.get("/v1/locks/{name:path}", response_model=LockStateBody,
+                responses=_problems(422, 503))
+    async def get_lock(name: str, request: Request) -> Response:
+        """The lock's state (never its lease id) and the waiters queued at this lockd."""
+        state, waiters = await _service(request).get(name)
+        return JSONResponse(_state_body(state, waiters))
+
+    @router.get("/v1/keys")
+    async def keys(request: Request) -> Response:
+        """The JWKS whose keys verify lockd's tokens."""
+        return JSONResponse(request.app.state.jwks, headers={"Cache-Control": "max-age=60"})
+
+    @router.get("/healthz", response_model=HealthBody, responses=_problems(503))
+    async def healthz(request: Request) -> Response:
+        """200 when the store answers, else 503 ``store_unavailable``."""
+        await _service(request).ping()
+        return JSONResponse({"status": "ok"})
+
+    return router

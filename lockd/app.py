@@ -1,0 +1,59 @@
+"""The app factory: ``create_app(settings)`` builds a lockd ASGI app with no module-level state.
+
+Ownership: a store the caller passes in (``store=``) is the caller's to open and close (the CLI
+opens it first so a busy SQLite file fails with a clear message before uvicorn starts); a store
+made here from ``settings.store`` is opened and closed by the app's lifespan. Likewise the key
+ring: passed in, or loaded (created on first start) from ``settings.key_dir``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from lockd.api import create_router, install_error_handlers
+from lockd.service import LockService
+from lockd.settings import Settings
+from lockd.store import Store, open_store
+from lockd.tokens import KeyRing
+
+__all__ = ["create_app"]
+
+
+def create_app(settings: Settings | None = None, *, clock: Callable[[], float] | None = None,
+               store: Store | None = None, keyring: KeyRing | None = None) -> FastAPI:
+    """A lockd app. ``clock`` (wall seconds, default ``time.time``) judges expiry in a SQLite
+    store made here; tests inject a fake one. After startup ``app.state.service`` is the
+    ``LockService``."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = store is None
+        the_store = open_store(settings.store, clock=clock or time.time) if owned else store
+        assert the_store is not None
+        ring = keyring or KeyRing.load_or_create(settings.key_dir)
+        if owned:
+            await the_store.open()
+        try:
+            app.state.service = LockService(the_store, ring, settings)
+            app.state.jwks = ring.jwks()
+            yield
+            app.state.service.shutdown()
+        finally:
+            if owned:
+                await the_store.close()
+
+    app = FastAPI(
+        title="lockd",
+        summary="Leases with fencing tokens",
+        version="1",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.include_router(create_router())
+    return app

@@ -1,0 +1,149 @@
+"""``lockd serve``: run the lock service under uvicorn.
+
+::
+
+    lockd serve [--store URL] [--host 127.0.0.1] [--port 7070] [--key-dir DIR] [--log-level L]
+
+Flags override ``LOCKD_*`` environment variables (see ``lockd.settings``). Start-up opens the
+key directory and the store *before* the HTTP server, so a problem (a SQLite file in use by
+another lockd, PostgreSQL down, an unreadable key) ends the process with one clear line and
+exit status 1. When ready it logs ``lockd listening on http://HOST:PORT (store URL)`` with any
+password in the URL redacted. SIGTERM or SIGINT: queued acquires are answered 503 at once,
+in-flight requests finish, the store closes, exit status 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Generator, Sequence
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+from pydantic import ValidationError
+
+from lockd.app import create_app
+from lockd.errors import StoreUnavailable
+from lockd.settings import Settings
+from lockd.store import open_store, redact_url
+from lockd.tokens import KeyRing
+
+__all__ = ["main", "build_parser"]
+
+log = logging.getLogger("lockd")
+
+_GRACEFUL_SHUTDOWN_S = 10
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lockd", description="A lease-and-fence lock service.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the HTTP server",
+                                description="Run the lockd HTTP server.")
+    serve.add_argument("--store", help="store URL (env LOCKD_STORE; default sqlite:///./lockd.db)")
+    serve.add_argument("--host", help="address to listen on (env LOCKD_HOST; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="TCP port (env LOCKD_PORT; default 7070)")
+    serve.add_argument("--key-dir", help="signing key directory (env LOCKD_KEY_DIR; "
+                                         "default ./lockd-keys)")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                       help="log level (env LOCKD_LOG_LEVEL; default info)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``lockd`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    overrides = {key: value for key, value in vars(args).items()
+                 if key != "command" and value is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+        )
+        print(f"lockd: invalid settings: {problems}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loop_factory = uvicorn.Config(app=FastAPI(), loop="auto", log_config=None).get_loop_factory()
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(serve(settings))
+
+
+async def serve(settings: Settings) -> int:
+    """Open keys and store, serve until SIGTERM/SIGINT, close the store. Returns exit status."""
+    try:
+        store = open_store(settings.store, clock=time.time)
+        keyring = KeyRing.load_or_create(settings.key_dir)
+    except (OSError, ValueError) as exc:
+        log.error("lockd cannot start: %s", exc)
+        return 1
+    try:
+        await store.open()
+    except StoreUnavailable as exc:
+        log.error("lockd cannot start: %s", exc.detail)
+        return 1
+    try:
+        app = create_app(settings, store=store, keyring=keyring)
+        config = uvicorn.Config(
+            app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+            lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
+        )
+        server = _Server(config, app, settings)
+        await server.serve()
+        return 0 if server.started else 1
+    finally:
+        await store.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with lockd's ready line and signal handling.
+
+    uvicorn re-raises a caught SIGTERM after shutting down (the process then dies *by* the
+    signal); lockd instead finishes cleanly and exits 0, and on the signal first answers every
+    queued acquire so graceful shutdown is not held up by clients waiting minutes.
+    """
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI, settings: Settings):
+        super().__init__(config)
+        self._app = app
+        self._settings = settings
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers:
+            port = self.servers[0].sockets[0].getsockname()[1]
+            host = self._settings.host
+            shown = f"[{host}]" if ":" in host else host
+            log.info("lockd listening on http://%s:%d (store %s)", shown, port,
+                     redact_url(self._settings.store))
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        self._loop = asyncio.get_running_loop()
+        previous = {sig: signal.signal(sig, self.handle_exit)
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        first = not self.should_exit
+        super().handle_exit(sig, frame)
+        service = getattr(self._app.state, "service", None)
+        if first and service is not None and self._loop is not None:
+            log.info("lockd stopping (signal %s)", signal.Signals(sig).name)
+            self._loop.call_soon_threadsafe(service.shutdown)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

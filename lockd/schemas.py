@@ -1,0 +1,104 @@
+"""Request and response bodies of lockd's HTTP API (pydantic models), and the lock-name rule.
+
+Requests are strict: integers must be JSON integers (``"30"`` and ``30.0`` are refused), unknown
+fields are refused (a typo such as ``wait`` for ``wait_ms`` would otherwise silently mean "do not
+wait"). Bounds that depend on settings (TTL, wait) are checked by ``LockService``; both kinds of
+failure are 422 ``invalid_request``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+__all__ = [
+    "NAME_PATTERN",
+    "NAME_RE",
+    "PREFIX_RE",
+    "AcquireRequest",
+    "RenewRequest",
+    "ReleaseRequest",
+    "LeaseBody",
+    "ReleasedBody",
+    "LockStateBody",
+    "LockPage",
+    "HealthBody",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9._:/-]{1,255}$"
+NAME_RE = re.compile(NAME_PATTERN)
+"""Lock names: 1-255 characters of ``A-Za-z0-9._:/-``."""
+PREFIX_RE = re.compile(r"^[A-Za-z0-9._:/-]{0,255}$")
+
+_Label = Annotated[str, Field(max_length=255)]
+_LeaseId = Annotated[str, Field(min_length=1, max_length=255)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AcquireRequest(_Request):
+    """``POST /v1/locks/{name}/acquire``. ``ttl_ms`` required; ``wait_ms`` 0 means try once."""
+
+    ttl_ms: StrictInt
+    wait_ms: StrictInt = 0
+    owner: _Label = ""
+    client_id: _Label | None = None
+
+    @field_validator("client_id")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        return value or None
+
+
+class RenewRequest(_Request):
+    """``POST /v1/locks/{name}/renew``. Without ``ttl_ms`` the server's default TTL applies."""
+
+    lease_id: _LeaseId
+    ttl_ms: StrictInt | None = None
+
+
+class ReleaseRequest(_Request):
+    """``POST /v1/locks/{name}/release``."""
+
+    lease_id: _LeaseId
+
+
+class LeaseBody(BaseModel):
+    """A granted or renewed lease. ``lease_id`` is the secret renew/release take."""
+
+    lock: str
+    lease_id: str
+    fence: int
+    token: str
+    ttl_ms: int
+    owner: str
+
+
+class ReleasedBody(BaseModel):
+    released: bool = True
+
+
+class LockStateBody(BaseModel):
+    """A lock's state: ``fence`` last issued (0: never), ``waiters`` queued at this lockd."""
+
+    lock: str
+    held: bool
+    fence: int
+    owner: str | None
+    ttl_ms: int
+    waiters: int
+
+
+class LockPage(BaseModel):
+    """One page of ``GET /v1/locks``; pass ``next_cursor`` back as ``cursor`` (null: last page)."""
+
+    items: list[LockStateBody]
+    next_cursor: str | None
+
+
+class HealthBody(BaseModel):
+    status: str = "ok"

@@ -1,0 +1,78 @@
+"""lockd's settings: command-line flags over ``LOCKD_*`` environment variables over defaults.
+
+=====================  ========================  ======================================================
+setting                environment               default, meaning
+=====================  ========================  ======================================================
+``store``              ``LOCKD_STORE``           ``sqlite:///./lockd.db``; see ``lockd.store``
+``host``               ``LOCKD_HOST``            ``127.0.0.1``
+``port``               ``LOCKD_PORT``            ``7070`` (0: any free port; the ready line shows it)
+``key_dir``            ``LOCKD_KEY_DIR``         ``./lockd-keys``: Ed25519 signing keys, made on first start
+``min_ttl_ms``         ``LOCKD_MIN_TTL_MS``      ``100``: shortest lease a client may ask for
+``max_ttl_ms``         ``LOCKD_MAX_TTL_MS``      ``3600000`` (1 h): longest lease
+``default_ttl_ms``     ``LOCKD_DEFAULT_TTL_MS``  what a renew without ``ttl_ms`` extends by (30 s, clamped)
+``max_wait_ms``        ``LOCKD_MAX_WAIT_MS``     ``300000`` (5 min): longest ``wait_ms`` of an acquire
+``max_body_bytes``     ``LOCKD_MAX_BODY_BYTES``  ``65536``: larger request bodies get 413
+``log_level``          ``LOCKD_LOG_LEVEL``       ``info``
+=====================  ========================  ======================================================
+
+Out-of-range values are rejected at start (pydantic ``ValidationError``), not clamped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from lockd.store import check_store_url
+
+__all__ = ["Settings"]
+
+
+class Settings(BaseSettings):
+    """Validated lockd configuration; build with ``Settings(**overrides)`` (overrides win)."""
+
+    model_config = SettingsConfigDict(env_prefix="LOCKD_", extra="ignore", frozen=True)
+
+    store: str = "sqlite:///./lockd.db"
+    host: str = "127.0.0.1"
+    port: int = Field(7070, ge=0, le=65535)
+    key_dir: Path = Path("./lockd-keys")
+    min_ttl_ms: int = Field(100, ge=1)
+    max_ttl_ms: int = Field(3_600_000, ge=1)
+    default_ttl_ms: int | None = Field(None, ge=1)
+    max_wait_ms: int = Field(300_000, ge=0)
+    max_body_bytes: int = Field(65_536, ge=1024, le=16 * 1024 * 1024)
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    @field_validator("store")
+    @classmethod
+    def _known_store(cls, value: str) -> str:
+        return check_store_url(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _ttl_bounds(self) -> Settings:
+        if self.min_ttl_ms > self.max_ttl_ms:
+            raise ValueError(f"min_ttl_ms ({self.min_ttl_ms}) exceeds max_ttl_ms ({self.max_ttl_ms})")
+        if self.default_ttl_ms is not None and not (
+            self.min_ttl_ms <= self.default_ttl_ms <= self.max_ttl_ms
+        ):
+            raise ValueError(
+                f"default_ttl_ms ({self.default_ttl_ms}) must lie within "
+                f"[{self.min_ttl_ms}, {self.max_ttl_ms}]"
+            )
+        return self
+
+    @property
+    def renew_ttl_ms(self) -> int:
+        """TTL of a renew that names none: ``default_ttl_ms``, else 30 s clamped to the bounds."""
+        if self.default_ttl_ms is not None:
+            return self.default_ttl_ms
+        return min(max(30_000, self.min_ttl_ms), self.max_ttl_ms)

@@ -1,0 +1,52 @@
+"""Thin HTTP helpers for lockd's tests (plain httpx against a real server, no client library)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+__all__ = ["acquire", "renew", "release", "state", "assert_problem", "wait_until"]
+
+
+def acquire(http: httpx.Client, url: str, name: str, ttl_ms: int = 10_000, **fields: Any
+            ) -> httpx.Response:
+    return http.post(f"{url}/v1/locks/{name}/acquire", json={"ttl_ms": ttl_ms, **fields})
+
+
+def renew(http: httpx.Client, url: str, name: str, lease_id: str, **fields: Any) -> httpx.Response:
+    return http.post(f"{url}/v1/locks/{name}/renew", json={"lease_id": lease_id, **fields})
+
+
+def release(http: httpx.Client, url: str, name: str, lease_id: str) -> httpx.Response:
+    return http.post(f"{url}/v1/locks/{name}/release", json={"lease_id": lease_id})
+
+
+def state(http: httpx.Client, url: str, name: str) -> dict[str, Any]:
+    r = http.get(f"{url}/v1/locks/{name}")
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """``r`` is an RFC 9457 problem with ``status`` and ``code``; returns the body."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/problem+json"), r.headers
+    body = r.json()
+    assert body["type"] == f"urn:lockd:problem:{code}", body
+    assert body["code"] == code and body["status"] == status, body
+    assert isinstance(body["title"], str) and isinstance(body["detail"], str), body
+    assert "Traceback" not in r.text
+    return body
+
+
+def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` every 5 ms until truthy; ``AssertionError`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)

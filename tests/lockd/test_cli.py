@@ -1,0 +1,49 @@
+"""``lockd serve``: LOCKD_* variables, flags over variables, clear failures on bad settings."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.lockd.calls import acquire
+from tests.lockd.conftest import LOCKD
+from tests.support import ServiceProcess, free_port
+
+
+def test_environment_configures_lockd_and_flags_override_it(tmp_path, http):
+    port = free_port()
+    env = {"LOCKD_STORE": f"sqlite:///{tmp_path}/env.db", "LOCKD_PORT": str(free_port()),
+           "LOCKD_KEY_DIR": str(tmp_path / "env-keys"), "LOCKD_MAX_TTL_MS": "2000"}
+    with ServiceProcess([LOCKD, "serve", "--port", str(port)], env=env, cwd=tmp_path,
+                        ready_url=f"http://127.0.0.1:{port}/healthz",
+                        log_path=tmp_path / "env.log") as proc:
+        url = f"http://127.0.0.1:{port}"
+        assert acquire(http, url, "env/a", 2_000).status_code == 200
+        assert acquire(http, url, "env/b", 2_001).status_code == 422  # LOCKD_MAX_TTL_MS
+        assert (tmp_path / "env.db").exists() and list((tmp_path / "env-keys").glob("*.pem"))
+        assert f"lockd listening on http://127.0.0.1:{port} (store sqlite:///{tmp_path}/env.db)" \
+            in proc.log()
+    assert proc.proc.returncode == 0
+
+
+def test_defaults_use_sqlite_and_keys_in_the_working_directory(tmp_path, http):
+    port = free_port()
+    with ServiceProcess([LOCKD, "serve", "--port", str(port)], cwd=tmp_path,
+                        ready_url=f"http://127.0.0.1:{port}/healthz",
+                        log_path=tmp_path / "d.log") as proc:
+        assert acquire(http, f"http://127.0.0.1:{port}", "d/a").status_code == 200
+        assert "(store sqlite:///./lockd.db)" in proc.log()
+    assert (tmp_path / "lockd.db").exists() and (tmp_path / "lockd-keys").is_dir()
+
+
+def test_invalid_settings_exit_2_with_a_message(tmp_path):
+    cases = [
+        (["--store", "mysql://db/x"], {}, "unsupported store URL scheme 'mysql'"),
+        (["--port", "70000"], {}, "port"),
+        ([], {"LOCKD_MIN_TTL_MS": "5000", "LOCKD_MAX_TTL_MS": "100"}, "exceeds max_ttl_ms"),
+        ([], {"LOCKD_MAX_WAIT_MS": "soon"}, "max_wait_ms"),
+    ]
+    for flags, env, message in cases:
+        proc = subprocess.run([LOCKD, "serve", *flags], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2, (flags, env, proc.stderr)
+        assert message in proc.stderr and "Traceback" not in proc.stderr
