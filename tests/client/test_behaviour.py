@@ -68,6 +68,18 @@ def test_acquire_waits_until_the_holder_releases(api, other, name):
     api.release(lease)
 
 
+def test_local_deadline_counts_from_before_the_request(api, other, name):
+    """The grant happens ~0.5 s into a waiting acquire; the deadline still counts from before
+    the request was sent (conservative), never from when the answer arrived."""
+    holder = other.acquire(name, 5.0)
+    threading.Timer(0.5, other.release, args=(holder,)).start()
+    t0 = time.monotonic()
+    lease = api.acquire(name, 3.0, wait=5.0, auto_renew=False)
+    assert time.monotonic() - t0 >= 0.4
+    assert t0 + 3.0 <= lease.deadline <= t0 + 3.0 + 0.05
+    api.release(lease)
+
+
 def test_wait_longer_than_lockds_cap_is_split_into_capped_requests(api, other, name):
     # lockd rejects wait_ms > 300000 with 422: this succeeds only because the client caps it.
     holder = other.acquire(name, 5.0)
