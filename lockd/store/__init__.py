@@ -103,10 +103,10 @@ def _backend(module: str, name: str, url: str) -> type:
     try:
         return getattr(import_module(module), name)
     except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
+        missing = "" if exc.name == module else f" (missing module {exc.name!r})"
         raise ValueError(
-            f"store {redact_url(url)!r} needs {module}.{name}, which this lockd does not have"
+            f"store {redact_url(url)!r} needs {module}.{name}, which this lockd cannot load"
+            + missing
         ) from exc
 
 

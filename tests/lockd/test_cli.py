@@ -47,3 +47,16 @@ def test_invalid_settings_exit_2_with_a_message(tmp_path):
                               env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path, timeout=60)
         assert proc.returncode == 2, (flags, env, proc.stderr)
         assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ready_line_redacts_the_store_password(pg_url, tmp_path, http):
+    url = pg_url.replace("postgres@", "postgres:hunter2@", 1)  # trust auth ignores it
+    port = free_port()
+    with ServiceProcess([LOCKD, "serve", "--store", url, "--port", str(port),
+                         "--key-dir", str(tmp_path / "k")],
+                        ready_url=f"http://127.0.0.1:{port}/healthz",
+                        log_path=tmp_path / "pw.log") as proc:
+        assert acquire(http, f"http://127.0.0.1:{port}", "pw/a").status_code == 200
+    log = proc.log()
+    assert "hunter2" not in log
+    assert f"lockd listening on http://127.0.0.1:{port} (store postgresql+psycopg://postgres:***@" in log

@@ -220,21 +220,28 @@ def test_handoff_latency_measurement(lockd, name, store_url, capsys):
 def test_waiters_that_give_up_or_disconnect_leave_nothing_behind(lockd, http, name):
     holder = acquire(http, lockd.url, name, 20_000, owner="holder").json()
     results: list = []
-    _start_waiter(lockd.url, name, results, 0, wait_ms=400)  # gives up after 400 ms
-    wait_until(lambda: state(http, lockd.url, name)["waiters"] == 1, what="first queued")
-    _start_waiter(lockd.url, name, results, 1, wait_ms=20_000, timeout=0.6)  # hangs up
-    wait_until(lambda: state(http, lockd.url, name)["waiters"] == 2, what="second queued")
-    patient = _start_waiter(lockd.url, name, results, 2, wait_ms=20_000, owner="patient")
-    wait_until(lambda: state(http, lockd.url, name)["waiters"] == 3, what="third queued")
 
-    wait_until(lambda: len(results) == 2, timeout=5, what="two waiters gone")
-    gave_up = next(r for i, r, _ in results if i == 0)
-    body = assert_problem(gave_up, 409, "held")
-    assert body["owner"] == "holder" and 0 < body["ttl_ms"] <= 20_000 and body["lock"] == name
-    assert int(gave_up.headers["retry-after"]) >= 1
-    assert isinstance(next(r for i, r, _ in results if i == 1), httpx.ReadTimeout)
+    def queue(index: int, **kw) -> threading.Thread:
+        thread = _start_waiter(lockd.url, name, results, index, **kw)
+        wait_until(lambda: state(http, lockd.url, name)["waiters"] == index + 1,
+                   what=f"waiter {index} queued")
+        return thread
+
+    queue(0, wait_ms=500)  # the head; gives up after 500 ms
+    queue(1, wait_ms=200)  # behind it; gives up first
+    queue(2, wait_ms=20_000, timeout=1.0)  # becomes the head, then hangs up
+    patient = queue(3, wait_ms=20_000, owner="patient")
+
+    wait_until(lambda: len(results) == 3, timeout=5, what="three waiters gone")
+    outcome = {i: r for i, r, _ in results}
+    for i in (0, 1):
+        body = assert_problem(outcome[i], 409, "held")
+        assert body["owner"] == "holder" and 0 < body["ttl_ms"] <= 20_000 and body["lock"] == name
+        assert int(outcome[i].headers["retry-after"]) >= 1
+    assert isinstance(outcome[2], httpx.ReadTimeout)
+    assert [i for i, _, _ in results] == [1, 0, 2]
     # The hung-up waiter is removed at once, not when its wait_ms would have run out.
-    wait_until(lambda: state(http, lockd.url, name)["waiters"] == 1, timeout=1.0,
+    wait_until(lambda: state(http, lockd.url, name)["waiters"] == 1, timeout=0.5,
                what="disconnected waiter removed")
 
     released_at = time.monotonic()
