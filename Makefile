@@ -15,8 +15,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
+## docker-compose (1.29) only validates docker-compose.yml offline in tests/demo.
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
+	command -v docker-compose >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
+
+## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
+.PHONY: demo
+demo: install
+	$(BIN)/python -m lockd.demo
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
