@@ -25,7 +25,7 @@ from lockd.app import create_app
 from lockd.settings import Settings
 from tests.support import ServiceProcess, free_port
 
-STORE_KINDS = ["sqlite", "postgres"]
+STORE_KINDS = ["sqlite", "postgres", "etcd"]
 
 LOCKD = str(Path(sys.executable).parent / "lockd")
 
@@ -38,6 +38,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/lockd.db"
     if kind == "postgres":
         return request.getfixturevalue("pg_url")
+    if kind == "etcd":
+        return request.getfixturevalue("etcd_url")  # shared 3-member cluster, own key prefix
     raise AssertionError(f"unknown store kind {kind!r}")
 
 
