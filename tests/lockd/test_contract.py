@@ -231,9 +231,10 @@ def test_waiters_that_give_up_or_disconnect_leave_nothing_behind(lockd, http, na
                    what=f"waiter {index} queued")
         return thread
 
-    queue(0, wait_ms=500)  # the head; gives up after 500 ms
-    queue(1, wait_ms=200)  # behind it; gives up first
-    queue(2, wait_ms=20_000, timeout=1.0)  # becomes the head, then hangs up
+    # (Generous times: all four must be queued before the first one leaves.)
+    queue(0, wait_ms=1_500)  # the head; gives up after 1.5 s
+    queue(1, wait_ms=1_000)  # behind it; gives up first
+    queue(2, wait_ms=20_000, timeout=2.0)  # becomes the head, then hangs up
     patient = queue(3, wait_ms=20_000, owner="patient")
 
     wait_until(lambda: len(results) == 3, timeout=5, what="three waiters gone")
