@@ -1,10 +1,11 @@
 """The etcd store: ``etcd://host:port,host:port,…[/prefix][?timeout=2.5]`` (etcd v3, Raft).
 
 Talks to etcd's v3 JSON gateway (on the client port) with ``httpx``. Why not a client library:
-the maintained Python etcd v3 clients either pin old ``grpcio``/``protobuf`` releases
-(``etcd3``, unmaintained since 2020) or are young async wrappers; the gateway needs nothing beyond
-the ``httpx`` lockd already depends on, works with any etcd ≥ 3.4, and every call below is one
-small JSON POST. Keys and values travel base64-encoded; 64-bit ids and revisions come back as
+``etcd3`` (gRPC) last released in 2020; ``etcd3gw`` speaks this same gateway but synchronously
+(it would block lockd's event loop); ``aetcd`` (asyncio gRPC) would bring ``grpcio`` and
+``protobuf`` into lockd for about ten calls. The gateway needs nothing beyond the ``httpx``
+lockd already uses, is async, works with etcd ≥ 3.4, and every call is one small JSON POST
+(the watch is one streaming POST). Keys and values travel base64-encoded; 64-bit ids and revisions come back as
 strings, and fields equal to zero/false are omitted.
 
 Layout under the prefix (default ``lockd``)::
@@ -21,7 +22,7 @@ How each operation maps onto etcd:
   transaction's revision (= the key's ``create_revision``): etcd's store-wide revision only ever
   grows, across leader changes and restarts, so every grant of a lock gets a higher fence than
   any earlier one (invariant 1) even though the lock key is deleted on release. A refused
-  acquire revokes its unused etcd lease. Same non-empty ``client_id`` as the holder: the
+  acquire revokes its unused etcd lease (in the background). Same non-empty ``client_id`` as the holder: the
   holder's lease is renewed and returned.
 * **renew**: read the lock key, check it holds this ``lease_id``, then keep the etcd lease alive
   (etcd refuses to keep an expired lease alive, even one not yet reaped: invariant 3). etcd cannot
