@@ -1,0 +1,235 @@
+"""HTTP routes of the proxy and the ONE place errors become RFC 9457 problem details.
+
+Routes are thin: read the body (bounded: 413 above ``max_body_bytes``; JSON parsed with exact
+Decimals), take the ``Fencing-Token`` header, call ``ProxyService``, write JSON. Row keys are
+taken from the *raw* request path, so a percent-encoded ``,`` (``%2C``) or ``/`` (``%2F``)
+inside a key value is not mistaken for a separator.
+
+Every failure, whether the proxy's own ``ProxyError``, a route that does not exist, a method
+not allowed or a bug, leaves through ``install_problem_handlers`` as
+``application/problem+json`` with ``type``, ``title``, ``status``, ``detail``, ``code``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
+
+from resource_proxy.errors import (
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ProxyError,
+    StoreUnavailable,
+)
+from resource_proxy.metrics import Metrics
+from resource_proxy.service import ProxyService
+from resource_proxy.tables import dumps, loads
+
+__all__ = ["routes", "install_problem_handlers", "TOKEN_HEADER"]
+
+log = logging.getLogger("resource_proxy.api")
+
+TOKEN_HEADER = "fencing-token"
+routes: list[Route] = []
+
+
+def _route(path: str, method: str):
+    """Register a plain Starlette route: no FastAPI parameter solving on the hot path (it costs
+    more CPU than the rest of a request's Python work); handlers read ``request`` themselves."""
+
+    def register(endpoint):
+        routes.append(Route(path, endpoint, methods=[method]))
+        return endpoint
+
+    return register
+
+
+def _service(request: Request) -> ProxyService:
+    return request.app.state.service
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(dumps(body), status_code=status, media_type="application/json")
+
+
+def _count(request: Request, call: str, status: int) -> None:
+    metrics: Metrics = request.app.state.metrics
+    metrics.inc("resource_proxy_requests_total", call=call, status=status)
+
+
+async def _body(request: Request) -> Any:
+    """The request's JSON body, at most ``max_body_bytes`` (``PayloadTooLarge``)."""
+    limit: int = request.app.state.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"the body exceeds {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"the body exceeds {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return loads(b"".join(chunks))
+    except (ValueError, RecursionError):
+        raise InvalidRequest("the body is not valid JSON") from None
+
+
+def _path(request: Request) -> tuple[str, str]:
+    """(table, key) of a row route; the key as sent (still percent-encoded), after ``/rows/``.
+
+    """
+    params = request.path_params
+    raw = request.scope.get("raw_path")
+    if raw:
+        parts = raw.decode("latin-1").split("/", 5)
+        if len(parts) == 6:
+            return params["table"], parts[5]
+    return params["table"], params["key"].replace("%", "%25")
+
+
+def _token(request: Request) -> str | None:
+    return request.headers.get(TOKEN_HEADER)
+
+
+# -- rows --------------------------------------------------------------------------------------
+
+@_route("/v1/tables/{table}/rows", "POST")
+async def insert_row(request: Request) -> Response:
+    table = request.path_params["table"]
+    row = await _service(request).write("insert", table, None, await _body(request), _token(request))
+    _count(request, "insert", 201)
+    return _json(row, 201)
+
+
+@_route("/v1/tables/{table}/rows/{key:path}", "PUT")
+async def put_row(request: Request) -> Response:
+    table, key = _path(request)
+    row = await _service(request).write(
+        "upsert", table, key, await _body(request), _token(request)
+    )
+    _count(request, "upsert", 200)
+    return _json(row)
+
+
+@_route("/v1/tables/{table}/rows/{key:path}", "PATCH")
+async def patch_row(request: Request) -> Response:
+    table, key = _path(request)
+    row = await _service(request).write(
+        "update", table, key, await _body(request), _token(request)
+    )
+    _count(request, "update", 200)
+    return _json(row)
+
+
+@_route("/v1/tables/{table}/rows/{key:path}", "DELETE")
+async def delete_row(request: Request) -> Response:
+    table, key = _path(request)
+    await _service(request).write("delete", table, key, None, _token(request))
+    _count(request, "delete", 204)
+    return Response(status_code=204)
+
+
+@_route("/v1/tables/{table}/rows/{key:path}", "GET")
+async def get_row(request: Request) -> Response:
+    table, key = _path(request)
+    row = await _service(request).read_row(table, key, _token(request))
+    _count(request, "read", 200)
+    return _json(row)
+
+
+@_route("/v1/tables/{table}/rows", "GET")
+async def list_rows(request: Request) -> Response:
+    table = request.path_params["table"]
+    result = await _service(request).list_rows(
+        table, request.query_params.multi_items(), _token(request)
+    )
+    _count(request, "list", 200)
+    return _json(result)
+
+
+@_route("/v1/batch", "POST")
+async def batch(request: Request) -> Response:
+    result = await _service(request).batch(await _body(request), _token(request))
+    _count(request, "batch", 200)
+    return _json(result)
+
+
+# -- fences ------------------------------------------------------------------------------------
+
+@_route("/v1/fences/{lock:path}/claim", "POST")
+async def claim(request: Request) -> Response:
+    lock = request.path_params["lock"]
+    result = await _service(request).claim(lock, _token(request))
+    _count(request, "claim", 200)
+    return _json(result)
+
+
+@_route("/v1/fences/{lock:path}", "GET")
+async def get_fence(request: Request) -> Response:
+    lock = request.path_params["lock"]
+    return _json(await _service(request).fence(lock))
+
+
+# -- operations --------------------------------------------------------------------------------
+
+@_route("/healthz", "GET")
+async def healthz(request: Request) -> Response:
+    await _service(request).store.ping()
+    return _json({"status": "ok"})
+
+
+@_route("/metrics", "GET")
+async def metrics(request: Request) -> Response:
+    service = _service(request)
+    text = request.app.state.metrics.render(
+        {"resource_proxy_jwks_loads_total": service.keys.loads}
+    )
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+# -- the one problem mapping -------------------------------------------------------------------
+
+def _problem(request: Request, error: ProxyError) -> Response:
+    request.app.state.metrics.inc("resource_proxy_requests_total", call="problem",
+                                  status=error.status)
+    headers = {"Retry-After": "1"} if isinstance(error, StoreUnavailable) else None
+    return Response(dumps(error.problem()), status_code=error.status, headers=headers,
+                    media_type="application/problem+json")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Map every exception a request can raise to a problem response (never a stack trace)."""
+
+    @app.exception_handler(ProxyError)
+    async def proxy_error(request: Request, exc: ProxyError) -> Response:
+        return _problem(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return _problem(request, InvalidRequest("the request does not fit this call"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            error: ProxyError = NotFound("no such route")
+        elif exc.status_code == 405:
+            error = MethodNotAllowed(f"{request.method} is not allowed here")
+        else:
+            error = InvalidRequest(str(exc.detail))
+        return _problem(request, error)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return _problem(request, ProxyError("internal error; see the proxy's log"))
+

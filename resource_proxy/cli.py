@@ -1,0 +1,100 @@
+"""``resource-proxy serve``: run the fencing proxy (flags override ``PROXY_*`` variables).
+
+Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration, 3 if the start
+failed (database unreachable, allow-listed table missing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+
+import uvicorn
+from pydantic import ValidationError
+
+from resource_proxy.app import create_app
+from resource_proxy.policy import PolicyError
+from resource_proxy.settings import Settings
+
+__all__ = ["main"]
+
+log = logging.getLogger("resource_proxy")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus the ready line once the socket listens, and a clean exit 0 on SIGTERM.
+
+    (uvicorn re-raises a caught SIGTERM after its graceful shutdown, so the process would die
+    *by* the signal; the proxy finishes its shutdown and returns instead.)
+    """
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.servers:
+            port = self.servers[0].sockets[0].getsockname()[1]
+            log.info("resource-proxy listening on http://%s:%d", self.config.host, port)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="resource-proxy", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--database-url", help="sqlite:///PATH (default ./resource.db) or postgresql://…")
+    source = serve.add_mutually_exclusive_group()
+    source.add_argument("--lockd-url", help="lockd base URL; its JWKS is read from /v1/keys")
+    source.add_argument("--jwks-file", help="a JWKS file with lockd's public keys")
+    serve.add_argument("--tables", help="comma-separated allow-list (default: every table)")
+    serve.add_argument("--policy", help="YAML/JSON file mapping tables to lock patterns")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 7071)")
+    serve.add_argument("--log-level", help="debug, info, warning, error (default info)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    given = {
+        name: value
+        for name, value in vars(args).items()
+        if name != "command" and value is not None
+    }
+    try:
+        settings = Settings(**given)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "settings"
+            print(f"resource-proxy: {where}: {error['msg']}", file=sys.stderr)
+        return 2
+    level = settings.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app = create_app(settings)
+    except PolicyError as exc:
+        print(f"resource-proxy: {exc}", file=sys.stderr)
+        return 2
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
+                            log_level=settings.log_level.lower(), lifespan="on")
+    server = _Server(config)
+    try:
+        server.run()
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0 if server.started else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The one typed error hierarchy of the proxy, mapped to RFC 9457 problem details in ``api``.
+
+::
+
+    ProxyError                      500  internal           never raised for client input
+    ├── InvalidRequest              422  invalid_request    bad JSON, unknown column, value of the
+    │   │                                                   wrong type (``column``), bad key,
+    │   │                                                   NOT NULL / CHECK violated
+    │   └── PayloadTooLarge         413  payload_too_large  body above ``max_body_bytes``
+    ├── NotFound                    404  not_found          unknown route, table outside the
+    │                                                       allow-list, absent row
+    ├── MethodNotAllowed            405  method_not_allowed
+    ├── TokenRequired               428  token_required     no ``Fencing-Token`` header
+    ├── InvalidTokenError           401  invalid_token      bad signature, unknown key, malformed
+    ├── LockNotAllowed              403  lock_not_allowed   the policy does not let that lock write
+    │                                                       that table (or that row)
+    ├── StaleToken                  409  stale_token        fence below the highest honoured
+    │                                                       (``lock``, ``presented``, ``highest``)
+    ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
+    └── StoreUnavailable            503  store_unavailable  the database did not answer; nothing
+                                                            was written, safe to retry
+
+Every error carries ``code`` (the problem slug), ``status``, a human ``detail`` and optional
+extension members (``extra``, e.g. ``column``, ``op_index``) that go into the problem body.
+``with_extra`` returns the same error with more members (the batch adds ``op_index``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "PROBLEM_TYPE_PREFIX",
+    "ProxyError",
+    "InvalidRequest",
+    "PayloadTooLarge",
+    "NotFound",
+    "MethodNotAllowed",
+    "TokenRequired",
+    "InvalidTokenError",
+    "LockNotAllowed",
+    "StaleToken",
+    "Conflict",
+    "StoreUnavailable",
+]
+
+PROBLEM_TYPE_PREFIX = "urn:lockd:problem:"
+
+
+class ProxyError(Exception):
+    """Base of every proxy error. ``status``/``code``/``title`` are class defaults."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str | None = None, **extra: Any):
+        self.detail = detail or self.title
+        self.extra = extra
+        super().__init__(self.detail)
+
+    def with_extra(self, **extra: Any) -> ProxyError:
+        """This error with more extension members (existing ones win)."""
+        self.extra = {**extra, **self.extra}
+        return self
+
+    def problem(self) -> dict[str, Any]:
+        """The problem-details body (``application/problem+json``)."""
+        body: dict[str, Any] = {
+            "type": PROBLEM_TYPE_PREFIX + self.code,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+        }
+        body.update(self.extra)
+        return body
+
+
+class InvalidRequest(ProxyError):
+    """Well-formed HTTP whose content is not acceptable (422); ``column`` names the culprit."""
+
+    status, code, title = 422, "invalid_request", "Invalid request"
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request body exceeds ``max_body_bytes`` (413)."""
+
+    status, code, title = 413, "payload_too_large", "Payload too large"
+
+
+class NotFound(ProxyError):
+    """No such route, no such table in the allow-list, or no such row (404)."""
+
+    status, code, title = 404, "not_found", "Not found"
+
+
+class MethodNotAllowed(ProxyError):
+    """The route exists but not for this HTTP method (405)."""
+
+    status, code, title = 405, "method_not_allowed", "Method not allowed"
+
+
+class TokenRequired(ProxyError):
+    """A write or claim came without a ``Fencing-Token`` header (428)."""
+
+    status, code, title = 428, "token_required", "Fencing token required"
+
+
+class InvalidTokenError(ProxyError):
+    """The token is malformed, badly signed, or signed by a key lockd never published (401)."""
+
+    status, code, title = 401, "invalid_token", "Invalid fencing token"
+
+
+class LockNotAllowed(ProxyError):
+    """The token is genuine but its lock may not write this table or row (403)."""
+
+    status, code, title = 403, "lock_not_allowed", "Lock not allowed"
+
+
+class StaleToken(ProxyError):
+    """The presented fence is below the highest the resource has honoured for the lock (409).
+
+    ``extra`` carries ``lock``, ``presented`` and ``highest``. Nothing was written: the holder
+    lost its lease and somebody with a higher fence has used the resource since.
+    """
+
+    status, code, title = 409, "stale_token", "Stale fencing token"
+
+    def __init__(self, lock: str, presented: int, highest: int, **extra: Any):
+        super().__init__(
+            f"fence {presented} for lock {lock!r} is below the highest honoured fence {highest}",
+            lock=lock,
+            presented=presented,
+            highest=highest,
+            **extra,
+        )
+
+
+class Conflict(ProxyError):
+    """The write collides with other rows: UNIQUE, FOREIGN KEY or EXCLUDE constraint (409)."""
+
+    status, code, title = 409, "conflict", "Conflict"
+
+
+class StoreUnavailable(ProxyError):
+    """The database did not answer (down, restarting, timeout); nothing was written (503)."""
+
+    status, code, title = 503, "store_unavailable", "Database unavailable"

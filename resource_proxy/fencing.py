@@ -1,0 +1,102 @@
+"""The fence check: the highest fence honoured per lock, kept in the protected database itself.
+
+Why in the same database, in the same transaction as the write: the check and the write must
+be one atomic step, or a stale holder slips between them. The timeline the check prevents::
+
+    t0  A acquires lock L, fence 33; A pauses (GC, stalled disk, partition) ...
+    t1  A's lease expires; B acquires L, fence 34; B writes row r with fence 34
+        -> fences[L].highest = 34, committed together with B's write
+    t2  A wakes up, still believes it holds L, writes row r with fence 33
+        -> the conditional upsert finds 34 > 33: nothing is written, 409 stale_token
+
+and the concurrent version of t1/t2 (A's and B's writes in flight at once): the fence upsert
+takes the fence row's lock and keeps it until COMMIT, so the writes for one lock are serialized
+in fence-row order. Whichever comes second re-reads the committed highest: if A (33) comes after
+B (34) it is refused; if A comes first it commits before B does, so a lower fence can never commit
+after a higher one (invariant 4). Any number of proxies may share the database: the row lock is
+the only coordination they need.
+
+The statement::
+
+    INSERT INTO fences (lock, highest) VALUES (:lock, :fence)
+    ON CONFLICT (lock) DO UPDATE SET highest = GREATEST(fences.highest, excluded.highest)
+    RETURNING highest
+
+is the conditional upsert ``… SET highest = excluded.highest WHERE fences.highest <=
+excluded.highest``, written so that it always returns the highest after the check: the presented
+fence passed iff the returned value equals it; otherwise the returned value is the ``highest``
+of the 409, read under the row lock (a later ``SELECT`` could see an older snapshot). Equal
+fences pass: they are the same holder's next write.
+
+PostgreSQL keeps the table in its own schema (``resource_proxy.fences``); SQLite, which has no
+schemas, in ``resource_proxy_fences`` (and serializes writers with ``BEGIN IMMEDIATE``). Both
+are created idempotently at start, before any request is served.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from resource_proxy.errors import InvalidRequest, StaleToken
+
+__all__ = [
+    "PG_SCHEMA",
+    "PG_TABLE",
+    "SQLITE_TABLE",
+    "Fence",
+    "check",
+    "create_fence_table",
+    "validate_lock_name",
+]
+
+PG_SCHEMA = "resource_proxy"
+PG_TABLE = "fences"
+SQLITE_TABLE = "resource_proxy_fences"
+_ADVISORY_KEY = 0x5250_4645_4E43  # "RPFENC": serializes concurrent first starts on PostgreSQL
+_LOCK_NAME = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A verified (lock, fence) pair, taken from a token's claims."""
+
+    lock: str
+    fence: int
+
+
+def validate_lock_name(name: str) -> str:
+    """``name`` if it is a lock name (1-255 of ``A-Za-z0-9._:/-``), else ``InvalidRequest``."""
+    if not _LOCK_NAME.fullmatch(name):
+        raise InvalidRequest("lock names are 1-255 characters of A-Za-z0-9._:/-")
+    return name
+
+
+def check(fence: Fence, highest: int) -> None:
+    """Raise ``StaleToken`` unless the upsert's returned ``highest`` is the presented fence."""
+    if highest != fence.fence:
+        raise StaleToken(fence.lock, fence.fence, highest)
+
+
+def _table(dialect: str) -> sa.Table:
+    metadata = sa.MetaData()
+    is_pg = dialect == "postgresql"
+    return sa.Table(
+        PG_TABLE if is_pg else SQLITE_TABLE,
+        metadata,
+        sa.Column("lock", sa.Text, primary_key=True),
+        sa.Column("highest", sa.BigInteger, nullable=False),
+        schema=PG_SCHEMA if is_pg else None,
+    )
+
+
+def create_fence_table(engine: sa.Engine) -> None:
+    """Create the fence table if it is missing (safe when several proxies start at once)."""
+    table = _table(engine.dialect.name)
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_KEY)))
+            conn.execute(sa.schema.CreateSchema(PG_SCHEMA, if_not_exists=True))
+        table.create(conn, checkfirst=True)

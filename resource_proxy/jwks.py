@@ -1,0 +1,120 @@
+"""Where the proxy gets the public keys that verify fencing tokens: a file or lockd's JWKS.
+
+``KeySource.verify(token)`` verifies offline against the current key set. On a token signed by a
+``kid`` the set does not have (lockd rotated its key, or the proxy started before lockd), it
+reloads the set once and tries again; reloads are rate limited to one per ``min_interval_s`` and
+shared by concurrent requests, so a flood of tokens with invented ``kid`` values cannot turn
+into a flood of requests to lockd. A reload that fails keeps the old set (tokens then fail with
+``InvalidTokenError``, 401: the proxy never honours a token it could not verify).
+
+Verified tokens are cached by their exact text (bounded; cleared when the key set changes): a
+holder sends the same token with every write, and an Ed25519 check costs more than the rest of
+the request's Python work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lockd.tokens import Claims, TokenError, UnknownKey, Verifier
+from resource_proxy.errors import InvalidTokenError
+
+__all__ = ["KeySource", "file_loader", "lockd_loader"]
+
+log = logging.getLogger("resource_proxy.jwks")
+
+Loader = Callable[[], Awaitable[dict[str, Any]]]
+_CACHE_MAX = 4096
+
+
+def file_loader(path: str | Path) -> Loader:
+    """Read a JWKS document from ``path`` (re-read on every reload)."""
+
+    async def load() -> dict[str, Any]:
+        return json.loads(await asyncio.to_thread(Path(path).read_text))
+
+    return load
+
+
+def lockd_loader(lockd_url: str, client: httpx.AsyncClient) -> Loader:
+    """Fetch ``{lockd_url}/v1/keys`` with ``client``."""
+    url = lockd_url.rstrip("/") + "/v1/keys"
+
+    async def load() -> dict[str, Any]:
+        response = await client.get(url)
+        response.raise_for_status()
+        return response.json()
+
+    return load
+
+
+class KeySource:
+    """Verifies tokens against a JWKS that ``loader`` provides, reloading on unknown keys.
+
+    ``min_interval_s``: least time between two reloads (default 1 s). ``clock``: monotonic
+    seconds, injectable for tests.
+    """
+
+    def __init__(self, loader: Loader, *, min_interval_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self._loader = loader
+        self._min_interval = min_interval_s
+        self._clock = clock
+        self._verifier = Verifier({"keys": []})
+        self._last_load: float | None = None
+        self._lock = asyncio.Lock()
+        self._cache: dict[str, Claims] = {}
+        self.loads = 0
+
+    @property
+    def kids(self) -> frozenset[str]:
+        return self._verifier.kids
+
+    async def reload(self, *, force: bool = False) -> bool:
+        """Load the key set unless one was loaded less than ``min_interval_s`` ago.
+
+        Returns whether a load was attempted; never raises (a failure is logged).
+        """
+        async with self._lock:
+            now = self._clock()
+            if not force and self._last_load is not None and now - self._last_load < self._min_interval:
+                return False
+            self._last_load = now
+            self.loads += 1
+            try:
+                jwks = await self._loader()
+            except (OSError, ValueError, httpx.HTTPError) as exc:
+                log.warning("could not load the JWKS: %s", exc)
+                return True
+            verifier = Verifier(jwks)
+            if verifier.kids != self._verifier.kids:
+                log.info("JWKS loaded: %d key(s)", len(verifier.kids))
+                self._cache.clear()
+            self._verifier = verifier
+            return True
+
+    async def verify(self, token: str) -> Claims:
+        """The claims of a genuine token; ``InvalidTokenError`` (401) otherwise."""
+        claims = self._cache.get(token)
+        if claims is not None:
+            return claims
+        try:
+            try:
+                claims = self._verifier.verify(token)
+            except UnknownKey:
+                await self.reload()  # may be skipped (rate limit) or done by a concurrent call
+                claims = self._verifier.verify(token)
+        except TokenError as exc:
+            raise InvalidTokenError(str(exc)) from None
+        if len(self._cache) >= _CACHE_MAX:
+            self._cache.clear()
+        self._cache[token] = claims
+        return claims

@@ -1,0 +1,156 @@
+"""What each call of the HTTP contract does, free of HTTP: token -> table -> op -> policy -> store.
+
+Order of checks for a write (the first failure answers): token present (428) and genuine (401),
+table served (404), key and row valid (422), policy allows the lock for that table and row
+(403), then the store: fence check (409 ``stale_token``) and the write in one transaction
+(404 absent row, 409 ``conflict``, 422 refused value, 503). A batch checks every op before
+the store sees any of them; a failing op's problem carries its ``op_index``.
+
+Reads need no token; with one, the read is fenced (invariant 7): the token must be genuine and
+its fence not stale, and the highest fence rises to it before the rows are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from resource_proxy.errors import (
+    InvalidRequest,
+    LockNotAllowed,
+    NotFound,
+    ProxyError,
+    TokenRequired,
+)
+from resource_proxy.fencing import Fence, validate_lock_name
+from resource_proxy.jwks import KeySource
+from resource_proxy.ops import WriteOp, build_op
+from resource_proxy.policy import Policy
+from resource_proxy.store.base import Row, Store
+from resource_proxy.tables import Catalog, Table, coerce, parse_json_key, parse_url_key
+
+__all__ = ["ProxyService", "DEFAULT_LIMIT", "MAX_LIMIT"]
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+_OP_FIELDS = {"op", "table", "key", "row"}
+
+
+class ProxyService:
+    """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000)."""
+
+    def __init__(self, catalog: Catalog, policy: Policy, keys: KeySource, store: Store,
+                 *, max_batch_ops: int = 1000):
+        self.catalog = catalog
+        self.policy = policy
+        self.keys = keys
+        self.store = store
+        self.max_batch_ops = max_batch_ops
+
+    # -- pieces --------------------------------------------------------------------------
+
+    def table(self, name: Any) -> Table:
+        table = self.catalog.get(name) if isinstance(name, str) else None
+        if table is None:
+            raise NotFound(f"no table {name!r} is served by this proxy", table=str(name)[:255])
+        return table
+
+    async def fence_of(self, token: str | None) -> Fence:
+        """The verified fence of ``token`` (``TokenRequired``, ``InvalidTokenError``)."""
+        if not token:
+            raise TokenRequired("send the lock's token in the Fencing-Token header")
+        claims = await self.keys.verify(token.strip())
+        return Fence(claims.lock, claims.fence)
+
+    async def _optional_fence(self, token: str | None) -> Fence | None:
+        return await self.fence_of(token) if token else None
+
+    # -- writes --------------------------------------------------------------------------
+
+    async def write(self, kind: str, table_name: str, raw_key: str | None, row: Any,
+                    token: str | None) -> Row | None:
+        """One fenced row write (``insert``/``upsert``/``update``/``delete``)."""
+        fence = await self.fence_of(token)
+        table = self.table(table_name)
+        key = parse_url_key(table, raw_key) if raw_key is not None else None
+        op = build_op(kind, table, key, row, fence.fence)
+        self.policy.check_write(fence.lock, table, op.key)
+        return await self.store.write(fence, op)
+
+    def _batch_op(self, raw: Any, fence: Fence) -> WriteOp:
+        if not isinstance(raw, Mapping):
+            raise InvalidRequest("each op must be an object with op, table, key, row")
+        unknown = set(raw) - _OP_FIELDS
+        if unknown:
+            raise InvalidRequest(f"unknown op field(s) {sorted(map(str, unknown))}")
+        table = self.table(raw.get("table"))
+        key = parse_json_key(table, raw["key"]) if raw.get("key") is not None else None
+        op = build_op(str(raw.get("op")), table, key, raw.get("row"), fence.fence)
+        self.policy.check_write(fence.lock, table, op.key)
+        return op
+
+    async def batch(self, body: Any, token: str | None) -> dict[str, Any]:
+        """``{"ops": [...]}``: one fence check, one transaction, all or nothing."""
+        fence = await self.fence_of(token)
+        ops = body.get("ops") if isinstance(body, Mapping) else None
+        if not isinstance(ops, list) or not ops:
+            raise InvalidRequest('the body must be {"ops": [op, ...]} with at least one op')
+        if len(ops) > self.max_batch_ops:
+            raise InvalidRequest(f"a batch carries at most {self.max_batch_ops} ops")
+        built: list[WriteOp] = []
+        for index, raw in enumerate(ops):
+            try:
+                built.append(self._batch_op(raw, fence))
+            except ProxyError as exc:
+                raise exc.with_extra(op_index=index) from None
+        rows = await self.store.batch(fence, built)
+        return {
+            "results": [
+                {"op": op.kind, "table": op.table.name, "row": row}
+                for op, row in zip(built, rows, strict=True)
+            ],
+            "lock": fence.lock,
+            "fence": fence.fence,
+        }
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def read_row(self, table_name: str, raw_key: str, token: str | None) -> Row:
+        fence = await self._optional_fence(token)
+        table = self.table(table_name)
+        return await self.store.read_row(table, parse_url_key(table, raw_key), fence)
+
+    async def list_rows(self, table_name: str, query: Iterable[tuple[str, str]],
+                        token: str | None) -> dict[str, Any]:
+        """Rows whose columns equal the query's ``col=value`` pairs; ``limit`` (1..1000)."""
+        fence = await self._optional_fence(token)
+        table = self.table(table_name)
+        limit = DEFAULT_LIMIT
+        filters: dict[str, Any] = {}
+        for name, value in query:
+            if name == "limit":
+                if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+                    raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
+                limit = int(value)
+                continue
+            column = table.columns.get(name)
+            if column is None:
+                raise InvalidRequest(f"table {table.name!r} has no column {name!r}", column=name)
+            if name in filters:
+                raise InvalidRequest(f"column {name!r} is filtered twice", column=name)
+            filters[name] = coerce(column, value, from_text=True)
+        return {"items": await self.store.list_rows(table, filters, limit, fence)}
+
+    # -- fences --------------------------------------------------------------------------
+
+    async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
+        """Raise the highest fence of ``lock`` to the token's, writing no data."""
+        validate_lock_name(lock)
+        fence = await self.fence_of(token)
+        if fence.lock != lock:
+            raise LockNotAllowed(f"the token is for lock {fence.lock!r}, not {lock!r}", lock=lock)
+        return {"lock": lock, "highest": await self.store.claim(fence)}
+
+    async def fence(self, lock: str) -> dict[str, Any]:
+        validate_lock_name(lock)
+        return {"lock": lock, "highest": await self.store.highest(lock)}

@@ -1,0 +1,77 @@
+"""Configuration of one proxy process: flags of ``resource-proxy serve`` or ``PROXY_*`` variables.
+
+Defaults: the embedded SQLite database ``sqlite:///./resource.db``, ``127.0.0.1:7071``. Exactly
+one key source is required: ``lockd_url`` (JWKS fetched from ``{lockd_url}/v1/keys``, refetched
+on an unknown ``kid`` at most once per ``jwks_refetch_interval_ms``) or ``jwks_file``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+_SCHEMES = ("sqlite://", "postgresql://", "postgresql+psycopg://", "postgres://")
+
+
+class Settings(BaseSettings):
+    """Every knob of the proxy. Durations are milliseconds, sizes bytes."""
+
+    model_config = SettingsConfigDict(env_prefix="PROXY_", extra="ignore")
+
+    database_url: str = "sqlite:///./resource.db"
+    lockd_url: str | None = None
+    jwks_file: Path | None = None
+    # Allow-list; None: every table of the database's default schema except the proxy's own.
+    tables: Annotated[list[str] | None, NoDecode] = None
+    policy: Path | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(7071, ge=0, le=65535)
+
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_batch_ops: int = Field(1000, ge=1)
+    pool_size: int = Field(10, ge=1, le=1000)
+    # How long a request waits for a database connection (and a connect attempt) before 503.
+    db_timeout_ms: int = Field(3000, ge=100)
+    jwks_refetch_interval_ms: int = Field(1000, ge=0)
+    log_level: str = "info"
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _split_tables(cls, value: object) -> object:
+        if isinstance(value, str):
+            names = [part.strip() for part in value.split(",") if part.strip()]
+            return names or None
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not value.startswith(_SCHEMES):
+            raise ValueError(
+                "database_url must start with sqlite://, postgresql:// or postgresql+psycopg://"
+            )
+        return value
+
+    @field_validator("lockd_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("lockd_url must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> Settings:
+        if (self.lockd_url is None) == (self.jwks_file is None):
+            raise ValueError("give exactly one of lockd_url (--lockd-url) or jwks_file (--jwks-file)")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite://")

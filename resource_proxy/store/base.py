@@ -1,0 +1,64 @@
+"""The ``Store`` protocol: the protected database as the proxy uses it.
+
+A store owns the connections and runs every fence check in the same transaction as what it
+fences. Rows come back as JSON-ready dicts (``tables.decode_row``).
+
+Errors (nothing else escapes a store): ``StaleToken`` (the fence check failed; nothing written),
+``NotFound`` (no such row), ``Conflict`` (UNIQUE / FOREIGN KEY / EXCLUDE), ``InvalidRequest``
+(NOT NULL, CHECK, a value the database refused), ``StoreUnavailable`` (the database did not
+answer; the transaction did not commit, or - if the connection broke while COMMIT was in
+flight - its outcome is unknown, which a retry of the same write with the same fence settles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from resource_proxy.fencing import Fence
+from resource_proxy.ops import WriteOp
+from resource_proxy.tables import Catalog, Table
+
+__all__ = ["Row", "Store"]
+
+Row = dict[str, Any]
+
+
+@runtime_checkable
+class Store(Protocol):
+    catalog: Catalog
+
+    async def open(self) -> None:
+        """Connect (pool, file) before the first request."""
+
+    async def close(self) -> None:
+        """Release every connection."""
+
+    async def ping(self) -> None:
+        """Return if the database answers; ``StoreUnavailable`` otherwise."""
+
+    async def write(self, fence: Fence, op: WriteOp) -> Row | None:
+        """Fence check + ``op`` in one transaction; the row written (None for a delete).
+
+        An update or delete of an absent row raises ``NotFound`` after the fence check passed:
+        the token was honoured (the highest may have risen, as for a claim), no row changed.
+        """
+
+    async def batch(self, fence: Fence, ops: Sequence[WriteOp]) -> list[Row | None]:
+        """One fence check, then every op, in one transaction: all or nothing.
+
+        A failing op raises its error with ``op_index``; the transaction is rolled back whole.
+        """
+
+    async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
+        """The row (``NotFound`` if absent); with ``fence``, a fenced read (fence check first)."""
+
+    async def list_rows(self, table: Table, filters: Mapping[str, Any], limit: int,
+                        fence: Fence | None) -> list[Row]:
+        """Rows whose columns equal ``filters`` in key order, at most ``limit``; fenced as above."""
+
+    async def claim(self, fence: Fence) -> int:
+        """Raise the highest to ``fence`` without touching data; return it (``StaleToken``)."""
+
+    async def highest(self, lock: str) -> int:
+        """The highest fence honoured for ``lock`` (0 if never fenced)."""

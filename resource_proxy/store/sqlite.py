@@ -1,0 +1,155 @@
+"""The SQLite store (the embedded default): one connection, one writer at a time.
+
+Every fenced call is ``BEGIN IMMEDIATE`` (the database's write lock, so other processes on the
+same file wait for it too) + fence upsert + the write(s) or read + ``COMMIT``; anything failing
+rolls the whole transaction back, fence upsert included. The connection is used from worker
+threads under a mutex, so the event loop never blocks on the disk. Journal: WAL with
+``synchronous = FULL`` (an acknowledged write survives a power cut); foreign keys enforced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from resource_proxy.errors import Conflict, InvalidRequest, NotFound, ProxyError, StoreUnavailable
+from resource_proxy.fencing import Fence, check
+from resource_proxy.ops import WriteOp
+from resource_proxy.store.base import Row
+from resource_proxy.store.sql import SQLITE, SqlBuilder
+from resource_proxy.tables import Catalog, Table, decode_row
+
+__all__ = ["SqliteStore", "translate"]
+
+T = TypeVar("T")
+
+
+def translate(exc: Exception) -> ProxyError:
+    """A sqlite3 error -> the proxy's error."""
+    message = str(exc)
+    if isinstance(exc, sqlite3.IntegrityError):
+        if message.startswith(("UNIQUE", "FOREIGN KEY", "PRIMARY KEY")):
+            return Conflict(message)
+        if message.startswith("NOT NULL constraint failed: "):
+            column = message.rsplit(".", 1)[-1]
+            return InvalidRequest(message, column=column)
+        return InvalidRequest(message)
+    if isinstance(exc, OverflowError | sqlite3.DataError | sqlite3.InterfaceError):
+        return InvalidRequest(f"the database refused a value: {message}")
+    return StoreUnavailable(f"the database did not complete the request: {message}")
+
+
+class SqliteStore:
+    """``Store`` on a SQLite file. ``timeout_s``: how long to wait for another writer (then 503)."""
+
+    def __init__(self, path: str, catalog: Catalog, *, timeout_s: float = 3.0):
+        self.catalog = catalog
+        self.sql = SqlBuilder(SQLITE)
+        self._path = path
+        self._timeout = timeout_s
+        self._mutex = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+
+    async def open(self) -> None:
+        def connect() -> sqlite3.Connection:
+            conn = sqlite3.connect(self._path, timeout=self._timeout, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            return conn
+
+        self._conn = await asyncio.to_thread(connect)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await asyncio.to_thread(conn.close)
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def call() -> T:
+            with self._mutex:
+                if self._conn is None:
+                    raise StoreUnavailable("the store is closed")
+                try:
+                    return fn(self._conn)
+                except (sqlite3.Error, OverflowError) as exc:
+                    raise translate(exc) from None
+
+        return await asyncio.to_thread(call)
+
+    def _fenced(self, conn: sqlite3.Connection, fence: Fence, body: Callable[[], T]) -> T:
+        """``BEGIN IMMEDIATE``, fence check, ``body()``, ``COMMIT``; ROLLBACK on any error."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            (highest,) = conn.execute(
+                self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
+            ).fetchone()
+            check(fence, highest)
+            result = body()
+            conn.execute("COMMIT")
+            return result
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def _apply(self, conn: sqlite3.Connection, ops: Sequence[WriteOp], indexed: bool) -> list[Row | None]:
+        results: list[Row | None] = []
+        for index, op in enumerate(ops):
+            where = {"op_index": index} if indexed else {}
+            sql, params = self.sql.write(op, None)
+            try:
+                row = conn.execute(sql, params).fetchone()
+            except (sqlite3.Error, OverflowError) as exc:
+                raise translate(exc).with_extra(**where) from None
+            if row is None:
+                raise NotFound(f"no row with that key in table {op.table.name!r}", **where)
+            results.append(None if op.kind == "delete" else decode_row(op.table, row))
+        return results
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    async def write(self, fence: Fence, op: WriteOp) -> Row | None:
+        return await self._run(lambda conn: self._fenced(conn, fence, lambda: self._apply(conn, [op], False))[0])
+
+    async def batch(self, fence: Fence, ops: Sequence[WriteOp]) -> list[Row | None]:
+        def run(conn: sqlite3.Connection) -> list[Row | None]:
+            try:
+                return self._fenced(conn, fence, lambda: self._apply(conn, ops, True))
+            except ProxyError as exc:
+                if exc.code == "stale_token":
+                    exc.with_extra(op_index=0)
+                raise
+
+        return await self._run(run)
+
+    async def _read(self, fence: Fence | None, sql: str, params: Mapping[str, Any]) -> list[tuple]:
+        def run(conn: sqlite3.Connection) -> list[tuple]:
+            if fence is None:
+                return conn.execute(sql, params).fetchall()
+            return self._fenced(conn, fence, lambda: conn.execute(sql, params).fetchall())
+
+        return await self._run(run)
+
+    async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
+        rows = await self._read(fence, self.sql.select_row(table), self.sql.key_params(table, key))
+        if not rows:
+            raise NotFound(f"no row with that key in table {table.name!r}")
+        return decode_row(table, rows[0])
+
+    async def list_rows(self, table: Table, filters: Mapping[str, Any], limit: int,
+                        fence: Fence | None) -> list[Row]:
+        sql, params = self.sql.select_rows(table, filters, limit)
+        return [decode_row(table, row) for row in await self._read(fence, sql, params)]
+
+    async def claim(self, fence: Fence) -> int:
+        return await self._run(lambda conn: self._fenced(conn, fence, lambda: fence.fence))
+
+    async def highest(self, lock: str) -> int:
+        row = await self._run(lambda conn: conn.execute(self.sql.d.fence_select, {"lock": lock}).fetchone())
+        return int(row[0]) if row else 0

@@ -1,0 +1,499 @@
+"""Reflected tables, JSON <-> column value mapping, and row keys.
+
+Everything the proxy knows about a table comes from reflection at start (SQLAlchemy's inspector,
+plus ``format_type`` from PostgreSQL's catalog for the casts of bound parameters): SQL is built
+only from these reflected identifiers, every value travels as a bound parameter.
+
+Value mapping (request JSON -> column; response column -> JSON)::
+
+    kind        accepts                                     returns
+    integer     integer, integral number, "42"             integer   (range of its width checked)
+    numeric     number or string, parsed as Decimal         string    (exact: "12.50")
+    float       number or numeric string                    number
+    text        string (no NUL; varchar(n) length checked)  string
+    boolean     true/false, "true"/"false"                  boolean
+    timestamp   ISO 8601 string (timestamptz, and SQLite's  ISO 8601 string
+                DATETIME/TIMESTAMP: naive means UTC)
+    date, time  ISO 8601 string                             ISO 8601 string
+    uuid        string                                      string
+    json        any JSON value (numbers kept exact)         the JSON value
+    bytes       base64 string                               base64 string
+    enum        one of the enum's labels                    string
+    array       list of the element kind                    list
+    any         string / number / boolean (other types: the database parses and may refuse)
+
+A value of the wrong kind raises ``InvalidRequest`` naming the column. Request bodies are parsed
+with ``parse_float=Decimal`` (``loads``) so no precision is lost before a numeric column sees it;
+``dumps`` writes Decimals back as exact JSON numbers. On SQLite, NUMERIC affinity keeps about 15
+significant digits (SQLite's own limit); PostgreSQL ``numeric`` keeps them all.
+
+Keys: in URLs the primary key values in primary key order joined by ``,`` each percent-encoded
+(``parse_url_key``); in batch ops a scalar, a list in key order, or ``{column: value}``
+(``parse_json_key``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, date, datetime, time
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from urllib.parse import unquote
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
+
+from resource_proxy.errors import InvalidRequest
+
+__all__ = [
+    "Kind",
+    "Column",
+    "Table",
+    "Catalog",
+    "reflect",
+    "coerce",
+    "parse_url_key",
+    "parse_json_key",
+    "key_text",
+    "decode_row",
+    "loads",
+    "dumps",
+]
+
+
+class Kind(enum.Enum):
+    INTEGER = "integer"
+    NUMERIC = "numeric"
+    FLOAT = "float"
+    TEXT = "text"
+    BOOLEAN = "boolean"
+    TIMESTAMP = "timestamp"
+    TIMESTAMPTZ = "timestamptz"
+    DATE = "date"
+    TIME = "time"
+    UUID = "uuid"
+    JSON = "json"
+    BYTES = "bytes"
+    ENUM = "enum"
+    ARRAY = "array"
+    ANY = "any"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One reflected column. ``cast``: PostgreSQL type name for bound parameters ("" on SQLite)."""
+
+    name: str
+    kind: Kind
+    nullable: bool = True
+    cast: str = ""
+    length: int | None = None
+    int_bits: int | None = None
+    labels: tuple[str, ...] = ()
+    item: Column | None = None
+    jsonb: bool = False
+    generated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """A table of the allow-list: columns in table order, primary key in key order.
+
+    ``fence_column`` (from the policy) receives the fence of the write that last touched a row.
+    """
+
+    name: str
+    columns: dict[str, Column]
+    primary_key: tuple[str, ...]
+    fence_column: str | None = None
+    column_names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "column_names", tuple(self.columns))
+
+    def with_fence_column(self, name: str | None) -> Table:
+        return replace(self, fence_column=name)
+
+
+Catalog = dict[str, Table]
+
+_INT_BITS = {"smallint": 16, "integer": 32, "bigint": 64}
+
+
+def _kind_of(sqltype: sa.types.TypeEngine, declared: str) -> tuple[Kind, dict[str, Any]]:
+    """Classify a reflected SQLAlchemy type; ``declared`` is SQLite's declared type text."""
+    extra: dict[str, Any] = {}
+    if "UUID" in declared.upper() or isinstance(sqltype, sa.Uuid):
+        return Kind.UUID, extra
+    if isinstance(sqltype, sa.Enum):
+        extra["labels"] = tuple(sqltype.enums)
+        return Kind.ENUM, extra
+    if isinstance(sqltype, sa.ARRAY):
+        item_kind, item_extra = _kind_of(sqltype.item_type, "")
+        extra["item"] = Column(name="", kind=item_kind, **item_extra)
+        return Kind.ARRAY, extra
+    if isinstance(sqltype, sa.Boolean):
+        return Kind.BOOLEAN, extra
+    if isinstance(sqltype, sa.Integer):
+        extra["int_bits"] = 64  # SQLite's INTEGER; PostgreSQL's width comes from its catalog
+        return Kind.INTEGER, extra
+    if isinstance(sqltype, sa.Float):
+        return Kind.FLOAT, extra
+    if isinstance(sqltype, sa.Numeric):
+        return Kind.NUMERIC, extra
+    if isinstance(sqltype, sa.JSON):
+        extra["jsonb"] = isinstance(sqltype, pg.JSONB)
+        return Kind.JSON, extra
+    if isinstance(sqltype, sa.DateTime):
+        return (Kind.TIMESTAMPTZ if sqltype.timezone else Kind.TIMESTAMP), extra
+    if isinstance(sqltype, sa.Date):
+        return Kind.DATE, extra
+    if isinstance(sqltype, sa.Time):
+        return Kind.TIME, extra
+    if isinstance(sqltype, sa.LargeBinary):
+        return Kind.BYTES, extra
+    if isinstance(sqltype, sa.String):
+        if getattr(sqltype, "length", None):
+            extra["length"] = int(sqltype.length)
+        return Kind.TEXT, extra
+    return Kind.ANY, extra
+
+
+def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[str]) -> Catalog:
+    """Reflect the tables of the default schema (``allow``: only these; ``exclude``: never these).
+
+    Raises ``ValueError`` if an allow-listed table does not exist (a typo should stop the start,
+    not silently answer 404 forever).
+    """
+    excluded = set(exclude)
+    inspector = sa.inspect(engine)
+    existing = [name for name in inspector.get_table_names() if name not in excluded]
+    if allow is not None:
+        missing = [name for name in allow if name not in existing]
+        if missing:
+            raise ValueError(f"tables not found in the database's default schema: {missing}")
+        names = list(dict.fromkeys(allow))
+    else:
+        names = existing
+    is_pg = engine.dialect.name == "postgresql"
+    catalog: Catalog = {}
+    with engine.connect() as conn:
+        for name in names:
+            casts: dict[str, str] = {}
+            declared: dict[str, str] = {}
+            if is_pg:
+                rows = conn.exec_driver_sql(
+                    "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a"
+                    " JOIN pg_class c ON c.oid = a.attrelid"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE n.nspname = current_schema() AND c.relname = %(name)s"
+                    " AND a.attnum > 0 AND NOT a.attisdropped",
+                    {"name": name},
+                )
+                casts = {row[0]: row[1] for row in rows}
+            else:
+                rows = conn.exec_driver_sql(f"PRAGMA table_info({_sqlite_quote(name)})")
+                declared = {row[1]: row[2] or "" for row in rows}
+            columns: dict[str, Column] = {}
+            for info in inspector.get_columns(name):
+                kind, extra = _kind_of(info["type"], declared.get(info["name"], ""))
+                if is_pg and kind is Kind.INTEGER:
+                    extra["int_bits"] = _INT_BITS.get(casts.get(info["name"], ""), 64)
+                if not is_pg and kind is Kind.TIMESTAMP:
+                    kind = Kind.TIMESTAMPTZ  # SQLite has no zone type: store UTC with its offset
+                identity = info.get("identity") or {}
+                generated = bool(info.get("computed")) or bool(identity.get("always"))
+                columns[info["name"]] = Column(
+                    name=info["name"],
+                    kind=kind,
+                    nullable=bool(info.get("nullable", True)),
+                    cast=casts.get(info["name"], ""),
+                    generated=generated,
+                    **extra,
+                )
+            pk = tuple(inspector.get_pk_constraint(name).get("constrained_columns") or ())
+            catalog[name] = Table(name=name, columns=columns, primary_key=pk)
+    return catalog
+
+
+def _sqlite_quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON in and out
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(data: bytes | str) -> Any:
+    """Parse a request body: floats as Decimal (exact), NaN/Infinity refused (``ValueError``)."""
+    return json.loads(data, parse_float=Decimal, parse_constant=_reject_constant)
+
+
+def dumps(value: Any) -> str:
+    """JSON text of ``value``; Decimals become exact JSON numbers (``json`` cannot do that)."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except TypeError:  # a Decimal somewhere (json/jsonb values): the exact, slower way
+        return _dumps_exact(value)
+
+
+def _dumps_exact(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{" + ",".join(
+            json.dumps(str(k), ensure_ascii=False) + ":" + _dumps_exact(v) for k, v in value.items()
+        ) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_dumps_exact(v) for v in value) + "]"
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError("NaN and Infinity are not JSON")
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON value -> column value
+
+_INT_RE = re.compile(r"[+-]?\d{1,40}")
+
+
+def _bad(column: Column, expected: str) -> InvalidRequest:
+    return InvalidRequest(f"column {column.name!r}: expected {expected}", column=column.name)
+
+
+def _to_decimal(column: Column, value: Any) -> Decimal:
+    if isinstance(value, bool):
+        raise _bad(column, "a number")
+    if isinstance(value, Decimal):
+        number = value
+    elif isinstance(value, int | float):
+        number = Decimal(value)
+    elif isinstance(value, str) and len(value) <= 1000:
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            raise _bad(column, "a number") from None
+    else:
+        raise _bad(column, "a number")
+    if not number.is_finite():
+        raise _bad(column, "a finite number")
+    return number
+
+
+def _to_int(column: Column, value: Any) -> int:
+    if isinstance(value, bool):
+        raise _bad(column, "an integer")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, Decimal):
+        if not value.is_finite() or value != value.to_integral_value():
+            raise _bad(column, "an integer")
+        number = int(value)
+    elif isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
+        number = int(value.strip())
+    else:
+        raise _bad(column, "an integer")
+    bits = column.int_bits or 64
+    if not -(1 << (bits - 1)) <= number < (1 << (bits - 1)):
+        raise _bad(column, f"an integer that fits in {bits} bits")
+    return number
+
+
+def _to_datetime(column: Column, value: Any) -> datetime:
+    if not isinstance(value, str) or len(value) > 64:
+        raise _bad(column, "an ISO 8601 timestamp string")
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise _bad(column, "an ISO 8601 timestamp string") from None
+    if column.kind is Kind.TIMESTAMP:
+        return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
+    """The Python value for ``column`` from a JSON value (or URL/query text if ``from_text``).
+
+    Raises ``InvalidRequest`` (with ``column``) for a value of the wrong kind or a NOT NULL
+    column given null.
+    """
+    if value is None:
+        if not column.nullable:
+            raise InvalidRequest(f"column {column.name!r} may not be null", column=column.name)
+        return None
+    kind = column.kind
+    if from_text and kind in (Kind.JSON, Kind.ARRAY):
+        raise InvalidRequest(
+            f"column {column.name!r} ({kind.value}) cannot be given in a URL", column=column.name
+        )
+    if kind is Kind.INTEGER:
+        return _to_int(column, value)
+    if kind is Kind.NUMERIC:
+        return _to_decimal(column, value)
+    if kind is Kind.FLOAT:
+        return float(_to_decimal(column, value))
+    if kind is Kind.TEXT:
+        if not isinstance(value, str):
+            raise _bad(column, "a string")
+        if "\x00" in value:
+            raise _bad(column, "a string without NUL characters")
+        if column.length is not None and len(value) > column.length:
+            raise _bad(column, f"a string of at most {column.length} characters")
+        return value
+    if kind is Kind.BOOLEAN:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+        raise _bad(column, "true or false")
+    if kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ):
+        return _to_datetime(column, value)
+    if kind is Kind.DATE:
+        try:
+            return date.fromisoformat(value) if isinstance(value, str) else _fail()
+        except ValueError:
+            raise _bad(column, "an ISO 8601 date string") from None
+    if kind is Kind.TIME:
+        try:
+            return time.fromisoformat(value) if isinstance(value, str) else _fail()
+        except ValueError:
+            raise _bad(column, "an ISO 8601 time string") from None
+    if kind is Kind.UUID:
+        try:
+            return uuid.UUID(value) if isinstance(value, str) and len(value) <= 64 else _fail()
+        except ValueError:
+            raise _bad(column, "a UUID string") from None
+    if kind is Kind.JSON:
+        return value
+    if kind is Kind.BYTES:
+        try:
+            return base64.b64decode(value, validate=True) if isinstance(value, str) else _fail()
+        except (ValueError, binascii.Error):
+            raise _bad(column, "a base64 string") from None
+    if kind is Kind.ENUM:
+        if isinstance(value, str) and value in column.labels:
+            return value
+        raise _bad(column, f"one of {list(column.labels)}")
+    if kind is Kind.ARRAY:
+        if not isinstance(value, list):
+            raise _bad(column, "a list")
+        assert column.item is not None
+        item = replace(column.item, name=column.name)
+        return [coerce(item, v) for v in value]
+    if isinstance(value, str | int | Decimal | bool):
+        if isinstance(value, str) and "\x00" in value:
+            raise _bad(column, "a string without NUL characters")
+        return value
+    raise _bad(column, "a string, number or boolean")
+
+
+def _fail() -> Any:
+    raise ValueError("wrong JSON type")
+
+
+# ---------------------------------------------------------------------------------------------
+# keys
+
+def _need_key(table: Table) -> None:
+    if not table.primary_key:
+        raise InvalidRequest(f"table {table.name!r} has no primary key; rows cannot be addressed")
+
+
+def parse_url_key(table: Table, raw: str) -> tuple[Any, ...]:
+    """The key from its URL form (``raw`` still percent-encoded): values joined by ``,``."""
+    _need_key(table)
+    parts = [unquote(part) for part in raw.split(",")]
+    if len(parts) != len(table.primary_key):
+        raise InvalidRequest(
+            f"key of table {table.name!r} has {len(table.primary_key)} value(s) "
+            f"({', '.join(table.primary_key)}) joined by ','; got {len(parts)}"
+        )
+    return tuple(
+        coerce(table.columns[name], part, from_text=True)
+        for name, part in zip(table.primary_key, parts, strict=True)
+    )
+
+
+def parse_json_key(table: Table, value: Any) -> tuple[Any, ...]:
+    """The key of a batch op: a scalar (one-column key), a list in key order, or an object."""
+    _need_key(table)
+    pk = table.primary_key
+    if isinstance(value, Mapping):
+        if set(value) != set(pk):
+            raise InvalidRequest(f"key of table {table.name!r} must name exactly {list(pk)}")
+        values = [value[name] for name in pk]
+    elif isinstance(value, list):
+        values = value
+    else:
+        values = [value]
+    if len(values) != len(pk):
+        raise InvalidRequest(f"key of table {table.name!r} has {len(pk)} value(s) ({', '.join(pk)})")
+    if any(v is None for v in values):
+        raise InvalidRequest(f"key of table {table.name!r} may not contain null")
+    return tuple(coerce(table.columns[n], v) for n, v in zip(pk, values, strict=True))
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    return str(value)
+
+
+def key_text(table: Table, key: Sequence[Any]) -> dict[str, str]:
+    """Canonical text of each key value by column (what a policy's ``{column}`` is matched to)."""
+    return {name: _text(v) for name, v in zip(table.primary_key, key, strict=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# column value (as a driver returns it) -> JSON value
+
+def _decode(column: Column, value: Any) -> Any:
+    if value is None:
+        return None
+    kind = column.kind
+    if kind is Kind.NUMERIC:
+        if isinstance(value, float):
+            value = Decimal(repr(value))
+        return str(value)
+    if kind is Kind.BOOLEAN:
+        return bool(value)
+    if kind is Kind.FLOAT:
+        return float(value) if isinstance(value, int | float | Decimal) else value
+    if kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ, Kind.DATE, Kind.TIME):
+        return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    if kind is Kind.JSON:
+        if isinstance(value, str | bytes) and not column.cast:  # SQLite stores the text
+            try:
+                return loads(value)
+            except ValueError:
+                return value
+        return value
+    if kind is Kind.BYTES:
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if kind is Kind.ARRAY and isinstance(value, list) and column.item is not None:
+        return [_decode(column.item, v) for v in value]
+    if isinstance(value, str | int | float | bool):
+        return value
+    if isinstance(value, bytes | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return str(value)
+
+
+def decode_row(table: Table, values: Sequence[Any]) -> dict[str, Any]:
+    """A row tuple in ``table.column_names`` order -> a JSON-ready dict."""
+    return {
+        name: _decode(table.columns[name], value)
+        for name, value in zip(table.column_names, values, strict=True)
+    }
