@@ -14,7 +14,6 @@ overlap mean two clients were granted it at once.
 from __future__ import annotations
 
 import statistics
-import sys
 import threading
 import time
 import uuid
@@ -25,36 +24,26 @@ import httpx
 import pytest
 
 from tests.etcd_support import EtcdCluster
-from tests.support import ServiceProcess, free_port, wait_for
+from tests.lockd.conftest import LockdServer
+from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
-
-LOCKD = str(Path(sys.executable).parent / "lockd")
-
-
-def start_lockd(store_url: str, key_dir: Path, log_dir: Path) -> tuple[ServiceProcess, str]:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = ServiceProcess([LOCKD, "serve", "--store", store_url, "--port", str(port),
-                           "--key-dir", str(key_dir)],
-                          ready_url=url + "/healthz", log_path=log_dir / f"lockd-{port}.log")
-    return proc.start(), url
 
 
 @pytest.fixture
 def lockds(tmp_path: Path):
-    """``start(store_url) -> base URL``; all replicas share one key directory (as replicas
-    behind a load balancer must, so every token verifies against one JWKS)."""
-    procs: list[ServiceProcess] = []
+    """``start(store_url) -> base URL``: ``lockd serve`` replicas sharing one key directory (as
+    replicas behind a load balancer must, so every token verifies against one JWKS)."""
+    servers: list[LockdServer] = []
 
     def start(store_url: str) -> str:
-        proc, url = start_lockd(store_url, tmp_path / "keys", tmp_path)
-        procs.append(proc)
-        return url
+        server = LockdServer(store_url, tmp_path / "keys", tmp_path)
+        servers.append(server)
+        return server.start().url
 
     yield start
-    for proc in procs:
-        proc.stop()
+    for server in servers:
+        server.stop()
 
 
 @dataclass

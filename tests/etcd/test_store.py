@@ -7,8 +7,6 @@ The test cluster runs with a 700 ms election timeout, so etcd's minimum lease TT
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import secrets
 import time
 import uuid
 
@@ -18,36 +16,8 @@ import pytest
 from lockd.errors import LeaseLost, StoreUnavailable
 from lockd.store.base import Grant, Holder, Store
 from lockd.store.etcd import EtcdStore, parse_etcd_url
+from tests.etcd.helpers import acquire, lease_id, name, opened
 from tests.support import free_port
-
-
-def lease_id() -> str:
-    return secrets.token_urlsafe(24)
-
-
-def name(tag: str = "lock") -> str:
-    return f"{tag}/{uuid.uuid4().hex[:10]}"
-
-
-@contextlib.asynccontextmanager
-async def opened(url: str, **kw):
-    store = EtcdStore(url, **kw)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def acquire(store: EtcdStore, lock: str, ttl_ms: int = 5000, owner: str = "o",
-                  client_id: str | None = None, lid: str | None = None):
-    return await store.acquire(lock, lease_id=lid or lease_id(), ttl_ms=ttl_ms, owner=owner,
-                               client_id=client_id)
-
 
 # -- URL -------------------------------------------------------------------------------------
 
@@ -87,7 +57,7 @@ def test_acquire_grants_then_reports_holder(etcd_url):
             assert st.held and st.owner == "alice" and st.fence == g.fence
             assert 0 < st.ttl_ms <= 2000
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_ttl_below_a_second_rounds_up_and_is_reported(etcd_url):
@@ -96,7 +66,7 @@ def test_ttl_below_a_second_rounds_up_and_is_reported(etcd_url):
             g = await acquire(s, name(), ttl_ms=300)
             assert g.ttl_ms == 1000
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_fence_increases_across_release_and_is_remembered(etcd_url):
@@ -115,7 +85,7 @@ def test_fence_increases_across_release_and_is_remembered(etcd_url):
             assert fences == sorted(set(fences))
             assert (await s.get(name("never"))).fence == 0
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_same_client_id_returns_the_same_lease(etcd_url):
@@ -132,7 +102,7 @@ def test_same_client_id_returns_the_same_lease(etcd_url):
             third = await acquire(s, lock, client_id="c1", ttl_ms=9000)
             assert (third.lease_id, third.fence, third.ttl_ms) == (g.lease_id, g.fence, 9000)
 
-    run(body())
+    asyncio.run(body())
 
 
 # -- renew, release, expiry ------------------------------------------------------------
@@ -149,7 +119,7 @@ def test_renew_keeps_fence_and_extends(etcd_url):
                 assert (r.lease_id, r.fence, r.ttl_ms) == (g.lease_id, g.fence, 1000)
             assert (await s.get(lock)).held
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_renew_with_a_new_ttl_moves_to_a_new_etcd_lease(etcd_url):
@@ -174,7 +144,7 @@ def test_renew_with_a_new_ttl_moves_to_a_new_etcd_lease(etcd_url):
             g2 = await acquire(s, lock)
             assert g2.fence > g.fence
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_expired_lease_is_gone(etcd_url):
@@ -196,7 +166,7 @@ def test_expired_lease_is_gone(etcd_url):
             g2 = await acquire(s, lock)
             assert isinstance(g2, Grant) and g2.fence > g.fence
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_renew_and_release_need_the_live_lease_id(etcd_url):
@@ -217,7 +187,7 @@ def test_renew_and_release_need_the_live_lease_id(etcd_url):
             with pytest.raises(LeaseLost):
                 await s.renew(lock, g.lease_id, 5000)
 
-    run(body())
+    asyncio.run(body())
 
 
 # -- list ------------------------------------------------------------------------------
@@ -249,7 +219,7 @@ def test_list_pages_in_name_order(etcd_url):
             assert await s.list("jobs/", 0, None) == []
             assert await s.list("nope/", 10, None) == []
 
-    run(body())
+    asyncio.run(body())
 
 
 # -- races, replicas, watch --------------------------------------------------------------
@@ -267,7 +237,7 @@ def test_concurrent_acquires_on_two_stores_grant_once(etcd_url):
                 holders = [r for r in results if isinstance(r, Holder)]
                 assert all(h.fence == grants[0].fence for h in holders)
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_mutual_exclusion_and_fences_under_contention(etcd_url):
@@ -301,7 +271,7 @@ def test_mutual_exclusion_and_fences_under_contention(etcd_url):
             assert overlaps == 0
             assert len(fences) == 16 and fences == sorted(set(fences))
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_release_on_one_store_notifies_another_promptly(etcd_url):
@@ -321,7 +291,7 @@ def test_release_on_one_store_notifies_another_promptly(etcd_url):
             assert at - t0 < 0.5, f"watch took {at - t0:.3f}s"
             assert heard.empty()  # the renew's move produced no event
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_expiry_notifies_subscribers(etcd_url):
@@ -334,7 +304,7 @@ def test_expiry_notifies_subscribers(etcd_url):
             await acquire(s, lock, ttl_ms=1000)
             assert await asyncio.wait_for(heard.get(), 4) == lock
 
-    run(body())
+    asyncio.run(body())
 
 
 # -- availability ------------------------------------------------------------------------
@@ -349,7 +319,7 @@ def test_dead_endpoints_are_skipped(etcd_shared_cluster):
             g = await acquire(s, name())
             assert isinstance(g, Grant)
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_no_endpoint_answers_is_store_unavailable_quickly():
@@ -363,7 +333,7 @@ def test_no_endpoint_answers_is_store_unavailable_quickly():
         assert time.monotonic() - t0 < 2.0
         await store.close()
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_open_ping_and_close_are_idempotent(etcd_url):
@@ -376,7 +346,7 @@ def test_open_ping_and_close_are_idempotent(etcd_url):
         with pytest.raises(StoreUnavailable):
             await s.ping()
 
-    run(body())
+    asyncio.run(body())
 
 
 def test_lease_value_holds_no_more_than_it_needs(etcd_shared_cluster, etcd_url):
@@ -398,4 +368,4 @@ def test_lease_value_holds_no_more_than_it_needs(etcd_shared_cluster, etcd_url):
             assert json.loads(base64.b64decode(kv["value"])) == {
                 "lease_id": g.lease_id, "owner": "me", "client_id": "cid", "ttl_s": 5}
 
-    run(body())
+    asyncio.run(body())

@@ -15,7 +15,7 @@ import pytest
 
 from lockd.errors import LeaseLost, StoreUnavailable
 from lockd.store.base import Grant, Holder
-from tests.etcd.test_store import acquire, opened
+from tests.etcd.helpers import acquire, opened
 from tests.etcd_support import EtcdCluster
 
 pytestmark = pytest.mark.slow
