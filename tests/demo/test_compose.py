@@ -170,5 +170,5 @@ def test_compose_services_run_the_scenario_here(compose, pg_url, tmp_path):
         assert run.report["lockd_url"] == f"http://127.0.0.1:{local.ports['lockd']}"
         assert marked_processes(run.marker) == []
     finally:
-        for proc in reversed(started):
-            proc.stop()
+        stopped = {p.argv[0]: p.stop() for p in reversed(started)}
+    assert set(stopped.values()) == {0}, stopped  # SIGTERM, as compose stops them: a clean exit
