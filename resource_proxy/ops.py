@@ -67,7 +67,7 @@ def build_op(kind: str, table: Table, key: tuple[Any, ...] | None, row: Any, fen
         if key is None:
             raise InvalidRequest("delete needs a key")
         return WriteOp("delete", table, key, {})
-    values = _row_values(table, row if row is not None else {})
+    values = _row_values(table, row)
     if kind == "insert":
         given = [name for name in pk if name in values]
         if key is not None:

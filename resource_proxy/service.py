@@ -24,7 +24,7 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import Fence, validate_lock_name
 from resource_proxy.jwks import KeySource
-from resource_proxy.ops import WriteOp, build_op
+from resource_proxy.ops import OP_KINDS, WriteOp, build_op
 from resource_proxy.policy import Policy
 from resource_proxy.store.base import Row, Store
 from resource_proxy.tables import Catalog, Table, coerce, parse_json_key, parse_url_key
@@ -83,9 +83,14 @@ class ProxyService:
         unknown = set(raw) - _OP_FIELDS
         if unknown:
             raise InvalidRequest(f"unknown op field(s) {sorted(map(str, unknown))}")
-        table = self.table(raw.get("table"))
+        kind, name = raw.get("op"), raw.get("table")
+        if kind not in OP_KINDS:
+            raise InvalidRequest(f"op must be one of {list(OP_KINDS)}")
+        if not isinstance(name, str):
+            raise InvalidRequest("each op names its table")
+        table = self.table(name)
         key = parse_json_key(table, raw["key"]) if raw.get("key") is not None else None
-        op = build_op(str(raw.get("op")), table, key, raw.get("row"), fence.fence)
+        op = build_op(kind, table, key, raw.get("row"), fence.fence)
         self.policy.check_write(fence.lock, table, op.key)
         return op
 
