@@ -56,13 +56,13 @@ def _service(request: Request) -> ProxyService:
     return request.app.state.service
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(dumps(body), status_code=status, media_type="application/json")
-
-
-def _count(request: Request, call: str, status: int) -> None:
+def _reply(request: Request, call: str, body: Any, status: int = 200) -> Response:
+    """A JSON response (204: empty), counted in ``resource_proxy_requests_total``."""
     metrics: Metrics = request.app.state.metrics
     metrics.inc("resource_proxy_requests_total", call=call, status=status)
+    if status == 204:
+        return Response(status_code=204)
+    return Response(dumps(body), status_code=status, media_type="application/json")
 
 
 async def _body(request: Request) -> Any:
@@ -85,9 +85,7 @@ async def _body(request: Request) -> Any:
 
 
 def _path(request: Request) -> tuple[str, str]:
-    """(table, key) of a row route; the key as sent (still percent-encoded), after ``/rows/``.
-
-    """
+    """(table, key) of a row route; the key as sent (still percent-encoded), after ``/rows/``."""
     params = request.path_params
     raw = request.scope.get("raw_path")
     if raw:
@@ -107,8 +105,7 @@ def _token(request: Request) -> str | None:
 async def insert_row(request: Request) -> Response:
     table = request.path_params["table"]
     row = await _service(request).write("insert", table, None, await _body(request), _token(request))
-    _count(request, "insert", 201)
-    return _json(row, 201)
+    return _reply(request, "insert", row, 201)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "PUT")
@@ -117,8 +114,7 @@ async def put_row(request: Request) -> Response:
     row = await _service(request).write(
         "upsert", table, key, await _body(request), _token(request)
     )
-    _count(request, "upsert", 200)
-    return _json(row)
+    return _reply(request, "upsert", row)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "PATCH")
@@ -127,24 +123,21 @@ async def patch_row(request: Request) -> Response:
     row = await _service(request).write(
         "update", table, key, await _body(request), _token(request)
     )
-    _count(request, "update", 200)
-    return _json(row)
+    return _reply(request, "update", row)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "DELETE")
 async def delete_row(request: Request) -> Response:
     table, key = _path(request)
     await _service(request).write("delete", table, key, None, _token(request))
-    _count(request, "delete", 204)
-    return Response(status_code=204)
+    return _reply(request, "delete", None, 204)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "GET")
 async def get_row(request: Request) -> Response:
     table, key = _path(request)
     row = await _service(request).read_row(table, key, _token(request))
-    _count(request, "read", 200)
-    return _json(row)
+    return _reply(request, "read", row)
 
 
 @_route("/v1/tables/{table}/rows", "GET")
@@ -153,15 +146,13 @@ async def list_rows(request: Request) -> Response:
     result = await _service(request).list_rows(
         table, request.query_params.multi_items(), _token(request)
     )
-    _count(request, "list", 200)
-    return _json(result)
+    return _reply(request, "list", result)
 
 
 @_route("/v1/batch", "POST")
 async def batch(request: Request) -> Response:
     result = await _service(request).batch(await _body(request), _token(request))
-    _count(request, "batch", 200)
-    return _json(result)
+    return _reply(request, "batch", result)
 
 
 # -- fences ------------------------------------------------------------------------------------
@@ -170,14 +161,13 @@ async def batch(request: Request) -> Response:
 async def claim(request: Request) -> Response:
     lock = request.path_params["lock"]
     result = await _service(request).claim(lock, _token(request))
-    _count(request, "claim", 200)
-    return _json(result)
+    return _reply(request, "claim", result)
 
 
 @_route("/v1/fences/{lock:path}", "GET")
 async def get_fence(request: Request) -> Response:
     lock = request.path_params["lock"]
-    return _json(await _service(request).fence(lock))
+    return _reply(request, "fence", await _service(request).fence(lock))
 
 
 # -- operations --------------------------------------------------------------------------------
@@ -185,7 +175,7 @@ async def get_fence(request: Request) -> Response:
 @_route("/healthz", "GET")
 async def healthz(request: Request) -> Response:
     await _service(request).store.ping()
-    return _json({"status": "ok"})
+    return _reply(request, "healthz", {"status": "ok"})
 
 
 @_route("/metrics", "GET")

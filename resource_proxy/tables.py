@@ -199,8 +199,8 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
                 )
                 casts = {row[0]: row[1] for row in rows}
             else:
-                rows = conn.exec_driver_sql(f"PRAGMA table_info({_sqlite_quote(name)})")
-                declared = {row[1]: row[2] or "" for row in rows}
+                rows = conn.exec_driver_sql("SELECT name, type FROM pragma_table_info(?)", (name,))
+                declared = {row[0]: row[1] or "" for row in rows}
             columns: dict[str, Column] = {}
             for info in inspector.get_columns(name):
                 kind, extra = _kind_of(info["type"], declared.get(info["name"], ""))
@@ -221,10 +221,6 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
             pk = tuple(inspector.get_pk_constraint(name).get("constrained_columns") or ())
             catalog[name] = Table(name=name, columns=columns, primary_key=pk)
     return catalog
-
-
-def _sqlite_quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,6 +261,7 @@ def _dumps_exact(value: Any) -> str:
 # JSON value -> column value
 
 _INT_RE = re.compile(r"[+-]?\d{1,40}")
+MAX_JSON_DEPTH = 64
 
 
 def _bad(column: Column, expected: str) -> InvalidRequest:
@@ -374,6 +371,8 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
         except ValueError:
             raise _bad(column, "a UUID string") from None
     if kind is Kind.JSON:
+        if _depth(value) > MAX_JSON_DEPTH:
+            raise _bad(column, f"JSON nested at most {MAX_JSON_DEPTH} levels deep")
         return value
     if kind is Kind.BYTES:
         try:
@@ -395,6 +394,18 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
             raise _bad(column, "a string without NUL characters")
         return value
     raise _bad(column, "a string, number or boolean")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_JSON_DEPTH:
+                stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _fail() -> Any:

@@ -43,6 +43,9 @@ __all__ = ["PostgresStore", "libpq_dsn", "translate"]
 log = logging.getLogger("resource_proxy.store")
 
 _CONFLICT = {"23505", "23503", "23P01"}  # unique, foreign key, exclusion
+# A value the column's type cannot take (a cast or operator that does not exist for it), or a
+# generated column given a value: the client's input, not the database's health.
+_REFUSED = {"42804", "42846", "42883", "42P18", "428C9"}
 
 
 def libpq_dsn(url: str) -> str:
@@ -69,7 +72,7 @@ def translate(exc: Exception) -> ProxyError:
         extra["column"] = diag.column_name
     if state in _CONFLICT:
         return Conflict(text or "constraint violated", **extra)
-    if state.startswith(("22", "23")) or state in ("428C9", "42804"):
+    if state.startswith(("22", "23")) or state in _REFUSED:
         return InvalidRequest(text or "the database refused a value", **extra)
     if state and not state.startswith(("08", "53", "57", "40", "58", "XX")):
         log.warning("unexpected database error %s: %s", state, text)
