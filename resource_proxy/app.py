@@ -20,24 +20,34 @@ from fastapi import FastAPI
 from resource_proxy.api import install_problem_handlers, routes
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader
 from resource_proxy.metrics import Metrics
-from resource_proxy.policy import load_policy
+from resource_proxy.policy import Policy, load_policy
 from resource_proxy.service import ProxyService
 from resource_proxy.settings import Settings
 from resource_proxy.store import open_store, prepare
+from resource_proxy.tables import Catalog
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("resource_proxy")
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file."""
-    policy = load_policy(settings.policy)
+def create_app(settings: Settings, *, policy: Policy | None = None,
+               catalog: Catalog | None = None) -> FastAPI:
+    """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file.
+
+    ``policy``/``catalog``: already loaded and prepared (the CLI does that before it starts the
+    server, to fail with one clear line); by default the policy is read here and the database
+    prepared at startup.
+    """
+    if policy is None:
+        policy = load_policy(settings.policy)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        catalog = await asyncio.to_thread(prepare, settings.database_url, settings.tables, policy)
-        store = open_store(settings, catalog)
+        tables = catalog
+        if tables is None:
+            tables = await asyncio.to_thread(prepare, settings.database_url, settings.tables, policy)
+        store = open_store(settings, tables)
         await store.open()
         http: httpx.AsyncClient | None = None
         if settings.lockd_url is not None:
@@ -50,9 +60,9 @@ def create_app(settings: Settings) -> FastAPI:
         await keys.reload(force=True)
         if settings.jwks_file is not None and not keys.kids:
             raise RuntimeError(f"no usable Ed25519 key in {settings.jwks_file}")
-        app.state.service = ProxyService(catalog, policy, keys, store,
+        app.state.service = ProxyService(tables, policy, keys, store,
                                          max_batch_ops=settings.max_batch_ops)
-        log.info("serving %d table(s): %s", len(catalog), ", ".join(sorted(catalog)) or "(none)")
+        log.info("serving %d table(s): %s", len(tables), ", ".join(sorted(tables)) or "(none)")
         try:
             yield
         finally:

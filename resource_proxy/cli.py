@@ -1,25 +1,31 @@
 """``resource-proxy serve``: run the fencing proxy (flags override ``PROXY_*`` variables).
 
-Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration, 3 if the start
-failed (database unreachable, allow-listed table missing).
+Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration (flags, policy
+file), 1 if the start failed (database unreachable, an allow-listed table missing, a policy that
+does not fit the tables, no usable key in ``--jwks-file``): one log line says why.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import signal
 import socket
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 
+from lockd.tokens import Verifier
 from resource_proxy.app import create_app
-from resource_proxy.policy import PolicyError
+from resource_proxy.policy import PolicyError, load_policy
 from resource_proxy.settings import Settings
+from resource_proxy.store import prepare
 
 __all__ = ["main"]
 
@@ -47,6 +53,13 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _usable_keys(path: Path) -> frozenset[str]:
+    try:
+        return Verifier(json.loads(path.read_text())).kids
+    except (OSError, ValueError):
+        return frozenset()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,18 +95,26 @@ def main(argv: list[str] | None = None) -> int:
     level = settings.log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        app = create_app(settings)
+        policy = load_policy(settings.policy)
     except PolicyError as exc:
         print(f"resource-proxy: {exc}", file=sys.stderr)
         return 2
+    try:
+        catalog = prepare(settings.database_url, settings.tables, policy)
+    except (ValueError, SQLAlchemyError) as exc:
+        reason = getattr(exc, "orig", None) or exc
+        log.error("resource-proxy cannot start: %s", str(reason).strip().splitlines()[0])
+        return 1
+    if settings.jwks_file is not None and not _usable_keys(settings.jwks_file):
+        log.error("resource-proxy cannot start: no usable Ed25519 key in %s", settings.jwks_file)
+        return 1
+    app = create_app(settings, policy=policy, catalog=catalog)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on")
     server = _Server(config)
-    try:
+    with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
         server.run()
-    except SystemExit as exc:
-        return int(exc.code or 0)
-    return 0 if server.started else 3
+    return 0 if server.started else 1
 
 
 if __name__ == "__main__":

@@ -73,13 +73,13 @@ def test_bad_configuration_refuses_to_start(tmp_path):
     assert _run(*proxy_argv(url, port, "--jwks-file", jwks, "--policy", str(policy))).returncode == 2
     policy.write_text("tables: {items: {fence_column: v}}\n")  # a text column cannot hold fences
     started = _run(*proxy_argv(url, port, "--jwks-file", jwks, "--policy", str(policy)))
-    assert started.returncode == 3 and "fence_column" in started.stdout + started.stderr
+    assert started.returncode == 1 and "fence_column" in started.stdout + started.stderr
 
     missing = _run(*proxy_argv(url, port, "--jwks-file", jwks, "--tables", "items,nope"))
-    assert missing.returncode == 3 and "nope" in missing.stdout + missing.stderr
+    assert missing.returncode == 1 and "nope" in missing.stdout + missing.stderr
     no_keys = tmp_path / "empty.json"
     no_keys.write_text('{"keys": []}')
-    assert _run(*proxy_argv(url, port, "--jwks-file", str(no_keys))).returncode == 3
+    assert _run(*proxy_argv(url, port, "--jwks-file", str(no_keys))).returncode == 1
 
 
 def test_two_proxies_starting_at_once_on_a_fresh_postgres_database(pg_dsn, tmp_path):
