@@ -25,6 +25,13 @@ system-deps:
 demo: install
 	$(BIN)/python -m lockd.demo
 
+## Benchmarks (issue 8): table on stdout, bench/results/latest.{json,md,png}; ~10 min.
+## Knobs: BENCH_SECONDS, BENCH_ROUNDS, BENCH_ONLY=1,5 (see bench/__main__.py).
+.PHONY: bench
+bench: install
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m bench
+
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
