@@ -58,45 +58,39 @@ def _row_values(table: Table, row: Any) -> dict[str, Any]:
     return {name: coerce(table.columns[name], row[name]) for name in table.column_names if name in row}
 
 
-def build_op(kind: str, table: Table, key: tuple[Any, ...] | None, row: Any, fence: int) -> WriteOp:
+def _merge_key(table: Table, key: tuple[Any, ...], values: dict[str, Any]) -> None:
+    """Put ``key`` into ``values``; a key column the row also gives must agree with it."""
+    for name, value in zip(table.primary_key, key, strict=True):
+        if name in values and values[name] != value:
+            raise InvalidRequest(f"column {name!r} differs from the key", column=name)
+        values[name] = value
+
+
+def build_op(kind: OpKind, table: Table, key: tuple[Any, ...] | None, row: Any, fence: int) -> WriteOp:
     """A ``WriteOp`` from parsed parts; ``key`` already coerced (None where the op takes none)."""
-    if kind not in OP_KINDS:
-        raise InvalidRequest(f"op must be one of {list(OP_KINDS)}")
     pk = table.primary_key
     if kind == "delete":
         if key is None:
             raise InvalidRequest("delete needs a key")
         return WriteOp("delete", table, key, {})
     values = _row_values(table, row)
-    if kind == "insert":
-        given = [name for name in pk if name in values]
-        if key is not None:
-            for name, value in zip(pk, key, strict=True):
-                if name in values and values[name] != value:
-                    raise InvalidRequest(f"column {name!r} differs from the key", column=name)
-                values[name] = value
-        elif pk and len(given) == len(pk):
-            key = tuple(values[name] for name in pk)
-    elif kind == "upsert":
+    if kind in ("insert", "upsert"):
         if key is None and pk and all(name in values for name in pk):
             key = tuple(values[name] for name in pk)
-        if key is None:
+        if key is not None:
+            _merge_key(table, key, values)
+        elif kind == "upsert":
             raise InvalidRequest("upsert needs a key (or every key column in the row)")
-        for name, value in zip(pk, key, strict=True):
-            if name in values and values[name] != value:
-                raise InvalidRequest(f"column {name!r} differs from the key", column=name)
-            values[name] = value
-    else:  # update
+    else:
         if key is None:
             raise InvalidRequest("update needs a key")
-        changed = {name: v for name, v in values.items() if name not in pk or v != key[pk.index(name)]}
-        if any(name in pk for name in changed):
-            raise InvalidRequest("update cannot change the key; delete and insert instead")
         if not values:
             raise InvalidRequest("update needs at least one column")
-        values = changed
+        if any(values[name] != value for name, value in zip(pk, key, strict=True) if name in values):
+            raise InvalidRequest("update cannot change the key; delete and insert instead")
+        values = {name: v for name, v in values.items() if name not in pk}
     if not values and table.fence_column is None:
         raise InvalidRequest("the row must give at least one column")
     if table.fence_column is not None:
         values[table.fence_column] = fence
-    return WriteOp(kind, table, key, values)  # type: ignore[arg-type]
+    return WriteOp(kind, table, key, values)

@@ -24,7 +24,7 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import Fence, validate_lock_name
 from resource_proxy.jwks import KeySource
-from resource_proxy.ops import OP_KINDS, WriteOp, build_op
+from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op
 from resource_proxy.policy import Policy
 from resource_proxy.store.base import Row, Store
 from resource_proxy.tables import Catalog, Table, coerce, parse_json_key, parse_url_key
@@ -67,7 +67,7 @@ class ProxyService:
 
     # -- writes --------------------------------------------------------------------------
 
-    async def write(self, kind: str, table_name: str, raw_key: str | None, row: Any,
+    async def write(self, kind: OpKind, table_name: str, raw_key: str | None, row: Any,
                     token: str | None) -> Row | None:
         """One fenced row write (``insert``/``upsert``/``update``/``delete``)."""
         fence = await self.fence_of(token)
