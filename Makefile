@@ -16,9 +16,11 @@ $(STAMP): pyproject.toml
 
 ## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
 ## docker-compose (1.29) only validates docker-compose.yml offline in tests/demo.
+## faketime (libfaketime) skews worker clocks in tests/chaos and make chaos.
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v docker-compose >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
+	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
 
 ## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
 .PHONY: demo
@@ -32,6 +34,16 @@ bench: install
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench
 
+## Fault injection + history checker (issue 9): one run per store, summary on stdout, JSON report
+## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
+## store (default 600), CHAOS_SEED (default random). Exit 1 if the checker found a violation.
+CHAOS_STORE   ?= all
+CHAOS_SECONDS ?= 600
+CHAOS_SEED    ?=
+.PHONY: chaos
+chaos: install
+	$(BIN)/python -m chaos --store $(CHAOS_STORE) --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -39,7 +51,7 @@ run: install
 	$(BIN)/lockd serve
 
 lint: install
-	$(BIN)/ruff check lockd resource_proxy tests
+	$(BIN)/ruff check lockd resource_proxy tests chaos
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -1,0 +1,65 @@
+"""``python -m chaos``: run the fault-injection workload and check its history (``make chaos``).
+
+::
+
+    python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
+                    [--mode fenced|unfenced-read|nofence] [--workers 4] [--resource postgres|sqlite]
+                    [--results-dir chaos/results] [--keep]
+
+Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and
+``CHAOS_SEED`` (random, printed). With ``all`` the stores run one after another, each for the
+full duration. Prints a summary per run and writes its JSON report. Exit status 0 when every run
+met its expectation (no violation in ``fenced`` mode; at least one in a control mode), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+from pathlib import Path
+
+from chaos.runner import REPO_ROOT, RunConfig, format_summary, run
+from chaos.services import RESOURCES, STORES
+from chaos.workload import MODES
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.splitlines()[0])
+    p.add_argument("--store", choices=(*STORES, "all"), default=os.environ.get("CHAOS_STORE") or "all")
+    p.add_argument("--seconds", type=float, default=float(os.environ.get("CHAOS_SECONDS") or 600),
+                   help="duration of each store's run (default 600)")
+    p.add_argument("--seed", type=int, default=int(os.environ["CHAOS_SEED"])
+                   if os.environ.get("CHAOS_SEED") else None)
+    p.add_argument("--mode", choices=MODES, default="fenced")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--resource", choices=RESOURCES, default="postgres",
+                   help="the protected database behind the proxy (default postgres)")
+    p.add_argument("--results-dir", type=Path, default=REPO_ROOT / "chaos" / "results")
+    p.add_argument("--keep", action="store_true", help="keep logs and databases of passing runs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
+    stores = STORES if args.store == "all" else (args.store,)
+    ok = True
+    for store in stores:
+        print(f"chaos: store {store}, {args.seconds:g} s, seed {seed}, mode {args.mode} ...",
+              flush=True)
+        report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
+                               workers=args.workers, resource=args.resource,
+                               results_dir=args.results_dir, keep=args.keep))
+        print(format_summary(report), flush=True)
+        if report["workdir"]:
+            print(f"  logs kept in {report['workdir']}")
+        ok = ok and report["passed"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""One chaos run: services up, workers looping, nemesis injecting, then the checker's verdict.
+
+``run(RunConfig(...))`` returns the report (a dict, also written as JSON when ``results_dir`` is
+given: ``<store>-<seed>.json``, or ``<store>-<mode>-<seed>.json`` for a control mode)::
+
+    {"store", "resource", "mode", "seed", "seconds", "workers", "ttl", "elapsed_s",
+     "ops": {"attempted", "acknowledged", "stale", "unknown", ...},
+     "faults": {kind: count}, "fault_log": [...], "schedule": [...],
+     "violation_count", "violations_by_kind", "violations": [...],
+     "worker_crashes": [...], "nemesis_errors": [...], "expect_violations", "passed", "workdir"}
+
+``passed`` is the run's verdict against its expectation: no violation in ``fenced`` mode, at
+least one in the control modes. Timeline: services start, workers start, the nemesis begins
+1.5 s in; at ``seconds`` the nemesis stops and heals everything, workers get SIGTERM (they finish
+their operation, SIGKILL after 8 s), and the checker reads the database and every log.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos.checker import check, load_events
+from chaos.db import ResourceDB
+from chaos.nemesis import Nemesis, kinds_for, make_schedule
+from chaos.pool import WorkerPool, faketime_lib
+from chaos.services import Services
+from chaos.workload import MODES
+from tests.support import ThrowawayPostgres
+
+__all__ = ["RunConfig", "run", "format_summary", "REPO_ROOT"]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class RunConfig:
+    """One run. ``ttl`` defaults to 1 s (2 s on etcd, whose leases are whole seconds checked
+    about every 500 ms); ``think`` is the worker's pause between read and write (seconds)."""
+
+    store: str = "sqlite"
+    seconds: float = 30.0
+    seed: int = 1
+    workers: int = 4
+    mode: str = "fenced"
+    resource: str = "postgres"
+    ttl: float | None = None
+    think: tuple[float, float] = (0.05, 0.4)
+    kinds: tuple[str, ...] | None = None
+    """Fault kinds to inject (default: every kind that applies; the control modes: pauses)."""
+    workdir: Path | None = None
+    results_dir: Path | None = None
+    keep: bool = False
+    """Keep the work directory (logs, databases) even when the run passed."""
+    pg: ThrowawayPostgres | None = None
+    """A started throwaway PostgreSQL cluster to use instead of making one."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def effective_ttl(self) -> float:
+        return self.ttl if self.ttl is not None else (2.0 if self.store == "etcd" else 1.0)
+
+
+def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
+    return [sys.executable, "-m", "chaos.workload", "--lockd", services.lockd_url,
+            "--proxy", services.proxy_url, "--db", services.db_url, "--mode", cfg.mode,
+            "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
+            "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed)]
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Run ``cfg`` to the end and return its report (see the module docstring)."""
+    if cfg.mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}")
+    workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{cfg.store}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    lib = faketime_lib()
+    kinds = cfg.kinds or (("pause",) if cfg.mode != "fenced"
+                          else kinds_for(cfg.store, cfg.resource, faketime=lib is not None))
+    ttl = cfg.effective_ttl
+    schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
+    lock = f"chaos/{uuid.uuid4().hex[:8]}/counter"
+    services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg)
+    started = time.monotonic()
+    try:
+        services.start()
+        pool = WorkerPool(cfg.workers, _worker_argv(cfg, services, lock), workdir / "logs",
+                          REPO_ROOT)
+        pool.start_all()
+        variants = ("race",) if cfg.mode == "unfenced-read" else ("race", "late")
+        nemesis = Nemesis(schedule, services, pool, ttl=ttl, faketime=lib,
+                          pause_variants=variants)
+        nemesis.start()
+        try:
+            deadline = nemesis.t0 + cfg.seconds
+            while time.monotonic() < deadline:
+                pool.supervise()
+                time.sleep(0.2)
+        finally:
+            nemesis.finish()
+            pool.stop_all()
+        counter, history = ResourceDB(services.db_url).final_state()
+    finally:
+        services.close()
+    result = check(history, counter, load_events(pool.log_paths()))
+    expect = cfg.mode != "fenced"
+    report: dict[str, Any] = {
+        "store": cfg.store, "resource": cfg.resource, "mode": cfg.mode, "seed": cfg.seed,
+        "seconds": cfg.seconds, "workers": cfg.workers, "ttl": ttl, "lock": lock,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "ops": result.stats, "faults": nemesis.counts(), "fault_kinds": list(kinds),
+        **result.as_dict(),
+        "worker_crashes": pool.crashes, "nemesis_errors": nemesis.errors,
+        "fault_log": nemesis.records, "schedule": nemesis.planned(),
+        "faketime": lib, "expect_violations": expect,
+        "passed": (result.violations != []) == expect,
+        "workdir": str(workdir), **cfg.extra,
+    }
+    if cfg.results_dir is not None:
+        cfg.results_dir.mkdir(parents=True, exist_ok=True)
+        name = cfg.store if cfg.mode == "fenced" else f"{cfg.store}-{cfg.mode}"
+        path = cfg.results_dir / f"{name}-{cfg.seed}.json"
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        report["report_path"] = str(path)
+    if report["passed"] and not cfg.keep and cfg.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        report["workdir"] = None
+    return report
+
+
+def format_summary(report: dict[str, Any]) -> str:
+    """A few human lines: what ran, what happened to the operations, faults, the verdict."""
+    ops = report["ops"]
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(report["faults"].items())) or "none"
+    kinds = report["violations_by_kind"]
+    verdict = "PASS" if report["passed"] else "FAIL"
+    expect = "violations expected" if report["expect_violations"] else "no violation allowed"
+    lines = [
+        f"chaos {report['store']} (protected {report['resource']}, mode {report['mode']}, "
+        f"seed {report['seed']}, {report['seconds']:g} s, {report['workers']} workers, "
+        f"ttl {report['ttl']:g} s)",
+        f"  operations: attempted {ops['attempted']}, acknowledged {ops['acknowledged']}, "
+        f"stale {ops['stale']} (read {ops['stale_at_read']}, write {ops['stale_at_write']}), "
+        f"unknown {ops['unknown']} ({ops['unknown_committed']} committed), "
+        f"not acquired {ops['not_acquired']}, failed before write {ops['failed_before_write']}",
+        f"  history rows {ops['history_rows']}, counter {ops['counter']}",
+        f"  faults: {faults}",
+        f"  violations: {report['violation_count']}"
+        + (f" ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})" if kinds else ""),
+    ]
+    for v in report["violations"][:5]:
+        lines.append(f"    {v['kind']}: {v['detail']}")
+    if report["worker_crashes"]:
+        lines.append(f"  worker crashes: {len(report['worker_crashes'])}")
+    if report["nemesis_errors"]:
+        lines.append(f"  nemesis errors: {report['nemesis_errors'][:3]}")
+    lines.append(f"  {verdict} ({expect})"
+                 + (f"; report {report['report_path']}" if report.get("report_path") else ""))
+    return "\n".join(lines)

@@ -1,0 +1,177 @@
+"""The servers of a chaos run as real processes, with the faults the nemesis needs.
+
+- lockd (``lockd serve``) on its store: ``sqlite`` (a file in the run's directory), ``postgres``
+  (a database in the run's throwaway PostgreSQL cluster, the same cluster as the protected
+  database, so a PostgreSQL crash also crashes lockd's store) or ``etcd`` (a 3-member cluster of
+  its own, ``tests.etcd_support.EtcdCluster``).
+- the fencing proxy (``resource-proxy serve``) in front of the protected database: the
+  throwaway PostgreSQL cluster (``tests.support.ThrowawayPostgres``), or a SQLite file.
+
+lockd keeps its signing keys in the run's directory, so a restarted lockd signs with the same
+key and the proxy keeps verifying. Faults: ``kill_lockd``/``start_lockd`` (SIGKILL, restart on
+the same port and store), ``crash_pg``/``start_pg`` (``pg_ctl -m immediate``: a power cut,
+recovery at the next start), ``kill_etcd``/``restart_etcd`` (SIGKILL of one member).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from pathlib import Path
+
+import psycopg
+
+from chaos.db import ResourceDB
+from tests.etcd_support import EtcdCluster
+from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
+
+__all__ = ["STORES", "RESOURCES", "Services"]
+
+STORES = ("sqlite", "postgres", "etcd")
+RESOURCES = ("postgres", "sqlite")
+
+
+class Services:
+    """lockd + proxy (+ PostgreSQL, etcd) for one run; ``start()``, faults, ``close()``.
+
+    ``pg``: a started ``ThrowawayPostgres`` to use (left running at close); by default the run
+    makes its own when the store or the protected database is PostgreSQL, and destroys it.
+    """
+
+    def __init__(self, store: str, resource: str, workdir: Path, *,
+                 pg: ThrowawayPostgres | None = None):
+        if store not in STORES or resource not in RESOURCES:
+            raise ValueError(f"store must be one of {STORES}, resource one of {RESOURCES}")
+        self.store, self.resource, self.dir = store, resource, workdir
+        self.needs_pg = store == "postgres" or resource == "postgres"
+        self.pg = pg
+        self._own_pg = pg is None and self.needs_pg
+        self.pg_up = pg is not None
+        self.etcd: EtcdCluster | None = None
+        self.lockd: ServiceProcess | None = None
+        self.proxy: ServiceProcess | None = None
+        self.lockd_port = free_port()
+        self.proxy_port = free_port()
+        self.db_url = ""
+        self.lockd_store = ""
+        self._pg_mutex = threading.Lock()
+
+    @property
+    def lockd_url(self) -> str:
+        return f"http://127.0.0.1:{self.lockd_port}"
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://127.0.0.1:{self.proxy_port}"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _pg_database(self, prefix: str) -> str:
+        assert self.pg is not None
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(self.pg.dsn, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.pg.dsn.rsplit("/", 1)[0] + "/" + name
+
+    def start(self) -> Services:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self._own_pg:
+            self.pg = ThrowawayPostgres().init().start()
+            self.pg_up = True
+        if self.resource == "postgres":
+            self.db_url = self._pg_database("chaos_resource")
+        else:
+            self.db_url = f"sqlite:///{(self.dir / 'resource.db').resolve()}"
+        ResourceDB(self.db_url).create_schema()
+        if self.store == "sqlite":
+            self.lockd_store = f"sqlite:///{(self.dir / 'lockd.db').resolve()}"
+        elif self.store == "postgres":
+            self.lockd_store = self._pg_database("chaos_lockd").replace(
+                "postgresql://", "postgresql+psycopg://", 1)
+        else:
+            self.etcd = EtcdCluster(3).start()
+            self.lockd_store = self.etcd.url(f"chaos-{uuid.uuid4().hex[:8]}")
+        self.lockd = ServiceProcess(
+            [str(VENV_BIN / "lockd"), "serve", "--store", self.lockd_store,
+             "--port", str(self.lockd_port), "--key-dir", str(self.dir / "lockd-keys"),
+             "--log-level", "warning"],
+            ready_url=self.lockd_url + "/healthz", log_path=self.dir / "lockd.log")
+        self.lockd.start(timeout=30)
+        self.proxy = ServiceProcess(
+            [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", self.db_url,
+             "--lockd-url", self.lockd_url, "--tables", "counter,history",
+             "--port", str(self.proxy_port), "--log-level", "warning"],
+            ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")
+        self.proxy.start(timeout=30)
+        return self
+
+    def heal(self) -> None:
+        """Bring back whatever a fault left down (PostgreSQL first: lockd may need it)."""
+        self.start_pg()
+        if self.etcd is not None:
+            for i, member in enumerate(self.etcd.members):
+                if not member.running:
+                    self.etcd.restart_member(i)
+            with contextlib.suppress(TimeoutError):
+                self.etcd.wait_healthy(20)
+        if self.lockd is not None and (self.lockd.proc is None or self.lockd.proc.poll() is not None):
+            self.start_lockd()
+
+    def close(self) -> None:
+        for svc in (self.proxy, self.lockd):
+            if svc is not None:
+                svc.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+        if self._own_pg and self.pg is not None:
+            self.pg.destroy()
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def kill_lockd(self) -> None:
+        assert self.lockd is not None
+        self.lockd.kill()
+
+    def start_lockd(self, timeout: float = 30.0) -> None:
+        """Start lockd again on the same port, store and keys (retrying while its store recovers)."""
+        assert self.lockd is not None
+        last: Exception | None = None
+        for _ in range(5):
+            try:
+                self.lockd.start(timeout=timeout)
+                return
+            except (RuntimeError, TimeoutError) as exc:  # e.g. its store is still recovering
+                last = exc
+        raise RuntimeError(f"lockd did not come back: {last}")
+
+    def crash_pg(self) -> None:
+        """``pg_ctl -m immediate stop``: no checkpoint, no goodbye to clients; recovery at start."""
+        assert self.pg is not None
+        with self._pg_mutex:
+            self.pg.stop("immediate")
+            self.pg_up = False
+
+    def start_pg(self) -> None:
+        if self.pg is None:
+            return
+        with self._pg_mutex:
+            if not self.pg_up:
+                self.pg.start()
+                self.pg_up = True
+
+    def etcd_leader(self) -> int | None:
+        if self.etcd is None:
+            return None
+        try:
+            return self.etcd.leader(timeout=2.0)
+        except TimeoutError:
+            return None
+
+    def kill_etcd(self, i: int) -> None:
+        assert self.etcd is not None
+        self.etcd.kill_member(i)
+
+    def restart_etcd(self, i: int) -> None:
+        assert self.etcd is not None
+        self.etcd.restart_member(i)

@@ -1,0 +1,272 @@
+"""One chaos worker: a real process looping read-modify-write under lock L, logging what it sees.
+
+``python -m chaos.workload --worker w1 --incarnation 0 --lockd URL --proxy URL --db URL
+--log FILE [--mode fenced|unfenced-read|nofence] …``. Each iteration (an *operation*, id
+``<worker>.<incarnation>.<n>``)::
+
+    attempt -> acquire L (LockClient, background renewal)          -> acquired {fence}
+            -> read the counter                                     -> read {value}
+            -> think a random while (the nemesis likes to freeze us here)
+            -> write counter = value + 1 and a history row, one batch -> write (sent)
+            -> ack | stale {presented, highest} | unknown | rejected
+            -> release L
+
+The read and write go, by ``--mode``:
+
+- ``fenced`` (the real thing): ``FencedSession.get`` (claims the fence, then a fenced read) and
+  ``FencedSession.batch``.
+- ``unfenced-read`` (control): a plain GET without the token (no claim), then the batch with
+  the token: the lost-update window of invariant 7 stays open.
+- ``nofence`` (control): the lock alone; read and write straight to the database.
+
+The worker never looks at ``lease.lost`` before writing: a frozen holder that wakes up sends its
+write regardless, as a real one could after the check passed. Stopping the write is the fence's
+job, and the checker judges whether it did.
+
+Log lines are JSON (one ``os.write`` each, appended), stamped with ``t`` (this process's wall
+clock, which faketime may skew) and ``up`` (the machine's real uptime from ``/proc/uptime``,
+which libfaketime does not fake: the only timestamps comparable across workers).
+
+SIGTERM: finish the current operation, log ``stop``, exit 0.
+
+libfaketime 0.9.10 quirk worked around here: with ``FAKETIME_DONT_FAKE_MONOTONIC=1`` its
+``clock_nanosleep`` wrapper makes Python's ``time.sleep`` fail with EINVAL, so under that setting
+``time.sleep`` is replaced by a ``select``-based sleep (the client library sleeps between acquire
+retries). With monotonic faked, threading timed waits never time out (the faked monotonic clock
+reads like the wall clock, ~1.8e9 s), so the client's renewal thread sleeps until the release
+wakes it: such a worker never renews, a clock-broken client the fence must cope with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import signal
+import sqlite3
+import sys
+import time
+from typing import Any
+
+import httpx
+import psycopg
+
+from lockd.client import Lease, LockClient
+from lockd.client_errors import (
+    AcquireTimeout,
+    LockClientError,
+    ServiceUnavailable,
+    StaleTokenError,
+    error_from_response,
+    translate_transport_errors,
+)
+from lockd.fenced import FencedSession
+
+__all__ = ["MODES", "main", "uptime"]
+
+MODES = ("fenced", "unfenced-read", "nofence")
+_DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
+
+
+def uptime() -> float:
+    """The machine's real uptime in seconds (10 ms resolution), untouched by libfaketime."""
+    with open("/proc/uptime", "rb") as fh:
+        return float(fh.read().split()[0])
+
+
+def _sleep(seconds: float) -> None:
+    """Sleep until ``seconds`` from now have passed on the monotonic clock, in ``select`` steps
+    of at most 10 ms (``select`` works under every faketime setting). Frozen time counts: a
+    worker SIGSTOPped mid-think resumes and writes at once, like a process paused by GC while
+    it waited, instead of sleeping the rest of its think (a restarted ``select`` would)."""
+    deadline = time.monotonic() + seconds
+    while seconds > 0:
+        select.select([], [], [], min(seconds, 0.01))
+        seconds = deadline - time.monotonic()
+
+
+def _fix_faketime_sleep() -> None:
+    if "faketime" in os.environ.get("LD_PRELOAD", "") and \
+            os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1":
+        time.sleep = _sleep
+
+
+class EventLog:
+    """Appends one JSON line per event to ``path``."""
+
+    def __init__(self, path: str, worker: str, incarnation: int):
+        self.worker, self.incarnation = worker, incarnation
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def __call__(self, ev: str, **fields: Any) -> None:
+        record = {"ev": ev, "w": self.worker, "i": self.incarnation,
+                  "t": round(time.time(), 3), "up": uptime(), **fields}
+        os.write(self.fd, (json.dumps(record) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _error_fields(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, LockClientError):
+        return {"status": exc.status, "code": exc.code, "error": exc.detail[:200]}
+    return {"status": None, "code": type(exc).__name__, "error": str(exc)[:200]}
+
+
+class Worker:
+    """The loop of one worker process (see the module docstring)."""
+
+    def __init__(self, args: argparse.Namespace, log: EventLog):
+        self.a = args
+        self.log = log
+        self.rng = random.Random(f"{args.seed}:{args.worker}:{args.incarnation}")
+        self.http = httpx.Client(timeout=args.timeout)
+        self.client = LockClient(args.lockd, timeout=args.timeout,
+                                 owner=f"{args.worker}.{args.incarnation}")
+        self.direct = None
+        if args.mode == "nofence":
+            from chaos.db import Direct
+
+            self.direct = Direct(args.db)
+        self.stopping = False
+
+    # -- the three ways to read and write -------------------------------------------------
+
+    def _read(self, lease: Lease, session: FencedSession) -> int:
+        if self.a.mode == "fenced":
+            return int(session.get("counter", 1)["value"])
+        if self.a.mode == "unfenced-read":
+            path = "/v1/tables/counter/rows/1"
+            with translate_transport_errors(f"GET {path}"):
+                response = self.http.get(self.a.proxy + path)
+            if response.status_code != 200:
+                raise error_from_response(response)
+            return int(response.json()["value"])
+        assert self.direct is not None
+        return self.direct.read()
+
+    def _write(self, op: str, lease: Lease, session: FencedSession, read: int, wrote: int) -> None:
+        history = {"op": op, "worker": self.a.worker, "fence": lease.fence,
+                   "read_value": read, "wrote_value": wrote}
+        if self.a.mode == "nofence":
+            assert self.direct is not None
+            self.direct.write(op, self.a.worker, lease.fence, read, wrote)
+            return
+        ops = [{"op": "update", "table": "counter", "key": 1, "row": {"value": wrote}},
+               {"op": "insert", "table": "history", "row": history}]
+        if self.a.mode == "fenced":
+            session.batch(ops)
+            return
+        # unfenced-read: the batch carries the token, but nothing was claimed before the read.
+        with translate_transport_errors("POST /v1/batch"):
+            response = self.http.post(self.a.proxy + "/v1/batch", json={"ops": ops},
+                                      headers={"Fencing-Token": lease.token})
+        if response.status_code != 200:
+            raise error_from_response(response)
+
+    # -- one operation --------------------------------------------------------------------
+
+    def _outcome(self, op: str, phase: str, exc: BaseException, fence: int) -> None:
+        if isinstance(exc, StaleTokenError):
+            self.log("stale", op=op, phase=phase, fence=fence, presented=exc.presented,
+                     highest=exc.highest, status=exc.status)
+        elif isinstance(exc, ServiceUnavailable) or isinstance(exc, _DIRECT_ERRORS) or (
+                isinstance(exc, LockClientError) and not (exc.status and 400 <= exc.status < 500)):
+            self.log("unknown", op=op, phase=phase, fence=fence, **_error_fields(exc))
+        else:
+            self.log("rejected", op=op, phase=phase, fence=fence, **_error_fields(exc))
+
+    def _attempt(self, op: str, lease: Lease) -> None:
+        session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
+        try:
+            value = self._read(lease, session)
+        except (LockClientError, *_DIRECT_ERRORS) as exc:
+            self._outcome(op, "read", exc, lease.fence)
+            return
+        self.log("read", op=op, fence=lease.fence, value=value)
+        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
+        wrote = value + 1
+        self.log("write", op=op, fence=lease.fence, read=value, wrote=wrote)
+        try:
+            self._write(op, lease, session, value, wrote)
+        except (LockClientError, *_DIRECT_ERRORS) as exc:
+            self._outcome(op, "write", exc, lease.fence)
+            return
+        self.log("ack", op=op, fence=lease.fence, read=value, wrote=wrote)
+
+    def run(self) -> None:
+        seq = 0
+        while not self.stopping:
+            seq += 1
+            op = f"{self.a.worker}.{self.a.incarnation}.{seq}"
+            self.log("attempt", op=op)
+            try:
+                lease = self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait)
+            except AcquireTimeout:
+                self.log("not_acquired", op=op, phase="acquire", code="timeout")
+                continue
+            except LockClientError as exc:
+                self.log("not_acquired", op=op, phase="acquire", **_error_fields(exc))
+                _sleep(0.1)
+                continue
+            self.log("acquired", op=op, fence=lease.fence)
+            try:
+                self._attempt(op, lease)
+            finally:
+                try:
+                    self.client.release(lease)
+                except LockClientError:
+                    pass  # lost or lockd unavailable: the TTL frees the lock
+
+    def close(self) -> None:
+        self.client.close()
+        self.http.close()
+        if self.direct is not None:
+            self.direct.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m chaos.workload", description=__doc__.splitlines()[0])
+    p.add_argument("--worker", required=True)
+    p.add_argument("--incarnation", type=int, default=0)
+    p.add_argument("--lockd", required=True, help="lockd base URL")
+    p.add_argument("--proxy", required=True, help="fencing proxy base URL")
+    p.add_argument("--db", default="", help="protected database URL (nofence mode)")
+    p.add_argument("--log", required=True, help="JSON-lines event log (appended)")
+    p.add_argument("--mode", choices=MODES, default="fenced")
+    p.add_argument("--lock", default="chaos/counter")
+    p.add_argument("--ttl", type=float, default=1.0, help="lease TTL, seconds")
+    p.add_argument("--think-min", type=float, default=0.05, help="seconds")
+    p.add_argument("--think-max", type=float, default=0.4, help="seconds")
+    p.add_argument("--acquire-wait", type=float, default=2.0, help="seconds")
+    p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
+    p.add_argument("--seed", default="0")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.proxy = args.proxy.rstrip("/")
+    _fix_faketime_sleep()
+    log = EventLog(args.log, args.worker, args.incarnation)
+    worker = Worker(args, log)
+
+    def on_term(signum: int, frame: Any) -> None:
+        worker.stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    log("start", pid=os.getpid(), mode=args.mode,
+        faketime={k: v for k, v in os.environ.items() if k.startswith("FAKETIME")})
+    try:
+        worker.run()
+    finally:
+        log("stop")
+        worker.close()
+        log.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
