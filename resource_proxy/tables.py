@@ -38,6 +38,7 @@ import base64
 import binascii
 import enum
 import json
+import math
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -293,7 +294,8 @@ def _to_int(column: Column, value: Any) -> int:
     if isinstance(value, int):
         number = value
     elif isinstance(value, Decimal):
-        if not value.is_finite() or value != value.to_integral_value():
+        # adjusted(): the exponent of the leading digit; bounds int() (1e999999999 would hang)
+        if not value.is_finite() or value.adjusted() > 40 or value != value.to_integral_value():
             raise _bad(column, "an integer")
         number = int(value)
     elif isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
@@ -338,7 +340,10 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
     if kind is Kind.NUMERIC:
         return _to_decimal(column, value)
     if kind is Kind.FLOAT:
-        return float(_to_decimal(column, value))
+        number = float(_to_decimal(column, value))
+        if math.isinf(number):
+            raise _bad(column, "a number within the range of a float")
+        return number
     if kind is Kind.TEXT:
         if not isinstance(value, str):
             raise _bad(column, "a string")
