@@ -715,10 +715,32 @@ class LockClient(_ClientBase):
                 time.sleep(min(backoff, _left(deadline, now)))
                 backoff = min(backoff * 2, 1.0)
                 continue
+            if self._clock() - sent >= ttl / 3:
+                # A waited grant may have happened anywhere in the wait, so the conservative
+                # deadline (sent + ttl) can be near or past: renew now, from a fresh send time.
+                renewed = self._renew_fresh_grant(body, ttl, sent)
+                if renewed is None:
+                    continue  # lost before we could renew: ask again within the wait
+                sent, body = renewed
             return self._start_lease(body, sent, auto_renew, renew_every, on_lost)
         if not raise_timeout:
             return None
         raise self._timeout_error(name, wait, started, self._clock(), last)
+
+    def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float
+                           ) -> tuple[float, Any] | None:
+        """Renew a just-granted lease at once: ``(sent, body)``, or None if lockd says it is gone.
+
+        A transient failure keeps the grant with its original, conservative send time
+        ``granted_sent`` (its monitor retries until that deadline).
+        """
+        sent = self._clock()
+        try:
+            return sent, self._post_renew(body["lock"], body["lease_id"], ttl)
+        except LeaseLostError:
+            return None
+        except ServiceUnavailable:
+            return granted_sent, body
 
     def _start_lease(self, body: Any, sent: float, auto_renew: bool, renew_every: float | None,
                      on_lost: Callable[[Lease], Any] | None) -> Lease:
@@ -957,10 +979,26 @@ class AsyncLockClient(_ClientBase):
                 await asyncio.sleep(min(backoff, _left(deadline, now)))
                 backoff = min(backoff * 2, 1.0)
                 continue
+            if self._clock() - sent >= ttl / 3:
+                renewed = await self._renew_fresh_grant(body, ttl, sent)
+                if renewed is None:
+                    continue
+                sent, body = renewed
             return self._start_lease(body, sent, auto_renew, renew_every, on_lost)
         if not raise_timeout:
             return None
         raise self._timeout_error(name, wait, started, self._clock(), last)
+
+    async def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float
+                           ) -> tuple[float, Any] | None:
+        """See ``LockClient._renew_fresh_grant``."""
+        sent = self._clock()
+        try:
+            return sent, await self._post_renew(body["lock"], body["lease_id"], ttl)
+        except LeaseLostError:
+            return None
+        except ServiceUnavailable:
+            return granted_sent, body
 
     def _start_lease(self, body: Any, sent: float, auto_renew: bool, renew_every: float | None,
                      on_lost: Callable[[AsyncLease], Any] | None) -> AsyncLease:

@@ -26,12 +26,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from lockd.client import Lease, LockClient
 from lockd.client_errors import (
-    AcquireTimeout,
     LeaseLostError,
     LockClientError,
     LockNotAcquired,
@@ -101,25 +99,6 @@ _LOST_BECAUSE = {
 }
 
 
-def acquire(client: LockClient, lock: str, ttl: float, wait: float,
-            on_lost: Callable[[Lease], Any]) -> Lease:
-    """``client.acquire(lock, ttl, wait=wait)``, asked in slices of at most ttl/2 seconds.
-
-    Workaround: ``LockClient`` measures a new lease's local deadline from when the acquire
-    request was *sent*, so a lease granted after waiting longer than its TTL is already lost
-    when it arrives. Slicing the wait keeps every grant within ttl/2 of its request. Raises
-    ``AcquireTimeout`` after ``wait`` seconds, as ``acquire`` does.
-    """
-    deadline = time.monotonic() + wait
-    while True:
-        left = max(0.0, deadline - time.monotonic())
-        try:
-            return client.acquire(lock, ttl, wait=min(left, ttl / 2), on_lost=on_lost)
-        except AcquireTimeout:
-            if time.monotonic() >= deadline:
-                raise
-
-
 def _http(exc: LockClientError | None) -> str | None:
     """``"409 stale_token"``; ``None`` when the error is not an HTTP answer (a local deadline)."""
     if exc is None or exc.status is None:
@@ -143,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         report("acquiring", detail=f"acquire {args.lock} (ttl {args.ttl:g}s, wait {args.wait:g}s)")
-        with acquire(client, args.lock, args.ttl, args.wait, on_lost=lost) as lease:
+        with client.acquire(args.lock, args.ttl, wait=args.wait, on_lost=lost) as lease:
             report("acquired", fence=lease.fence, http="200", detail=f"acquired {args.lock}")
             watcher = _RenewalWatcher(lease, report)
             watcher.start()

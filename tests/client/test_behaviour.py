@@ -80,6 +80,22 @@ def test_local_deadline_counts_from_before_the_request(api, other, name):
     api.release(lease)
 
 
+def test_a_grant_after_waiting_longer_than_the_ttl_is_renewed_not_born_lost(api, other, name):
+    """Waiting 1.2 s for a 0.6 s lease: the conservative deadline (sent + ttl) has passed when
+    the grant arrives, so the client renews at once and counts from that renewal instead of
+    handing back a lease that is already lost."""
+    holder = other.acquire(name, 5.0)
+    threading.Timer(1.2, other.release, args=(holder,)).start()
+    t0 = time.monotonic()
+    lease = api.acquire(name, 0.6, wait=5.0, auto_renew=False)
+    t1 = time.monotonic()
+    assert t1 - t0 >= 1.1
+    assert lease.state is not LeaseState.LOST and not lease.lost.is_set()
+    assert t1 - 0.05 <= lease.deadline - 0.6 <= t1  # counted from the renewal's send time
+    api.release(lease)
+    assert lease.state is LeaseState.RELEASED
+
+
 def test_wait_longer_than_lockds_cap_is_split_into_capped_requests(api, other, name):
     # lockd rejects wait_ms > 300000 with 422: this succeeds only because the client caps it.
     holder = other.acquire(name, 5.0)
