@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml
 ## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
 ## docker-compose (1.29) only validates docker-compose.yml offline in tests/demo.
 ## faketime (libfaketime) skews worker clocks in tests/chaos and make chaos.
+## chromium (headless) renders the status pages in tests/ops.
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v docker-compose >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
 	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 ## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
 .PHONY: demo
