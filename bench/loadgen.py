@@ -1,0 +1,851 @@
+"""The load generator: one asyncio (uvloop) process per measurement, the same for every peer.
+
+Every peer is driven the same way: ``clients`` coroutines, each with its own connection, run
+one *cycle* after another (closed loop) for ``warmup`` seconds (not counted) and then for
+``seconds`` (counted); each cycle's latency is recorded. What a cycle is depends on the peer
+(``WORKLOADS``): two HTTP requests for lockd (acquire + release), four for etcd's lock API
+(lease grant + lock + unlock + revoke), redis-py's ``Lock.acquire`` + ``release``, psycopg's
+``pg_try_advisory_lock`` + ``pg_advisory_unlock``, one fenced write through the proxy, and so on.
+
+HTTP peers (lockd, etcd's JSON gateway, the proxy, the do-nothing servers) are spoken to with
+``Http``: a minimal HTTP/1.1 keep-alive client over asyncio streams. It costs the generator far
+less CPU per request than httpx, which matters on two cores shared with the servers; the
+generator's own ceiling is measured against a do-nothing server (``noop``) in every run.
+
+``run(kind, spec)`` executes one job in a fresh ``spawn``-ed process (the servers are other
+processes too) and returns its JSON-able result. ``procs`` > 1 splits the clients over several
+generator processes that start counting together.
+
+The scenario functions besides the closed loop (``handoff``, ``takeover_wait``, ``renewals``,
+``fill``, ``probe``, ``queue_load``) also run in their own process through ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["Http", "HttpError", "WORKLOADS", "run", "closed_loop"]
+
+Cycle = Callable[[], Awaitable[None]]
+
+
+# --- a minimal keep-alive HTTP/1.1 client -------------------------------------------------------
+
+
+class HttpError(Exception):
+    """A non-2xx answer (``status``, ``body``) or a broken connection."""
+
+    def __init__(self, status: int, body: bytes = b""):
+        super().__init__(f"HTTP {status}: {body[:200]!r}")
+        self.status = status
+        self.body = body
+
+
+class Http:
+    """One keep-alive HTTP/1.1 connection; requests on it are sequential."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self._r: asyncio.StreamReader | None = None
+        self._w: asyncio.StreamWriter | None = None
+
+    async def connect(self) -> Http:
+        self._r, self._w = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
+            try:
+                await self._w.wait_closed()
+            except OSError:
+                pass
+            self._w = None
+
+    async def request(self, method: str, path: str, body: bytes | None = None,
+                      headers: str = "") -> tuple[int, bytes]:
+        """Send one request, return (status, body). Raises ``HttpError(0)`` if the connection
+        closed."""
+        if self._w is None:
+            await self.connect()
+        assert self._r is not None and self._w is not None
+        if body is None:
+            head = f"{method} {path} HTTP/1.1\r\nHost: b\r\n{headers}\r\n"
+            self._w.write(head.encode())
+        else:
+            head = (f"{method} {path} HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n{headers}\r\n")
+            self._w.write(head.encode() + body)
+        try:
+            raw = await self._r.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            self._w = None
+            raise HttpError(0, str(exc).encode()) from None
+        status = int(raw[9:12])
+        length = 0
+        chunked = False
+        for line in raw.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value.lower():
+                chunked = True
+        if chunked:
+            data = bytearray()
+            while True:
+                size = int((await self._r.readuntil(b"\r\n")).split(b";")[0], 16)
+                chunk = await self._r.readexactly(size + 2)
+                if size == 0:
+                    break
+                data += chunk[:-2]
+            return status, bytes(data)
+        return status, (await self._r.readexactly(length) if length else b"")
+
+    async def json(self, method: str, path: str, doc: Any = None, headers: str = "",
+                   ok: tuple[int, ...] = (200,)) -> Any:
+        body = None if doc is None else json.dumps(doc, separators=(",", ":")).encode()
+        status, data = await self.request(method, path, body, headers)
+        if status not in ok:
+            raise HttpError(status, data)
+        return json.loads(data) if data else None
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+# --- workloads: one cycle of each peer ------------------------------------------------------------
+
+
+async def _noop(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """Two requests to a do-nothing HTTP server (the generator's or the stack's ceiling)."""
+    http = await Http(spec["host"], spec["port"]).connect()
+    per_cycle = spec.get("requests_per_cycle", 2)
+
+    async def cycle() -> None:
+        for _ in range(per_cycle):
+            status, _ = await http.request("GET", "/noop")
+            if status != 200:
+                raise HttpError(status)
+
+    return cycle, http.close
+
+
+async def _lockd(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """lockd: acquire (try once) + release of this client's own lock."""
+    http = await Http(spec["host"], spec["port"]).connect()
+    name = f"{spec.get('prefix', 'bench')}/c{i}"
+    acquire = json.dumps({"ttl_ms": spec.get("ttl_ms", 30_000), "owner": f"c{i}"}).encode()
+
+    async def cycle() -> None:
+        status, data = await http.request("POST", f"/v1/locks/{name}/acquire", acquire)
+        if status != 200:
+            raise HttpError(status, data)
+        lease_id = json.loads(data)["lease_id"]
+        status, data = await http.request("POST", f"/v1/locks/{name}/release",
+                                          b'{"lease_id":"' + lease_id.encode() + b'"}')
+        if status != 200:
+            raise HttpError(status, data)
+
+    return cycle, http.close
+
+
+async def _etcd(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """etcd's lock API through its gateway: lease grant + lock + unlock + lease revoke."""
+    http = await Http(spec["host"], spec["port"]).connect()
+    name = _b64(f"{spec.get('prefix', 'bench')}/c{i}")
+    ttl = spec.get("etcd_ttl_s", 30)
+
+    async def cycle() -> None:
+        lease = (await http.json("POST", "/v3/lease/grant", {"TTL": ttl}))["ID"]
+        key = (await http.json("POST", "/v3/lock/lock", {"name": name, "lease": lease}))["key"]
+        await http.json("POST", "/v3/lock/unlock", {"key": key})
+        await http.json("POST", "/v3/lease/revoke", {"ID": lease})
+
+    return cycle, http.close
+
+
+async def _redis(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """redis-py's asyncio ``Lock``: acquire (non-blocking) + release."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis(host=spec.get("host", "127.0.0.1"), port=spec.get("port", 6379),
+                            single_connection_client=True)
+    lock = client.lock(f"{spec['prefix']}/c{i}", timeout=spec.get("ttl_ms", 30_000) / 1000)
+
+    async def cycle() -> None:
+        if not await lock.acquire(blocking=False):
+            raise HttpError(409, b"redis lock held")
+        await lock.release()
+
+    async def close() -> None:
+        await client.aclose()
+
+    return cycle, close
+
+
+async def _pg_connect(spec: dict):
+    import psycopg
+
+    return await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True,
+                                                 prepare_threshold=0)
+
+
+async def _pgadv(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """PostgreSQL advisory lock: ``pg_try_advisory_lock`` + ``pg_advisory_unlock`` (psycopg)."""
+    conn = await _pg_connect(spec)
+    key = spec.get("key_base", 7_000_000) + i
+
+    async def cycle() -> None:
+        cur = await conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+        if not (await cur.fetchone())[0]:
+            raise HttpError(409, b"advisory lock held")
+        cur = await conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+        await cur.fetchone()
+
+    return cycle, conn.close
+
+
+async def _proxy_write(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """One fenced single-row write through the proxy: ``PUT /v1/tables/T/rows/{i}``.
+
+    With ``fresh_tokens`` (per client, fences increasing) every write presents a token the
+    proxy has not seen yet, as the first write of each new lease does (no verification cache).
+    """
+    http = await Http(spec["host"], spec["port"]).connect()
+    fresh = spec["fresh_tokens"][i] if spec.get("fresh_tokens") else None
+    headers = f"Fencing-Token: {spec['tokens'][i]}\r\n" if fresh is None else ""
+    path = f"/v1/tables/{spec['table']}/rows/{i}"
+    n = 0
+
+    async def cycle() -> None:
+        nonlocal n
+        n += 1
+        head = headers if fresh is None else f"Fencing-Token: {fresh[min(n, len(fresh)) - 1]}\r\n"
+        status, data = await http.request("PUT", path, b'{"v":%d}' % n, head)
+        if status != 200:
+            raise HttpError(status, data)
+
+    return cycle, http.close
+
+
+async def _proxy_batch(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """One fenced batch of ``batch`` upserts through the proxy (``POST /v1/batch``)."""
+    http = await Http(spec["host"], spec["port"]).connect()
+    headers = f"Fencing-Token: {spec['tokens'][i]}\r\n"
+    size = spec["batch"]
+    base = spec.get("key_base", 1_000_000) + i * size
+    n = 0
+
+    async def cycle() -> None:
+        nonlocal n
+        n += 1
+        ops = [{"op": "upsert", "table": spec["table"], "key": base + j, "row": {"v": n}}
+               for j in range(size)]
+        status, data = await http.request("POST", "/v1/batch",
+                                          json.dumps({"ops": ops}).encode(), headers)
+        if status != 200:
+            raise HttpError(status, data)
+
+    return cycle, http.close
+
+
+async def _direct_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """One statement straight to PostgreSQL with psycopg (prepared after the first use)."""
+    import psycopg
+
+    conn = await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True,
+                                                 prepare_threshold=1)
+    sql = spec["sql"][i] if isinstance(spec["sql"], list) else spec["sql"]
+    params = spec["params"][i]
+    counter = spec.get("counter")  # name of a parameter to bump every cycle (the new value)
+    n = 0
+
+    async def cycle() -> None:
+        nonlocal n
+        n += 1
+        if counter:
+            params[counter] = n
+        cur = await conn.execute(sql, params)
+        row = await cur.fetchone()
+        check = spec.get("check_first")
+        if check is not None and (row is None or row[0] != check[i]):
+            raise HttpError(409, f"direct statement refused: {row}".encode())
+
+    return cycle, conn.close
+
+
+WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], Awaitable[None]]]]]] = {
+    "noop": _noop,
+    "lockd": _lockd,
+    "etcd": _etcd,
+    "redis": _redis,
+    "pgadv": _pgadv,
+    "proxy_write": _proxy_write,
+    "proxy_batch": _proxy_batch,
+    "direct_sql": _direct_sql,
+}
+
+
+# --- the closed loop ----------------------------------------------------------------------------
+
+
+async def closed_loop(spec: dict, client_ids: list[int], start_at: float | None = None) -> dict:
+    """Run ``spec["workload"]`` with one coroutine per id in ``client_ids``.
+
+    ``spec``: ``warmup`` and ``seconds`` (floats). Counting starts at ``start_at`` (monotonic;
+    default: now + warmup) so several generator processes count the same window. Returns
+    ``{"cycles", "seconds", "lat_ms": [...], "errors", "first_error"}``.
+    """
+    make = WORKLOADS[spec["workload"]]
+    made = await asyncio.gather(*(make(spec, i) for i in client_ids))
+    loop = asyncio.get_running_loop()
+    begin = start_at if start_at is not None else loop.time() + spec.get("warmup", 1.0)
+    end = begin + spec["seconds"]
+    lat: list[float] = []
+    counts = [0]
+    errors = [0]
+    first_error: list[str] = []
+
+    async def client(cycle: Cycle) -> None:
+        clock = time.monotonic
+        while True:
+            t0 = clock()
+            if t0 >= end:
+                return
+            try:
+                await cycle()
+            except Exception as exc:  # counted and reported; the loop goes on
+                errors[0] += 1
+                if not first_error:
+                    first_error.append(f"{type(exc).__name__}: {exc}"[:300])
+                await asyncio.sleep(0.01)
+                continue
+            t1 = clock()
+            if begin <= t0 and t1 <= end:
+                counts[0] += 1
+                lat.append((t1 - t0) * 1000)
+
+    await asyncio.gather(*(client(c) for c, _ in made))
+    await asyncio.gather(*(close() for _, close in made), return_exceptions=True)
+    return {"cycles": counts[0], "seconds": spec["seconds"], "lat_ms": lat,
+            "errors": errors[0], "first_error": first_error[0] if first_error else None}
+
+
+# --- other scenario jobs (each runs in its own generator process) ---------------------------------
+
+
+async def handoff(spec: dict) -> dict:
+    """``clients`` waiters contend for ONE lock for ``seconds``; each holds it ``hold_ms``.
+
+    Handoff = from the moment a holder sends its release (unlock) until the next holder's grant
+    arrives. ``peer``: ``lockd`` (acquire with ``wait_ms``), ``etcd`` (``/v3/lock/lock`` blocks)
+    or ``redis`` (redis-py ``Lock.acquire`` polling every ``sleep`` s). Returns
+    ``{"handoffs_ms": [...], "grants", "errors"}``.
+    """
+    peer = spec["peer"]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + spec["warmup"] + spec["seconds"]
+    begin = loop.time() + spec["warmup"]
+    released_at: list[float | None] = [None]
+    handoffs: list[float] = []
+    grants = [0]
+    errors: list[str] = []
+    hold = spec.get("hold_ms", 1) / 1000
+    name = spec["name"]
+
+    def granted() -> None:
+        now = time.monotonic()
+        if released_at[0] is not None and now >= begin:
+            handoffs.append((now - released_at[0]) * 1000)
+            grants[0] += 1
+        released_at[0] = None
+
+    async def lockd_client(i: int) -> None:
+        http = await Http(spec["host"], spec["port"]).connect()
+        body = json.dumps({"ttl_ms": 10_000, "wait_ms": 60_000, "owner": f"w{i}"}).encode()
+        try:
+            while loop.time() < end:
+                status, data = await http.request("POST", f"/v1/locks/{name}/acquire", body)
+                if status != 200:
+                    errors.append(f"acquire {status}")
+                    continue
+                granted()
+                lease_id = json.loads(data)["lease_id"]
+                await asyncio.sleep(hold)
+                released_at[0] = time.monotonic()
+                await http.json("POST", f"/v1/locks/{name}/release", {"lease_id": lease_id})
+        finally:
+            await http.close()
+
+    async def etcd_client(i: int) -> None:
+        http = await Http(spec["host"], spec["port"]).connect()
+        key_name = _b64(name)
+        try:
+            while loop.time() < end:
+                lease = (await http.json("POST", "/v3/lease/grant", {"TTL": 30}))["ID"]
+                key = (await http.json("POST", "/v3/lock/lock",
+                                       {"name": key_name, "lease": lease}))["key"]
+                granted()
+                await asyncio.sleep(hold)
+                released_at[0] = time.monotonic()
+                await http.json("POST", "/v3/lock/unlock", {"key": key})
+                await http.json("POST", "/v3/lease/revoke", {"ID": lease})
+        finally:
+            await http.close()
+
+    async def redis_client(i: int) -> None:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis(single_connection_client=True)
+        lock = client.lock(name, timeout=10, sleep=spec.get("sleep", 0.1))
+        try:
+            while loop.time() < end:
+                if not await lock.acquire(blocking=True, blocking_timeout=60):
+                    errors.append("redis acquire timed out")
+                    continue
+                granted()
+                await asyncio.sleep(hold)
+                released_at[0] = time.monotonic()
+                await lock.release()
+        finally:
+            await client.aclose()
+
+    run_client = {"lockd": lockd_client, "etcd": etcd_client, "redis": redis_client}[peer]
+    results = await asyncio.gather(*(run_client(i) for i in range(spec["clients"])),
+                                   return_exceptions=True)
+    errs = errors + [f"{type(r).__name__}: {r}" for r in results if isinstance(r, BaseException)]
+    return {"handoffs_ms": handoffs, "grants": grants[0], "seconds": spec["seconds"],
+            "errors": len(errs), "first_error": errs[0][:300] if errs else None}
+
+
+async def hold_and_freeze(spec: dict) -> dict:
+    """The crash-takeover holder: acquire, report, then wait to be killed (never release or
+    renew). Reports the monotonic time the grant arrived and the TTL the store granted."""
+    peer = spec["peer"]
+    http = await Http(spec["host"], spec["port"]).connect() if peer != "redis" else None
+    name = spec["name"]
+    if peer == "lockd":
+        sent = time.monotonic()
+        lease = await http.json("POST", f"/v1/locks/{name}/acquire",
+                                {"ttl_ms": spec["ttl_ms"], "owner": "doomed"})
+        got, ttl_ms = time.monotonic(), lease["ttl_ms"]
+    elif peer == "etcd":
+        sent = time.monotonic()
+        lease = await http.json("POST", "/v3/lease/grant", {"TTL": spec["ttl_ms"] // 1000})
+        got, ttl_ms = time.monotonic(), int(lease["TTL"]) * 1000  # the lease runs from here
+        await http.json("POST", "/v3/lock/lock", {"name": _b64(name), "lease": lease["ID"]})
+    else:
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis(single_connection_client=True)
+        lock = client.lock(name, timeout=spec["ttl_ms"] / 1000)
+        sent = time.monotonic()
+        assert await lock.acquire(blocking=False)
+        got, ttl_ms = time.monotonic(), spec["ttl_ms"]
+    spec["report"].put({"sent": sent, "granted": got, "ttl_ms": ttl_ms})
+    await asyncio.sleep(3600)  # killed with SIGKILL long before this
+    return {}
+
+
+async def takeover_wait(spec: dict) -> dict:
+    """The crash-takeover waiter: connect, signal ``ready``, wait for ``go`` (the doomed holder
+    has the lock), then block on the lock and return the monotonic time of the grant."""
+    peer = spec["peer"]
+    name = spec["name"]
+    loop = asyncio.get_running_loop()
+    if peer == "redis":
+        import redis.asyncio as aioredis
+
+        client = aioredis.Redis(single_connection_client=True)
+        await client.ping()
+    else:
+        http = await Http(spec["host"], spec["port"]).connect()
+    spec["ready"].set()
+    await loop.run_in_executor(None, spec["go"].wait, 60)
+    if peer == "lockd":
+        lease = await http.json("POST", f"/v1/locks/{name}/acquire",
+                                {"ttl_ms": 10_000, "wait_ms": 30_000, "owner": "heir"})
+        got = time.monotonic()
+        await http.json("POST", f"/v1/locks/{name}/release", {"lease_id": lease["lease_id"]})
+    elif peer == "etcd":
+        lease = await http.json("POST", "/v3/lease/grant", {"TTL": 10})
+        key = (await http.json("POST", "/v3/lock/lock",
+                               {"name": _b64(name), "lease": lease["ID"]}))["key"]
+        got = time.monotonic()
+        await http.json("POST", "/v3/lock/unlock", {"key": key})
+        await http.json("POST", "/v3/lease/revoke", {"ID": lease["ID"]})
+    else:
+        lock = client.lock(name, timeout=10, sleep=spec.get("sleep", 0.1))
+        assert await lock.acquire(blocking=True, blocking_timeout=30)
+        got = time.monotonic()
+        await lock.release()
+        await client.aclose()
+    return {"granted": got}
+
+
+async def renewals(spec: dict) -> dict:
+    """Hold ``leases`` leases and renew each every ``period_ms`` for ``seconds``.
+
+    Open loop: renewals are due on a fixed schedule (phases spread evenly) and go out over a
+    pool of ``connections`` keep-alive connections; a renewal's latency runs from when it was
+    DUE to its answer, so queueing anywhere (server or generator) counts. ``peer``: ``lockd``
+    (acquire ``leases`` locks, then ``/renew``) or ``etcd`` (grant etcd leases, then
+    ``/v3/lease/keepalive``). Returns latencies, misses (not live any more) and errors.
+    """
+    peer = spec["peer"]
+    n, period = spec["leases"], spec["period_ms"] / 1000
+    conns = [await Http(spec["host"], spec["port"]).connect()
+             for _ in range(spec.get("connections", 64))]
+    pool: asyncio.Queue[Http] = asyncio.Queue()
+    for c in conns:
+        pool.put_nowait(c)
+    prefix = spec["prefix"]
+    ttl_ms = spec["ttl_ms"]
+
+    async def with_conn(fn):
+        c = await pool.get()
+        try:
+            return await fn(c)
+        finally:
+            pool.put_nowait(c)
+
+    # set up: acquire/grant n leases, 64 at a time
+    held: list[Any] = [None] * n
+
+    async def setup(i: int) -> None:
+        if peer == "lockd":
+            doc = await with_conn(lambda c: c.json("POST", f"/v1/locks/{prefix}/{i}/acquire",
+                                                   {"ttl_ms": ttl_ms}))
+            held[i] = doc["lease_id"]
+        else:
+            doc = await with_conn(lambda c: c.json("POST", "/v3/lease/grant",
+                                                   {"TTL": ttl_ms // 1000}))
+            held[i] = doc["ID"]
+
+    t_setup = time.monotonic()
+    for lo in range(0, n, 512):
+        await asyncio.gather(*(setup(i) for i in range(lo, min(n, lo + 512))))
+    setup_s = time.monotonic() - t_setup
+
+    lat: list[float] = []
+    misses = [0]
+    errors: list[str] = []
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.2
+    end = start + spec["seconds"]
+    renew_ttl = json.dumps({"ttl_ms": ttl_ms})
+
+    async def renew(i: int, due: float) -> None:
+        async def call(c: Http) -> None:
+            if peer == "lockd":
+                body = f'{{"lease_id":"{held[i]}",{renew_ttl[1:]}'.encode()
+                status, data = await c.request("POST", f"/v1/locks/{prefix}/{i}/renew", body)
+                if status == 410:
+                    misses[0] += 1
+                elif status != 200:
+                    raise HttpError(status, data)
+            else:
+                doc = await c.json("POST", "/v3/lease/keepalive", {"ID": held[i]})
+                if int(doc.get("result", {}).get("TTL", 0) or 0) <= 0:
+                    misses[0] += 1
+
+        try:
+            await with_conn(call)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        lat.append((loop.time() - due) * 1000)
+
+    async def schedule(i: int) -> None:
+        due = start + period * i / n
+        tasks = []
+        while due < end:
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(renew(i, due)))
+            due += period
+        await asyncio.gather(*tasks)
+
+    await asyncio.gather(*(schedule(i) for i in range(n)))
+    # clean up: release / revoke everything
+    async def cleanup(i: int) -> None:
+        try:
+            if peer == "lockd":
+                await with_conn(lambda c: c.request(
+                    "POST", f"/v1/locks/{prefix}/{i}/release",
+                    json.dumps({"lease_id": held[i]}).encode()))
+            else:
+                await with_conn(lambda c: c.json("POST", "/v3/lease/revoke", {"ID": held[i]}))
+        except Exception:  # best effort; the TTL ends it anyway
+            pass
+
+    for lo in range(0, n, 512):
+        await asyncio.gather(*(cleanup(i) for i in range(lo, min(n, lo + 512))))
+    for c in conns:
+        await c.close()
+    return {"lat_ms": lat, "misses": misses[0], "errors": len(errors),
+            "first_error": errors[0] if errors else None, "setup_s": setup_s,
+            "expected": int(n * spec["seconds"] / period)}
+
+
+async def fill(spec: dict) -> dict:
+    """Acquire ``count`` locks ``prefix/{start..start+count}`` with a long TTL over
+    ``connections`` connections; returns how long it took and the errors."""
+    conns = [await Http(spec["host"], spec["port"]).connect()
+             for _ in range(spec.get("connections", 32))]
+    body = json.dumps({"ttl_ms": spec.get("ttl_ms", 3_600_000)}).encode()
+    prefix, start, count = spec["prefix"], spec.get("start", 0), spec["count"]
+    errors = [0]
+    nxt = [start]
+
+    async def worker(c: Http) -> None:
+        while nxt[0] < start + count:
+            i = nxt[0]
+            nxt[0] += 1
+            status, _ = await c.request("POST", f"/v1/locks/{prefix}/{i}/acquire", body)
+            if status != 200:
+                errors[0] += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(c) for c in conns))
+    took = time.monotonic() - t0
+    for c in conns:
+        await c.close()
+    return {"seconds": took, "errors": errors[0]}
+
+
+async def probe(spec: dict) -> dict:
+    """One client, ``samples`` times: acquire a fresh lock, then release it. Returns both
+    latencies (ms)."""
+    http = await Http(spec["host"], spec["port"]).connect()
+    acq: list[float] = []
+    rel: list[float] = []
+    body = json.dumps({"ttl_ms": 30_000}).encode()
+    for i in range(spec["samples"]):
+        name = f"{spec['prefix']}/{i}"
+        t0 = time.monotonic()
+        status, data = await http.request("POST", f"/v1/locks/{name}/acquire", body)
+        t1 = time.monotonic()
+        if status != 200:
+            raise HttpError(status, data)
+        lease_id = json.loads(data)["lease_id"]
+        await http.json("POST", f"/v1/locks/{name}/release", {"lease_id": lease_id})
+        rel.append((time.monotonic() - t1) * 1000)
+        acq.append((t1 - t0) * 1000)
+    await http.close()
+    return {"acquire_ms": acq, "release_ms": rel}
+
+
+async def queue_load(spec: dict) -> dict:
+    """``waiters`` acquires queued over ``locks`` locks, then served in turn.
+
+    For each lock a gate lease is taken first; waiter k (k = 0..waiters-1) queues on lock
+    k % locks, each on its own connection, and is confirmed queued (``GET`` shows the waiter
+    count grow) before the next one is sent, so the arrival order is known. Then the gates are
+    released; each waiter holds its grant ``hold_ms`` and releases. Checks that every lock
+    served its waiters in arrival order; records the release-to-next-grant handoffs.
+    """
+    host, port, locks, total = spec["host"], spec["port"], spec["locks"], spec["waiters"]
+    prefix = spec["prefix"]
+    admin = await Http(host, port).connect()
+    gates = []
+    for j in range(locks):
+        gates.append((await admin.json("POST", f"/v1/locks/{prefix}/{j}/acquire",
+                                       {"ttl_ms": 300_000, "owner": "gate"}))["lease_id"])
+    order: dict[int, list[int]] = {j: [] for j in range(locks)}
+    released_at: dict[int, float] = {}
+    handoffs: list[float] = []
+    errors: list[str] = []
+    hold = spec.get("hold_ms", 2) / 1000
+    conns = [Http(host, port) for _ in range(total)]
+    for lo in range(0, total, 200):
+        await asyncio.gather(*(c.connect() for c in conns[lo:lo + 200]))
+
+    async def waiter(k: int, sent: asyncio.Event) -> None:
+        j = k % locks
+        c = conns[k]
+        body = json.dumps({"ttl_ms": 60_000, "wait_ms": 290_000, "owner": f"w{k}"}).encode()
+        task = asyncio.ensure_future(c.request("POST", f"/v1/locks/{prefix}/{j}/acquire", body))
+        sent.set()
+        try:
+            status, data = await task
+        except Exception as exc:
+            errors.append(f"waiter {k}: {type(exc).__name__}: {exc}"[:200])
+            return
+        now = time.monotonic()
+        if status != 200:
+            errors.append(f"waiter {k}: HTTP {status} {data[:100]!r}")
+            return
+        if j in released_at:
+            handoffs.append((now - released_at.pop(j)) * 1000)
+        order[j].append(k)
+        await asyncio.sleep(hold)
+        released_at[j] = time.monotonic()
+        status, data = await c.request("POST", f"/v1/locks/{prefix}/{j}/release",
+                                       json.dumps({"lease_id": json.loads(data)["lease_id"]})
+                                       .encode())
+        if status != 200:
+            errors.append(f"waiter {k} release: HTTP {status}")
+
+    tasks = []
+    t_queue = time.monotonic()
+    for k in range(total):
+        sent = asyncio.Event()
+        tasks.append(asyncio.ensure_future(waiter(k, sent)))
+        await sent.wait()
+        j = k % locks
+        want = k // locks + 1
+        for _ in range(2000):  # confirm it is queued before the next one goes
+            state = await admin.json("GET", f"/v1/locks/{prefix}/{j}")
+            if state["waiters"] >= want:
+                break
+            await asyncio.sleep(0.001)
+        else:
+            errors.append(f"waiter {k} never showed up queued")
+    queued_s = time.monotonic() - t_queue
+    spec["queued"].set()  # the parent samples lockd's memory now
+    t_serve = time.monotonic()
+    for j, lease_id in enumerate(gates):
+        released_at[j] = time.monotonic()
+        await admin.json("POST", f"/v1/locks/{prefix}/{j}/release", {"lease_id": lease_id})
+    await asyncio.gather(*tasks)
+    serve_s = time.monotonic() - t_serve
+    fifo = all(order[j] == sorted(order[j]) for j in order)
+    served = sum(len(v) for v in order.values())
+    for lo in range(0, total, 200):
+        await asyncio.gather(*(c.close() for c in conns[lo:lo + 200]))
+    await admin.close()
+    return {"fifo": fifo, "served": served, "errors": len(errors),
+            "first_error": errors[0] if errors else None, "handoffs_ms": handoffs,
+            "queue_s": queued_s, "serve_s": serve_s}
+
+
+JOBS = {
+    "handoff": handoff,
+    "hold_and_freeze": hold_and_freeze,
+    "takeover_wait": takeover_wait,
+    "renewals": renewals,
+    "fill": fill,
+    "probe": probe,
+    "queue_load": queue_load,
+}
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def _run_loop(coro_fn, *args):
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+        return asyncio.run(coro_fn(*args))
+    return uvloop.run(coro_fn(*args))
+
+
+def _closed_entry(spec: dict, ids: list[int], ready, go, start_at, out) -> None:
+    async def main() -> dict:
+        # connect first, then wait for every process to be connected
+        ready.put(os.getpid())
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        mono_start = start_at.value
+        loop_start = asyncio.get_running_loop().time() + (mono_start - time.monotonic())
+        return await closed_loop(spec, ids, loop_start)
+
+    try:
+        out.put(_run_loop(main))
+    except BaseException as exc:  # report, do not hang the parent
+        out.put({"fatal": f"{type(exc).__name__}: {exc}"})
+
+
+def _job_entry(kind: str, spec: dict, out) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        out.put(_run_loop(JOBS[kind], spec))
+    except BaseException as exc:
+        out.put({"fatal": f"{type(exc).__name__}: {exc}"})
+
+
+_ctx = multiprocessing.get_context("spawn")
+
+
+def _get(queue, procs: list, timeout: float):
+    """``queue.get`` that fails fast when a generator process died without answering."""
+    import queue as queue_mod
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except queue_mod.Empty:
+            if time.monotonic() > deadline:
+                raise TimeoutError("load generator did not answer in time") from None
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"load generator exited with {dead[0].exitcode}") from None
+
+
+def run_closed(spec: dict, clients: int, procs: int = 1) -> dict:
+    """The closed loop with ``clients`` over ``procs`` generator processes; merged result."""
+    procs = max(1, min(procs, clients))
+    ready, out, go = _ctx.Queue(), _ctx.Queue(), _ctx.Event()
+    start_at = _ctx.Value("d", 0.0)
+    ids = [list(range(clients))[p::procs] for p in range(procs)]
+    workers = [_ctx.Process(target=_closed_entry, args=(spec, ids[p], ready, go, start_at, out),
+                            daemon=True) for p in range(procs)]
+    for w in workers:
+        w.start()
+    for _ in workers:
+        _get(ready, workers, 60)
+    start_at.value = time.monotonic() + spec.get("warmup", 1.0) + 0.3
+    go.set()
+    timeout = spec.get("warmup", 1.0) + spec["seconds"] + 120
+    parts = [_get(out, workers, timeout) for _ in workers]
+    for w in workers:
+        w.join(10)
+    fatal = [p["fatal"] for p in parts if "fatal" in p]
+    if fatal:
+        raise RuntimeError(f"load generator failed: {fatal[0]}")
+    lat = [x for p in parts for x in p["lat_ms"]]
+    errs = [p["first_error"] for p in parts if p["first_error"]]
+    return {"cycles": sum(p["cycles"] for p in parts), "seconds": spec["seconds"],
+            "lat_ms": lat, "errors": sum(p["errors"] for p in parts),
+            "first_error": errs[0] if errs else None, "procs": procs}
+
+
+def start_job(kind: str, spec: dict):
+    """Start job ``kind`` in its own process; returns (process, result queue)."""
+    out = _ctx.Queue()
+    proc = _ctx.Process(target=_job_entry, args=(kind, spec, out), daemon=True)
+    proc.start()
+    return proc, out
+
+
+def run(kind: str, spec: dict, timeout: float = 600) -> dict:
+    """Run job ``kind`` in its own generator process and return its result."""
+    proc, out = start_job(kind, spec)
+    try:
+        result = _get(out, [proc], timeout)
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    if "fatal" in result:
+        raise RuntimeError(f"{kind} failed: {result['fatal']}")
+    return result
+
+
+def manager():
+    """A ``spawn`` manager for queues/events that jobs share with the parent."""
+    return _ctx.Manager()
+

@@ -1,0 +1,557 @@
+"""The seven measurements of issue 8, each returning a ``report.Section``.
+
+Servers are started lazily and shared between scenarios (``Bench.server``); each scenario uses
+its own lock names. Settings come from the environment (see ``bench/__main__.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from bench import loadgen
+from bench.peers import Server, Workspace, rss_mb
+from bench.report import Section, fmt, median, pct, ratio
+
+__all__ = ["Bench", "Settings", "SCENARIOS"]
+
+LOCKD_STORES = {"lockd · SQLite": "sqlite", "lockd · PostgreSQL": "postgres",
+                "lockd · etcd": "etcd"}
+
+
+@dataclass
+class Settings:
+    seconds: float = 2.0
+    rounds: int = 3
+    warmup: float = 0.5
+    clients: tuple[int, ...] = (1, 8, 32)
+    procs: int = 1
+    proxy_clients: tuple[int, ...] = (8,)
+    batch: int = 100
+    scale_leases: int = 100_000
+    load_waiters: int = 1000
+    load_locks: int = 10
+    takeover_samples: int = 3
+    renew_ttl_ms: int = 3000
+    peers: tuple[str, ...] = ()  # empty: all
+
+
+@dataclass
+class Bench:
+    """The run's settings, workspace and the servers started so far."""
+
+    settings: Settings
+    ws: Workspace = field(default_factory=Workspace)
+    servers: dict[str, Server] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.skipped = Workspace.missing()
+
+    def has(self, need: str) -> bool:
+        return need not in self.skipped
+
+    def server(self, name: str) -> Server:
+        """``etcd``, ``noop-raw``, ``noop-fastapi``, ``lockd-sqlite``, ``lockd-postgres``,
+        ``lockd-etcd`` (on the shared etcd, its own key prefix)."""
+        if name not in self.servers:
+            if name == "etcd":
+                server = self.ws.etcd()
+            elif name.startswith("noop-"):
+                server = self.ws.noop(name.split("-", 1)[1])
+            elif name == "lockd-etcd":
+                url = self.server("etcd").extra["url"]
+                server = self.ws.lockd(url, name)
+            elif name.startswith("lockd-"):
+                server = self.ws.lockd(name.split("-", 1)[1], name)
+            else:
+                raise KeyError(name)
+            self.servers[name] = server
+        return self.servers[name]
+
+    def wanted(self, peer: str) -> bool:
+        return not self.settings.peers or any(p.lower() in peer.lower()
+                                              for p in self.settings.peers)
+
+
+def _lockd_server(bench: Bench, label: str) -> Server:
+    return bench.server(f"lockd-{LOCKD_STORES[label]}")
+
+
+def _needs(label: str) -> str | None:
+    if "PostgreSQL" in label or "advisory" in label:
+        return "postgres"
+    if "etcd" in label:
+        return "etcd"
+    if "redis" in label:
+        return "redis"
+    return None
+
+
+# --- 1. lock cycles ---------------------------------------------------------------------------
+
+
+def lock_cycles(bench: Bench) -> Section:
+    s = bench.settings
+    peers: dict[str, Callable[[], tuple[str, dict[str, Any]]]] = {
+        "etcd lock API (baseline)": lambda: ("etcd", {**bench.server("etcd").addr(),
+                                                      "prefix": "bench1"}),
+        "lockd · SQLite": lambda: ("lockd", {**_lockd_server(bench, "lockd · SQLite").addr(),
+                                             "prefix": "bench1"}),
+        "lockd · PostgreSQL": lambda: ("lockd", {
+            **_lockd_server(bench, "lockd · PostgreSQL").addr(), "prefix": "bench1"}),
+        "lockd · etcd": lambda: ("lockd", {**_lockd_server(bench, "lockd · etcd").addr(),
+                                           "prefix": "bench1"}),
+        "redis-py Lock": lambda: ("redis", {"prefix": bench.ws.redis_prefix + "/1"}),
+        "PostgreSQL advisory lock": lambda: ("pgadv", {"dsn": bench.ws.database()}),
+        "do-nothing HTTP (generator ceiling)": lambda: ("noop", {
+            **bench.server("noop-raw").addr()}),
+        "do-nothing FastAPI (HTTP stack ceiling)": lambda: ("noop", {
+            **bench.server("noop-fastapi").addr()}),
+    }
+    chosen = {name: make for name, make in peers.items()
+              if (bench.wanted(name) or "baseline" in name) and bench.has(_needs(name) or "")}
+    specs = {name: make() for name, make in chosen.items()}
+    results: dict[tuple[str, int], list[dict]] = {}
+    names = list(specs)
+    for r in range(s.rounds):
+        for c in s.clients:
+            order = names[r % len(names):] + names[:r % len(names)]  # rotate: no fixed slot
+            for name in order:
+                workload, spec = specs[name]
+                spec = {**spec, "workload": workload, "warmup": s.warmup, "seconds": s.seconds}
+                res = loadgen.run_closed(spec, c, s.procs)
+                results.setdefault((name, c), []).append(res)
+    section = Section(
+        "1", "Lock cycles: acquire + release, each client its own lock",
+        "etcd's lock API through its JSON gateway (lease grant + lock + unlock + revoke), same "
+        "clients", [("peer", "str"), ("clients", "int"), ("cycles/s", "int"), ("× etcd", "x"),
+                    ("p50 ms", "ms"), ("p99 ms", "ms"), ("p99 × etcd", "x"), ("errors", "int")])
+    data: dict[str, Any] = {}
+    for c in s.clients:
+        base_runs = results.get(("etcd lock API (baseline)", c), [])
+        base_rate = median([x["cycles"] / x["seconds"] for x in base_runs])
+        base_p99 = pct([v for x in base_runs for v in x["lat_ms"]], 99)
+        for name in names:
+            runs = results[(name, c)]
+            rates = [x["cycles"] / x["seconds"] for x in runs]
+            lat = [v for x in runs for v in x["lat_ms"]]
+            rate, p50, p99 = median(rates), pct(lat, 50), pct(lat, 99)
+            errors = sum(x["errors"] for x in runs)
+            section.rows.append([name, c, rate, ratio(rate, base_rate), p50, p99,
+                                 ratio(p99, base_p99), errors])
+            data[f"{name} @{c}"] = {"rates": rates, "p50_ms": p50, "p99_ms": p99,
+                                    "errors": errors, "first_error": next(
+                                        (x["first_error"] for x in runs if x["first_error"]),
+                                        None)}
+    section.data = data
+    section.notes.append(
+        "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
+        "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")
+    section.notes.append(
+        "Generator: one uvloop process, one keep-alive connection per client, "
+        f"{s.procs} process(es); its ceiling is the do-nothing HTTP row.")
+    for key in bench.skipped:
+        section.notes.append(f"skipped {key}: {bench.skipped[key]}")
+    return section
+
+
+# --- 2. handoff -------------------------------------------------------------------------------
+
+
+HANDOFF_PEERS = {
+    "etcd lock API (baseline)": ("etcd", "etcd", {}),
+    "lockd · SQLite": ("lockd", "lockd-sqlite", {}),
+    "lockd · PostgreSQL": ("lockd", "lockd-postgres", {}),
+    "lockd · etcd": ("lockd", "lockd-etcd", {}),
+    "redis-py Lock (sleep 0.1 s, its default)": ("redis", None, {"sleep": 0.1}),
+    "redis-py Lock (sleep 0.01 s)": ("redis", None, {"sleep": 0.01}),
+}
+
+
+def handoff(bench: Bench, waiters: int = 16) -> Section:
+    s = bench.settings
+    chosen = {n: p for n, p in HANDOFF_PEERS.items()
+              if (bench.wanted(n) or "baseline" in n) and bench.has(_needs(n) or "")}
+    pooled: dict[str, dict[str, list]] = {n: {"h": [], "rate": [], "err": []} for n in chosen}
+    for r in range(s.rounds):
+        for name, (peer, server, extra) in chosen.items():
+            addr = bench.server(server).addr() if server else {}
+            lock = (f"{bench.ws.redis_prefix}/2/{r}" if peer == "redis" else f"bench2/{r}")
+            res = loadgen.run("handoff", {"peer": peer, **addr, **extra, "name": lock,
+                                          "clients": waiters, "warmup": s.warmup,
+                                          "seconds": s.seconds, "hold_ms": 1})
+            pooled[name]["h"] += res["handoffs_ms"]
+            pooled[name]["rate"].append(res["grants"] / res["seconds"])
+            pooled[name]["err"].append(res["errors"])
+    section = Section(
+        "2", f"Handoff under contention: {waiters} waiters on one lock, each holds it 1 ms",
+        "etcd's lock API (waiters block in /v3/lock/lock)",
+        [("peer", "str"), ("grants/s", "int"), ("handoff p50 ms", "ms"),
+         ("p50 × etcd", "x"), ("handoff p99 ms", "ms"), ("p99 × etcd", "x"), ("errors", "int")])
+    base = pooled.get("etcd lock API (baseline)", {"h": []})["h"]
+    for name, p in pooled.items():
+        p50, p99 = pct(p["h"], 50), pct(p["h"], 99)
+        section.rows.append([name, median(p["rate"]), p50, ratio(p50, pct(base, 50)), p99,
+                             ratio(p99, pct(base, 99)), sum(p["err"])])
+        section.data[name] = {"p50_ms": p50, "p99_ms": p99, "samples": len(p["h"]),
+                              "grants_per_s": p["rate"]}
+    section.notes.append("Handoff: from the moment the holder sends its release (unlock) to "
+                         "the next holder's grant arriving, both clocks in one process.")
+    section.notes.append("redis-py's Lock has no queue: a blocked acquire polls every `sleep` "
+                         "seconds (default 0.1), so order is not first-come.")
+    return section
+
+
+# --- 3. crash takeover ---------------------------------------------------------------------------
+
+
+TAKEOVER_PEERS = {
+    "etcd lock API (baseline)": ("etcd", "etcd"),
+    "lockd · SQLite": ("lockd", "lockd-sqlite"),
+    "lockd · PostgreSQL": ("lockd", "lockd-postgres"),
+    "lockd · etcd": ("lockd", "lockd-etcd"),
+    "redis-py Lock (sleep 0.1 s)": ("redis", None),
+}
+
+
+def takeover(bench: Bench, ttl_ms: int = 2000) -> Section:
+    s = bench.settings
+    mgr = loadgen.manager()
+    chosen = {n: p for n, p in TAKEOVER_PEERS.items()
+              if (bench.wanted(n) or "baseline" in n) and bench.has(_needs(n) or "")}
+    samples: dict[str, list[float]] = {n: [] for n in chosen}
+    after_kill: dict[str, list[float]] = {n: [] for n in chosen}
+    for k in range(s.takeover_samples):
+        for name, (peer, server) in chosen.items():
+            addr = bench.server(server).addr() if server else {}
+            lock = (f"{bench.ws.redis_prefix}/3/{k}" if peer == "redis" else f"bench3/{k}")
+            report, ready = mgr.Queue(), mgr.Event()
+            waiter_go = mgr.Event()
+            waiter, wout = loadgen.start_job("takeover_wait", {
+                "peer": peer, **addr, "name": lock, "ready": ready, "go": waiter_go})
+            ready.wait(60)
+            holder, _ = loadgen.start_job("hold_and_freeze", {
+                "peer": peer, **addr, "name": lock, "ttl_ms": ttl_ms, "report": report})
+            held = report.get(timeout=60)
+            waiter_go.set()
+            time.sleep(0.2)  # the waiter's acquire is in flight / queued
+            holder.kill()  # SIGKILL: no release, no renewal
+            killed = time.monotonic()
+            holder.join(10)
+            got = loadgen._get(wout, [waiter], 60)["granted"]
+            waiter.join(10)
+            lapse = held["granted"] + held["ttl_ms"] / 1000
+            samples[name].append((got - lapse) * 1000)
+            after_kill[name].append((got - killed) * 1000)
+    section = Section(
+        "3", f"Crash takeover: holder SIGKILLed, waiter blocked; TTL {ttl_ms} ms",
+        "etcd's lock API (lease TTL 2 s, waiter blocked in /v3/lock/lock)",
+        [("peer", "str"), ("after lapse p50 ms", "ms"), ("× etcd", "x"),
+         ("after lapse max ms", "ms"), ("kill→grant p50 ms", "ms"), ("samples", "int")])
+    base = median(samples.get("etcd lock API (baseline)", []))
+    for name, vals in samples.items():
+        section.rows.append([name, median(vals), ratio(median(vals), base), max(vals),
+                             median(after_kill[name]), len(vals)])
+        section.data[name] = {"after_lapse_ms": vals, "after_kill_ms": after_kill[name]}
+    section.notes.append(
+        "After lapse: waiter's grant minus (holder's grant + the TTL the store granted), both "
+        "read on the same monotonic clock; the lapse is judged by the store's clock, so a small "
+        "negative/positive skew of a few ms is measurement error. etcd checks lease expiry about "
+        "every 500 ms; redis-py's waiter polls every 0.1 s.")
+    mgr.shutdown()
+    return section
+
+
+# --- 4. renewal capacity ---------------------------------------------------------------------------
+
+
+RENEW_PEERS = {
+    "etcd lease keep-alive (baseline)": ("etcd", "etcd"),
+    "lockd · SQLite": ("lockd", "lockd-sqlite"),
+    "lockd · PostgreSQL": ("lockd", "lockd-postgres"),
+    "lockd · etcd": ("lockd", "lockd-etcd"),
+}
+RENEW_STEPS = (250, 500, 1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000)
+
+
+def renewal_capacity(bench: Bench) -> Section:
+    s = bench.settings
+    ttl = s.renew_ttl_ms
+    period, limit = ttl / 3, ttl / 10
+    seconds = max(2 * period / 1000, s.seconds)
+    chosen = {n: p for n, p in RENEW_PEERS.items()
+              if (bench.wanted(n) or "baseline" in n) and bench.has(_needs(n) or "")}
+    found: dict[str, dict[str, Any]] = {}
+    for name, (peer, server) in chosen.items():
+        steps = []
+        best = 0
+        for n in RENEW_STEPS:
+            res = loadgen.run("renewals", {
+                "peer": peer, **bench.server(server).addr(), "leases": n, "period_ms": period,
+                "ttl_ms": ttl, "seconds": seconds, "prefix": f"bench4/{n}", "connections": 64})
+            p99 = pct(res["lat_ms"], 99)
+            ok = (p99 is not None and p99 <= limit and res["errors"] == 0
+                  and res["misses"] == 0 and len(res["lat_ms"]) >= 0.95 * res["expected"])
+            steps.append({"leases": n, "p50_ms": pct(res["lat_ms"], 50), "p99_ms": p99,
+                          "done": len(res["lat_ms"]), "expected": res["expected"],
+                          "misses": res["misses"], "errors": res["errors"], "ok": ok})
+            if not ok:
+                break
+            best = n
+        found[name] = {"capacity": best, "steps": steps}
+    section = Section(
+        "4", f"Renewal capacity: leases kept renewed every ttl/3 = {period:.0f} ms "
+             f"(TTL {ttl} ms) with p99 renewal latency ≤ ttl/10 = {limit:.0f} ms",
+        "etcd's own lease keep-alive (/v3/lease/keepalive) under the same schedule",
+        [("peer", "str"), ("leases", "int"), ("× etcd", "x"), ("renewals/s", "int"),
+         ("p99 ms at that", "ms"), ("p99 ms next step", "ms"), ("next step", "str")])
+    base = found.get("etcd lease keep-alive (baseline)", {}).get("capacity")
+    for name, f in found.items():
+        steps = f["steps"]
+        passed = [x for x in steps if x["ok"]]
+        failed = [x for x in steps if not x["ok"]]
+        last = passed[-1] if passed else None
+        nxt = failed[0] if failed else None
+        section.rows.append([
+            name, f["capacity"], ratio(f["capacity"], base), f["capacity"] * 1000 / period,
+            last["p99_ms"] if last else None, nxt["p99_ms"] if nxt else None,
+            (f"{nxt['leases']:,} leases" if nxt else "not reached (largest step passed)")])
+        section.data[name] = f
+    section.notes.append(
+        f"Open loop: each lease's renewal is due every {period:.0f} ms (phases spread evenly), "
+        "sent over a pool of 64 keep-alive connections; latency runs from when it was due, so "
+        f"queueing counts. Steps: {', '.join(map(str, RENEW_STEPS))} leases; capacity = the "
+        "largest step with p99 within the limit, no errors and no lost lease.")
+    section.notes.append("Capacity scales with the TTL: at ttl = 30 s the same renewals/s "
+                         "keep 10× the leases.")
+    return section
+
+
+# --- 5. proxy ---------------------------------------------------------------------------------
+
+
+def proxy(bench: Bench) -> Section:
+    from lockd.tokens import KeyRing
+    from resource_proxy.fencing import Fence
+    from resource_proxy.ops import build_op
+    from resource_proxy.policy import load_policy
+    from resource_proxy.store import prepare
+    from resource_proxy.store.sql import POSTGRES, SqlBuilder
+
+    s = bench.settings
+    dsn = bench.ws.database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v bigint NOT NULL)")
+        conn.execute("INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 1023) g")
+    ring = KeyRing.generate()
+    most = max(s.proxy_clients)
+    tokens = [ring.sign(f"bench5/{i}", 1) for i in range(most)]
+    server = bench.ws.proxy(dsn, ring.jwks(), "default: ['*']\n")
+    table = prepare(dsn, ["bench_rows"], load_policy(None))["bench_rows"]
+    builder = SqlBuilder(POSTGRES)
+    fenced_sql, fenced_params = [], []
+    for i in range(most):
+        op = build_op("upsert", table, (i,), {"v": 0}, 1)
+        sql, params = builder.write(op, Fence(f"bench5/{i}", 1))
+        fenced_sql.append(sql)
+        fenced_params.append(params)
+    v_param = f"v{list(op.values).index('v')}"
+    cases = {
+        "direct fenced statement, psycopg (baseline)": {
+            "workload": "direct_sql", "dsn": dsn, "sql": fenced_sql, "params": fenced_params,
+            "counter": v_param, "check_first": [1] * most},
+        "through the proxy (PUT, fenced)": {
+            "workload": "proxy_write", **server.addr(), "tokens": tokens, "table": "bench_rows"},
+        "direct plain UPDATE, no fence, psycopg": {
+            "workload": "direct_sql", "dsn": dsn,
+            "sql": "UPDATE bench_rows SET v = %(v)s WHERE id = %(id)s RETURNING id",
+            "params": [{"v": 0, "id": i} for i in range(most)], "counter": "v"},
+        "through the proxy, a new token every write": {
+            "workload": "proxy_write", **server.addr(), "table": "bench_rows",
+            "fresh_tokens": None},
+        f"through the proxy, batches of {s.batch} upserts": {
+            "workload": "proxy_batch", **server.addr(), "tokens": tokens, "table": "bench_rows",
+            "batch": s.batch},
+    }
+    per_client = int(300 * (s.warmup + s.seconds)) + 100  # more than a client can send
+    res: dict[tuple[str, int], list[dict]] = {}
+    for r in range(s.rounds):
+        for c in s.proxy_clients:
+            for name, spec in cases.items():
+                if "fresh_tokens" in spec:  # new locks each round: fences 1, 2, 3, ...
+                    spec = {**spec, "fresh_tokens": [
+                        [ring.sign(f"bench5/r{r}c{c}/{i}", f) for f in range(1, per_client + 1)]
+                        for i in range(c)]}
+                out = loadgen.run_closed({**spec, "warmup": s.warmup, "seconds": s.seconds}, c,
+                                         s.procs)
+                res.setdefault((name, c), []).append(out)
+    section = Section(
+        "5", "Fenced single-row writes (PostgreSQL)",
+        "the same fenced statement (fence upsert + row upsert, one CTE) sent straight to "
+        "PostgreSQL with psycopg, same clients",
+        [("path", "str"), ("clients", "int"), ("rows/s", "int"), ("× direct fenced", "x"),
+         ("p50 ms", "ms"), ("p99 ms", "ms"), ("errors", "int")])
+    for c in s.proxy_clients:
+        base = median([x["cycles"] / x["seconds"]
+                       for x in res[("direct fenced statement, psycopg (baseline)", c)]])
+        for name in cases:
+            runs = res[(name, c)]
+            per = s.batch if "batches" in name else 1
+            rows = median([x["cycles"] * per / x["seconds"] for x in runs])
+            lat = [v for x in runs for v in x["lat_ms"]]
+            section.rows.append([name, c, rows, ratio(rows, base), pct(lat, 50), pct(lat, 99),
+                                 sum(x["errors"] for x in runs)])
+            section.data[f"{name} @{c}"] = {
+                "rows_per_s": [x["cycles"] * per / x["seconds"] for x in runs],
+                "first_error": next((x["first_error"] for x in runs if x["first_error"]), None)}
+    section.notes.append("Each client owns one lock (a token with fence 1) and one row; the "
+                         "batch clients write their own 100 rows per request. Latency of a batch "
+                         "row is the whole batch's. The proxy caches verified tokens, so the "
+                         "'new token every write' row shows the cost of verifying each new "
+                         "lease's token (its first write).")
+    return section
+
+
+# --- 6. scale ---------------------------------------------------------------------------------
+
+
+def scale(bench: Bench, store: str = "postgres") -> Section:
+    s = bench.settings
+    server = bench.ws.lockd(store, f"lockd-scale-{store}")
+    addr = server.addr()
+    idle = rss_mb(server.pid)
+    small = 100
+    fill_s = []
+    res = loadgen.run("fill", {**addr, "prefix": "bench6/held", "count": small})
+    fill_s.append(res["seconds"])
+    time.sleep(0.5)
+    rss_small = rss_mb(server.pid)
+    probe_small = loadgen.run("probe", {**addr, "prefix": "bench6/p100", "samples": 300})
+    big = s.scale_leases
+    res = loadgen.run("fill", {**addr, "prefix": "bench6/held", "start": small,
+                               "count": big - small, "connections": 32}, timeout=1800)
+    fill_s.append(res["seconds"])
+    errors = res["errors"]
+    time.sleep(0.5)
+    rss_big = rss_mb(server.pid)
+    probe_big = loadgen.run("probe", {**addr, "prefix": "bench6/pbig", "samples": 300})
+    store_mb = None
+    if store == "postgres":
+        dsn = server.extra["store"].replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(dsn) as conn:
+            store_mb = conn.execute(
+                "SELECT pg_total_relation_size('lockd.locks')").fetchone()[0] / 2**20
+            held = conn.execute("SELECT count(*) FROM lockd.locks WHERE expires_at > now()"
+                                " AND name LIKE 'bench6/held/%'").fetchone()[0]
+    else:
+        held = None
+    per_lease = (rss_big - rss_small) * 2**20 / (big - small)
+    section = Section(
+        "6", f"Scale: lockd ({store}) holding {big:,} leases",
+        f"the same lockd process holding {small} leases",
+        [("figure", "str"), (f"at {small}", "num"), (f"at {big:,}", "num"), ("×", "x")])
+    a50, b50 = pct(probe_small["acquire_ms"], 50), pct(probe_big["acquire_ms"], 50)
+    a99, b99 = pct(probe_small["acquire_ms"], 99), pct(probe_big["acquire_ms"], 99)
+    section.rows += [
+        ["lockd resident memory, MiB", rss_small, rss_big, ratio(rss_big, rss_small)],
+        ["acquire latency p50, ms (1 client)", a50, b50, ratio(b50, a50)],
+        ["acquire latency p99, ms (1 client)", a99, b99, ratio(b99, a99)],
+    ]
+    section.notes.append(f"Memory per held lease in lockd: {per_lease:.0f} bytes "
+                         f"((RSS at {big:,} − RSS at {small}) / {big - small:,}); idle lockd "
+                         f"{idle:.1f} MiB. Leases live in the store, not in lockd's memory.")
+    if store_mb is not None:
+        section.notes.append(f"PostgreSQL table lockd.locks with its index: {store_mb:.1f} MiB "
+                             f"({store_mb * 2**20 / big:.0f} bytes a lock); {held:,} leases "
+                             "live at the end.")
+    section.notes.append(f"Filling took {sum(fill_s):.1f} s ({(big - small) / fill_s[-1]:,.0f} "
+                         f"acquires/s over 32 connections), {errors} errors.")
+    section.data = {"rss_idle_mb": idle, "rss_small_mb": rss_small, "rss_big_mb": rss_big,
+                    "bytes_per_lease": per_lease, "store_mb": store_mb, "fill_s": fill_s,
+                    "errors": errors, "acquire_ms_small": [a50, a99],
+                    "acquire_ms_big": [b50, b99]}
+    server.stop()
+    return section
+
+
+# --- 7. load -----------------------------------------------------------------------------------
+
+
+def load(bench: Bench, store: str = "postgres", baseline: Section | None = None) -> Section:
+    s = bench.settings
+    server = bench.ws.lockd(store, f"lockd-load-{store}")
+    idle = rss_mb(server.pid)
+    mgr = loadgen.manager()
+    queued = mgr.Event()
+    proc, out = loadgen.start_job("queue_load", {
+        **server.addr(), "prefix": "bench7", "locks": s.load_locks, "waiters": s.load_waiters,
+        "hold_ms": 2, "queued": queued})
+    peak = idle
+    while not queued.is_set():
+        if proc.exitcode is not None:
+            break
+        peak = max(peak, rss_mb(server.pid))
+        time.sleep(0.2)
+    queued_rss = rss_mb(server.pid)
+    res = loadgen._get(out, [proc], 600)
+    proc.join(10)
+    if "fatal" in res:
+        raise RuntimeError(res["fatal"])
+    after = rss_mb(server.pid)
+    p50, p99 = pct(res["handoffs_ms"], 50), pct(res["handoffs_ms"], 99)
+    base = None
+    label = {"postgres": "lockd · PostgreSQL", "sqlite": "lockd · SQLite"}.get(store)
+    if baseline is not None and label in baseline.data:
+        base = baseline.data[label]["p99_ms"]
+    section = Section(
+        "7", f"Load: {s.load_waiters:,} waiting acquires over {s.load_locks} locks, lockd "
+             f"({store})",
+        f"memory: the same lockd idle; handoff: {label} with 16 waiters (section 2)",
+        [("figure", "str"), ("value", "str"), ("×", "x")])
+    section.rows += [
+        ["served in first-come order per lock", "yes" if res["fifo"] else "NO", None],
+        ["waiters served", fmt(res["served"], "int"), None],
+        ["errors / dropped connections", fmt(res["errors"], "int"), None],
+        ["lockd RSS idle, MiB", fmt(idle, "mb"), None],
+        [f"lockd RSS with {s.load_waiters:,} queued, MiB", fmt(queued_rss, "mb"),
+         ratio(queued_rss, idle)],
+        ["lockd RSS after, MiB", fmt(after, "mb"), ratio(after, idle)],
+        ["handoff p50 ms", fmt(p50, "ms"), None],
+        ["handoff p99 ms", fmt(p99, "ms"), ratio(p99, base)],
+        ["seconds to serve everyone", fmt(res["serve_s"], "num"), None],
+    ]
+    section.data = {k: v for k, v in res.items() if k != "handoffs_ms"}
+    section.data.update({"rss_idle_mb": idle, "rss_queued_mb": queued_rss, "rss_after_mb": after,
+                         "rss_peak_while_queueing_mb": max(peak, queued_rss),
+                         "handoff_p50_ms": p50, "handoff_p99_ms": p99,
+                         "bytes_per_waiter": (queued_rss - idle) * 2**20 / s.load_waiters})
+    section.notes.append(
+        "Each waiter has its own connection and is confirmed queued (GET shows the waiter "
+        "count) before the next is sent, so the arrival order is known; each holds its grant "
+        f"2 ms. Memory per queued waiter: {section.data['bytes_per_waiter']:.0f} bytes.")
+    if res.get("first_error"):
+        section.notes.append(f"first error: {res['first_error']}")
+    mgr.shutdown()
+    server.stop()
+    return section
+
+
+SCENARIOS: dict[str, Callable[..., Section]] = {
+    "1": lock_cycles,
+    "2": handoff,
+    "3": takeover,
+    "4": renewal_capacity,
+    "5": proxy,
+    "6": scale,
+    "7": load,
+}
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, default=str)
