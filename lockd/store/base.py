@@ -103,3 +103,14 @@ class Store(Protocol):
 
     async def ping(self) -> None:
         """Raise ``StoreUnavailable`` unless the store answers."""
+
+    async def force_release(self, lock: str) -> Holder | None:
+        """End the live lease of ``lock`` whoever holds it (an operator's override) and notify
+        listeners like a release. Returns the lease that was ended (``ttl_ms``: what it had
+        left), or ``None`` if the lock was not held. The fence is kept, so the next grant still
+        gets a higher one (invariant 1); the ended lease's renew/release answer ``LeaseLost``.
+        """
+
+    async def clock_offset(self) -> float | None:
+        """Seconds the store's clock is ahead of lockd's (negative: behind), measured now;
+        ``None`` if the store cannot tell. Raises ``StoreUnavailable``."""

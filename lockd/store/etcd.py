@@ -60,9 +60,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import email.utils
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -490,6 +492,50 @@ class EtcdStore:
             self._revoke_soon(held.etcd_lease)
             return
         raise StoreUnavailable(f"etcd: lease on {lock!r} kept changing; try again")
+
+    async def force_release(self, lock: str) -> Holder | None:
+        """Delete the lock key whoever holds it (guarded on its ``mod_revision``), revoke its
+        etcd lease; the watch tells every listener. ``None`` if the lock was not held."""
+        for _ in range(3):
+            held = await self._read_lock(lock)
+            if held is None:
+                return None
+            remaining = await self._remaining_ms(held.etcd_lease)
+            key = _b64(self._lock_key(lock))
+            doc = await self._txn(
+                [{"key": key, "target": "MOD", "mod_revision": str(held.mod_revision)}],
+                [{"request_delete_range": {"key": key}}],
+                [{"request_range": {"key": key}}])
+            if doc.get("succeeded"):
+                self._revoke_soon(held.etcd_lease)
+                return Holder(lock, held.owner, remaining, held.fence)
+            if self._range_kv(doc) is None:
+                return None  # released or expired meanwhile
+        raise StoreUnavailable(f"etcd: lock {lock!r} kept changing; try again")
+
+    async def clock_offset(self) -> float | None:
+        """etcd's wall clock (the HTTP ``Date`` header of a gateway answer, whole seconds, so
+        within about ±0.5 s) minus lockd's; ``None`` if no member sends one. Informational:
+        etcd expires leases on its leader's monotonic timer, so wall-clock skew moves no expiry.
+        """
+        if self._http is None:
+            raise StoreUnavailable("etcd store is not open")
+        endpoint = self._endpoints[self._current % len(self._endpoints)]
+        sent = time.time()
+        try:
+            response = await self._http.post(endpoint + "/v3/maintenance/status", json={},
+                                             timeout=httpx.Timeout(self._timeout))
+        except httpx.HTTPError as exc:
+            raise StoreUnavailable(f"etcd did not answer: {type(exc).__name__}") from exc
+        answered = time.time()
+        date = response.headers.get("date")
+        if not date:
+            return None
+        try:
+            server = email.utils.parsedate_to_datetime(date).timestamp() + 0.5
+        except (TypeError, ValueError):
+            return None
+        return server - (sent + answered) / 2
 
     async def get(self, lock: str) -> LockState:
         """Lock key and fence key in one linearizable read; the holder's time left if held."""

@@ -77,6 +77,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -158,6 +159,20 @@ WITH r AS (
     RETURNING name
 )
 SELECT pg_notify('{CHANNEL}', name) FROM r
+"""
+
+# An operator's force-release: end whatever lease is live, keep the fence, NOTIFY like a release.
+_SQL_FORCE_RELEASE = f"""
+WITH old AS (
+    SELECT name, fence, owner, expires_at FROM lockd.locks
+     WHERE name = %(lock)s AND expires_at > now() FOR UPDATE
+), r AS (
+    UPDATE lockd.locks l SET expires_at = NULL, released_at = now()
+      FROM old WHERE l.name = old.name
+    RETURNING old.name, old.fence, old.owner,
+              GREATEST(0, ceil(extract(epoch FROM (old.expires_at - now())) * 1000))::bigint AS ttl
+)
+SELECT fence, owner, ttl, pg_notify('{CHANNEL}', name) FROM r
 """
 
 # Only after a release whose outcome is unknown (the connection broke): did it commit?
@@ -508,6 +523,31 @@ class PostgresStore:
             return [_state(row) for row in await cur.fetchall()]
 
         return await self._run(op, retry=True)
+
+    async def force_release(self, lock: str) -> Holder | None:
+        """See ``Store.force_release``: one statement that frees the lock and NOTIFYs."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> Holder | None:
+            cur = await conn.execute(_SQL_FORCE_RELEASE, {"lock": lock})
+            row = await cur.fetchone()
+            return None if row is None else Holder(lock=lock, owner=row[1], ttl_ms=row[2],
+                                                   fence=row[0])
+
+        return await self._run(op, retry=True)
+
+    async def clock_offset(self) -> float:
+        """PostgreSQL's ``clock_timestamp()`` minus lockd's ``time.time()`` at the midpoint of
+        the round trip, in seconds (error at most half the round trip)."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> float:
+            sent = time.time()
+            cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+            row = await cur.fetchone()
+            answered = time.time()
+            assert row is not None
+            return float(row[0]) - (sent + answered) / 2
+
+        return await self._run(op, retry=False)
 
     def subscribe(self, listener: ReleaseListener) -> None:
         """See ``Store.subscribe``: called on the event loop from the one LISTEN connection."""

@@ -108,6 +108,20 @@ def _release(conn: sqlite3.Connection, now: int, lock: str, lease_id: str) -> No
         raise LeaseLost("the lease is not live (expired, released or unknown)", lock=lock)
 
 
+def _force_release(conn: sqlite3.Connection, now: int, lock: str) -> Holder | None:
+    row = conn.execute(
+        "SELECT fence, owner, expires_ms FROM locks"
+        " WHERE name = ? AND lease_id IS NOT NULL AND expires_ms > ?", (lock, now)
+    ).fetchone()
+    if row is None:
+        return None
+    conn.execute(
+        "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
+        " WHERE name = ?", (lock,)
+    )
+    return Holder(lock, row[1], row[2] - now, row[0])
+
+
 def _state(now: int, name: str, fence: int, lease_id: str | None, owner: str,
            expires: int) -> LockState:
     if lease_id is not None and expires > now:
@@ -299,6 +313,21 @@ class SqliteStore:
                 listener(lock)
             except Exception:  # a listener's bug must not fail a committed release
                 log.exception("release listener failed")
+
+    async def force_release(self, lock: str) -> Holder | None:
+        """See ``Store.force_release``."""
+        ended = await self._call(_force_release, lock)
+        if ended is not None:
+            for listener in self._listeners:
+                try:
+                    listener(lock)
+                except Exception:
+                    log.exception("release listener failed")
+        return ended
+
+    async def clock_offset(self) -> float:
+        """0.0: expiry is judged by lockd's own clock."""
+        return 0.0
 
     async def get(self, lock: str) -> LockState:
         return await self._call(_get, lock)
