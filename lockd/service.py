@@ -323,6 +323,10 @@ class LockService:
         """How many acquires are queued for ``name`` at this lockd process."""
         return len(self._queues.get(name) or ())
 
+    def waiting(self) -> int:
+        """How many acquires are queued at this lockd process, over all locks (a metric)."""
+        return sum(len(queue) for queue in self._queues.values())
+
     async def get(self, name: str) -> tuple[LockState, int]:
         """The store's view of ``name`` and the number of local waiters."""
         self.check_name(name)
