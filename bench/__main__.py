@@ -102,10 +102,10 @@ def main() -> int:
           f"after {info['load_after']}")
     report.write_json(out_dir / "latest.json", sections, info)
     (out_dir / "latest.md").write_text(report.render_markdown(sections, info))
-    drawn = chart.draw(out_dir / "latest.png", sections,
-                       f"{info['nproc']} CPU {info['cpu']}, load {info['load_before']}")
-    print(f"wrote {out_dir / 'latest.json'}, latest.md" + (
-        ", latest.png" if drawn else " (no chart: matplotlib missing, pip install -e '.[bench]')"))
+    why_not = chart.draw(out_dir / "latest.png", sections,
+                         f"{info['nproc']} CPU {info['cpu']}, load {info['load_before']}")
+    print(f"wrote {out_dir / 'latest.json'}, latest.md"
+          + (f" (no chart: {why_not})" if why_not else ", latest.png"))
     return 0
 
 

@@ -14,13 +14,13 @@ from bench.report import Section
 __all__ = ["draw"]
 
 
-def draw(path: Path, sections: list[Section], subtitle: str) -> bool:
-    """Write the chart to ``path``; False (nothing written) if no section has a panel or
-    matplotlib is not installed (``pip install -e '.[bench]'``)."""
+def draw(path: Path, sections: list[Section], subtitle: str) -> str | None:
+    """Write the chart to ``path``; else return why not (no section with a panel ran, or
+    matplotlib is not installed: ``pip install -e '.[bench]'``)."""
     try:
         import matplotlib
     except ImportError:
-        return False
+        return "matplotlib is not installed (pip install -e '.[bench]')"
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -28,7 +28,7 @@ def draw(path: Path, sections: list[Section], subtitle: str) -> bool:
     by_key = {s.key: s for s in sections}
     panels = [k for k in ("1", "2", "5") if k in by_key]
     if not panels:
-        return False
+        return "no charted section (1, 2 or 5) ran"
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 5.2), squeeze=False)
     for ax, key in zip(axes[0], panels, strict=True):
         {"1": _cycles, "2": _handoff, "5": _proxy}[key](ax, by_key[key])
@@ -36,7 +36,7 @@ def draw(path: Path, sections: list[Section], subtitle: str) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
+    return None
 
 
 def _cycles(ax, s: Section) -> None:

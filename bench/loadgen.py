@@ -807,7 +807,7 @@ def run_closed(spec: dict, clients: int, procs: int = 1) -> dict:
         w.start()
     for _ in workers:
         _get(ready, workers, 60)
-    start_at.value = time.monotonic() + spec.get("warmup", 1.0) + 0.3
+    start_at.value = time.monotonic() + spec.get("warmup", 1.0) + 0.1
     go.set()
     timeout = spec.get("warmup", 1.0) + spec["seconds"] + 120
     parts = [_get(out, workers, timeout) for _ in workers]
