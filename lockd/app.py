@@ -15,6 +15,10 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from lockd.api import HotPathMiddleware, create_router, install_error_handlers
+from lockd.events import EventHub
+from lockd.metrics import LockdMetrics
+from lockd.observe import ObservedStore
+from lockd.ops_api import create_ops_router, install_ops
 from lockd.service import LockService
 from lockd.settings import Settings
 from lockd.store import Store, open_store
@@ -27,8 +31,12 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                store: Store | None = None, keyring: KeyRing | None = None) -> FastAPI:
     """A lockd app. ``clock`` (wall seconds, default ``time.time``) judges expiry in a SQLite
     store made here; tests inject a fake one. After startup ``app.state.service`` is the
-    ``LockService``."""
+    ``LockService`` (on an ``ObservedStore``: metrics and events); ``app.state.metrics`` and
+    ``app.state.events`` exist from the start."""
     settings = settings or Settings()
+    metrics = LockdMetrics()
+    events = EventHub(queue_size=settings.events_queue_size, on_drop=metrics.events_dropped.inc,
+                      on_streams=metrics.event_streams.set)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,12 +46,19 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         ring = keyring or KeyRing.load_or_create(settings.key_dir)
         if owned:
             await the_store.open()
+        observed = ObservedStore(the_store, metrics, events,
+                                 skew_interval_s=settings.skew_interval_ms / 1000)
         try:
-            app.state.service = LockService(the_store, ring, settings)
+            service = LockService(observed, ring, settings)
+            app.state.service = service
             app.state.jwks = ring.jwks()
+            metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
+            await observed.start()
             yield
-            app.state.service.shutdown()
+            events.close()
+            service.shutdown()
         finally:
+            await observed.stop()
             if owned:
                 await the_store.close()
 
@@ -54,7 +69,11 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.events = events
     install_error_handlers(app)
+    app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
     app.add_middleware(HotPathMiddleware)
+    install_ops(app, settings, metrics)  # outermost middleware: keys, request ids
     return app

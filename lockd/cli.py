@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from lockd.app import create_app
 from lockd.errors import StoreUnavailable
+from lockd.httpkit import configure_logging
 from lockd.settings import Settings
 from lockd.store import open_store, redact_url
 from lockd.tokens import KeyRing
@@ -53,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "default ./lockd-keys)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                        help="log level (env LOCKD_LOG_LEVEL; default info)")
+    serve.add_argument("--log-format", choices=["text", "json"],
+                       help="log line format (env LOCKD_LOG_FORMAT; default text)")
     return parser
 
 
@@ -69,8 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"lockd: invalid settings: {problems}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     loop_factory = uvicorn.Config(app=FastAPI(), loop="auto", log_config=None).get_loop_factory()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         return runner.run(serve(settings))
@@ -90,7 +92,11 @@ async def serve(settings: Settings) -> int:
         log.error("lockd cannot start: %s", exc.detail)
         return 1
     try:
-        app = create_app(settings, store=store, keyring=keyring)
+        try:
+            app = create_app(settings, store=store, keyring=keyring)
+        except (OSError, ValueError) as exc:  # e.g. an unreadable API key file
+            log.error("lockd cannot start: %s", exc)
+            return 1
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
@@ -143,6 +149,9 @@ class _Server(uvicorn.Server):
         if first and service is not None and self._loop is not None:
             log.info("lockd stopping (signal %s)", signal.Signals(sig).name)
             self._loop.call_soon_threadsafe(service.shutdown)
+        events = getattr(self._app.state, "events", None)
+        if first and events is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(events.close)  # open event streams end now
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,16 +15,25 @@ setting                environment               default, meaning
 ``log_level``          ``LOCKD_LOG_LEVEL``       ``info``
 =====================  ========================  ======================================================
 
+Operations (``LOCKD_`` + the upper-case name): ``log_format`` ``text`` (default) or ``json``
+(one object a line, with request ids); ``api_keys`` (comma-separated bearer keys; none: no key
+needed) and ``api_keys_file`` (one key a line, ``#`` comments; adds to ``api_keys``);
+``admin_keys`` / ``admin_keys_file`` (keys for force-release and every other call; none:
+force-release is disabled, 403); ``max_header_bytes`` (16384: larger request headers get 431);
+``events_heartbeat_ms`` (15000: keep-alive comment on idle event streams);
+``events_queue_size`` (256: events a slow stream client may lag by before it loses some);
+``skew_interval_ms`` (10000: how often the store's clock is sampled).
+
 Out-of-range values are rejected at start (pydantic ``ValidationError``), not clamped.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from lockd.store import check_store_url
 
@@ -46,13 +55,29 @@ class Settings(BaseSettings):
     max_wait_ms: int = Field(300_000, ge=0)
     max_body_bytes: int = Field(65_536, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    api_keys_file: Path | None = None
+    admin_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    admin_keys_file: Path | None = None
+    max_header_bytes: int = Field(16_384, ge=1024, le=1024 * 1024)
+    events_heartbeat_ms: int = Field(15_000, ge=50, le=300_000)
+    events_queue_size: int = Field(256, ge=1, le=100_000)
+    skew_interval_ms: int = Field(10_000, ge=100)
+
+    @field_validator("api_keys", "admin_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(k for k in value.replace(",", " ").split() if k)
+        return value
 
     @field_validator("store")
     @classmethod
     def _known_store(cls, value: str) -> str:
         return check_store_url(value)
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

@@ -1,0 +1,182 @@
+"""Lock events (acquired, released, expired) fanned out to Server-Sent Events streams.
+
+An ``Event`` carries ``id`` (increasing per lockd process), ``type``, ``lock``, ``fence``,
+``owner``, ``ttl_ms`` (acquired: the TTL granted) and ``at`` (unix ms); ``released`` events of
+a force-release have ``forced: true``. Never a lease id or a token.
+
+Which events a stream shows: those THIS lockd process saw (see ``lockd.observe``): grants,
+releases and force-releases it served, expiries of leases it granted or renewed, and releases
+made at another replica of leases it granted (learned from the store's release notification,
+PostgreSQL NOTIFY / etcd watch). A lease granted and released entirely at another replica is
+only on that replica's streams: watch every replica for the full picture.
+
+Streams (``EventHub.stream``): each client has a bounded queue (``queue_size``). A client that
+falls behind loses the newest events (the server never blocks on it and never buffers without
+bound); once it has drained its queue it gets ``event: overflow`` with ``{"dropped": n}`` and
+should re-read the lock states. A comment line (``: keepalive``) is sent every ``heartbeat_s``
+of silence so proxies do not cut idle streams. A reconnecting ``EventSource`` sends
+``Last-Event-ID``; the events after it still in the recent history (``history`` events) are
+replayed first (an overflow event says so when some are gone). ``close()`` ends every stream
+(lockd calls it when it stops, so open streams do not hold up a graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Event", "EventHub"]
+
+_CLOSED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One lock event; ``data()`` is what a stream client sees."""
+
+    id: int
+    type: str
+    lock: str
+    fence: int | None
+    owner: str | None
+    ttl_ms: int | None
+    at: int
+    forced: bool = False
+
+    def data(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"id": self.id, "type": self.type, "lock": self.lock,
+                               "fence": self.fence, "owner": self.owner, "ttl_ms": self.ttl_ms,
+                               "at": self.at}
+        if self.forced:
+            doc["forced"] = True
+        return doc
+
+    def sse(self) -> bytes:
+        payload = json.dumps(self.data(), separators=(",", ":"), ensure_ascii=False)
+        return f"id: {self.id}\nevent: {self.type}\ndata: {payload}\n\n".encode()
+
+
+@dataclass(eq=False, slots=True)
+class _Subscriber:
+    match: Callable[[str], bool]
+    queue: asyncio.Queue[Any]
+    dropped: int = 0
+    closed: bool = field(default=False)
+
+
+class EventHub:
+    """Publishes events to subscribers; keeps the last ``history`` events.
+
+    ``queue_size``: events one stream may have pending (default 256). ``on_drop``: called
+    once per dropped event (for a metric). ``publish`` never blocks and costs O(streams).
+    """
+
+    def __init__(self, *, history: int = 256, queue_size: int = 256,
+                 on_drop: Callable[[], None] | None = None,
+                 on_streams: Callable[[int], None] | None = None):
+        self._seq = 0
+        self._history: deque[Event] = deque(maxlen=history)
+        self._subscribers: set[_Subscriber] = set()
+        self._queue_size = queue_size
+        self._on_drop = on_drop
+        self._on_streams = on_streams
+        self._closed = False
+
+    @property
+    def streams(self) -> int:
+        return len(self._subscribers)
+
+    def publish(self, type_: str, lock: str, fence: int | None, owner: str | None,
+                ttl_ms: int | None = None, *, forced: bool = False) -> Event:
+        """Record an event and offer it to every matching stream."""
+        self._seq += 1
+        event = Event(self._seq, type_, lock, fence, owner, ttl_ms, int(time.time() * 1000),
+                      forced)
+        self._history.append(event)
+        for sub in self._subscribers:
+            if sub.match(lock):
+                try:
+                    sub.queue.put_nowait(event)
+                except asyncio.QueueFull:
+                    sub.dropped += 1
+                    if self._on_drop is not None:
+                        self._on_drop()
+        return event
+
+    def recent(self, match: Callable[[str], bool], limit: int) -> list[Event]:
+        """The last ``limit`` events (oldest first) whose lock ``match`` accepts."""
+        if limit <= 0:
+            return []
+        picked = [e for e in reversed(self._history) if match(e.lock)][:limit]
+        return picked[::-1]
+
+    def _after(self, match: Callable[[str], bool], last_id: int) -> tuple[list[Event], bool]:
+        """Events after ``last_id`` still in history, and whether some were already gone."""
+        events = [e for e in self._history if e.id > last_id and match(e.lock)]
+        oldest = self._history[0].id if self._history else self._seq + 1
+        return events, last_id + 1 < oldest and last_id < self._seq
+
+    def close(self) -> None:
+        """End every stream (and refuse new ones)."""
+        self._closed = True
+        for sub in list(self._subscribers):
+            sub.closed = True
+            while True:
+                try:
+                    sub.queue.put_nowait(_CLOSED)
+                    break
+                except asyncio.QueueFull:
+                    sub.queue.get_nowait()
+
+    async def stream(self, match: Callable[[str], bool], *, history: int = 0,
+                     last_event_id: int | None = None,
+                     heartbeat_s: float = 15.0) -> AsyncIterator[bytes]:
+        """The SSE byte stream of the events ``match`` accepts (see the module docstring)."""
+        sub = _Subscriber(match, asyncio.Queue(self._queue_size))
+        if self._closed:
+            return
+        self._subscribers.add(sub)
+        if self._on_streams is not None:
+            self._on_streams(len(self._subscribers))
+        gap = False
+        if last_event_id is not None:
+            replay, gap = self._after(match, last_event_id)
+        else:
+            replay = self.recent(match, history)
+        seen = replay[-1].id if replay else self._seq  # later events arrive through the queue
+        try:
+            yield b"retry: 2000\n: connected\n\n"
+            if gap:
+                yield _overflow(0)
+            for event in replay:
+                yield event.sse()
+            while True:
+                if sub.dropped and sub.queue.empty():
+                    dropped, sub.dropped = sub.dropped, 0
+                    yield _overflow(dropped)
+                try:
+                    async with asyncio.timeout(heartbeat_s):
+                        item = await sub.queue.get()
+                except TimeoutError:
+                    yield b": keepalive\n\n"
+                    continue
+                if item is _CLOSED:
+                    return
+                if item.id <= seen:  # already replayed
+                    continue
+                yield item.sse()
+        finally:
+            self._subscribers.discard(sub)
+            if self._on_streams is not None:
+                self._on_streams(len(self._subscribers))
+
+
+def _overflow(dropped: int) -> bytes:
+    return (b"event: overflow\ndata: "
+            + json.dumps({"dropped": dropped}).encode()
+            + b"\n\n")

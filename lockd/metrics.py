@@ -1,0 +1,117 @@
+"""lockd's Prometheus metrics, one ``CollectorRegistry`` per app (no process-global state).
+
+Every series is per lockd process; sum over replicas. No label carries a lock name (bounded
+cardinality: labels are small fixed enums).
+
+=======================================  =========  ================================================
+metric                                   type       meaning
+=======================================  =========  ================================================
+``lockd_leases_active``                  gauge      leases this process granted or renewed and
+                                                    believes live (released/expired ones leave)
+``lockd_acquires_waiting``               gauge      acquires queued at this process, all locks
+``lockd_acquires_total{outcome}``        counter    ``granted``, ``held`` (409), ``error``
+``lockd_acquire_wait_seconds{outcome}``  histogram  time from request to answer of an acquire
+``lockd_lease_ttl_seconds``              histogram  TTL granted (compare with the hold time)
+``lockd_lease_hold_seconds{outcome}``    histogram  grant to ``released`` / ``expired`` /
+                                                    ``forced`` (force-release)
+``lockd_renewals_total{outcome}``        counter    ``ok``, ``lease_lost`` (410), ``error``
+``lockd_renewal_failures_total{reason}`` counter    ``lease_lost``, ``store_unavailable``
+``lockd_renewal_margin_seconds``         histogram  lease time left when a renewal arrived
+``lockd_renewal_margin_ratio``           histogram  the same, as a fraction of the lease's TTL
+``lockd_lease_expirations_total``        counter    leases that lapsed without a release
+                                                    (crashed or frozen holders); see ``observe``
+``lockd_releases_total{kind}``           counter    ``released`` (by the holder), ``forced``
+``lockd_handoffs_total``                 counter    grants of a lock that had refused a contender
+                                                    since its previous grant
+``lockd_store_clock_skew_seconds``       gauge      store clock minus lockd clock (SQLite: 0)
+``lockd_store_clock_skew_errors_total``  counter    skew samples that failed
+``lockd_event_streams``                  gauge      open ``/events`` streams
+``lockd_events_dropped_total``           counter    events dropped for slow stream clients
+``lockd_auth_failures_total{reason}``    counter    ``missing`` / ``wrong`` key, ``forbidden``
+=======================================  =========  ================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["LockdMetrics", "CONTENT_TYPE_LATEST"]
+
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+LEASE_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+MARGIN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
+RATIO_BUCKETS = (0.05, 0.1, 0.2, 0.33, 0.5, 0.67, 0.8, 0.9, 1.0)
+
+
+class LockdMetrics:
+    """The metric objects of one lockd app; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.leases_active = Gauge("lockd_leases_active",
+                                   "Leases granted or renewed here and believed live.",
+                                   registry=r)
+        self.acquires_waiting = Gauge("lockd_acquires_waiting",
+                                      "Acquires queued at this lockd process.", registry=r)
+        acquires = Counter("lockd_acquires", "Acquire requests answered, by outcome.",
+                           ["outcome"], registry=r)
+        wait = Histogram("lockd_acquire_wait_seconds",
+                         "Time from an acquire request to its answer.", ["outcome"],
+                         buckets=WAIT_BUCKETS, registry=r)
+        self.acquire_outcomes = {o: (acquires.labels(o), wait.labels(o))
+                                 for o in ("granted", "held", "error")}
+        self.lease_ttl = Histogram("lockd_lease_ttl_seconds", "TTL of granted leases.",
+                                   buckets=LEASE_BUCKETS, registry=r)
+        hold = Histogram("lockd_lease_hold_seconds",
+                         "Time from grant to release, expiry or force-release.", ["outcome"],
+                         buckets=LEASE_BUCKETS, registry=r)
+        self.hold = {o: hold.labels(o) for o in ("released", "expired", "forced")}
+        renewals = Counter("lockd_renewals", "Renew requests answered, by outcome.", ["outcome"],
+                           registry=r)
+        self.renewals = {o: renewals.labels(o) for o in ("ok", "lease_lost", "error")}
+        failures = Counter("lockd_renewal_failures",
+                           "Renewals that failed: the lease was gone, or the store did not answer.",
+                           ["reason"], registry=r)
+        self.renewal_failures = {o: failures.labels(o)
+                                 for o in ("lease_lost", "store_unavailable")}
+        self.renewal_margin = Histogram(
+            "lockd_renewal_margin_seconds",
+            "Lease time left when a renewal arrived (small: TTLs are too short).",
+            buckets=MARGIN_BUCKETS, registry=r)
+        self.renewal_margin_ratio = Histogram(
+            "lockd_renewal_margin_ratio",
+            "Lease time left when a renewal arrived, as a fraction of its TTL.",
+            buckets=RATIO_BUCKETS, registry=r)
+        self.expirations = Counter("lockd_lease_expirations",
+                                   "Leases that lapsed without a release (crashed or frozen "
+                                   "holders).", registry=r)
+        releases = Counter("lockd_releases", "Leases ended by their holder or by an operator.",
+                           ["kind"], registry=r)
+        self.releases = {k: releases.labels(k) for k in ("released", "forced")}
+        self.handoffs = Counter("lockd_handoffs",
+                                "Grants of a lock that had refused a contender since its "
+                                "previous grant.", registry=r)
+        self.skew = Gauge("lockd_store_clock_skew_seconds",
+                          "The store's clock minus lockd's, last sample.", registry=r)
+        self.skew_errors = Counter("lockd_store_clock_skew_errors",
+                                   "Clock skew samples that failed.", registry=r)
+        self.event_streams = Gauge("lockd_event_streams", "Open event streams.", registry=r)
+        self.events_dropped = Counter("lockd_events_dropped",
+                                      "Events dropped because a stream client was too slow.",
+                                      registry=r)
+        auth = Counter("lockd_auth_failures", "Requests refused for their API key.", ["reason"],
+                       registry=r)
+        self.auth_failures = {k: auth.labels(k) for k in ("missing", "wrong", "forbidden")}
+
+    def watch(self, *, leases_active: Callable[[], float],
+              acquires_waiting: Callable[[], float]) -> None:
+        """Compute the two gauges at scrape time (nothing to update on the hot path)."""
+        self.leases_active.set_function(leases_active)
+        self.acquires_waiting.set_function(acquires_waiting)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

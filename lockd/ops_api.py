@@ -1,0 +1,235 @@
+"""lockd's operations routes and app wiring: ``/`` (status page), ``/metrics``, event streams,
+force-release, API keys, request ids, and the OpenAPI document's problem responses.
+
+===============================================  ==============================================
+route                                            meaning
+===============================================  ==============================================
+``GET /``                                        the live status page (``lockd.status_page``)
+``GET /metrics``                                 Prometheus text (``lockd.metrics``); no key
+``GET /v1/events?prefix=&history=``              SSE stream of the events of locks named
+                                                 ``prefix…`` (``lockd.events``)
+``GET /v1/locks/{name}/events?history=``         SSE stream of one lock's events
+``POST /v1/locks/{name}/force-release``          admin key only: end the live lease whoever
+                                                 holds it; 200 ``{lock, released, fence, owner}``
+===============================================  ==============================================
+
+``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
+``Last-Event-ID`` replays what it missed instead. Because ``/v1/locks/{name}/events`` is an
+event stream, the state of a lock whose name ends in ``/events`` cannot be read with
+``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
+
+Access (``lockd.httpkit.OpsMiddleware``): with ``api_keys`` set, every call but ``/``,
+``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
+``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
+Force-release needs an admin key: none sent or a wrong one is 401, a client key is 403
+``forbidden``, and with no admin key configured it is disabled (403). ``/healthz`` and
+``/metrics`` stay open so probes and Prometheus need no secret (they show no lock names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from lockd.api import PROBLEM_JSON, problem_response
+from lockd.errors import InvalidRequest
+from lockd.events import EventHub
+from lockd.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys
+from lockd.metrics import CONTENT_TYPE_LATEST, LockdMetrics
+from lockd.schemas import NAME_RE, PREFIX_RE
+from lockd.settings import Settings
+from lockd.status_page import STATUS_PAGE
+
+__all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_ops"]
+
+OPEN_PATHS = frozenset({"/", "/healthz", "/metrics"})
+HISTORY_MAX = 256
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ForceReleasedBody(BaseModel):
+    """The answer of a force-release: the lease it ended (``released: false``: none was live)."""
+
+    lock: str
+    released: bool
+    fence: int | None
+    owner: str | None
+
+
+PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "code"],
+    "properties": {
+        "type": {"type": "string"}, "title": {"type": "string"},
+        "status": {"type": "integer"}, "detail": {"type": "string"},
+        "code": {"type": "string"},
+    },
+    "additionalProperties": True,
+}
+
+
+def _problem_doc(status: int, description: str) -> dict[str, Any]:
+    return {"description": description,
+            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+
+
+_SSE_DOC = {200: {"description": "text/event-stream of acquired/released/expired events",
+                  "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+            422: _problem_doc(422, "Invalid request")}
+
+
+def _history(value: int) -> int:
+    if not 0 <= value <= HISTORY_MAX:
+        raise InvalidRequest(f"history must be between 0 and {HISTORY_MAX} (got {value})")
+    return value
+
+
+def _last_event_id(request: Request) -> int | None:
+    raw = request.headers.get("last-event-id", "")
+    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+
+
+def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
+    hub: EventHub = request.app.state.events
+    settings: Settings = request.app.state.settings
+    body = hub.stream(match, history=history, last_event_id=_last_event_id(request),
+                      heartbeat_s=settings.events_heartbeat_ms / 1000)
+    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+
+def create_ops_router() -> APIRouter:
+    """The operations routes; include it BEFORE ``lockd.api.create_router`` (its
+    ``/v1/locks/{name}`` would otherwise swallow ``/v1/locks/{name}/events``)."""
+    router = APIRouter()
+
+    @router.get("/", include_in_schema=False)
+    async def status_page() -> Response:
+        return HTMLResponse(STATUS_PAGE, headers={"Cache-Control": "no-cache"})
+
+    @router.get("/metrics", responses={200: {"description": "Prometheus text exposition",
+                                             "content": {"text/plain": {"schema": {
+                                                 "type": "string"}}}}})
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics of this lockd process (see ``lockd.metrics``)."""
+        return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @router.get("/v1/events", response_class=StreamingResponse, responses=_SSE_DOC)
+    async def events(request: Request, prefix: str = "", history: int = 0) -> Response:
+        """Server-Sent Events of the locks whose name starts with ``prefix``."""
+        if not PREFIX_RE.fullmatch(prefix):
+            raise InvalidRequest("prefix must be at most 255 characters of A-Z a-z 0-9 . _ : / -")
+        return _stream(request, lambda lock: lock.startswith(prefix), _history(history))
+
+    @router.get("/v1/locks/{name:path}/events", response_class=StreamingResponse,
+                responses=_SSE_DOC)
+    async def lock_events(name: str, request: Request, history: int = 0) -> Response:
+        """Server-Sent Events of one lock: acquired, released, expired (with fences)."""
+        if not NAME_RE.fullmatch(name):
+            raise InvalidRequest("lock name must be 1-255 characters of A-Z a-z 0-9 . _ : / -")
+        return _stream(request, name.__eq__, _history(history))
+
+    @router.post("/v1/locks/{name:path}/force-release", response_model=ForceReleasedBody,
+                 responses={s: _problem_doc(s, d) for s, d in (
+                     (401, "Unauthorized"), (403, "Forbidden"), (422, "Invalid request"),
+                     (503, "Service unavailable"))})
+    async def force_release(name: str, request: Request) -> Response:
+        """Admin: end the live lease of ``name`` whoever holds it; the next grant gets a higher
+        fence, the old holder's renew/release get 410."""
+        denied = _admin_denied(request)
+        if denied is not None:
+            return denied
+        service = request.app.state.service
+        service.check_name(name)
+        ended = await service.store.force_release(name)  # notifies waiters like a release
+        return JSONResponse({"lock": name, "released": ended is not None,
+                             "fence": ended.fence if ended else None,
+                             "owner": ended.owner if ended else None})
+
+    return router
+
+
+def _admin_denied(request: Request) -> Response | None:
+    """None if the request carries an admin key, else the 401/403 problem to answer."""
+    admin: KeySet = request.app.state.admin_keys
+    metrics: LockdMetrics = request.app.state.metrics
+    if not admin:
+        metrics.auth_failures["forbidden"].inc()
+        return problem_response(403, "forbidden", "Forbidden",
+                                "force-release is disabled: no admin key is configured "
+                                "(LOCKD_ADMIN_KEYS or LOCKD_ADMIN_KEYS_FILE)")
+    role = request.scope.get("ops.role")
+    if role == "admin":
+        return None
+    if role == "client":
+        metrics.auth_failures["forbidden"].inc()
+        return problem_response(403, "forbidden", "Forbidden", "this call needs an admin key")
+    missing = bearer_key(request.scope) is None
+    metrics.auth_failures["missing" if missing else "wrong"].inc()
+    return problem_response(
+        401, "unauthorized", "Unauthorized",
+        "this call needs an admin key: send Authorization: Bearer <key>" if missing
+        else "the API key is not valid", headers={"WWW-Authenticate": 'Bearer realm="lockd"'})
+
+
+def _secrets(values: tuple[Any, ...]) -> list[str]:
+    return [v.get_secret_value() if hasattr(v, "get_secret_value") else str(v) for v in values]
+
+
+def install_ops(app: FastAPI, settings: Settings, metrics: LockdMetrics) -> None:
+    """Keys (read now: a missing key file fails the start), the outermost middleware, and the
+    OpenAPI post-processing. Call after every other middleware is added."""
+    api_keys = KeySet(load_keys(_secrets(settings.api_keys), settings.api_keys_file))
+    admin_keys = KeySet(load_keys(_secrets(settings.admin_keys), settings.admin_keys_file))
+    app.state.admin_keys = admin_keys
+    acquire_outcomes = metrics.acquire_outcomes
+
+    def on_response(scope: Any, status: int, seconds: float) -> None:
+        if scope["method"] == "POST" and scope["path"].endswith("/acquire"):
+            outcome = "granted" if status == 200 else "held" if status == 409 else "error"
+            counter, histogram = acquire_outcomes[outcome]
+            counter.inc()
+            histogram.observe(seconds)
+
+    app.add_middleware(OpsMiddleware, api_keys=api_keys, admin_keys=admin_keys,
+                       open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
+                       on_response=on_response,
+                       on_auth_failure=lambda reason: metrics.auth_failures[reason].inc())
+    _document_problems(app)
+
+
+def _document_problems(app: FastAPI) -> None:
+    """Make the OpenAPI document tell the truth about failures: every problem response has the
+    ``Problem`` schema (FastAPI's default 422 shape is replaced), and every operation lists 401
+    (outside the open paths) and 431."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                          description=app.description, routes=app.routes)
+        components = doc.setdefault("components", {})
+        schemas = components.setdefault("schemas", {})
+        schemas["Problem"] = PROBLEM_SCHEMA
+        schemas.pop("HTTPValidationError", None)
+        schemas.pop("ValidationError", None)
+        components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        for path, operations in doc.get("paths", {}).items():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                for status, response in responses.items():
+                    if status.startswith(("4", "5")):
+                        response["content"] = {PROBLEM_JSON: {
+                            "schema": {"$ref": "#/components/schemas/Problem"}}}
+                responses.setdefault("431", _problem_doc(431, "Request headers too large"))
+                if path not in OPEN_PATHS:
+                    responses.setdefault("401", _problem_doc(401, "Missing or wrong API key"))
+                    operation["security"] = [{"bearer": []}, {}]
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]

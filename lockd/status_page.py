@@ -1,0 +1,213 @@
+"""lockd's live status page (``GET /``): plain HTML with inline JavaScript, no build step.
+
+The page lists the locks (``GET /v1/locks``, re-read every 2 s) with holder, fence, remaining
+TTL (counting down in the browser) and waiters, and shows lock events as they happen from the
+SSE stream ``GET /v1/events?history=50``: an ``EventSource`` when lockd needs no API key; when
+it answers 401, the page asks for a key (kept in the tab's ``sessionStorage`` only) and reads
+the same stream with ``fetch`` so it can send ``Authorization: Bearer``. An event updates its
+row at once, before the next full re-read. The page itself holds no data and needs no key.
+"""
+
+from __future__ import annotations
+
+__all__ = ["STATUS_PAGE"]
+
+STATUS_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>lockd status</title>
+<style>
+  :root { --fg: #1d2329; --muted: #6b7580; --line: #e3e7eb; --held: #b4490d; --free: #2c7a3f;
+          --bg: #f7f8fa; --accent: #2457a6; }
+  * { box-sizing: border-box; }
+  body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
+         color: var(--fg); background: var(--bg); }
+  header { display: flex; align-items: baseline; gap: 16px; padding: 14px 24px;
+           background: #fff; border-bottom: 1px solid var(--line); }
+  header h1 { margin: 0; font-size: 18px; }
+  #conn { color: var(--muted); font-size: 13px; }
+  #conn.live::before { content: "\\25CF "; color: var(--free); }
+  #conn.down::before { content: "\\25CF "; color: var(--held); }
+  main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 20px;
+         padding: 20px 24px; }
+  section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
+  h2 { font-size: 14px; margin: 0 0 8px; color: var(--muted); text-transform: uppercase;
+       letter-spacing: .04em; }
+  table { width: 100%; border-collapse: collapse; }
+  th, td { text-align: left; padding: 6px 8px; border-bottom: 1px solid var(--line);
+           white-space: nowrap; }
+  th { font-weight: 600; color: var(--muted); font-size: 12px; }
+  td.num { text-align: right; font-variant-numeric: tabular-nums; }
+  td.lock { font-family: ui-monospace, monospace; white-space: normal; word-break: break-all; }
+  .held { color: var(--held); font-weight: 600; }
+  .free { color: var(--free); }
+  tr.flash td { background: #fff4c2; }
+  #events { list-style: none; margin: 0; padding: 0; max-height: 70vh; overflow: auto; }
+  #events li { padding: 5px 0; border-bottom: 1px solid var(--line); font-size: 13px; }
+  #events .t { color: var(--muted); font-variant-numeric: tabular-nums; margin-right: 6px; }
+  .ev-acquired { color: var(--accent); font-weight: 600; }
+  .ev-released { color: var(--free); font-weight: 600; }
+  .ev-expired, .ev-overflow { color: var(--held); font-weight: 600; }
+  .empty { color: var(--muted); padding: 10px 0; }
+  #auth { display: none; padding: 12px 24px; background: #fff4e5; border-bottom: 1px solid var(--line); }
+  #auth input { font: inherit; padding: 3px 6px; width: 22em; }
+</style>
+</head>
+<body>
+<header><h1>lockd status</h1><span id="conn" class="down">connecting</span>
+<span id="summary" style="color: var(--muted)"></span></header>
+<form id="auth"><label>This lockd needs an API key:
+  <input id="key" type="password" autocomplete="off"></label> <button>Use key</button></form>
+<main>
+<section><h2>Locks</h2>
+<table id="locks"><thead><tr><th>Lock</th><th>State</th><th>Holder</th><th>Fence</th>
+<th>TTL left</th><th>Waiters</th></tr></thead><tbody></tbody></table>
+<div id="nolocks" class="empty">No locks yet.</div></section>
+<section><h2>Recent events</h2><ul id="events"></ul>
+<div id="noevents" class="empty">Waiting for events&hellip;</div></section>
+</main>
+<script>
+"use strict";
+const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt}
+const flashes = new Map(); // name -> highlight until (performance.now())
+let key = sessionStorage.getItem("lockd-key") || "";
+let stream = null;
+const $ = (id) => document.getElementById(id);
+
+function headers() { return key ? {"Authorization": "Bearer " + key} : {}; }
+function fmtMs(ms) {
+  if (ms <= 0) return "-";
+  if (ms < 10000) return (ms / 1000).toFixed(1) + " s";
+  if (ms < 120000) return Math.round(ms / 1000) + " s";
+  return Math.round(ms / 60000) + " min";
+}
+function cell(text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text; if (cls) td.className = cls; return td;
+}
+function render() {
+  const body = $("locks").tBodies[0];
+  const names = [...locks.keys()].sort();
+  body.replaceChildren();
+  const now = performance.now();
+  let held = 0;
+  for (const name of names) {
+    const l = locks.get(name);
+    const left = l.held ? Math.max(0, l.expiresAt - now) : 0;
+    const isHeld = l.held && left > 0;
+    if (isHeld) held++;
+    const tr = document.createElement("tr");
+    tr.dataset.lock = name;
+    if ((flashes.get(name) || 0) > now) tr.className = "flash";
+    tr.append(cell(name, "lock"), cell(isHeld ? "held" : "free", isHeld ? "held" : "free"),
+              cell(isHeld ? (l.owner || "(no owner)") : "-"), cell(String(l.fence), "num"),
+              cell(isHeld ? fmtMs(left) : "-", "num"), cell(String(l.waiters || 0), "num"));
+    body.append(tr);
+  }
+  $("nolocks").style.display = names.length ? "none" : "";
+  $("summary").textContent = names.length + " lock(s), " + held + " held";
+}
+async function refresh() {
+  try {
+    const r = await fetch("/v1/locks?limit=1000", {headers: headers()});
+    if (r.status === 401) { askKey(); return; }
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const page = await r.json();
+    const now = performance.now();
+    for (const s of page.items) {
+      locks.set(s.lock, {held: s.held, owner: s.owner, fence: s.fence, waiters: s.waiters,
+                         expiresAt: now + s.ttl_ms});
+    }
+    render();
+  } catch (e) { setConn(false, "cannot read locks: " + e.message); }
+}
+function askKey() { $("auth").style.display = "block"; setConn(false, "API key needed"); }
+function setConn(ok, text) { const c = $("conn"); c.className = ok ? "live" : "down"; c.textContent = text; }
+function onEvent(type, ev) {
+  if (type === "overflow") { addEvent({type: "overflow", lock: "some events were dropped", at: Date.now()}); refresh(); return; }
+  addEvent(ev);
+  const l = locks.get(ev.lock) || {waiters: 0};
+  if (type === "acquired") {
+    Object.assign(l, {held: true, owner: ev.owner, fence: ev.fence, expiresAt: performance.now() + ev.ttl_ms});
+  } else {
+    Object.assign(l, {held: false, owner: null});
+    if (ev.fence != null) l.fence = Math.max(l.fence || 0, ev.fence);
+  }
+  locks.set(ev.lock, l);
+  flashes.set(ev.lock, performance.now() + 1500);
+  render();
+}
+function addEvent(ev) {
+  const li = document.createElement("li");
+  const t = document.createElement("span"); t.className = "t";
+  t.textContent = new Date(ev.at).toLocaleTimeString();
+  const k = document.createElement("span"); k.className = "ev-" + ev.type; k.textContent = ev.type;
+  li.append(t, k, document.createTextNode(" " + ev.lock +
+    (ev.fence != null ? "  fence " + ev.fence : "") + (ev.owner ? "  by " + ev.owner : "") +
+    (ev.forced ? "  (forced)" : "")));
+  li.dataset.type = ev.type; li.dataset.lock = ev.lock;
+  const list = $("events"); list.prepend(li);
+  while (list.children.length > 100) list.lastChild.remove();
+  $("noevents").style.display = "none";
+}
+const TYPES = ["acquired", "released", "expired", "overflow"];
+function connect() {
+  if (stream) stream.close();
+  const url = "/v1/events?history=50";
+  if (!key && window.EventSource) {
+    const es = new EventSource(url);
+    es.onopen = () => setConn(true, "live");
+    es.onerror = () => setConn(false, "reconnecting");
+    for (const t of TYPES) es.addEventListener(t, (m) => onEvent(t, t === "overflow" ? {} : JSON.parse(m.data)));
+    stream = es;
+  } else {
+    stream = fetchStream(url);
+  }
+}
+function fetchStream(url) {
+  const ctl = new AbortController();
+  (async () => {
+    let lastId = null;
+    for (;;) {
+      try {
+        const h = headers(); if (lastId) h["Last-Event-ID"] = lastId;
+        const r = await fetch(url, {headers: h, signal: ctl.signal});
+        if (r.status === 401) { askKey(); return; }
+        setConn(true, "live");
+        const reader = r.body.getReader(); const dec = new TextDecoder(); let buf = "";
+        for (;;) {
+          const {value, done} = await reader.read(); if (done) break;
+          buf += dec.decode(value, {stream: true});
+          let i;
+          while ((i = buf.indexOf("\\n\\n")) >= 0) {
+            const block = buf.slice(0, i); buf = buf.slice(i + 2);
+            let type = "message", data = "";
+            for (const line of block.split("\\n")) {
+              if (line.startsWith("event: ")) type = line.slice(7);
+              else if (line.startsWith("data: ")) data += line.slice(6);
+              else if (line.startsWith("id: ")) lastId = line.slice(4);
+            }
+            if (TYPES.includes(type)) onEvent(type, data ? JSON.parse(data) : {});
+          }
+        }
+      } catch (e) { if (ctl.signal.aborted) return; }
+      setConn(false, "reconnecting");
+      await new Promise((res) => setTimeout(res, 2000));
+    }
+  })();
+  return {close: () => ctl.abort()};
+}
+$("auth").addEventListener("submit", (e) => {
+  e.preventDefault(); key = $("key").value.trim(); sessionStorage.setItem("lockd-key", key);
+  $("auth").style.display = "none"; refresh(); connect();
+});
+refresh();
+connect();
+setInterval(refresh, 2000);
+setInterval(() => render(), 250);
+</script>
+</body>
+</html>
+"""
