@@ -17,19 +17,21 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from resource_proxy.activity import call_of, record
 from resource_proxy.errors import (
     InvalidRequest,
+    InvalidTokenError,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.metrics import Metrics
+from resource_proxy.metrics import CONTENT_TYPE_LATEST
 from resource_proxy.service import ProxyService
 from resource_proxy.tables import dumps, loads
 
@@ -38,6 +40,7 @@ __all__ = ["routes", "install_problem_handlers", "TOKEN_HEADER"]
 log = logging.getLogger("resource_proxy.api")
 
 TOKEN_HEADER = "fencing-token"
+MAX_TOKEN_CHARS = 4096  # lockd's tokens are ~250 characters; a longer header is not one
 routes: list[Route] = []
 
 
@@ -57,9 +60,8 @@ def _service(request: Request) -> ProxyService:
 
 
 def _reply(request: Request, call: str, body: Any, status: int = 200) -> Response:
-    """A JSON response (204: empty), counted in ``resource_proxy_requests_total``."""
-    metrics: Metrics = request.app.state.metrics
-    metrics.inc("resource_proxy_requests_total", call=call, status=status)
+    """A JSON response (204: empty), counted in the metrics (``activity.record``)."""
+    record(request, call, status)
     if status == 204:
         return Response(status_code=204)
     return Response(dumps(body), status_code=status, media_type="application/json")
@@ -96,7 +98,10 @@ def _path(request: Request) -> tuple[str, str]:
 
 
 def _token(request: Request) -> str | None:
-    return request.headers.get(TOKEN_HEADER)
+    token = request.headers.get(TOKEN_HEADER)
+    if token is not None and len(token) > MAX_TOKEN_CHARS:
+        raise InvalidTokenError(f"the Fencing-Token header exceeds {MAX_TOKEN_CHARS} characters")
+    return token
 
 
 # -- rows --------------------------------------------------------------------------------------
@@ -180,18 +185,13 @@ async def healthz(request: Request) -> Response:
 
 @_route("/metrics", "GET")
 async def metrics(request: Request) -> Response:
-    service = _service(request)
-    text = request.app.state.metrics.render(
-        {"resource_proxy_jwks_loads_total": service.keys.loads}
-    )
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+    return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 # -- the one problem mapping -------------------------------------------------------------------
 
 def _problem(request: Request, error: ProxyError) -> Response:
-    request.app.state.metrics.inc("resource_proxy_requests_total", call="problem",
-                                  status=error.status)
+    record(request, call_of(request), error.status, error)
     headers = {"Retry-After": "1"} if isinstance(error, StoreUnavailable) else None
     return Response(dumps(error.problem()), status_code=error.status, headers=headers,
                     media_type="application/problem+json")

@@ -17,9 +17,12 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
+from lockd.httpkit import KeySet, OpsMiddleware, load_keys
+from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader
-from resource_proxy.metrics import Metrics
+from resource_proxy.metrics import ProxyMetrics
+from resource_proxy.openapi import OPEN_PATHS, build_openapi
 from resource_proxy.policy import Policy, load_policy
 from resource_proxy.service import ProxyService
 from resource_proxy.settings import Settings
@@ -33,7 +36,13 @@ log = logging.getLogger("resource_proxy")
 
 def create_app(settings: Settings, *, policy: Policy | None = None,
                catalog: Catalog | None = None) -> FastAPI:
-    """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file.
+    """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file,
+    ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
+
+    Besides the API: ``/`` (status page), ``/v1/activity``, ``/metrics`` (prometheus-client),
+    ``/openapi.json`` (``openapi``), and ``lockd.httpkit.OpsMiddleware`` outermost (API keys
+    from ``settings.api_keys``/``api_keys_file``; ``/``, ``/healthz``, ``/metrics`` and
+    ``/openapi.json`` stay open; request ids; header bound).
 
     ``policy``/``catalog``: already loaded and prepared (the CLI does that before it starts the
     server, to fail with one clear line); by default the policy is read here and the database
@@ -72,7 +81,18 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
 
     app = FastAPI(title="resource-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
-    app.state.metrics = Metrics()
+    metrics = app.state.metrics = ProxyMetrics()
+    app.state.activity = Activity()
+    metrics.watch_jwks_loads(
+        lambda: app.state.service.keys.loads if hasattr(app.state, "service") else 0)
     app.router.routes.extend(routes)
+    app.router.routes.extend(activity_routes)
     install_problem_handlers(app)
+    app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
+    api_keys = KeySet(load_keys([k.get_secret_value() for k in settings.api_keys],
+                                settings.api_keys_file))
+    app.add_middleware(OpsMiddleware, api_keys=api_keys, admin_keys=KeySet(),
+                       open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
+                       on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
+                       logger=logging.getLogger("resource_proxy.http"))
     return app

@@ -21,6 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from lockd.httpkit import configure_logging
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
 from resource_proxy.policy import PolicyError, load_policy
@@ -75,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 7071)")
     serve.add_argument("--log-level", help="debug, info, warning, error (default info)")
+    serve.add_argument("--log-format", choices=["text", "json"],
+                       help="log line format (env PROXY_LOG_FORMAT; default text)")
     return parser
 
 
@@ -92,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             print(f"resource-proxy: {where}: {error['msg']}", file=sys.stderr)
         return 2
-    level = settings.log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     try:
         policy = load_policy(settings.policy)
     except PolicyError as exc:
@@ -108,9 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     if settings.jwks_file is not None and not _usable_keys(settings.jwks_file):
         log.error("resource-proxy cannot start: no usable Ed25519 key in %s", settings.jwks_file)
         return 1
-    app = create_app(settings, policy=policy, catalog=catalog)
+    try:
+        app = create_app(settings, policy=policy, catalog=catalog)
+    except (OSError, ValueError) as exc:  # an unreadable API key file, a too short key
+        log.error("resource-proxy cannot start: %s", exc)
+        return 1
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
-                            log_level=settings.log_level.lower(), lifespan="on")
+                            log_level=settings.log_level.lower(), lifespan="on",
+                            log_config=None)
     server = _Server(config)
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
         server.run()

@@ -101,6 +101,10 @@ class KeySource:
             self._verifier = verifier
             return True
 
+    def peek(self, token: str) -> Claims | None:
+        """The claims of ``token`` if it was verified already (cache only; never verifies)."""
+        return self._cache.get(token)
+
     async def verify(self, token: str) -> Claims:
         """The claims of a genuine token; ``InvalidTokenError`` (401) otherwise."""
         claims = self._cache.get(token)

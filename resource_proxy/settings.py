@@ -8,9 +8,9 @@ on an unknown ``kid`` at most once per ``jwks_refetch_interval_ms``) or ``jwks_f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -39,6 +39,19 @@ class Settings(BaseSettings):
     db_timeout_ms: int = Field(3000, ge=100)
     jwks_refetch_interval_ms: int = Field(1000, ge=0)
     log_level: str = "info"
+    # Operations: log lines as text or JSON objects (with request ids); bearer API keys (none:
+    # no key needed; comma-separated, plus one a line from the file); bound on request headers.
+    log_format: Literal["text", "json"] = "text"
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
+    api_keys_file: Path | None = None
+    max_header_bytes: int = Field(16_384, ge=1024, le=1024 * 1024)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(k for k in value.replace(",", " ").split() if k)
+        return value
 
     @field_validator("tables", mode="before")
     @classmethod

@@ -1,0 +1,200 @@
+"""The proxy's OpenAPI 3.1 document, built from the served tables (``GET /openapi.json``).
+
+The proxy's routes are plain Starlette routes (no FastAPI parameter solving on the hot path),
+so FastAPI cannot describe them; this module does, by hand. Each allow-listed table gets its
+own paths (``/v1/tables/accounts/rows…``) with a row schema from its reflected columns, so a
+client (or a fuzzer such as schemathesis) knows what a valid row looks like. Every failure is
+documented with its status and the ``Problem`` schema; ``Fencing-Token`` is an optional header
+(its absence is the documented 428 of a write).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resource_proxy.tables import Catalog, Column, Kind, Table
+
+__all__ = ["build_openapi", "OPEN_PATHS"]
+
+OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/openapi.json"})
+_PROBLEM_JSON = "application/problem+json"
+_PROBLEM = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "code"],
+    "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                   "status": {"type": "integer"}, "detail": {"type": "string"},
+                   "code": {"type": "string"}},
+    "additionalProperties": True,
+}
+_TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock not allowed",
+           404: "Not found", 409: "Stale fencing token or constraint conflict",
+           413: "Payload too large", 422: "Invalid request", 428: "Fencing token required",
+           431: "Request headers too large", 503: "Database unavailable"}
+_TOKEN = {"name": "Fencing-Token", "in": "header", "required": False,
+          "description": "the lock's compact JWS from lockd", "schema": {"type": "string",
+                                                                          "maxLength": 4096}}
+_ROW_OUT = {"type": "object", "additionalProperties": True}
+_SCALAR_KINDS = {
+    Kind.INTEGER: {"type": "integer"}, Kind.NUMERIC: {"type": ["number", "string"]},
+    Kind.FLOAT: {"type": "number"}, Kind.TEXT: {"type": "string"},
+    Kind.BOOLEAN: {"type": "boolean"}, Kind.TIMESTAMP: {"type": "string"},
+    Kind.TIMESTAMPTZ: {"type": "string"}, Kind.DATE: {"type": "string", "format": "date"},
+    Kind.TIME: {"type": "string"}, Kind.UUID: {"type": "string", "format": "uuid"},
+    Kind.BYTES: {"type": "string", "contentEncoding": "base64"}, Kind.JSON: {},
+    Kind.ANY: {"type": ["string", "number", "boolean"]},
+}
+
+
+def _column_schema(column: Column) -> dict[str, Any]:
+    if column.kind is Kind.ENUM:
+        schema: dict[str, Any] = {"type": "string", "enum": list(column.labels)}
+    elif column.kind is Kind.ARRAY and column.item is not None:
+        schema = {"type": "array", "items": _column_schema(column.item)}
+    else:
+        schema = dict(_SCALAR_KINDS.get(column.kind, {}))
+    if column.kind is Kind.TEXT and column.length is not None:
+        schema["maxLength"] = column.length
+    if column.kind is Kind.INTEGER and column.int_bits:
+        schema["minimum"] = -(2 ** (column.int_bits - 1))
+        schema["maximum"] = 2 ** (column.int_bits - 1) - 1
+    if column.nullable and schema:
+        types = schema.get("type")
+        if isinstance(types, str):
+            schema["type"] = [types, "null"]
+        elif isinstance(types, list):
+            schema["type"] = [*types, "null"]
+    return schema
+
+
+def _row_in(table: Table, *, partial: bool) -> dict[str, Any]:
+    columns = [c for c in table.columns.values()
+               if not c.generated and c.name != table.fence_column]
+    schema: dict[str, Any] = {"type": "object", "additionalProperties": False,
+                              "properties": {c.name: _column_schema(c) for c in columns}}
+    if not partial:
+        required = [c.name for c in columns if not c.nullable]
+        if required:
+            schema["required"] = required
+    return schema
+
+
+def _problems(*statuses: int) -> dict[str, Any]:
+    return {str(s): {"description": _TITLES[s], "content": {
+        _PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}} for s in statuses}
+
+
+def _json(description: str, schema: dict[str, Any], status: int = 200) -> dict[str, Any]:
+    return {str(status): {"description": description,
+                          "content": {"application/json": {"schema": schema}}}}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
+_WRITE_FAILURES = (401, 403, 404, 409, 413, 422, 428, 503)
+_READ_FAILURES = (401, 403, 404, 409, 422, 503)
+_KEY = {"name": "key", "in": "path", "required": True,
+        "description": "primary key values in key order, joined by ',', each percent-encoded",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 1024}}
+_LOCK = {"name": "lock", "in": "path", "required": True,
+         "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+
+
+def _table_paths(table: Table) -> dict[str, Any]:
+    rows = f"/v1/tables/{table.name}/rows"
+    out = _json("a row", _ROW_OUT)
+    return {
+        rows: {
+            "post": {"summary": f"insert a row into {table.name} (fenced)",
+                     "parameters": [_TOKEN], "requestBody": _body(_row_in(table, partial=False)),
+                     "responses": {**_json("the stored row", _ROW_OUT, 201),
+                                   **_problems(*_WRITE_FAILURES)}},
+            "get": {"summary": f"rows of {table.name} whose columns equal the query's values",
+                    "parameters": [_TOKEN, {"name": "limit", "in": "query", "required": False,
+                                            "schema": {"type": "integer", "minimum": 1,
+                                                       "maximum": 1000}}],
+                    "responses": {**_json("rows", {"type": "object", "required": ["items"],
+                                                   "properties": {"items": {
+                                                       "type": "array", "items": _ROW_OUT}}}),
+                                  **_problems(*_READ_FAILURES)}},
+        },
+        rows + "/{key}": {
+            "get": {"summary": "one row (fenced when a token is sent)",
+                    "parameters": [_KEY, _TOKEN],
+                    "responses": {**out, **_problems(*_READ_FAILURES)}},
+            "put": {"summary": "insert or replace the row (fenced)", "parameters": [_KEY, _TOKEN],
+                    "requestBody": _body(_row_in(table, partial=False)),
+                    "responses": {**out, **_problems(*_WRITE_FAILURES)}},
+            "patch": {"summary": "update the given columns (fenced)",
+                      "parameters": [_KEY, _TOKEN],
+                      "requestBody": _body(_row_in(table, partial=True)),
+                      "responses": {**out, **_problems(*_WRITE_FAILURES)}},
+            "delete": {"summary": "delete the row (fenced)", "parameters": [_KEY, _TOKEN],
+                       "responses": {"204": {"description": "deleted"},
+                                     **_problems(*_WRITE_FAILURES)}},
+        },
+    }
+
+
+def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
+    """The OpenAPI document of a proxy serving ``catalog``."""
+    tables = sorted(catalog)
+    op_schema = {"type": "object", "required": ["op", "table"], "additionalProperties": False,
+                 "properties": {"op": {"enum": ["insert", "upsert", "update", "delete"]},
+                                "table": {"type": "string", "enum": tables} if tables
+                                else {"type": "string"},
+                                "key": {}, "row": {"type": "object"}}}
+    paths: dict[str, Any] = {}
+    for name in tables:
+        paths.update(_table_paths(catalog[name]))
+    fence = {"type": "object", "required": ["lock", "highest"],
+             "properties": {"lock": {"type": "string"}, "highest": {"type": "integer"}}}
+    paths.update({
+        "/v1/batch": {"post": {
+            "summary": "several writes under one fence check, in one transaction",
+            "parameters": [_TOKEN],
+            "requestBody": _body({"type": "object", "required": ["ops"],
+                                  "additionalProperties": False,
+                                  "properties": {"ops": {"type": "array", "minItems": 1,
+                                                         "items": op_schema}}}),
+            "responses": {**_json("per-op results", {
+                "type": "object", "required": ["results", "lock", "fence"],
+                "properties": {"results": {"type": "array"}, "lock": {"type": "string"},
+                               "fence": {"type": "integer"}}}),
+                **_problems(*_WRITE_FAILURES)}}},
+        "/v1/fences/{lock}": {"get": {
+            "summary": "the highest fence honoured for a lock", "parameters": [_LOCK],
+            "responses": {**_json("the highest fence (0: never fenced)", fence),
+                          **_problems(422, 503)}}},
+        "/v1/fences/{lock}/claim": {"post": {
+            "summary": "raise the highest fence to the token's, writing no data",
+            "parameters": [_LOCK, _TOKEN],
+            "responses": {**_json("the highest fence", fence),
+                          **_problems(401, 403, 409, 422, 428, 503)}}},
+        "/v1/activity": {"get": {
+            "summary": "this proxy's recent fences and rejections (the status page's data)",
+            "responses": _json("activity", {"type": "object",
+                                            "required": ["fences", "rejections"]})}},
+        "/healthz": {"get": {"summary": "200 when the database answers",
+                             "responses": {**_json("ok", {"type": "object"}),
+                                           **_problems(503)}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {
+            "description": "text exposition",
+            "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+    })
+    for path, operations in paths.items():
+        for operation in operations.values():
+            responses = operation["responses"]
+            responses.update(_problems(431))
+            if path not in OPEN_PATHS:
+                responses.update(_problems(401))
+                operation["security"] = [{"bearer": []}, {}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "resource-proxy", "version": version,
+                 "summary": "Fenced writes to database tables"},
+        "paths": paths,
+        "components": {"schemas": {"Problem": _PROBLEM},
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }
