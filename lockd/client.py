@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json as json_module
 import logging
 import math
 import secrets
@@ -569,11 +570,13 @@ class _AsyncMonitor:
 
 
 class _ClientBase:
-    def __init__(self, url: str, timeout: float, owner: str, clock: _Clock):
+    def __init__(self, url: str, timeout: float, owner: str, clock: _Clock,
+                 api_key: str | None = None):
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.owner = owner
         self._clock = clock
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     def _acquire_json(self, ttl_ms: int, wait_ms: int, owner: str | None,
                       client_id: str) -> dict[str, Any]:
@@ -604,11 +607,13 @@ class LockClient(_ClientBase):
     ``owner`` is the default human label sent with acquires. ``clock`` (default
     ``time.monotonic``) measures lease deadlines; inject another for tests. ``http_client`` lets
     you pass your own ``httpx.Client`` (its base URL is ignored; the client is not closed by us).
+    ``api_key``: sent as ``Authorization: Bearer`` with every request (lockd's ``LOCKD_API_KEYS``).
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
-                 clock: _Clock = time.monotonic, http_client: httpx.Client | None = None):
-        super().__init__(url, timeout, owner, clock)
+                 clock: _Clock = time.monotonic, http_client: httpx.Client | None = None,
+                 api_key: str | None = None):
+        super().__init__(url, timeout, owner, clock, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
         self._leases: set[Lease] = set()
@@ -620,6 +625,7 @@ class LockClient(_ClientBase):
                  timeout: float | None = None) -> Any:
         with translate_transport_errors(f"{method} {path}"):
             response = self._http.request(method, self.url + path, json=json, params=params,
+                                          headers=self._headers,
                                           timeout=self.timeout if timeout is None else timeout)
         return _body_for(method, path, response)
 
@@ -882,6 +888,41 @@ class LockClient(_ClientBase):
             if not cursor:
                 return
 
+    def watch(self, name: str | None = None, *, prefix: str = "",
+              history: int = 0) -> Iterator[dict[str, Any]]:
+        """Lock events as they happen (lockd's SSE stream): of lock ``name``, or of every lock
+        whose name starts with ``prefix``; ``history`` recent ones first (0-256).
+
+        Yields ``{id, type, lock, fence, owner, ttl_ms, at}`` with ``type`` ``acquired``,
+        ``released`` or ``expired``, and ``{"type": "overflow", "dropped": n}`` when this
+        client fell behind and lost events. Ends when lockd closes the stream (it stops).
+        Events are those the lockd process at ``url`` saw (see ``lockd.events``).
+        """
+        path = _lock_path(name) + "/events" if name is not None else "/v1/events"
+        params: dict[str, Any] = {"history": history}
+        if name is None:
+            params["prefix"] = prefix
+        with translate_transport_errors(f"GET {path}"), self._http.stream(
+                "GET", self.url + path, params=params, headers=self._headers,
+                timeout=httpx.Timeout(self.timeout, read=None)) as response:
+            if response.status_code != 200:
+                response.read()
+                raise error_from_response(response)
+            kind, data = "message", ""
+            for line in response.iter_lines():
+                if not line:
+                    if data:
+                        try:
+                            event = json_module.loads(data)
+                        except ValueError as exc:
+                            raise ProtocolError("event data is not JSON") from exc
+                        yield {**event, "type": kind} if isinstance(event, dict) else {"type": kind}
+                    kind, data = "message", ""
+                elif line.startswith("event:"):
+                    kind = line[6:].strip()
+                elif line.startswith("data:"):
+                    data += line[5:].lstrip(" ")
+
 
 class AsyncLockClient(_ClientBase):
     """The asyncio twin of ``LockClient`` (same arguments, ``await`` everywhere).
@@ -891,8 +932,9 @@ class AsyncLockClient(_ClientBase):
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
-                 clock: _Clock = time.monotonic, http_client: httpx.AsyncClient | None = None):
-        super().__init__(url, timeout, owner, clock)
+                 clock: _Clock = time.monotonic, http_client: httpx.AsyncClient | None = None,
+                 api_key: str | None = None):
+        super().__init__(url, timeout, owner, clock, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
         self._leases: set[AsyncLease] = set()
@@ -901,7 +943,7 @@ class AsyncLockClient(_ClientBase):
                        timeout: float | None = None) -> Any:
         with translate_transport_errors(f"{method} {path}"):
             response = await self._http.request(method, self.url + path, json=json,
-                                                params=params,
+                                                params=params, headers=self._headers,
                                                 timeout=self.timeout if timeout is None else timeout)
         return _body_for(method, path, response)
 

@@ -107,10 +107,12 @@ def _items(body: Any) -> list[dict[str, Any]]:
 
 
 class _SessionBase:
-    def __init__(self, proxy_url: str, lease: Lease | AsyncLease, timeout: float):
+    def __init__(self, proxy_url: str, lease: Lease | AsyncLease, timeout: float,
+                 api_key: str | None = None):
         self.url = proxy_url.rstrip("/")
         self.lease = lease
         self.timeout = timeout
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
         """The proxy's highest fence for the lock after this session's claim."""
         self._claimed_fence: int | None = None
@@ -121,7 +123,7 @@ class _SessionBase:
         return self._claimed_fence == self.lease.fence
 
     def _headers(self) -> dict[str, str]:
-        return {"Fencing-Token": self.lease.token}
+        return {"Fencing-Token": self.lease.token, **self._auth}
 
     @staticmethod
     def _select_params(where: Mapping[str, Any] | None, limit: int | None) -> dict[str, Any]:
@@ -147,12 +149,14 @@ class FencedSession(_SessionBase):
     """Blocking reads and writes through the proxy at ``proxy_url`` under ``lease``'s token.
 
     ``timeout`` (seconds, default 10) bounds each request. ``http_client`` lets you share an
-    ``httpx.Client`` (not closed by the session). Use as a context manager or call ``close()``.
+    ``httpx.Client`` (not closed by the session). ``api_key``: the proxy's API key
+    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. Use as a context manager or call
+    ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease, *, timeout: float = 10.0,
-                 http_client: httpx.Client | None = None):
-        super().__init__(proxy_url, lease, timeout)
+                 http_client: httpx.Client | None = None, api_key: str | None = None):
+        super().__init__(proxy_url, lease, timeout, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
 
@@ -226,8 +230,8 @@ class AsyncFencedSession(_SessionBase):
     """The asyncio twin of ``FencedSession`` (same methods, ``await`` them)."""
 
     def __init__(self, proxy_url: str, lease: AsyncLease, *, timeout: float = 10.0,
-                 http_client: httpx.AsyncClient | None = None):
-        super().__init__(proxy_url, lease, timeout)
+                 http_client: httpx.AsyncClient | None = None, api_key: str | None = None):
+        super().__init__(proxy_url, lease, timeout, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
 

@@ -7,12 +7,19 @@
     lockctl [--url URL] [--json] release NAME LEASE_ID
     lockctl [--url URL] [--json] status NAME
     lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
+    lockctl [--url URL] [--json] watch [NAME | --prefix P] [--history N]
     lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] -- COMMAND [ARG...]
 
-``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``. Durations take a unit:
+``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``; ``--api-key`` to
+``$LOCKD_API_KEY`` (sent as ``Authorization: Bearer``; prefer the variable: arguments show in
+``ps``). Durations take a unit:
 ``500ms``, ``30s``, ``2m``, ``1h``, ``1m30s``. ``--wait`` defaults to 0 (try once). Output is
 for humans unless ``--json`` (one JSON document on stdout; leases in the contract's shape, with
 ``ttl_ms``). ``--url`` and ``--json`` may also follow the subcommand.
+
+``watch`` prints lock events (acquired, released, expired, with fences) as the lockd at
+``--url`` sees them, one line each (``--json``: one JSON object a line), until interrupted
+(exit 0) or lockd closes the stream (exit 69).
 
 ``run`` acquires the lock, starts COMMAND in its own process group with ``LOCKD_LOCK``,
 ``LOCKD_FENCE`` and ``LOCKD_TOKEN`` (the fencing token to hand to the proxy) in its environment,
@@ -45,6 +52,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -105,6 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                         help=f"lockd base URL (default: $LOCKD_URL or {DEFAULT_URL})")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print JSON for scripts")
+    common.add_argument("--api-key", default=argparse.SUPPRESS,
+                        help="lockd API key (default: $LOCKD_API_KEY)")
     parser = argparse.ArgumentParser(prog="lockctl", parents=[common],
                                      description="Command line client of lockd.",
                                      epilog="Exit codes: 0 ok, 1 error, 2 usage, 69 lockd "
@@ -136,6 +146,11 @@ def _parser() -> argparse.ArgumentParser:
     p = add("ls", "list locks")
     p.add_argument("--prefix", default="")
     p.add_argument("--limit", type=int, default=None)
+
+    p = add("watch", "print lock events as they happen (of NAME, or of locks named --prefix…)")
+    p.add_argument("name", nargs="?", default=None)
+    p.add_argument("--prefix", default="")
+    p.add_argument("--history", type=int, default=0, help="recent events to show first (0-256)")
 
     p = add("run", "hold a lock while a command runs: run NAME --ttl 30s -- COMMAND [ARG...]")
     p.add_argument("name")
@@ -295,8 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd != "run" and command:
         parser.error(f"{args.cmd} takes no command after --")
     url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
+    api_key = getattr(args, "api_key", None) or os.environ.get("LOCKD_API_KEY") or None
     try:
-        with LockClient(url) as client:
+        with LockClient(url, api_key=api_key) as client:
             return _dispatch(client, args, command, out)
     except LockClientError as exc:
         out.error(exc)
@@ -322,7 +338,39 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
         out.emit({"items": [s.to_json() for s in items]}, _ls_text(items))
     elif args.cmd == "run":
         return _run(client, args, command, out)
+    elif args.cmd == "watch":
+        return _watch(client, args, out)
     return EXIT_OK
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    if event.get("type") == "overflow":
+        return f"overflow: {event.get('dropped', 0)} event(s) dropped; re-read with lockctl ls"
+    at = event.get("at")
+    when = time.strftime("%H:%M:%S", time.localtime(at / 1000)) if isinstance(at, int) else "-"
+    parts = [when, f"{event.get('type', '?'):<8}", str(event.get("lock"))]
+    if event.get("fence") is not None:
+        parts.append(f"fence {event['fence']}")
+    if event.get("owner"):
+        parts.append(f"owner {event['owner']!r}")
+    if event.get("ttl_ms") is not None:
+        parts.append(f"ttl {format_duration(int(event['ttl_ms']))}")
+    if event.get("forced"):
+        parts.append("(forced)")
+    return "  ".join(parts)
+
+
+def _watch(client: LockClient, args: argparse.Namespace, out: _Out) -> int:
+    if args.name is not None and args.prefix:
+        out.error("watch takes a NAME or --prefix, not both")
+        return EXIT_USAGE
+    try:
+        for event in client.watch(args.name, prefix=args.prefix, history=args.history):
+            out.emit(event, _event_text(event))
+    except KeyboardInterrupt:
+        return EXIT_OK
+    out.error("lockd closed the event stream")
+    return EXIT_UNAVAILABLE
 
 
 if __name__ == "__main__":  # pragma: no cover
