@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from chaos.runner import REPO_ROOT, RunConfig, format_summary, run
 from chaos.services import RESOURCES, STORES
@@ -43,8 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds the run: workers, servers, clusters are stopped
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
     stores = STORES if args.store == "all" else (args.store,)
     ok = True

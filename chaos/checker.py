@@ -34,6 +34,8 @@ Violations (``Violation.kind``):
 ``bogus_stale``        a 409 whose ``presented`` is not below ``highest``, is not the
                        lease's fence, or whose ``highest`` no worker had been granted by then
 ``fence_reused``       two operations were granted the same fence (invariant 1)
+``fence_order``        an operation that started asking after another's grant had
+                       completed got a lower fence (invariant 1, in real time)
 =====================  ===============================================================
 
 What a 409 can be checked against: ``highest`` is not always a *committed* fence, since a claim
@@ -75,6 +77,7 @@ VIOLATION_KINDS = (
     "phantom",
     "bogus_stale",
     "fence_reused",
+    "fence_order",
 )
 
 UP_SLACK_S = 0.02
@@ -111,6 +114,7 @@ class OpRecord:
     fence: int | None = None
     """The fence lockd granted for this operation (``acquired``)."""
     granted_up: float | None = None
+    attempt_up: float | None = None
     read: int | None = None
     write: dict[str, int] | None = None
     """``{fence, read, wrote}`` of the write, once it was sent."""
@@ -178,7 +182,9 @@ def collect_ops(events: Iterable[Mapping[str, Any]]) -> dict[str, OpRecord]:
         rec = ops.get(op_id)
         if rec is None:
             rec = ops[op_id] = OpRecord(op=op_id, worker=str(e.get("w", "")))
-        if kind == "acquired":
+        if kind == "attempt":
+            rec.attempt_up = e.get("up")
+        elif kind == "acquired":
             rec.fence = int(e["fence"])
             rec.granted_up = e.get("up")
         elif kind == "read":
@@ -206,12 +212,34 @@ def _stats(ops: Mapping[str, OpRecord], committed: set[str]) -> dict[str, int]:
         "stale_at_write": sum(r.outcome == "stale" and r.phase == "write" for r in ops.values()),
         "unknown": len(unknown),
         "unknown_committed": sum(r.op in committed for r in unknown),
+        # a 503 promises "nothing was written"; a committed one is reported (not a violation:
+        # a connection lost during COMMIT leaves the proxy itself unable to know)
+        "unavailable_but_committed": sum(r.op in committed and r.status == 503 for r in unknown),
         "not_acquired": sum(r.outcome == "not_acquired" for r in ops.values()),
         "failed_before_write": sum(r.write is None and r.outcome in ("unknown", "rejected")
                                    for r in ops.values()),
         "rejected": sum(r.outcome == "rejected" and r.phase == "write" for r in ops.values()),
         "interrupted": sum(r.outcome == "none" for r in ops.values()),
     }
+
+
+def _check_grant_order(grants: list[OpRecord], add) -> None:
+    """A grant that completed before another operation even asked must carry a lower fence."""
+    done = sorted((r.granted_up, r.fence, r.op) for r in grants
+                  if isinstance(r.granted_up, int | float))
+    asks = sorted((r.attempt_up, r.fence, r.op) for r in grants
+                  if isinstance(r.attempt_up, int | float))
+    best: tuple[int, str] | None = None
+    j = 0
+    for asked, fence, op_id in asks:
+        while j < len(done) and done[j][0] + UP_SLACK_S < asked:
+            if best is None or done[j][1] > best[0]:
+                best = (done[j][1], done[j][2])
+            j += 1
+        if best is not None and fence <= best[0]:
+            add(Violation("fence_order", f"granted fence {fence} after asking at uptime "
+                                         f"{asked:.2f}, when {best[1]} already held fence "
+                                         f"{best[0]}", op_id))
 
 
 def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[str, Any]], *,
@@ -279,6 +307,7 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
                           rec.op))
         else:
             granted[rec.fence] = rec
+    _check_grant_order(list(granted.values()), add)
     for rec in ops.values():
         if rec.outcome != "stale" or rec.stale is None:
             continue

@@ -7,7 +7,8 @@ Fault kinds (``FAULT_KINDS``):
                 more than its TTL, then SIGCONT it at a moment another worker is between its own
                 read and write: the frozen holder's write then races the new holder's, the exact
                 window fencing must close (and the control modes leave open). See ``_pause``.
-``kill_worker`` SIGKILL a worker mid-loop, restart it 0.1..1 s later (a new incarnation).
+``kill_worker`` SIGKILL a worker (one whose write is in flight, when the nemesis catches one),
+                restart it 0.1..1 s later (a new incarnation).
 ``kill_lockd``  SIGKILL lockd, restart it 0.3..1.5 s later on the same port, store and keys.
 ``crash_pg``    ``pg_ctl -m immediate`` the throwaway PostgreSQL (protected database; lockd's store
                 too when the store is ``postgres``), start it 0.3..1.5 s later (crash recovery).
@@ -147,6 +148,11 @@ class Nemesis(threading.Thread):
         self._helpers: list[threading.Thread] = []
         self.t0 = time.monotonic()
 
+    def start(self) -> None:
+        """Start injecting; the schedule's times count from now."""
+        self.t0 = time.monotonic()
+        super().start()
+
     # -- plumbing ----------------------------------------------------------------------------
 
     def _now(self) -> float:
@@ -243,8 +249,11 @@ class Nemesis(threading.Thread):
                      others_committed_meanwhile=committed_meanwhile)
 
     def _kill_worker(self, f: Planned) -> None:
+        """SIGKILL a worker, preferably one whose write is in flight (logged within 20 ms): its
+        outcome is then unknown to everybody but the database."""
         start = self._now()
-        candidates = self.pool.candidates()
+        writing = self._wait_until(lambda: self.pool.candidates("write", fresh=0.02), timeout=2.0)
+        candidates = writing or self.pool.candidates()
         if not candidates:
             self._record("kill_worker", start, None, skipped=True)
             return

@@ -99,8 +99,9 @@ class WorkerPool:
 
     @staticmethod
     def _reaped(slot: Slot) -> None:
-        """After a skewed worker died: remove libfaketime's per-process shared memory, which it
-        unlinks only on a clean exit (a stale one would break a later process with that pid)."""
+        """After a skewed worker ended: remove libfaketime's per-process shared memory, which it
+        unlinks only on a clean exit (a stale one would break a later process with that pid).
+        Harmless when it is already gone."""
         if slot.skew and slot.proc is not None:
             for name in (f"faketime_shm_{slot.proc.pid}", f"sem.faketime_sem_{slot.proc.pid}"):
                 with contextlib.suppress(OSError):
@@ -152,7 +153,7 @@ class WorkerPool:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slot.proc.pid, signal.SIGKILL)
             slot.proc.wait(10)
-            self._reaped(slot)
+        self._reaped(slot)  # also a SIGTERM that came before the handler was installed
 
     def replace(self, i: int, skew: dict[str, str] | None, timeout: float = 4.0) -> None:
         """Stop worker ``i`` (SIGTERM: it finishes its operation) and start it with ``skew``.

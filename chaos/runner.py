@@ -88,24 +88,26 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
     lock = f"chaos/{uuid.uuid4().hex[:8]}/counter"
     services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg)
+    pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
+    variants = ("race",) if cfg.mode == "unfenced-read" else ("race", "late")
+    nemesis = Nemesis(schedule, services, pool, ttl=ttl, faketime=lib, pause_variants=variants)
     started = time.monotonic()
     try:
-        services.start()
-        pool = WorkerPool(cfg.workers, _worker_argv(cfg, services, lock), workdir / "logs",
-                          REPO_ROOT)
-        pool.start_all()
-        variants = ("race",) if cfg.mode == "unfenced-read" else ("race", "late")
-        nemesis = Nemesis(schedule, services, pool, ttl=ttl, faketime=lib,
-                          pause_variants=variants)
-        nemesis.start()
         try:
+            services.start()
+            pool.argv = _worker_argv(cfg, services, lock)
+            pool.start_all()
+            nemesis.start()
             deadline = nemesis.t0 + cfg.seconds
             while time.monotonic() < deadline:
                 pool.supervise()
                 time.sleep(0.2)
         finally:
-            nemesis.finish()
-            pool.stop_all()
+            try:
+                if nemesis.ident is not None:  # started: stop it, resume, restart, heal
+                    nemesis.finish()
+            finally:
+                pool.stop_all()
         counter, history = ResourceDB(services.db_url).final_state()
     finally:
         services.close()
@@ -157,6 +159,9 @@ def format_summary(report: dict[str, Any]) -> str:
     ]
     for v in report["violations"][:5]:
         lines.append(f"    {v['kind']}: {v['detail']}")
+    if ops.get("unavailable_but_committed"):
+        lines.append(f"  note: {ops['unavailable_but_committed']} write(s) answered 503 "
+                     "(\"nothing written\") did commit")
     if report["worker_crashes"]:
         lines.append(f"  worker crashes: {len(report['worker_crashes'])}")
     if report["nemesis_errors"]:

@@ -9,10 +9,13 @@ from chaos.checker import HistoryRow, check, collect_ops, load_events
 
 
 def op(op_id: str, fence: int, read: int | None = None, *, outcome: str = "ack",
-       phase: str = "write", up: float = 100.0, worker: str = "w1", **extra) -> list[dict]:
-    """The events one worker logs for one operation (``outcome`` None: killed mid-write)."""
-    events = [{"ev": "attempt", "op": op_id, "w": worker, "up": up},
-              {"ev": "acquired", "op": op_id, "w": worker, "fence": fence, "up": up}]
+       phase: str = "write", up: float = 100.0, granted: float = 0.0, worker: str = "w1",
+       **extra) -> list[dict]:
+    """The events one worker logs for one operation (``outcome`` None: killed mid-write):
+    ``attempt`` and ``acquired`` at uptime ``granted`` (by default all grants overlap, so any
+    fence order is possible), the rest at ``up``."""
+    events = [{"ev": "attempt", "op": op_id, "w": worker, "up": granted},
+              {"ev": "acquired", "op": op_id, "w": worker, "fence": fence, "up": granted}]
     if read is None:
         events.append({"ev": outcome, "op": op_id, "w": worker, "phase": phase, "up": up, **extra})
         return events
@@ -46,7 +49,8 @@ def test_a_clean_history_with_every_outcome_passes():
     assert result.ok, result.violations
     assert result.stats == {
         "attempted": 8, "acquired": 8, "acknowledged": 3, "stale": 1, "stale_at_read": 0,
-        "stale_at_write": 1, "unknown": 3, "unknown_committed": 1, "not_acquired": 1,
+        "stale_at_write": 1, "unknown": 3, "unknown_committed": 1,
+        "unavailable_but_committed": 0, "not_acquired": 1,
         "failed_before_write": 0, "rejected": 0, "interrupted": 1, "history_rows": 4,
         "counter": 4}
 
@@ -119,10 +123,10 @@ def test_a_row_no_worker_wrote_is_a_phantom():
 
 
 def test_a_409_must_name_a_higher_fence_someone_was_granted_before():
-    granted = op("x", 9, 0, up=50.0)
+    granted = op("x", 9, 0, granted=50.0)
     cases = {
         "presented 10 >= highest 9": op("a", 10, outcome="stale", phase="read", presented=10,
-                                        highest=9, up=60.0),
+                                        highest=9, up=60.0, granted=55.0),
         "the lease's fence was 4": op("b", 4, outcome="stale", phase="read", presented=3,
                                       highest=9, up=60.0),
         "no worker was granted": op("c", 5, outcome="stale", phase="read", presented=5,
@@ -142,6 +146,19 @@ def test_a_fence_granted_twice_is_a_violation():
     events = op("a", 1, 0) + op("b", 1, 1, worker="w2")
     result = check([row(1, "a", 1, 0), row(2, "b", 1, 1)], 2, events)
     assert kinds(result) == ["fence_reused"]
+
+
+def test_a_lower_fence_granted_after_a_higher_one_is_a_violation():
+    # a's grant of fence 5 completed at uptime 10; b started asking at 11 and got fence 4
+    events = op("a", 5, granted=10.0, outcome="not_acquired") + op("b", 4, granted=11.0,
+                                                                    outcome="not_acquired")
+    result = check([], 0, events)
+    assert kinds(result) == ["fence_order"]
+    assert result.violations[0].op == "b"
+    # overlapping requests may be granted in either order
+    events = op("a", 5, granted=10.0, outcome="not_acquired") + op("b", 4, granted=10.01,
+                                                                    outcome="not_acquired")
+    assert check([], 0, events).ok
 
 
 def test_logs_load_with_a_torn_last_line(tmp_path):
