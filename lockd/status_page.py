@@ -28,8 +28,8 @@ STATUS_PAGE = """<!doctype html>
            background: #fff; border-bottom: 1px solid var(--line); }
   header h1 { margin: 0; font-size: 18px; }
   #conn { color: var(--muted); font-size: 13px; }
-  #conn.live::before { content: "\\25CF "; color: var(--free); }
-  #conn.down::before { content: "\\25CF "; color: var(--held); }
+  #conn.live::before { content: "\\25CF\\00a0"; color: var(--free); }
+  #conn.down::before { content: "\\25CF\\00a0"; color: var(--held); }
   main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 20px;
          padding: 20px 24px; }
   section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }

@@ -1,0 +1,130 @@
+"""Headless Chromium driven over the DevTools protocol (CDP) with ``websockets``: no extra
+test dependencies. ``Browser.start(tmp)`` runs Debian's ``chromium`` with a fresh profile and a
+free debugging port; ``browser.page()`` opens a tab to ``navigate``, ``evaluate`` JavaScript in,
+``wait_for`` a condition and ``screenshot``."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from websockets.sync.client import ClientConnection, connect
+
+from tests.support import free_port
+
+__all__ = ["Browser", "Page", "chromium_path"]
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class Page:
+    """One tab, talked to over its CDP websocket."""
+
+    def __init__(self, ws: ClientConnection):
+        self._ws = ws
+        self._ids = itertools.count(1)
+        self.console: list[str] = []
+
+    def call(self, method: str, params: dict[str, Any] | None = None,
+             timeout: float = 15.0) -> dict[str, Any]:
+        msg_id = next(self._ids)
+        self._ws.send(json.dumps({"id": msg_id, "method": method, "params": params or {}}))
+        deadline = time.monotonic() + timeout
+        while True:
+            raw = self._ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+            msg = json.loads(raw)
+            if msg.get("method") == "Runtime.exceptionThrown":
+                self.console.append(json.dumps(msg["params"]["exceptionDetails"])[:500])
+            if msg.get("id") == msg_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def evaluate(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": True})
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"JS error in {expression!r}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 10.0, what: str = "") -> bool:
+        """Poll until ``expression`` is truthy in the page (``TimeoutError`` after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = self.evaluate(f"Boolean({expression})")
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"page never satisfied {what or expression!r}")
+            time.sleep(0.05)
+
+    def navigate(self, url: str) -> None:
+        self.call("Page.navigate", {"url": url})
+        self.wait_for("document.readyState === 'complete'", what="page load")
+
+    def screenshot(self, path: Path) -> Path:
+        data = self.call("Page.captureScreenshot", {"format": "png"})["data"]
+        path.write_bytes(base64.b64decode(data))
+        return path
+
+
+class Browser:
+    """A headless Chromium process; ``close()`` ends it."""
+
+    def __init__(self, proc: subprocess.Popen, port: int):
+        self.proc, self.port = proc, port
+        self._sockets = contextlib.ExitStack()
+
+    @classmethod
+    def start(cls, tmp: Path, width: int = 1280, height: int = 800) -> Browser:
+        binary = chromium_path()
+        assert binary is not None
+        port = free_port()
+        proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu",
+             "--disable-background-networking", "--no-first-run", "--disable-extensions",
+             "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'chromium-profile'}",
+             f"--remote-debugging-port={port}", "--remote-allow-origins=*",
+             f"--window-size={width},{height}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        browser = cls(proc, port)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/json/version", timeout=1).status_code == 200:
+                    return browser
+            if proc.poll() is not None:
+                raise RuntimeError(f"chromium exited with {proc.returncode}")
+            time.sleep(0.1)
+        browser.close()
+        raise TimeoutError("chromium did not open its debugging port")
+
+    def page(self) -> Page:
+        target = httpx.put(f"http://127.0.0.1:{self.port}/json/new?about:blank", timeout=10).json()
+        ws = self._sockets.enter_context(
+            connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=10))
+        page = Page(ws)
+        page.call("Page.enable")
+        page.call("Runtime.enable")
+        return page
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sockets.close()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

@@ -1,0 +1,132 @@
+"""The status pages in a real headless Chromium (CDP over a websocket).
+
+lockd's page renders its table, and a lock acquired while the page is open appears without a
+reload (the window keeps a marker set before the acquire), through the SSE stream (the event
+list is fed by the stream alone). With API keys the page asks for one and then reads the stream
+with ``fetch``. The proxy's page shows the highest fence and a stale rejection. Screenshots go
+to the test's tmp directory (``OPS_SCREENSHOT_DIR`` copies them somewhere to look at).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import IN_CI
+from tests.ops.browser import Browser, Page, chromium_path
+
+
+@pytest.fixture
+def browser(tmp_path: Path):
+    if chromium_path() is None:
+        if IN_CI:
+            pytest.fail("chromium is required under CI=true (make system-deps)")
+        pytest.skip("chromium is not installed (make system-deps)")
+    browser = Browser.start(tmp_path)
+    yield browser
+    browser.close()
+
+
+def _keep(shot: Path) -> None:
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+    target = os.environ.get("OPS_SCREENSHOT_DIR")
+    if target:
+        shutil.copy(shot, Path(target) / shot.name)
+
+
+def _row(name: str) -> str:
+    return f"document.querySelector('#locks tr[data-lock=\"{name}\"]')"
+
+
+def _acquire(url: str, name: str, ttl_ms: int, owner: str, key: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = httpx.post(f"{url}/v1/locks/{name}/acquire", headers=headers,
+                          json={"ttl_ms": ttl_ms, "owner": owner})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _live(page: Page) -> None:
+    page.wait_for("document.getElementById('conn').textContent === 'live'", what="stream live")
+
+
+def test_lockd_status_page_shows_an_acquire_without_reload(browser, start_lockd, name, tmp_path):
+    lockd = start_lockd("sqlite")
+    before = _acquire(lockd.url, name + "/before", 60_000, "worker-1")
+    page = browser.page()
+    page.navigate(lockd.url + "/")
+    assert page.evaluate("document.title") == "lockd status"
+    assert page.evaluate("!!document.querySelector('table#locks')")
+    page.wait_for(_row(name + "/before"), what="the lock acquired before the page opened")
+    _live(page)
+    assert page.evaluate(f"{_row(name + '/before')}.cells[3].textContent") == str(before["fence"])
+    page.evaluate("window.__noReload = 42")
+    started = time.monotonic()
+    lease = _acquire(lockd.url, name + "/during", 30_000, "worker-2")
+    page.wait_for(f"document.querySelector('#events li[data-lock=\"{name}/during\"]"
+                  "[data-type=\"acquired\"]')", timeout=5, what="the acquire's event")
+    page.wait_for(_row(name + "/during"), timeout=5, what="the acquired lock's row")
+    seen_after = time.monotonic() - started
+    cells = page.evaluate(f"[...{_row(name + '/during')}.cells].map(c => c.textContent)")
+    assert cells[0] == name + "/during" and cells[1] == "held" and cells[2] == "worker-2"
+    assert cells[3] == str(lease["fence"]) and cells[4].endswith("s") and cells[5] == "0"
+    assert page.evaluate("window.__noReload") == 42  # the same document: no reload happened
+    assert seen_after < 2.0  # the stream, not the 2 s re-read, brought it
+    httpx.post(f"{lockd.url}/v1/locks/{name}/during/release", json={"lease_id": lease["lease_id"]})
+    page.wait_for(f"{_row(name + '/during')}.cells[1].textContent === 'free'", timeout=5,
+                  what="the release")
+    page.wait_for("document.querySelectorAll('#events li').length >= 3", what="three events")
+    _keep(page.screenshot(tmp_path / "lockd-status.png"))
+    assert page.console == []
+
+
+def test_lockd_status_page_with_api_key(browser, start_lockd, name, tmp_path):
+    key = "status-page-key-123"
+    lockd = start_lockd("sqlite", env={"LOCKD_API_KEYS": key})
+    page = browser.page()
+    page.navigate(lockd.url + "/")  # the page itself is open
+    page.wait_for("getComputedStyle(document.getElementById('auth')).display === 'block'",
+                  what="the key prompt")
+    page.evaluate(f"document.getElementById('key').value = '{key}';"
+                  "document.getElementById('auth').requestSubmit()")
+    _live(page)
+    _acquire(lockd.url, name, 30_000, "keyed", key=key)
+    page.wait_for(f"document.querySelector('#events li[data-lock=\"{name}\"]')", timeout=5,
+                  what="the event through the fetch-read stream")
+    page.wait_for(_row(name), timeout=5, what="the row")
+
+
+def test_proxy_status_page_shows_fences_and_rejections(browser, start_lockd, start_proxy, name,
+                                                       tmp_path):
+    lockd = start_lockd("sqlite")
+    proxy = start_proxy(lockd)
+    page = browser.page()
+    page.navigate(proxy.url + "/")
+    assert page.evaluate("document.title") == "resource-proxy status"
+    assert page.evaluate("!!document.querySelector('table#fences')")
+    page.evaluate("window.__noReload = 7")
+    old = _acquire(lockd.url, name, 300, "a")
+    row = f"{proxy.url}/v1/tables/items/rows/r1"
+    assert httpx.put(row, json={"id": "r1", "v": "a"},
+                     headers={"Fencing-Token": old["token"]}).status_code == 200
+    time.sleep(0.5)
+    new = _acquire(lockd.url, name, 30_000, "b")
+    assert httpx.put(row, json={"id": "r1", "v": "b"},
+                     headers={"Fencing-Token": new["token"]}).status_code == 200
+    assert httpx.put(row, json={"id": "r1", "v": "stale"},
+                     headers={"Fencing-Token": old["token"]}).status_code == 409
+    page.wait_for("document.querySelector('#rejections tr[data-code=\"stale_token\"]')",
+                  timeout=5, what="the stale rejection")
+    cells = page.evaluate("[...document.querySelector('#rejections tr[data-code=\"stale_token\"]')"
+                          ".cells].map(c => c.textContent)")
+    assert cells[1:] == ["upsert", "stale_token", name, str(old["fence"]), str(new["fence"])]
+    fence = page.evaluate(f"document.querySelector('#fences tr[data-lock=\"{name}\"]')"
+                          ".cells[1].textContent")
+    assert fence == str(new["fence"])
+    assert page.evaluate("window.__noReload") == 7
+    _keep(page.screenshot(tmp_path / "proxy-status.png"))
