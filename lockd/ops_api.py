@@ -19,7 +19,8 @@ event stream, the state of a lock whose name ends in ``/events`` cannot be read 
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
 
 Access (``lockd.httpkit.OpsMiddleware``): with ``api_keys`` set, every call but ``/``,
-``/healthz`` and ``/metrics`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
+``/healthz``, ``/metrics``, ``/v1/keys`` (public keys: proxies fetch them), ``/openapi.json`` and
+``/docs`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
 ``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
 Force-release needs an admin key: none sent or a wrong one is 401, a client key is 403
 ``forbidden``, and with no admin key configured it is disabled (403). ``/healthz`` and
@@ -47,7 +48,7 @@ from lockd.status_page import STATUS_PAGE
 
 __all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_ops"]
 
-OPEN_PATHS = frozenset({"/", "/healthz", "/metrics"})
+OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", "/docs"})
 HISTORY_MAX = 256
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
