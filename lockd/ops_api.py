@@ -227,6 +227,8 @@ def _document_problems(app: FastAPI) -> None:
                         response["content"] = {PROBLEM_JSON: {
                             "schema": {"$ref": "#/components/schemas/Problem"}}}
                 responses.setdefault("431", _problem_doc(431, "Request headers too large"))
+                if "{name}" in path:  # a name with a control character matches no route
+                    responses.setdefault("404", _problem_doc(404, "No such route"))
                 if path not in OPEN_PATHS:
                     responses.setdefault("401", _problem_doc(401, "Missing or wrong API key"))
                     operation["security"] = [{"bearer": []}, {}]

@@ -27,7 +27,7 @@ _PROBLEM = {
     "additionalProperties": True,
 }
 _TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock not allowed",
-           404: "Not found", 409: "Stale fencing token or constraint conflict",
+           404: "Not found (also: a path with a control character matches no route)", 409: "Stale fencing token or constraint conflict",
            413: "Payload too large", 422: "Invalid request", 428: "Fencing token required",
            431: "Request headers too large", 503: "Database unavailable"}
 _TOKEN = {"name": "Fencing-Token", "in": "header", "required": False,
@@ -166,12 +166,12 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
         "/v1/fences/{lock}": {"get": {
             "summary": "the highest fence honoured for a lock", "parameters": [_LOCK],
             "responses": {**_json("the highest fence (0: never fenced)", fence),
-                          **_problems(422, 503)}}},
+                          **_problems(404, 422, 503)}}},
         "/v1/fences/{lock}/claim": {"post": {
             "summary": "raise the highest fence to the token's, writing no data",
             "parameters": [_LOCK, _TOKEN],
             "responses": {**_json("the highest fence", fence),
-                          **_problems(401, 403, 409, 422, 428, 503)}}},
+                          **_problems(401, 403, 404, 409, 422, 428, 503)}}},
         "/v1/activity": {"get": {
             "summary": "this proxy's recent fences and rejections (the status page's data)",
             "responses": _json("activity", {"type": "object",

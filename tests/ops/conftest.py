@@ -66,6 +66,21 @@ def scrape(url: str) -> Metrics:
     return Metrics(response.text)
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Show the schemathesis request counts (``record_property``) in the summary."""
+    lines = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", ()):
+                if key.startswith("schemathesis_") and report.when == "call":
+                    lines.append(f"{report.nodeid.rsplit('::', 1)[-1]}: "
+                                 f"{key[len('schemathesis_'):]} = {value}")
+    if lines:
+        terminalreporter.write_sep("-", "schemathesis")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture
 def name() -> str:
     return f"ops/{uuid.uuid4().hex[:12]}"
