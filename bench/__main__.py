@@ -68,7 +68,8 @@ def main() -> int:
     info["settings"] = (f"sections {','.join(keys)}, {settings.rounds} rounds × "
                         f"{settings.seconds:g} s (+{settings.warmup:g} s warm-up), "
                         f"{settings.procs} generator process(es)")
-    print(f"machine: {info['summary']}; load average {info['load_before']}", flush=True)
+    print(f"machine: {info['summary']}; load average {info['load_before']}; code "
+          f"{info['source']}", flush=True)
     bench = Bench(settings)
     for need, why in bench.skipped.items():
         print(f"note: {need} not available ({why}); its peers are skipped", flush=True)

@@ -108,7 +108,8 @@ def render_text(sections: list[Section], info: dict[str, Any]) -> str:
 def render_markdown(sections: list[Section], info: dict[str, Any]) -> str:
     out = ["# lockd benchmarks: latest run", "",
            f"Machine: {info['summary']}. Load average before/after the run: "
-           f"{info['load_before']} / {info.get('load_after', '?')}. Settings: "
+           f"{info['load_before']} / {info.get('load_after', '?')}. Code: commit "
+           f"{info['source']}. Settings: "
            f"{info['settings']}. Produced by `make bench` (see bench/); raw figures in "
            "latest.json.", "",
            "Throughput: median over rounds. Latency: percentiles over all rounds' samples. "
@@ -147,6 +148,16 @@ def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
+def _source() -> str:
+    """The commit the measured lockd and proxy come from (``PYTHONPATH`` tree if set)."""
+    import lockd
+
+    tree = Path(lockd.__file__).resolve().parents[1]
+    commit = _run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"]) or "unknown"
+    dirty = _run(["git", "-C", str(tree), "status", "--porcelain", "lockd", "resource_proxy"])
+    return f"{commit}{' + uncommitted changes' if dirty else ''}"
+
+
 def machine() -> dict[str, Any]:
     """nproc, CPU model, memory, OS, versions of the peers: what a reader needs to weigh the
     figures."""
@@ -172,6 +183,7 @@ def machine() -> dict[str, Any]:
             "redis_version:")[-1].split()[0] if _run(["redis-cli", "-h", "127.0.0.1", "PING"])
         else "",
         "load_before": loadavg(),
+        "source": _source(),
     }
     info["summary"] = (f"{info['nproc']} CPU ({model}), {info['memory_gib']} GiB RAM, "
                        f"Linux {info['kernel']}, Python {info['python']}, PostgreSQL "
