@@ -13,7 +13,8 @@ API keys
 
 Requests (``OpsMiddleware``, pure ASGI: no per-request task or body buffering)
     * ``X-Request-Id``: taken from the request when it is 1-128 characters of
-      ``A-Za-z0-9._:-``, else a new one is made; echoed on the response and attached to every
+      ``A-Za-z0-9._:-``, else a new one is made (24 hex digits: a random per-process prefix and
+      a counter); echoed on the response and attached to every
       log record written while the request runs (``request_id``).
     * Headers: more than ``max_header_bytes`` in total (names + values) is ``431``.
     * Bearer keys: when ``api_keys`` is not empty, every path outside ``open_paths`` needs
@@ -37,12 +38,13 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
+import itertools
 import json
 import logging
 import re
+import secrets
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
@@ -130,10 +132,16 @@ def bearer_key(scope: Scope) -> bytes | None:
     """The credential of ``Authorization: Bearer <key>``; ``None`` if absent or not Bearer."""
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
-            scheme, _, credential = value.strip().partition(b" ")
-            if scheme.lower() == b"bearer" and credential.strip():
-                return credential.strip()
-            return None
+            return _bearer(value)
+    return None
+
+
+def _bearer(value: bytes | None) -> bytes | None:
+    if value is None:
+        return None
+    scheme, _, credential = value.strip().partition(b" ")
+    if scheme.lower() == b"bearer" and credential.strip():
+        return credential.strip()
     return None
 
 
@@ -167,6 +175,9 @@ class OpsMiddleware:
         self.on_response = on_response
         self.on_auth_failure = on_auth_failure
         self.log = logger or log
+        self._keyed = bool(api_keys or admin_keys)
+        self._id_prefix = secrets.token_hex(8)  # request ids: unique, cheap (no urandom each)
+        self._ids = itertools.count(1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -175,14 +186,17 @@ class OpsMiddleware:
         start = time.perf_counter()
         size = 0
         request_id: str | None = None
+        authorization: bytes | None = None
         for name, value in scope["headers"]:
             size += len(name) + len(value)
             if name == b"x-request-id" and request_id is None:
                 text = value.decode("latin-1")
                 if _REQUEST_ID_RE.match(text):
                     request_id = text
+            elif name == b"authorization" and authorization is None:
+                authorization = value
         if request_id is None:
-            request_id = uuid.uuid4().hex
+            request_id = f"{self._id_prefix}{next(self._ids):08x}"
         scope["ops.start"] = start
         scope["ops.request_id"] = request_id
         token = REQUEST_ID.set(request_id)
@@ -204,10 +218,9 @@ class OpsMiddleware:
                                "Request header fields too large",
                                f"request headers exceed {self.max_header_bytes} bytes")
                 return
-            scope["ops.role"] = self._role(scope)
-            if (self.api_keys and scope["ops.role"] is None
-                    and scope["path"] not in self.open_paths):
-                reason = "missing" if bearer_key(scope) is None else "wrong"
+            role = scope["ops.role"] = self._role(authorization) if self._keyed else None
+            if self.api_keys and role is None and scope["path"] not in self.open_paths:
+                reason = "missing" if _bearer(authorization) is None else "wrong"
                 if self.on_auth_failure is not None:
                     self.on_auth_failure(reason)
                 detail = ("this call needs an API key: send Authorization: Bearer <key>"
@@ -222,8 +235,8 @@ class OpsMiddleware:
                                status or "-", (time.perf_counter() - start) * 1000)
             REQUEST_ID.reset(token)
 
-    def _role(self, scope: Scope) -> str | None:
-        key = bearer_key(scope)
+    def _role(self, authorization: bytes | None) -> str | None:
+        key = _bearer(authorization)
         if key is None:
             return None
         if self.admin_keys.matches(key):
