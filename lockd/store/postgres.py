@@ -45,6 +45,8 @@ uses):
 - release: ``WITH r AS (UPDATE … SET expires_at = NULL, released_at = now() WHERE <live and
   ours> RETURNING name) SELECT pg_notify('lockd_release', name) FROM r``: the NOTIFY is sent by
   the same commit that frees the lock.
+- force_release (an operator's override, cold): the release statement without the lease id
+  check, returning the ended lease's fence, owner and remaining TTL; NOTIFYs the same way.
 
 Why the hot path bypasses SQLAlchemy: on this kind of 2-core machine the cost of a lock call is
 the Python server process, not PostgreSQL (about 0.2 ms of database time per acquire+release).
