@@ -88,7 +88,7 @@ def _cells(section: Section) -> tuple[list[str], list[list[str]]]:
 
 
 def render_text(sections: list[Section], info: dict[str, Any]) -> str:
-    out = [f"lockd benchmarks: {info['summary']}", ""]
+    out = [f"lockd benchmarks: {info['summary']}; etcd: one member", ""]
     for s in sections:
         headers, rows = _cells(s)
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
@@ -113,7 +113,9 @@ def render_markdown(sections: list[Section], info: dict[str, Any]) -> str:
            f"{info['settings']}. Produced by `make bench` (see bench/); raw figures in "
            "latest.json.", "",
            "Throughput: median over rounds. Latency: percentiles over all rounds' samples. "
-           "`×` columns: ratio to the section's baseline, measured in the same run.", ""]
+           "`×` columns: ratio to the section's baseline, measured in the same run. etcd is "
+           "one member on this same machine (three would triple its CPU and fsyncs on the same "
+           "two cores); the load generator is a separate uvloop process.", ""]
     for s in sections:
         headers, rows = _cells(s)
         out.append(f"## {s.key}. {s.title}")

@@ -155,7 +155,8 @@ def lock_cycles(bench: Bench) -> Section:
         "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")
     section.notes.append(
         "Generator: one uvloop process, one keep-alive connection per client, "
-        f"{s.procs} process(es); its ceiling is the do-nothing HTTP row.")
+        f"{s.procs} process(es); its ceiling is the do-nothing HTTP row. For redis-py and "
+        "advisory locks the client library's work runs in the generator process itself.")
     for key in bench.skipped:
         section.notes.append(f"skipped {key}: {bench.skipped[key]}")
     return section
