@@ -62,6 +62,7 @@ from lockd.client_errors import (
     LockNotAcquired,
     ProtocolError,
     ServiceUnavailable,
+    body_or_raise,
     error_from_response,
     translate_transport_errors,
 )
@@ -205,17 +206,6 @@ def _validate_renew_every(renew_every: float | None, ttl: float) -> None:
         return
     if not renew_every > 0 or renew_every >= ttl:
         raise ValueError(f"renew_every must be > 0 and < ttl ({ttl} s), got {renew_every!r}")
-
-
-def _body_for(method: str, path: str, response: httpx.Response) -> Any:
-    if response.status_code >= 300:
-        raise error_from_response(response)
-    if response.status_code == 204 or not response.content:
-        return None
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise ProtocolError(f"{method} {path}: response is not JSON") from exc
 
 
 # --------------------------------------------------------------------------- leases
@@ -627,7 +617,7 @@ class LockClient(_ClientBase):
             response = self._http.request(method, self.url + path, json=json, params=params,
                                           headers=self._headers,
                                           timeout=self.timeout if timeout is None else timeout)
-        return _body_for(method, path, response)
+        return body_or_raise(method, path, response)
 
     def _post_renew(self, name: str, lease_id: str, ttl: float | None, *,
                     timeout: float | None = None) -> Any:
@@ -945,7 +935,7 @@ class AsyncLockClient(_ClientBase):
             response = await self._http.request(method, self.url + path, json=json,
                                                 params=params, headers=self._headers,
                                                 timeout=self.timeout if timeout is None else timeout)
-        return _body_for(method, path, response)
+        return body_or_raise(method, path, response)
 
     async def _post_renew(self, name: str, lease_id: str, ttl: float | None, *,
                           timeout: float | None = None) -> Any:

@@ -52,6 +52,7 @@ __all__ = [
     "TransportError",
     "ProtocolError",
     "error_from_response",
+    "body_or_raise",
     "translate_transport_errors",
 ]
 
@@ -237,6 +238,21 @@ def _retry_after(response: httpx.Response) -> float | None:
         return float(response.headers["retry-after"])
     except (KeyError, ValueError):
         return None
+
+
+def body_or_raise(method: str, path: str, response: httpx.Response) -> Any:
+    """The JSON body of a 2xx ``response`` (None for 204 or empty); the typed error otherwise.
+
+    Raises ``ProtocolError`` when a 2xx body is not JSON.
+    """
+    if response.status_code >= 300:
+        raise error_from_response(response)
+    if response.status_code == 204 or not response.content:
+        return None
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ProtocolError(f"{method} {path}: response is not JSON") from exc
 
 
 def error_from_response(response: httpx.Response) -> LockClientError:

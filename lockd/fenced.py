@@ -45,7 +45,7 @@ from lockd.client_errors import (
     LockClientError,
     ProtocolError,
     StaleTokenError,
-    error_from_response,
+    body_or_raise,
     translate_transport_errors,
 )
 
@@ -81,17 +81,6 @@ def _stale(lease: Lease | AsyncLease, exc: LockClientError) -> None:
         lease._mark_lost(LeaseLostError(
             f"lease of {lease.lock!r} (fence {lease.fence}) is stale at the proxy: "
             f"highest fence is {exc.highest}", lock=lease.lock, code="stale_token"))
-
-
-def _result(method: str, path: str, response: httpx.Response) -> Any:
-    if response.status_code >= 300:
-        raise error_from_response(response)
-    if response.status_code == 204 or not response.content:
-        return None
-    try:
-        return response.json()
-    except ValueError as exc:
-        raise ProtocolError(f"{method} {path}: response is not JSON") from exc
 
 
 def _batch_results(body: Any) -> list[dict[str, Any]]:
@@ -175,7 +164,7 @@ class FencedSession(_SessionBase):
             response = self._http.request(method, self.url + path, json=json, params=params,
                                           headers=self._headers(), timeout=self.timeout)
         try:
-            return _result(method, path, response)
+            return body_or_raise(method, path, response)
         except LockClientError as exc:
             _stale(self.lease, exc)
             raise
@@ -251,7 +240,7 @@ class AsyncFencedSession(_SessionBase):
                                                 params=params, headers=self._headers(),
                                                 timeout=self.timeout)
         try:
-            return _result(method, path, response)
+            return body_or_raise(method, path, response)
         except LockClientError as exc:
             _stale(self.lease, exc)
             raise
