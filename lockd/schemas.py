@@ -55,7 +55,7 @@ class AcquireRequest(_Request):
 
 
 class RenewRequest(_Request):
-    """``POST /v1/locks/{name}/renew``. Without ``ttl_ms`` the server's default TTL applies."""
+    """``POST /v1/locks/{name}/renew``. Without ``ttl_ms`` the lease keeps its own TTL."""
 
     lease_id: _LeaseId
     ttl_ms: StrictInt | None = None

@@ -302,14 +302,15 @@ class LockService:
             next(iter(queue)).wake.set()
 
     async def renew(self, name: str, lease_id: str, ttl_ms: int | None = None) -> Lease:
-        """Extend a live lease to ``ttl_ms`` (default ``settings.renew_ttl_ms``) from now.
+        """Extend a live lease to ``ttl_ms`` from now (``None``: the lease's own TTL, the last
+        one it was granted or renewed with).
 
         Same fence (and token). Raises ``LeaseLost`` if the lease is not live.
         """
         self.check_name(name)
-        ttl = self.settings.renew_ttl_ms if ttl_ms is None else ttl_ms
-        self._check_ttl(ttl)
-        return self._lease(await self.store.renew(name, lease_id, ttl))
+        if ttl_ms is not None:
+            self._check_ttl(ttl_ms)
+        return self._lease(await self.store.renew(name, lease_id, ttl_ms))
 
     async def release(self, name: str, lease_id: str) -> None:
         """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``."""

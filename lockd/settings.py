@@ -9,7 +9,6 @@ setting                environment               default, meaning
 ``key_dir``            ``LOCKD_KEY_DIR``         ``./lockd-keys``: Ed25519 signing keys, made on first start
 ``min_ttl_ms``         ``LOCKD_MIN_TTL_MS``      ``100``: shortest lease a client may ask for
 ``max_ttl_ms``         ``LOCKD_MAX_TTL_MS``      ``3600000`` (1 h): longest lease
-``default_ttl_ms``     ``LOCKD_DEFAULT_TTL_MS``  what a renew without ``ttl_ms`` extends by (30 s, clamped)
 ``max_wait_ms``        ``LOCKD_MAX_WAIT_MS``     ``300000`` (5 min): longest ``wait_ms`` of an acquire
 ``max_body_bytes``     ``LOCKD_MAX_BODY_BYTES``  ``65536``: larger request bodies get 413
 ``log_level``          ``LOCKD_LOG_LEVEL``       ``info``
@@ -51,7 +50,6 @@ class Settings(BaseSettings):
     key_dir: Path = Path("./lockd-keys")
     min_ttl_ms: int = Field(100, ge=1)
     max_ttl_ms: int = Field(3_600_000, ge=1)
-    default_ttl_ms: int | None = Field(None, ge=1)
     max_wait_ms: int = Field(300_000, ge=0)
     max_body_bytes: int = Field(65_536, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
@@ -86,18 +84,4 @@ class Settings(BaseSettings):
     def _ttl_bounds(self) -> Settings:
         if self.min_ttl_ms > self.max_ttl_ms:
             raise ValueError(f"min_ttl_ms ({self.min_ttl_ms}) exceeds max_ttl_ms ({self.max_ttl_ms})")
-        if self.default_ttl_ms is not None and not (
-            self.min_ttl_ms <= self.default_ttl_ms <= self.max_ttl_ms
-        ):
-            raise ValueError(
-                f"default_ttl_ms ({self.default_ttl_ms}) must lie within "
-                f"[{self.min_ttl_ms}, {self.max_ttl_ms}]"
-            )
         return self
-
-    @property
-    def renew_ttl_ms(self) -> int:
-        """TTL of a renew that names none: ``default_ttl_ms``, else 30 s clamped to the bounds."""
-        if self.default_ttl_ms is not None:
-            return self.default_ttl_ms
-        return min(max(30_000, self.min_ttl_ms), self.max_ttl_ms)

@@ -82,8 +82,13 @@ class Store(Protocol):
         now: a retried acquire must not deadlock on itself. Otherwise returns the ``Holder``.
         """
 
-    async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
-        """Push a live lease's expiry to ``ttl_ms`` from now; same fence. Raises ``LeaseLost``."""
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
+        """Push a live lease's expiry to ``ttl_ms`` from now; same fence. Raises ``LeaseLost``.
+
+        ``ttl_ms=None`` keeps the lease's own TTL: the last ``ttl_ms`` it was granted by acquire
+        or renewed with (like an etcd/Consul keep-alive). A renew with a TTL makes that the
+        lease's own TTL from then on.
+        """
 
     async def release(self, lock: str, lease_id: str) -> None:
         """End a live lease and notify listeners (here and on other lockd processes).

@@ -12,7 +12,7 @@ strings, and fields equal to zero/false are omitted.
 
 Layout under the prefix (default ``lockd``)::
 
-    <prefix>/locks/<name>   the live lease: value JSON {lease_id, owner, client_id, ttl_s},
+    <prefix>/locks/<name>   the live lease: value JSON {lease_id, owner, client_id, ttl_s, ttl_ms},
                             bound to an etcd lease, so etcd deletes it when that lease expires
     <prefix>/fences/<name>  written in the same transaction as every grant: its mod_revision
                             is the last fence issued for <name> (kept after release; tiny)
@@ -30,7 +30,9 @@ How each operation maps onto etcd:
   (etcd refuses to keep an expired lease alive, even one not yet reaped: invariant 3). etcd cannot
   change a lease's TTL, so a renew with a NEW ``ttl_ms`` keeps the old lease alive, grants a new
   one and moves the key to it with a put guarded on the key's ``mod_revision`` (a put keeps
-  ``create_revision``, hence the fence), then revokes the old one.
+  ``create_revision``, hence the fence), then revokes the old one. A renew without ``ttl_ms``
+  keeps the lease's own TTL (``ttl_ms`` in the value: the last one granted or renewed with), so
+  it is a plain keep-alive.
 * **release**: read, check ``lease_id``, delete the key guarded on its ``mod_revision``, revoke
   the etcd lease.
 * **expiry** is etcd's own lease expiry (its leader's clock; checked about every 500 ms).
@@ -161,6 +163,7 @@ class _Held:
     owner: str
     client_id: str | None
     ttl_s: int  # the TTL asked for, in seconds (the etcd lease may have been granted more)
+    ttl_ms: int  # the TTL asked for, in milliseconds: what a renew without one keeps
     etcd_lease: int
     fence: int  # create_revision
     mod_revision: int
@@ -170,12 +173,14 @@ class _Held:
         value = json.loads(_unb64(kv.get("value")))
         return cls(name=name, lease_id=value["lease_id"], owner=value.get("owner", ""),
                    client_id=value.get("client_id"), ttl_s=int(value.get("ttl_s", 0)),
+                   ttl_ms=int(value.get("ttl_ms") or int(value.get("ttl_s", 0)) * 1000),
                    etcd_lease=_int(kv.get("lease")), fence=_int(kv.get("create_revision")),
                    mod_revision=_int(kv.get("mod_revision")))
 
 
-def _value(lease_id: str, owner: str, client_id: str | None, ttl_s: int) -> str:
-    doc = {"lease_id": lease_id, "owner": owner, "client_id": client_id, "ttl_s": ttl_s}
+def _value(lease_id: str, owner: str, client_id: str | None, ttl_ms: int) -> str:
+    doc = {"lease_id": lease_id, "owner": owner, "client_id": client_id,
+           "ttl_s": _secs(ttl_ms), "ttl_ms": ttl_ms}
     return _b64(json.dumps(doc, separators=(",", ":")).encode())
 
 
@@ -395,7 +400,7 @@ class EtcdStore:
                 doc = await self._txn(
                     [{"key": key, "target": "CREATE", "create_revision": "0"}],
                     [{"request_put": {"key": key, "lease": str(etcd_lease),
-                                      "value": _value(lease_id, owner, client_id, ttl_s)}},
+                                      "value": _value(lease_id, owner, client_id, ttl_ms)}},
                      {"request_put": {"key": _b64(self._fence_key(lock)), "value": ""}}],
                     [{"request_range": {"key": key}}])
                 if doc.get("succeeded"):
@@ -423,13 +428,18 @@ class EtcdStore:
             return Holder(lock, holder.owner, remaining, holder.fence)
         raise StoreUnavailable(f"etcd: lock {lock!r} kept changing hands; try again")
 
-    async def _extend(self, held: _Held, ttl_ms: int) -> Grant:
-        """Push ``held``'s expiry to ``ttl_ms`` from now; same fence. Raises ``LeaseLost``."""
+    async def _extend(self, held: _Held, ttl_ms: int | None) -> Grant:
+        """Push ``held``'s expiry to ``ttl_ms`` from now (``None``: its own TTL); same fence.
+
+        Raises ``LeaseLost``.
+        """
+        if ttl_ms is None:
+            ttl_ms = held.ttl_ms
         ttl_s = _secs(ttl_ms)
         granted = await self._keepalive(held.etcd_lease)
         if granted <= 0:
             raise LeaseLost(f"lease on {held.name!r} expired", lock=held.name)
-        if ttl_s == held.ttl_s:
+        if ttl_s == held.ttl_s:  # (a new ttl_ms within the same second is not recorded)
             return Grant(held.name, held.lease_id, held.fence, granted * 1000, held.owner)
         # A different TTL: etcd leases cannot change theirs. Move the key to a new lease; the
         # keep-alive above ensures the old one is live, so nothing lapsed is brought back.
@@ -440,7 +450,7 @@ class EtcdStore:
             doc = await self._txn(
                 [{"key": key, "target": "MOD", "mod_revision": str(held.mod_revision)}],
                 [{"request_put": {"key": key, "lease": str(new_lease), "value": _value(
-                    held.lease_id, held.owner, held.client_id, ttl_s)}}],
+                    held.lease_id, held.owner, held.client_id, ttl_ms)}}],
                 [{"request_range": {"key": key}}])
             kv = None if doc.get("succeeded") else self._range_kv(doc)
             moved = doc.get("succeeded") or (kv is not None and _int(kv.get("lease")) == new_lease)
@@ -452,8 +462,11 @@ class EtcdStore:
         self._revoke_soon(held.etcd_lease)
         return Grant(held.name, held.lease_id, held.fence, new_granted * 1000, held.owner)
 
-    async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
-        """Keep this lease's etcd lease alive (or move it to a new TTL). Raises ``LeaseLost``."""
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
+        """Keep this lease's etcd lease alive (or move it to a new TTL; ``None``: keep its own).
+
+        Raises ``LeaseLost``.
+        """
         for _ in range(3):
             held = await self._read_lock(lock)
             if held is None or held.lease_id != lease_id:

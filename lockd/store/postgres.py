@@ -40,8 +40,9 @@ uses):
   FROM lockd.locks WHERE … AND NOT EXISTS (SELECT 1 FROM up)``. The holder branch reads the
   statement's snapshot; if that snapshot cannot explain the refusal (the row was inserted or
   freed concurrently) a second statement reads the row again, and a freed lock is retried.
-- renew: ``UPDATE … SET expires_at = now() + ttl WHERE name AND lease_id AND expires_at > now()
-  RETURNING …``.
+- renew: ``UPDATE … SET expires_at = now() + coalesce(ttl, l.ttl_ms), ttl_ms = coalesce(ttl,
+  l.ttl_ms) WHERE name AND lease_id AND expires_at > now() RETURNING …``: a renew without a TTL
+  keeps the lease's own (``ttl_ms``: the last one granted or renewed with).
 - release: ``WITH r AS (UPDATE … SET expires_at = NULL, released_at = now() WHERE <live and
   ours> RETURNING name) SELECT pg_notify('lockd_release', name) FROM r``: the NOTIFY is sent by
   the same commit that frees the lock.
@@ -116,7 +117,8 @@ CREATE TABLE IF NOT EXISTS lockd.locks (
     owner       text NOT NULL DEFAULT '',
     client_id   text,
     expires_at  timestamptz,
-    released_at timestamptz
+    released_at timestamptz,
+    ttl_ms      integer
 ) WITH (fillfactor = 70);
 COMMENT ON TABLE lockd.locks IS
     'lockd leases: one row per lock name ever acquired; never delete rows (fence counter)';
@@ -124,14 +126,15 @@ COMMENT ON TABLE lockd.locks IS
 
 _SQL_ACQUIRE = f"""
 WITH up AS (
-    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at)
-    VALUES (%(lock)s, 1, %(lease_id)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY})
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
+    VALUES (%(lock)s, 1, %(lease_id)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s::int)
     ON CONFLICT (name) DO UPDATE SET
         fence = CASE WHEN l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
         lease_id = CASE WHEN l.expires_at > now() THEN l.lease_id ELSE excluded.lease_id END,
         owner = CASE WHEN l.expires_at > now() THEN l.owner ELSE excluded.owner END,
         client_id = CASE WHEN l.expires_at > now() THEN l.client_id ELSE excluded.client_id END,
         expires_at = excluded.expires_at,
+        ttl_ms = excluded.ttl_ms,
         released_at = NULL
     WHERE (l.expires_at > now()) IS NOT TRUE
        OR l.lease_id = excluded.lease_id
@@ -148,8 +151,11 @@ _SQL_HOLDER = f"""
 SELECT fence, owner, {_TTL} FROM lockd.locks WHERE name = %(lock)s AND {_LIVE}
 """
 
+# ttl_ms NULL: the lease's own TTL (the last one granted or renewed with).
 _SQL_RENEW = f"""
-UPDATE lockd.locks SET expires_at = {_NEW_EXPIRY}
+UPDATE lockd.locks AS l
+   SET expires_at = now() + coalesce(%(ttl_ms)s::int, l.ttl_ms) * interval '1 millisecond',
+       ttl_ms = coalesce(%(ttl_ms)s::int, l.ttl_ms)
  WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
 RETURNING fence, owner, {_TTL}
 """
@@ -457,9 +463,10 @@ class PostgresStore:
 
         return await self._run(op, retry=True)
 
-    async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
         """See ``Store.renew``. Raises ``LeaseLost`` unless the lease is live by the server."""
-        params = {"lock": lock, "lease_id": lease_id, "ttl_ms": int(ttl_ms)}
+        params = {"lock": lock, "lease_id": lease_id,
+                  "ttl_ms": None if ttl_ms is None else int(ttl_ms)}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant:
             cur = await conn.execute(_SQL_RENEW, params)

@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS locks (
     lease_id   TEXT,
     owner      TEXT NOT NULL DEFAULT '',
     client_id  TEXT,
-    expires_ms INTEGER NOT NULL DEFAULT 0
+    expires_ms INTEGER NOT NULL DEFAULT 0,
+    ttl_ms     INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID
 """
 _MAX_BATCH = 256
@@ -73,29 +74,32 @@ def _acquire(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_m
     if row is not None and row[1] is not None and row[4] > now:
         fence, live_id, live_owner, live_client, expires = row
         if client_id and live_client == client_id:
-            conn.execute("UPDATE locks SET expires_ms = ? WHERE name = ?", (now + ttl_ms, lock))
+            conn.execute("UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name = ?",
+                         (now + ttl_ms, ttl_ms, lock))
             return Grant(lock, live_id, fence, ttl_ms, live_owner)
         return Holder(lock, live_owner, expires - now, fence)
     fence = (row[0] if row is not None else 0) + 1
     conn.execute(
-        "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms)"
-        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET fence = excluded.fence,"
+        "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET fence = excluded.fence,"
         " lease_id = excluded.lease_id, owner = excluded.owner, client_id = excluded.client_id,"
-        " expires_ms = excluded.expires_ms",
-        (lock, fence, lease_id, owner, client_id, now + ttl_ms),
+        " expires_ms = excluded.expires_ms, ttl_ms = excluded.ttl_ms",
+        (lock, fence, lease_id, owner, client_id, now + ttl_ms, ttl_ms),
     )
     return Grant(lock, lease_id, fence, ttl_ms, owner)
 
 
-def _renew(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_ms: int) -> Grant:
+def _renew(conn: sqlite3.Connection, now: int, lock: str, lease_id: str,
+           ttl_ms: int | None) -> Grant:
+    # ttl_ms None: the lease's own TTL (the last one granted or renewed with).
     row = conn.execute(
-        "UPDATE locks SET expires_ms = ? WHERE name = ? AND lease_id = ? AND expires_ms > ?"
-        " RETURNING fence, owner",
-        (now + ttl_ms, lock, lease_id, now),
+        "UPDATE locks SET expires_ms = ? + coalesce(?, ttl_ms), ttl_ms = coalesce(?, ttl_ms)"
+        " WHERE name = ? AND lease_id = ? AND expires_ms > ? RETURNING fence, owner, ttl_ms",
+        (now, ttl_ms, ttl_ms, lock, lease_id, now),
     ).fetchone()
     if row is None:
         raise LeaseLost("the lease is not live (expired, released or unknown)", lock=lock)
-    return Grant(lock, lease_id, row[0], ttl_ms, row[1])
+    return Grant(lock, lease_id, row[0], row[2], row[1])
 
 
 def _release(conn: sqlite3.Connection, now: int, lock: str, lease_id: str) -> None:
@@ -303,7 +307,7 @@ class SqliteStore:
                       client_id: str | None) -> Grant | Holder:
         return await self._call(_acquire, lock, lease_id, ttl_ms, owner, client_id)
 
-    async def renew(self, lock: str, lease_id: str, ttl_ms: int) -> Grant:
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
         return await self._call(_renew, lock, lease_id, ttl_ms)
 
     async def release(self, lock: str, lease_id: str) -> None:

@@ -350,8 +350,9 @@ def test_open_ping_and_close_are_idempotent(etcd_url):
 
 
 def test_lease_value_holds_no_more_than_it_needs(etcd_shared_cluster, etcd_url):
-    """The lock key's value carries the lockd lease id (for renew/release checks) and labels;
-    the fence comes from etcd's revision, not from the value."""
+    """The lock key's value carries the lockd lease id (for renew/release checks), labels and
+    the TTL asked for (what a renew without one keeps); the fence comes from etcd's revision,
+    not from the value."""
 
     async def body():
         async with opened(etcd_url) as s:
@@ -366,6 +367,7 @@ def test_lease_value_holds_no_more_than_it_needs(etcd_shared_cluster, etcd_url):
             kv = r.json()["kvs"][0]
             assert int(kv["create_revision"]) == g.fence
             assert json.loads(base64.b64decode(kv["value"])) == {
-                "lease_id": g.lease_id, "owner": "me", "client_id": "cid", "ttl_s": 5}
+                "lease_id": g.lease_id, "owner": "me", "client_id": "cid", "ttl_s": 5,
+                "ttl_ms": 5000}
 
     asyncio.run(body())

@@ -54,13 +54,19 @@ def test_renewal_keeps_a_lease_past_its_first_ttl(inproc_lockd, http, name):
     assert_problem(renew(http, srv.url, name, lease["lease_id"]), 410, "lease_lost")
 
 
-def test_renew_without_ttl_uses_the_default_and_bounds_come_from_settings(inproc_lockd, http,
-                                                                           name):
-    srv = inproc_lockd(default_ttl_ms=20_000, min_ttl_ms=1_000, max_ttl_ms=60_000,
-                       max_wait_ms=2_000)
+def test_renew_without_ttl_keeps_the_lease_own_ttl_and_bounds_come_from_settings(
+        inproc_lockd, http, name):
+    srv = inproc_lockd(min_ttl_ms=1_000, max_ttl_ms=60_000, max_wait_ms=2_000)
     lease = acquire(http, srv.url, name, 5_000).json()
     r = renew(http, srv.url, name, lease["lease_id"])
+    assert r.status_code == 200 and r.json()["ttl_ms"] == 5_000  # the acquire's TTL
+    srv.clock.advance(4.0)
+    r = renew(http, srv.url, name, lease["lease_id"], ttl_ms=20_000)
     assert r.status_code == 200 and r.json()["ttl_ms"] == 20_000
+    srv.clock.advance(10.0)
+    r = renew(http, srv.url, name, lease["lease_id"])  # now the renewed TTL is its own
+    assert r.status_code == 200 and r.json()["ttl_ms"] == 20_000
+    assert r.json()["fence"] == lease["fence"]
     srv.clock.advance(19.999)
     assert state(http, srv.url, name)["ttl_ms"] == 1
     assert_problem(acquire(http, srv.url, f"{name}/b", 999), 422, "invalid_request")

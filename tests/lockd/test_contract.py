@@ -259,6 +259,21 @@ def test_waiters_that_give_up_or_disconnect_leave_nothing_behind(lockd, http, na
     assert now["owner"] == "patient" and now["waiters"] == 0
 
 
+def test_renew_without_ttl_keeps_the_lease_own_ttl(lockd, http, name):
+    # Whole seconds (>= 1 s) so etcd, whose leases are whole seconds, can honour them.
+    lease = acquire(http, lockd.url, name, 3_000).json()
+    renewed = renew(http, lockd.url, name, lease["lease_id"], ttl_ms=2_000)
+    assert renewed.status_code == 200, renewed.text
+    kept = renew(http, lockd.url, name, lease["lease_id"])  # no ttl_ms: a keep-alive
+    assert kept.status_code == 200, kept.text
+    body = kept.json()
+    assert body["fence"] == lease["fence"] and body["lease_id"] == lease["lease_id"]
+    # The last TTL renewed with (2 s; etcd may round up to its next second), not the acquire's
+    # 3 s nor any server default.
+    assert 1_000 <= body["ttl_ms"] <= 2_999, body
+    assert 0 < state(http, lockd.url, name)["ttl_ms"] <= 2_999
+
+
 # --- client_id ------------------------------------------------------------------------------------
 
 
