@@ -54,7 +54,7 @@ import httpx
 import psycopg
 
 from lockd.client import Lease, LockClient
-from lockd.client_errors import (
+from lockd.client.errors import (
     AcquireTimeout,
     LockClientError,
     ServiceUnavailable,
@@ -62,7 +62,7 @@ from lockd.client_errors import (
     error_from_response,
     translate_transport_errors,
 )
-from lockd.fenced import FencedSession
+from lockd.client.fenced import FencedSession
 
 __all__ = ["MODES", "main", "uptime"]
 

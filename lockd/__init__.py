@@ -8,7 +8,8 @@ The public client API is re-exported here::
     with client.lock("jobs/nightly", ttl=30, wait=60) as lease:     # seconds
         FencedSession("http://127.0.0.1:7071", lease).upsert("reports", 1, {"id": 1})
 
-The server lives in ``lockd.app``/``lockd.service``/``lockd.cli`` and is not imported here.
+The client lives in ``lockd.client``; the server in ``lockd.server`` (not imported here); what
+both servers share in ``lockd.common`` and ``lockd.tokens``.
 """
 
 from lockd.client import (
@@ -22,7 +23,7 @@ from lockd.client import (
     LockClient,
     LockStatus,
 )
-from lockd.client_errors import (
+from lockd.client.errors import (
     AcquireTimeout,
     FencingError,
     InvalidToken,
@@ -39,7 +40,7 @@ from lockd.client_errors import (
     TransportError,
     ValidationError,
 )
-from lockd.fenced import AsyncFencedSession, FencedSession
+from lockd.client.fenced import AsyncFencedSession, FencedSession
 
 __all__ = [
     # clients and leases

@@ -21,6 +21,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from lockd.common.httpkit import bounded_body, error_response
 from resource_proxy.activity import call_of, record
 from resource_proxy.errors import (
     InvalidRequest,
@@ -69,19 +70,10 @@ def _reply(request: Request, call: str, body: Any, status: int = 200) -> Respons
 
 async def _body(request: Request) -> Any:
     """The request's JSON body, at most ``max_body_bytes`` (``PayloadTooLarge``)."""
-    limit: int = request.app.state.settings.max_body_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the body exceeds {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"the body exceeds {limit} bytes")
-        chunks.append(chunk)
+    raw = await bounded_body(request.stream(), request.headers.get("content-length"),
+                             request.app.state.settings.max_body_bytes, PayloadTooLarge)
     try:
-        return loads(b"".join(chunks))
+        return loads(raw)
     except (ValueError, RecursionError):
         raise InvalidRequest("the body is not valid JSON") from None
 
@@ -193,8 +185,7 @@ async def metrics(request: Request) -> Response:
 def _problem(request: Request, error: ProxyError) -> Response:
     record(request, call_of(request), error.status, error)
     headers = {"Retry-After": "1"} if isinstance(error, StoreUnavailable) else None
-    return Response(dumps(error.problem()), status_code=error.status, headers=headers,
-                    media_type="application/problem+json")
+    return error_response(error, headers)
 
 
 def install_problem_handlers(app: FastAPI) -> None:

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
-from lockd.httpkit import KeySet, OpsMiddleware, load_keys
+from lockd.common.httpkit import KeySet, OpsMiddleware, load_keys
 from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader
@@ -40,7 +40,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
 
     Besides the API: ``/`` (status page), ``/v1/activity``, ``/metrics`` (prometheus-client),
-    ``/openapi.json`` (``openapi``), and ``lockd.httpkit.OpsMiddleware`` outermost (API keys
+    ``/openapi.json`` (``openapi``), and ``lockd.common.httpkit.OpsMiddleware`` outermost (API keys
     from ``settings.api_keys``/``api_keys_file``; ``/``, ``/healthz``, ``/metrics`` and
     ``/openapi.json`` stay open; request ids; header bound).
 

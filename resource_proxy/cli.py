@@ -21,7 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockd.httpkit import configure_logging
+from lockd.common.httpkit import configure_logging
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
 from resource_proxy.policy import PolicyError, load_policy

@@ -27,7 +27,9 @@ extension members (``extra``, e.g. ``column``, ``op_index``) that go into the pr
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
+
+from lockd.common.problems import PROBLEM_TYPE_PREFIX, ProblemError
 
 __all__ = [
     "PROBLEM_TYPE_PREFIX",
@@ -44,37 +46,9 @@ __all__ = [
     "StoreUnavailable",
 ]
 
-PROBLEM_TYPE_PREFIX = "urn:lockd:problem:"
 
-
-class ProxyError(Exception):
-    """Base of every proxy error. ``status``/``code``/``title`` are class defaults."""
-
-    status: ClassVar[int] = 500
-    code: ClassVar[str] = "internal"
-    title: ClassVar[str] = "Internal error"
-
-    def __init__(self, detail: str | None = None, **extra: Any):
-        self.detail = detail or self.title
-        self.extra = extra
-        super().__init__(self.detail)
-
-    def with_extra(self, **extra: Any) -> ProxyError:
-        """This error with more extension members (existing ones win)."""
-        self.extra = {**extra, **self.extra}
-        return self
-
-    def problem(self) -> dict[str, Any]:
-        """The problem-details body (``application/problem+json``)."""
-        body: dict[str, Any] = {
-            "type": PROBLEM_TYPE_PREFIX + self.code,
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-            "code": self.code,
-        }
-        body.update(self.extra)
-        return body
+class ProxyError(ProblemError):
+    """Base of every proxy error (``ProblemError``: status/code/title, ``detail``, ``extra``)."""
 
 
 class InvalidRequest(ProxyError):

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockd.common.problems import PROBLEM_JSON
 from resource_proxy.tables import Catalog, Column, Kind, Table
 
 __all__ = ["build_openapi", "OPEN_PATHS"]
 
 OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/openapi.json"})
-_PROBLEM_JSON = "application/problem+json"
 _PROBLEM = {
     "type": "object",
     "required": ["type", "title", "status", "detail", "code"],
@@ -80,7 +80,7 @@ def _row_in(table: Table, *, partial: bool) -> dict[str, Any]:
 
 def _problems(*statuses: int) -> dict[str, Any]:
     return {str(s): {"description": _TITLES[s], "content": {
-        _PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}} for s in statuses}
+        PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}} for s in statuses}
 
 
 def _json(description: str, schema: dict[str, Any], status: int = 200) -> dict[str, Any]:

@@ -29,16 +29,16 @@ import time
 from typing import Any
 
 from lockd.client import Lease, LockClient
-from lockd.client_errors import (
+from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     LockNotAcquired,
     StaleTokenError,
 )
+from lockd.client.fenced import FencedSession
 from lockd.demo.procs import die_with_parent
 from lockd.demo.table import TABLE, row
 from lockd.demo.timeline import Event, write_event
-from lockd.fenced import FencedSession
 
 __all__ = ["main", "work"]
 

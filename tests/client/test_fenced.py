@@ -17,7 +17,7 @@ from lockd import (
     StaleTokenError,
     ValidationError,
 )
-from lockd.fenced import encode_key
+from lockd.client.fenced import encode_key
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 import lockd
-from lockd import client_errors as errors
+from lockd.client import errors
 
 PUBLIC_API = [
     "DEFAULT_URL",

@@ -6,7 +6,7 @@ import contextlib
 import secrets
 import uuid
 
-from lockd.store.etcd import EtcdStore
+from lockd.server.store.etcd import EtcdStore
 
 __all__ = ["lease_id", "name", "opened", "acquire"]
 

@@ -13,9 +13,9 @@ import uuid
 import httpx
 import pytest
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store.base import Grant, Holder, Store
-from lockd.store.etcd import EtcdStore, parse_etcd_url
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.base import Grant, Holder, Store
+from lockd.server.store.etcd import EtcdStore, parse_etcd_url
 from tests.etcd.helpers import acquire, lease_id, name, opened
 from tests.support import free_port
 
@@ -33,7 +33,7 @@ def test_url_parsing():
 
 
 def test_open_store_builds_an_etcd_store(etcd_url):
-    from lockd.store import open_store
+    from lockd.server.store import open_store
 
     store = open_store(etcd_url, clock=time.time)
     assert isinstance(store, EtcdStore) and isinstance(store, Store)

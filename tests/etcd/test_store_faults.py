@@ -13,8 +13,8 @@ import uuid
 import httpx
 import pytest
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store.base import Grant, Holder
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.base import Grant, Holder
 from tests.etcd.helpers import acquire, opened
 from tests.etcd_support import EtcdCluster
 

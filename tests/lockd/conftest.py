@@ -21,8 +21,8 @@ import httpx
 import pytest
 import uvicorn
 
-from lockd.app import create_app
-from lockd.settings import Settings
+from lockd.server.app import create_app
+from lockd.server.settings import Settings
 from tests.support import ServiceProcess, free_port
 
 STORE_KINDS = ["sqlite", "postgres", "etcd"]

@@ -1,10 +1,10 @@
-"""``lockd.durations``: what a person types on the command line, in milliseconds."""
+"""``lockd.client.durations``: what a person types on the command line, in milliseconds."""
 
 from __future__ import annotations
 
 import pytest
 
-from lockd.durations import format_duration, parse_duration
+from lockd.client.durations import format_duration, parse_duration
 
 
 @pytest.mark.parametrize("text, ms", [

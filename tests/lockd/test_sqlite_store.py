@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store import open_store, redact_url
-from lockd.store.base import Grant, Holder
-from lockd.store.sqlite import SqliteStore
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store import open_store, redact_url
+from lockd.server.store.base import Grant, Holder
+from lockd.server.store.sqlite import SqliteStore
 from tests.lockd.calls import acquire, release, state
 from tests.lockd.conftest import LOCKD
 from tests.support import free_port

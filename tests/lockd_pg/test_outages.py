@@ -14,9 +14,9 @@ import time
 import psycopg
 import pytest
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store.base import Grant, Holder
-from lockd.store.postgres import PostgresStore
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.base import Grant, Holder
+from lockd.server.store.postgres import PostgresStore
 from tests.support import sqlalchemy_url
 
 LISTEN_QUERIES = ("LISTEN lockd_release", "SELECT now()")

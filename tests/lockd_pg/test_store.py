@@ -15,10 +15,10 @@ import time
 import psycopg
 import pytest
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store import open_store
-from lockd.store.base import Grant, Holder, LockState, Store
-from lockd.store.postgres import PostgresStore, libpq_url
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store import open_store
+from lockd.server.store.base import Grant, Holder, LockState, Store
+from lockd.server.store.postgres import PostgresStore, libpq_url
 from tests.support import free_port
 
 

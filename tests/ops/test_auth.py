@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from lockd.client import LockClient
-from lockd.client_errors import PermissionDenied
-from lockd.fenced import FencedSession
-from lockd.httpkit import KeySet, redact
+from lockd.client.errors import PermissionDenied
+from lockd.client.fenced import FencedSession
+from lockd.common.httpkit import KeySet, redact
 from tests.ops.conftest import scrape
 from tests.support import VENV_BIN
 

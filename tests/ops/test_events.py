@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from lockd.events import EventHub
+from lockd.server.events import EventHub
 from tests.support import VENV_BIN, wait_for
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from importlib import import_module
 from urllib.parse import unquote, urlsplit
 
-from lockd.store.base import Grant, Holder, LockState, ReleaseListener, Store
+from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener, Store
 
 __all__ = [
     "SCHEMES",
@@ -89,13 +89,13 @@ def open_store(url: str, *, clock: Callable[[], float]) -> Store:
     """
     scheme = _scheme(url)
     if scheme == "sqlite":
-        from lockd.store.sqlite import SqliteStore
+        from lockd.server.store.sqlite import SqliteStore
 
         return SqliteStore(sqlite_path(url), clock=clock)
     if scheme in ("postgresql", "postgresql+psycopg"):
-        cls = _backend("lockd.store.postgres", "PostgresStore", url)
+        cls = _backend("lockd.server.store.postgres", "PostgresStore", url)
         return cls(url)
-    cls = _backend("lockd.store.etcd", "EtcdStore", url)
+    cls = _backend("lockd.server.store.etcd", "EtcdStore", url)
     return cls(url)
 
 

@@ -14,14 +14,14 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from lockd.api import HotPathMiddleware, create_router, install_error_handlers
-from lockd.events import EventHub
-from lockd.metrics import LockdMetrics
-from lockd.observe import ObservedStore
-from lockd.ops_api import create_ops_router, install_ops
-from lockd.service import LockService
-from lockd.settings import Settings
-from lockd.store import Store, open_store
+from lockd.server.api import HotPathMiddleware, create_router, install_error_handlers
+from lockd.server.events import EventHub
+from lockd.server.metrics import LockdMetrics
+from lockd.server.observe import ObservedStore
+from lockd.server.ops_api import create_ops_router, install_ops
+from lockd.server.service import LockService
+from lockd.server.settings import Settings
+from lockd.server.store import Store, open_store
 from lockd.tokens import KeyRing
 
 __all__ = ["create_app"]

@@ -5,7 +5,7 @@ Every failure leaves as ``application/problem+json`` ``{type, title, status, det
 ===================================================  ======  ====================
 cause                                                status  code
 ===================================================  ======  ====================
-``LockdError`` subclasses (``lockd.errors``)         theirs  theirs
+``LockdError`` subclasses (``lockd.server.errors``)         theirs  theirs
 bad name / field / TTL / wait / cursor, missing       422     ``invalid_request``
 field, malformed JSON, non-JSON ``Content-Type``
 body over ``settings.max_body_bytes``                413     ``payload_too_large``
@@ -40,8 +40,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lockd.errors import PROBLEM_TYPE_PREFIX, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
-from lockd.schemas import (
+from lockd.common.httpkit import bounded_body, error_response, problem_response
+from lockd.common.problems import PROBLEM_JSON
+from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
+from lockd.server.schemas import (
     AcquireRequest,
     HealthBody,
     LeaseBody,
@@ -51,15 +53,13 @@ from lockd.schemas import (
     ReleaseRequest,
     RenewRequest,
 )
-from lockd.service import LockService
-from lockd.store.base import LockState
+from lockd.server.service import LockService
+from lockd.server.store.base import LockState
 
-__all__ = ["PROBLEM_JSON", "HotPathMiddleware", "create_router", "install_error_handlers",
-           "problem_response"]
+__all__ = ["HotPathMiddleware", "create_router", "install_error_handlers"]
 
 log = logging.getLogger(__name__)
 
-PROBLEM_JSON = "application/problem+json"
 _M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
 
@@ -67,22 +67,12 @@ _T = TypeVar("_T")
 # --- problems: the one mapping ------------------------------------------------------------------
 
 
-def problem_response(status: int, code: str, title: str, detail: str,
-                     extra: dict[str, Any] | None = None,
-                     headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"type": PROBLEM_TYPE_PREFIX + code, "title": title, "status": status,
-            "detail": detail, "code": code}
-    if extra:
-        body.update(extra)
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
-
-
-def _lockd_error(exc: LockdError) -> JSONResponse:
+def _lockd_error(exc: LockdError) -> Response:
     headers = None
     if isinstance(exc, LockHeld):
         ttl_ms = int(exc.extra.get("ttl_ms") or 0)
         headers = {"Retry-After": str(max(1, math.ceil(ttl_ms / 1000)))}
-    return problem_response(exc.status, exc.code, exc.title, exc.detail, exc.extra, headers)
+    return error_response(exc, headers)
 
 
 def _invalid(errors: Sequence[Any]) -> InvalidRequest:
@@ -178,18 +168,9 @@ async def read_body(request: Request, model: type[_M]) -> _M:
         media = content_type.split(";", 1)[0].strip().lower()
         if media != "application/json" and not media.endswith("+json"):
             raise InvalidRequest(f"Content-Type must be application/json (got {media or '-'!r})")
-    limit = request.app.state.settings.max_body_bytes
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks).strip() or b"{}"
+    raw = await bounded_body(request.stream(), request.headers.get("content-length"),
+                             request.app.state.settings.max_body_bytes, PayloadTooLarge)
+    raw = raw.strip() or b"{}"
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:

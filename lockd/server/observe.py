@@ -40,10 +40,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.events import EventHub
-from lockd.metrics import LockdMetrics
-from lockd.store.base import Grant, Holder, LockState, ReleaseListener, Store
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.events import EventHub
+from lockd.server.metrics import LockdMetrics
+from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener, Store
 
 __all__ = ["ObservedStore"]
 

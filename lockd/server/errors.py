@@ -18,7 +18,7 @@ extension members (``extra``) that go into the problem body. Messages never cont
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from lockd.common.problems import PROBLEM_TYPE_PREFIX, ProblemError
 
 __all__ = [
     "PROBLEM_TYPE_PREFIX",
@@ -33,32 +33,9 @@ __all__ = [
     "StoreUnavailable",
 ]
 
-PROBLEM_TYPE_PREFIX = "urn:lockd:problem:"
 
-
-class LockdError(Exception):
-    """Base of every lockd error. ``status``/``code``/``title`` are class defaults."""
-
-    status: ClassVar[int] = 500
-    code: ClassVar[str] = "internal"
-    title: ClassVar[str] = "Internal error"
-
-    def __init__(self, detail: str | None = None, **extra: Any):
-        self.detail = detail or self.title
-        self.extra = extra
-        super().__init__(self.detail)
-
-    def problem(self) -> dict[str, Any]:
-        """The problem-details body (``application/problem+json``)."""
-        body = {
-            "type": PROBLEM_TYPE_PREFIX + self.code,
-            "title": self.title,
-            "status": self.status,
-            "detail": self.detail,
-            "code": self.code,
-        }
-        body.update(self.extra)
-        return body
+class LockdError(ProblemError):
+    """Base of every lockd error (``ProblemError``: status/code/title, ``detail``, ``extra``)."""
 
 
 class InvalidRequest(LockdError):

@@ -4,7 +4,7 @@
 
     lockd serve [--store URL] [--host 127.0.0.1] [--port 7070] [--key-dir DIR] [--log-level L]
 
-Flags override ``LOCKD_*`` environment variables (see ``lockd.settings``). Start-up opens the
+Flags override ``LOCKD_*`` environment variables (see ``lockd.server.settings``). Start-up opens the
 key directory and the store *before* the HTTP server, so a problem (a SQLite file in use by
 another lockd, PostgreSQL down, an unreadable key) ends the process with one clear line and
 exit status 1. When ready it logs ``lockd listening on http://HOST:PORT (store URL)`` with any
@@ -28,11 +28,11 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from lockd.app import create_app
-from lockd.errors import StoreUnavailable
-from lockd.httpkit import configure_logging
-from lockd.settings import Settings
-from lockd.store import open_store, redact_url
+from lockd.common.httpkit import configure_logging
+from lockd.server.app import create_app
+from lockd.server.errors import StoreUnavailable
+from lockd.server.settings import Settings
+from lockd.server.store import open_store, redact_url
 from lockd.tokens import KeyRing
 
 __all__ = ["main", "build_parser"]

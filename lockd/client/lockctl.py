@@ -56,15 +56,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from lockd.client import DEFAULT_URL, Lease, LeaseRef, LockClient, LockStatus
-from lockd.client_errors import (
+from lockd.client.durations import format_duration, parse_duration
+from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     LockNotAcquired,
     ServiceUnavailable,
     ValidationError,
 )
-from lockd.durations import format_duration, parse_duration
+from lockd.client.lease import DEFAULT_URL, Lease, LeaseRef, LockStatus
+from lockd.client.sync import LockClient
 
 __all__ = [
     "EXIT_OK",

@@ -3,7 +3,7 @@
 =====================  ========================  ======================================================
 setting                environment               default, meaning
 =====================  ========================  ======================================================
-``store``              ``LOCKD_STORE``           ``sqlite:///./lockd.db``; see ``lockd.store``
+``store``              ``LOCKD_STORE``           ``sqlite:///./lockd.db``; see ``lockd.server.store``
 ``host``               ``LOCKD_HOST``            ``127.0.0.1``
 ``port``               ``LOCKD_PORT``            ``7070`` (0: any free port; the ready line shows it)
 ``key_dir``            ``LOCKD_KEY_DIR``         ``./lockd-keys``: Ed25519 signing keys, made on first start
@@ -34,7 +34,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from lockd.store import check_store_url
+from lockd.server.store import check_store_url
 
 __all__ = ["Settings"]
 

@@ -26,7 +26,7 @@ authority (a local check would be racy anyway). Check ``lease.lost`` to stop ear
 
 Keys: a scalar for a one-column primary key, a tuple/list in primary-key column order for a
 composite one (percent-encoded and joined with ``,`` in the URL, as the proxy expects). Errors are
-the ``lockd.client_errors`` hierarchy: ``StaleTokenError`` (409, ``presented``/``highest``),
+the ``lockd.client.errors`` hierarchy: ``StaleTokenError`` (409, ``presented``/``highest``),
 ``TokenRequired``, ``InvalidToken``, ``LockNotAllowed``, ``NotFoundError``, ``ValidationError``
 (``problem.get("op_index")`` names a failing batch op), ``ServiceUnavailable`` (nothing written).
 """
@@ -39,8 +39,7 @@ from urllib.parse import quote
 
 import httpx
 
-from lockd.client import AsyncLease, Lease
-from lockd.client_errors import (
+from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     ProtocolError,
@@ -48,6 +47,7 @@ from lockd.client_errors import (
     body_or_raise,
     translate_transport_errors,
 )
+from lockd.client.lease import AsyncLease, Lease
 
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
 

@@ -89,8 +89,8 @@ import psycopg
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store.base import Grant, Holder, LockState, ReleaseListener
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
 
 __all__ = ["PostgresStore", "CHANNEL", "libpq_url"]
 

@@ -1,8 +1,8 @@
-"""HTTP operations plumbing both services use: bearer API keys, request ids, bounded headers,
-and logs (text or JSON) with every secret-shaped string redacted.
+"""HTTP plumbing both servers use: bearer API keys, request ids, bounded headers, problem
+responses, and logs (text or JSON) with every secret-shaped string redacted.
 
-This is the second module ``resource_proxy`` imports from ``lockd`` (after ``lockd.tokens``):
-key comparison and redaction are security code, and one copy of them is easier to keep right.
+Shared by lockd's server and ``resource_proxy`` (it imports neither): key comparison and
+redaction are security code, and one copy of them is easier to keep right.
 
 API keys
     ``KeySet`` holds SHA-256 digests of the configured keys. ``KeySet.matches`` hashes the
@@ -45,9 +45,13 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal
+
+from starlette.responses import Response
+
+from lockd.common.problems import PROBLEM_JSON, ProblemError, problem_bytes
 
 __all__ = [
     "KeySet",
@@ -56,7 +60,9 @@ __all__ = [
     "bearer_key",
     "configure_logging",
     "load_keys",
-    "problem_bytes",
+    "bounded_body",
+    "error_response",
+    "problem_response",
     "redact",
 ]
 
@@ -66,7 +72,6 @@ REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request
 """The id of the request being served (``None`` outside a request)."""
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-PROBLEM_TYPE_PREFIX = "urn:lockd:problem:"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -145,10 +150,38 @@ def _bearer(value: bytes | None) -> bytes | None:
     return None
 
 
-def problem_bytes(status: int, code: str, title: str, detail: str) -> bytes:
-    """An RFC 9457 problem body in the shape both services use."""
-    return json.dumps({"type": PROBLEM_TYPE_PREFIX + code, "title": title, "status": status,
-                       "detail": detail, "code": code}).encode()
+def problem_response(status: int, code: str, title: str, detail: str,
+                     extra: dict[str, Any] | None = None,
+                     headers: Mapping[str, str] | None = None) -> Response:
+    """An ``application/problem+json`` response (see ``lockd.common.problems``)."""
+    return Response(problem_bytes(status, code, title, detail, extra), status_code=status,
+                    headers=headers, media_type=PROBLEM_JSON)
+
+
+async def bounded_body(receive_stream: AsyncIterator[bytes], declared: str | None, limit: int,
+                       too_large: Callable[[str], Exception]) -> bytes:
+    """The whole request body, refused past ``limit`` bytes before or while it is read.
+
+    ``receive_stream``: the body chunks (Starlette's ``request.stream()``); ``declared``: the
+    Content-Length header, if any; ``too_large(detail)`` makes the error raised (each server's
+    413 ``PayloadTooLarge``). Nothing beyond the limit is buffered.
+    """
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise too_large(f"request body exceeds {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in receive_stream:
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def error_response(error: ProblemError, headers: Mapping[str, str] | None = None) -> Response:
+    """The problem response of ``error`` (its status, code, title, detail and extra members)."""
+    return problem_response(error.status, error.code, error.title, error.detail, error.extra,
+                            headers)
 
 
 # --- the middleware -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ An ``Event`` carries ``id`` (increasing per lockd process), ``type``, ``lock``, 
 ``owner``, ``ttl_ms`` (acquired: the TTL granted) and ``at`` (unix ms); ``released`` events of
 a force-release have ``forced: true``. Never a lease id or a token.
 
-Which events a stream shows: those THIS lockd process saw (see ``lockd.observe``): grants,
+Which events a stream shows: those THIS lockd process saw (see ``lockd.server.observe``): grants,
 releases and force-releases it served, expiries of leases it granted or renewed, and releases
 made at another replica of leases it granted (learned from the store's release notification,
 PostgreSQL NOTIFY / etcd watch). A lease granted and released entirely at another replica is

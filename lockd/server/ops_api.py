@@ -4,10 +4,10 @@ force-release, API keys, request ids, and the OpenAPI document's problem respons
 ===============================================  ==============================================
 route                                            meaning
 ===============================================  ==============================================
-``GET /``                                        the live status page (``lockd.status_page``)
-``GET /metrics``                                 Prometheus text (``lockd.metrics``); no key
+``GET /``                                        the live status page (``lockd.server.status_page``)
+``GET /metrics``                                 Prometheus text (``lockd.server.metrics``); no key
 ``GET /v1/events?prefix=&history=``              SSE stream of the events of locks named
-                                                 ``prefix…`` (``lockd.events``)
+                                                 ``prefix…`` (``lockd.server.events``)
 ``GET /v1/locks/{name}/events?history=``         SSE stream of one lock's events
 ``POST /v1/locks/{name}/force-release``          admin key only: end the live lease whoever
                                                  holds it; 200 ``{lock, released, fence, owner}``
@@ -18,7 +18,7 @@ route                                            meaning
 event stream, the state of a lock whose name ends in ``/events`` cannot be read with
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
 
-Access (``lockd.httpkit.OpsMiddleware``): with ``api_keys`` set, every call but ``/``,
+Access (``lockd.common.httpkit.OpsMiddleware``): with ``api_keys`` set, every call but ``/``,
 ``/healthz``, ``/metrics``, ``/v1/keys`` (public keys: proxies fetch them), ``/openapi.json`` and
 ``/docs`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
 ``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
@@ -37,14 +37,14 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
-from lockd.api import PROBLEM_JSON, problem_response
-from lockd.errors import InvalidRequest
-from lockd.events import EventHub
-from lockd.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys
-from lockd.metrics import CONTENT_TYPE_LATEST, LockdMetrics
-from lockd.schemas import NAME_RE, PREFIX_RE
-from lockd.settings import Settings
-from lockd.status_page import STATUS_PAGE
+from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
+from lockd.common.problems import PROBLEM_JSON
+from lockd.server.errors import InvalidRequest
+from lockd.server.events import EventHub
+from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
+from lockd.server.schemas import NAME_RE, PREFIX_RE
+from lockd.server.settings import Settings
+from lockd.server.status_page import STATUS_PAGE
 
 __all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_ops"]
 
@@ -104,7 +104,7 @@ def _stream(request: Request, match: Callable[[str], bool], history: int) -> Res
 
 
 def create_ops_router() -> APIRouter:
-    """The operations routes; include it BEFORE ``lockd.api.create_router`` (its
+    """The operations routes; include it BEFORE ``lockd.server.api.create_router`` (its
     ``/v1/locks/{name}`` would otherwise swallow ``/v1/locks/{name}/events``)."""
     router = APIRouter()
 
@@ -116,7 +116,7 @@ def create_ops_router() -> APIRouter:
                                              "content": {"text/plain": {"schema": {
                                                  "type": "string"}}}}})
     async def metrics(request: Request) -> Response:
-        """Prometheus metrics of this lockd process (see ``lockd.metrics``)."""
+        """Prometheus metrics of this lockd process (see ``lockd.server.metrics``)."""
         return Response(request.app.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/v1/events", response_class=StreamingResponse, responses=_SSE_DOC)

@@ -39,8 +39,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store.base import Grant, Holder, LockState, ReleaseListener
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
 
 __all__ = ["SqliteStore"]
 

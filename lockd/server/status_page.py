@@ -10,37 +10,15 @@ row at once, before the next full re-read. The page itself holds no data and nee
 
 from __future__ import annotations
 
+from lockd.common.page import status_page
+
 __all__ = ["STATUS_PAGE"]
 
-STATUS_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>lockd status</title>
-<style>
-  :root { --fg: #1d2329; --muted: #6b7580; --line: #e3e7eb; --held: #b4490d; --free: #2c7a3f;
-          --bg: #f7f8fa; --accent: #2457a6; }
-  * { box-sizing: border-box; }
-  body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif;
-         color: var(--fg); background: var(--bg); }
-  header { display: flex; align-items: baseline; gap: 16px; padding: 14px 24px;
-           background: #fff; border-bottom: 1px solid var(--line); }
-  header h1 { margin: 0; font-size: 18px; }
-  #conn { color: var(--muted); font-size: 13px; }
-  #conn.live::before { content: "\\25CF\\00a0"; color: var(--free); }
-  #conn.down::before { content: "\\25CF\\00a0"; color: var(--held); }
-  main { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 20px;
-         padding: 20px 24px; }
-  section { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 12px 16px; }
-  h2 { font-size: 14px; margin: 0 0 8px; color: var(--muted); text-transform: uppercase;
-       letter-spacing: .04em; }
-  table { width: 100%; border-collapse: collapse; }
-  th, td { text-align: left; padding: 6px 8px; border-bottom: 1px solid var(--line);
-           white-space: nowrap; }
-  th { font-weight: 600; color: var(--muted); font-size: 12px; }
-  td.num { text-align: right; font-variant-numeric: tabular-nums; }
-  td.lock { font-family: ui-monospace, monospace; white-space: normal; word-break: break-all; }
+STATUS_PAGE = status_page(
+    title="lockd status", who="lockd", storage_key="lockd-key",
+    columns="minmax(0, 3fr) minmax(0, 2fr)",
+    css="""
+  :root { --held: var(--bad); --free: var(--ok); }
   .held { color: var(--held); font-weight: 600; }
   .free { color: var(--free); }
   tr.flash td { background: #fff4c2; }
@@ -50,42 +28,22 @@ STATUS_PAGE = """<!doctype html>
   .ev-acquired { color: var(--accent); font-weight: 600; }
   .ev-released { color: var(--free); font-weight: 600; }
   .ev-expired, .ev-overflow { color: var(--held); font-weight: 600; }
-  .empty { color: var(--muted); padding: 10px 0; }
-  #auth { display: none; padding: 12px 24px; background: #fff4e5; border-bottom: 1px solid var(--line); }
-  #auth input { font: inherit; padding: 3px 6px; width: 22em; }
-</style>
-</head>
-<body>
-<header><h1>lockd status</h1><span id="conn" class="down">connecting</span>
-<span id="summary" style="color: var(--muted)"></span></header>
-<form id="auth"><label>This lockd needs an API key:
-  <input id="key" type="password" autocomplete="off"></label> <button>Use key</button></form>
-<main>
-<section><h2>Locks</h2>
+""",
+    main="""<section><h2>Locks</h2>
 <table id="locks"><thead><tr><th>Lock</th><th>State</th><th>Holder</th><th>Fence</th>
 <th>TTL left</th><th>Waiters</th></tr></thead><tbody></tbody></table>
 <div id="nolocks" class="empty">No locks yet.</div></section>
 <section><h2>Recent events</h2><ul id="events"></ul>
-<div id="noevents" class="empty">Waiting for events&hellip;</div></section>
-</main>
-<script>
-"use strict";
-const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt}
+<div id="noevents" class="empty">Waiting for events&hellip;</div></section>""",
+    script="""const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt}
 const flashes = new Map(); // name -> highlight until (performance.now())
-let key = sessionStorage.getItem("lockd-key") || "";
 let stream = null;
-const $ = (id) => document.getElementById(id);
 
-function headers() { return key ? {"Authorization": "Bearer " + key} : {}; }
 function fmtMs(ms) {
   if (ms <= 0) return "-";
   if (ms < 10000) return (ms / 1000).toFixed(1) + " s";
   if (ms < 120000) return Math.round(ms / 1000) + " s";
   return Math.round(ms / 60000) + " min";
-}
-function cell(text, cls) {
-  const td = document.createElement("td");
-  td.textContent = text; if (cls) td.className = cls; return td;
 }
 function render() {
   const body = $("locks").tBodies[0];
@@ -123,8 +81,6 @@ async function refresh() {
     render();
   } catch (e) { setConn(false, "cannot read locks: " + e.message); }
 }
-function askKey() { $("auth").style.display = "block"; setConn(false, "API key needed"); }
-function setConn(ok, text) { const c = $("conn"); c.className = ok ? "live" : "down"; c.textContent = text; }
 function onEvent(type, ev) {
   if (type === "overflow") { addEvent({type: "overflow", lock: "some events were dropped", at: Date.now()}); refresh(); return; }
   addEvent(ev);
@@ -199,15 +155,10 @@ function fetchStream(url) {
   })();
   return {close: () => ctl.abort()};
 }
-$("auth").addEventListener("submit", (e) => {
-  e.preventDefault(); key = $("key").value.trim(); sessionStorage.setItem("lockd-key", key);
-  $("auth").style.display = "none"; refresh(); connect();
-});
+function onKey() { refresh(); connect(); }
 refresh();
 connect();
 setInterval(refresh, 2000);
 setInterval(() => render(), 250);
-</script>
-</body>
-</html>
-"""
+""",
+)

@@ -5,7 +5,7 @@ Talks to etcd's v3 JSON gateway (on the client port) with ``httpx``. Why not a c
 (it would block lockd's event loop); ``aetcd`` (asyncio gRPC) would bring ``grpcio`` and
 ``protobuf`` into lockd for about ten calls. The gateway needs nothing beyond the ``httpx``
 lockd already uses, is async, works with etcd ≥ 3.4, and every call is one small JSON POST
-(the watch is one streaming POST). The unary calls go through ``lockd.store.etcd_http`` (a lean
+(the watch is one streaming POST). The unary calls go through ``lockd.server.store.etcd_http`` (a lean
 keep-alive client: httpx cost ~1 ms of CPU per request, most of lockd's time on etcd); the
 watch stream through httpx. Keys and values travel base64-encoded; 64-bit ids and revisions come back as
 strings, and fields equal to zero/false are omitted.
@@ -73,13 +73,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
-from lockd.errors import LeaseLost, StoreUnavailable
-from lockd.store.base import Grant, Holder, LockState, ReleaseListener
-from lockd.store.etcd_http import GatewayError, GatewayPool
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
+from lockd.server.store.etcd_http import GatewayError, GatewayPool
 
 __all__ = ["EtcdStore", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
 
-log = logging.getLogger("lockd.store.etcd")
+log = logging.getLogger("lockd.server.store.etcd")
 
 DEFAULT_PREFIX = "lockd"
 DEFAULT_TIMEOUT_S = 2.5

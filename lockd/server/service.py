@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from lockd.errors import InvalidRequest, LockdError, LockHeld, StoreUnavailable
-from lockd.schemas import NAME_RE, PREFIX_RE
-from lockd.settings import Settings
-from lockd.store.base import Grant, Holder, LockState, Store
+from lockd.server.errors import InvalidRequest, LockdError, LockHeld, StoreUnavailable
+from lockd.server.schemas import NAME_RE, PREFIX_RE
+from lockd.server.settings import Settings
+from lockd.server.store.base import Grant, Holder, LockState, Store
 from lockd.tokens import KeyRing
 
 __all__ = ["Lease", "LockService", "new_lease_id", "encode_cursor", "decode_cursor"]

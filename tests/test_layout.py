@@ -1,0 +1,123 @@
+"""The package walls of issue 12: who may import whom, read from the source with ``ast``.
+
+::
+
+    lockd/client      talks HTTP only: nothing from lockd.server or resource_proxy
+    resource_proxy    from lockd only lockd.tokens and lockd.common
+    lockd/server/store  no web framework, no HTTP layer of lockd
+    lockd/server/service.py  no web framework
+    lockd/tokens.py, lockd/common  nothing of either service (nor of the client)
+
+Every import counts: at module level, inside functions, under ``TYPE_CHECKING``. The walls are
+checked on the real tree, and each is shown to bite by planting a forbidden import in a copy.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WEB = ("fastapi", "starlette", "uvicorn")
+HTTP_LAYER = ("lockd.common.httpkit", "lockd.server.api", "lockd.server.app",
+              "lockd.server.ops_api", "lockd.server.cli", "lockd.server.status_page",
+              "lockd.server.schemas")
+
+
+def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import in one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            yield node.lineno, module
+            for alias in node.names:  # ``from lockd import server`` names a module too
+                yield node.lineno, f"{module}.{alias.name}"
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _files(root: Path, rel: str) -> list[Path]:
+    target = root / rel
+    return [target] if target.is_file() else sorted(target.rglob("*.py"))
+
+
+# (name, files, forbidden prefixes, allowed exceptions)
+WALLS = [
+    ("1 client talks HTTP only", "lockd/client", ("lockd.server", "resource_proxy"), ()),
+    ("2 proxy uses only tokens + common", "resource_proxy", ("lockd",),
+     ("lockd.tokens", "lockd.common")),
+    ("3 stores know no web or HTTP layer", "lockd/server/store", WEB + HTTP_LAYER, ()),
+    ("4 service knows no web framework", "lockd/server/service.py", WEB, ()),
+    ("5 tokens import no service", "lockd/tokens.py",
+     ("lockd.server", "lockd.client", "resource_proxy"), ()),
+    ("5 common imports no service", "lockd/common",
+     ("lockd.server", "lockd.client", "resource_proxy"), ()),
+]
+
+
+def violations(root: Path) -> list[str]:
+    """Every import across a wall in the tree at ``root``, as ``wall: file:line imports module``."""
+    found = []
+    for name, rel, forbidden, allowed in WALLS:
+        for path in _files(root, rel):
+            for line, module in _imports(root, path):
+                if _under(module, forbidden) and not _under(module, allowed):
+                    found.append(f"{name}: {path.relative_to(root)}:{line} imports {module}")
+    return found
+
+
+def test_the_tree_has_the_layout():
+    for rel in ["lockd/server/app.py", "lockd/server/store/base.py", "lockd/server/cli.py",
+                "lockd/client/sync.py", "lockd/client/aio.py", "lockd/client/lockctl.py",
+                "lockd/common/httpkit.py", "lockd/common/problems.py", "lockd/tokens.py",
+                "lockd/demo/__main__.py"]:
+        assert (ROOT / rel).is_file(), rel
+    flat = sorted(p.name for p in (ROOT / "lockd").glob("*.py"))
+    assert flat == ["__init__.py", "tokens.py"], flat
+
+
+def test_every_wall_holds():
+    assert violations(ROOT) == []
+
+
+PLANTED = [
+    ("lockd/client/fenced.py", "from lockd.server.errors import LeaseLost\n", "1 client"),
+    ("lockd/client/lease.py", "import resource_proxy.tables\n", "1 client"),
+    ("resource_proxy/service.py", "from lockd.server import service\n", "2 proxy"),
+    ("resource_proxy/api.py", "from lockd.client import LockClient\n", "2 proxy"),
+    ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
+    ("lockd/server/store/sqlite.py", "from starlette.responses import Response\n", "3 stores"),
+    ("lockd/server/store/base.py", "from lockd.common.httpkit import KeySet\n", "3 stores"),
+    ("lockd/server/store/etcd.py", "    from ..api import create_router\n", "3 stores"),
+    ("lockd/server/service.py", "from fastapi import Request\n", "4 service"),
+    ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
+    ("lockd/common/httpkit.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
+]
+
+
+@pytest.mark.parametrize(("rel", "line", "wall"), PLANTED, ids=[p[0] for p in PLANTED])
+def test_a_planted_forbidden_import_breaks_its_wall(tmp_path, rel, line, wall):
+    for top in ("lockd", "resource_proxy"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / rel
+    if line.startswith("    "):  # inside a function, where lazy imports hide
+        line = "def _lazy():\n" + line
+    target.write_text(target.read_text() + "\n" + line)
+    found = violations(tmp_path)
+    assert found and all(v.startswith(wall) for v in found), found
