@@ -96,6 +96,29 @@ def _token(request: Request) -> str | None:
     return token
 
 
+def _raw_query(request: Request, name: str) -> str | None:
+    """The query parameter ``name`` as sent (still percent-encoded; ``+`` is a plus sign)."""
+    for pair in request.scope.get("query_string", b"").decode("latin-1").split("&"):
+        field, sep, value = pair.partition("=")
+        if field == name and sep:
+            return value
+    return None
+
+
+# -- the binding (which lock governs a row) ----------------------------------------------------
+
+@_route("/v1/tables", "GET")
+async def list_tables(request: Request) -> Response:
+    return _reply(request, "tables", _service(request).tables())
+
+
+@_route("/v1/tables/{table}/lock", "GET")
+async def table_lock(request: Request) -> Response:
+    """``?key=`` in the form of a row URL's key (values joined by ``,``, each percent-encoded)."""
+    result = _service(request).lock_of(request.path_params["table"], _raw_query(request, "key"))
+    return _reply(request, "lock", result)
+
+
 # -- rows --------------------------------------------------------------------------------------
 
 @_route("/v1/tables/{table}/rows", "POST")

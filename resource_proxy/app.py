@@ -23,11 +23,10 @@ from resource_proxy.api import install_problem_handlers, routes
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader
 from resource_proxy.metrics import ProxyMetrics
 from resource_proxy.openapi import OPEN_PATHS, build_openapi
-from resource_proxy.policy import Policy, load_policy
+from resource_proxy.policy import Binding, Policy, describe_unfenced, load_policy
 from resource_proxy.service import ProxyService
 from resource_proxy.settings import Settings
 from resource_proxy.store import open_store, prepare
-from resource_proxy.tables import Catalog
 
 __all__ = ["create_app"]
 
@@ -35,7 +34,7 @@ log = logging.getLogger("resource_proxy")
 
 
 def create_app(settings: Settings, *, policy: Policy | None = None,
-               catalog: Catalog | None = None) -> FastAPI:
+               binding: Binding | None = None) -> FastAPI:
     """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file,
     ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
 
@@ -44,7 +43,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     from ``settings.api_keys``/``api_keys_file``; ``/``, ``/healthz``, ``/metrics`` and
     ``/openapi.json`` stay open; request ids; header bound).
 
-    ``policy``/``catalog``: already loaded and prepared (the CLI does that before it starts the
+    ``policy``/``binding``: already loaded and prepared (the CLI does that before it starts the
     server, to fail with one clear line); by default the policy is read here and the database
     prepared at startup.
     """
@@ -53,9 +52,10 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        tables = catalog
-        if tables is None:
-            tables = await asyncio.to_thread(prepare, settings.database_url, settings.tables, policy)
+        bound = binding
+        if bound is None:
+            bound = await asyncio.to_thread(prepare, settings.database_url, settings.tables, policy)
+        tables = bound.catalog
         store = open_store(settings, tables)
         await store.open()
         http: httpx.AsyncClient | None = None
@@ -69,9 +69,9 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         await keys.reload(force=True)
         if settings.jwks_file is not None and not keys.kids:
             raise RuntimeError(f"no usable Ed25519 key in {settings.jwks_file}")
-        app.state.service = ProxyService(tables, policy, keys, store,
-                                         max_batch_ops=settings.max_batch_ops)
-        log.info("serving %d table(s): %s", len(tables), ", ".join(sorted(tables)) or "(none)")
+        app.state.service = ProxyService(bound, keys, store, max_batch_ops=settings.max_batch_ops)
+        log.info("serving %d table(s): %s%s", len(tables), ", ".join(sorted(tables)) or "(none)",
+                 describe_unfenced(bound.unfenced))
         try:
             yield
         finally:

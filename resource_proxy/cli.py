@@ -1,8 +1,9 @@
 """``resource-proxy serve``: run the fencing proxy (flags override ``PROXY_*`` variables).
 
-Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration (flags, policy
-file), 1 if the start failed (database unreachable, an allow-listed table missing, a policy that
-does not fit the tables, no usable key in ``--jwks-file``): one log line says why.
+Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration (flags, a policy
+file that is malformed or does not bind every row to exactly one lock, found before or after
+reflecting the tables), 1 if the start failed (database unreachable, an allow-listed table
+missing, no usable key in ``--jwks-file``): one line says why.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from lockd.common.httpkit import configure_logging
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
-from resource_proxy.policy import PolicyError, load_policy
+from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
 
@@ -44,7 +45,9 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         if self.started and self.servers:
             port = self.servers[0].sockets[0].getsockname()[1]
-            log.info("resource-proxy listening on http://%s:%d", self.config.host, port)
+            service = getattr(self.config.app.state, "service", None)
+            unfenced = describe_unfenced(service.binding.unfenced) if service else ""
+            log.info("resource-proxy listening on http://%s:%d%s", self.config.host, port, unfenced)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -72,7 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--lockd-url", help="lockd base URL; its JWKS is read from /v1/keys")
     source.add_argument("--jwks-file", help="a JWKS file with lockd's public keys")
     serve.add_argument("--tables", help="comma-separated allow-list (default: every table)")
-    serve.add_argument("--policy", help="YAML/JSON file mapping tables to lock patterns")
+    serve.add_argument("--policy", help="YAML/JSON file giving tables their lock template "
+                       "(default: table T is written under lock T)")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 7071)")
     serve.add_argument("--log-level", help="debug, info, warning, error (default info)")
@@ -102,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resource-proxy: {exc}", file=sys.stderr)
         return 2
     try:
-        catalog = prepare(settings.database_url, settings.tables, policy)
+        binding = prepare(settings.database_url, settings.tables, policy)
+    except PolicyError as exc:
+        print(f"resource-proxy: {exc}", file=sys.stderr)
+        return 2
     except (ValueError, SQLAlchemyError) as exc:
         reason = getattr(exc, "orig", None) or exc
         log.error("resource-proxy cannot start: %s", str(reason).strip().splitlines()[0])
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("resource-proxy cannot start: no usable Ed25519 key in %s", settings.jwks_file)
         return 1
     try:
-        app = create_app(settings, policy=policy, catalog=catalog)
+        app = create_app(settings, policy=policy, binding=binding)
     except (OSError, ValueError) as exc:  # an unreadable API key file, a too short key
         log.error("resource-proxy cannot start: %s", exc)
         return 1

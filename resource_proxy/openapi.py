@@ -150,7 +150,25 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
         paths.update(_table_paths(catalog[name]))
     fence = {"type": "object", "required": ["lock", "highest"],
              "properties": {"lock": {"type": "string"}, "highest": {"type": "integer"}}}
+    binding = {"type": "object", "required": ["table", "lock", "unfenced"],
+               "properties": {"table": {"type": "string"}, "lock": {"type": ["string", "null"]},
+                              "template": {"type": ["string", "null"]},
+                              "unfenced": {"type": "boolean"}}}
     paths.update({
+        "/v1/tables": {"get": {
+            "summary": "every served table and the lock template that governs its rows",
+            "responses": {**_json("tables", {"type": "object", "required": ["items"]}),
+                          **_problems(503)}}},
+        "/v1/tables/{table}/lock": {"get": {
+            "summary": "the ONE lock that may write (and fence reads of) the row with ?key=",
+            "parameters": [{"name": "table", "in": "path", "required": True,
+                            "schema": {"type": "string"}},
+                           {**_KEY, "in": "query", "required": False,
+                            "description": "the row's key as in a row URL (values joined by "
+                                           "',', each percent-encoded); not needed for a "
+                                           "table under a literal lock"}],
+            "responses": {**_json("the governing lock (null: unfenced)", binding),
+                          **_problems(404, 422)}}},
         "/v1/batch": {"post": {
             "summary": "several writes under one fence check, in one transaction",
             "parameters": [_TOKEN],

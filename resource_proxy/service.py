@@ -1,13 +1,20 @@
 """What each call of the HTTP contract does, free of HTTP: token -> table -> op -> policy -> store.
 
 Order of checks for a write (the first failure answers): token present (428) and genuine (401),
-table served (404), key and row valid (422), policy allows the lock for that table and row
-(403), then the store: fence check (409 ``stale_token``) and the write in one transaction
-(404 absent row, 409 ``conflict``, 422 refused value, 503). A batch checks every op before
-the store sees any of them; a failing op's problem carries its ``op_index``.
+table served (404), key and row valid (422), the token's lock IS the row's governing lock
+(``policy.TableBinding``; 403 ``lock_not_allowed`` naming the lock needed), then the store:
+fence check (409 ``stale_token``) and the write in one transaction (404 absent row, 409
+``conflict``, 422 refused value, 503). A batch checks every op before the store sees any of
+them (every fenced op must be governed by the token's lock); a failing op's problem carries its
+``op_index``. A table the policy declares ``unfenced`` is written with no token and no fence
+check (a token, if sent, must still be genuine).
 
-Reads need no token; with one, the read is fenced (invariant 7): the token must be genuine and
-its fence not stale, and the highest fence rises to it before the rows are read.
+Reads need no token; with one, the read is fenced (invariant 7): the token's lock must govern
+the rows read (403 otherwise), its fence must not be stale, and the highest fence rises to it
+before the rows are read. A claim is for a lock that governs some row of a served table.
+
+Where a token will carry several locks (multi-lock leases), ``_require`` is the one place that
+asks "does the token hold the lock this row needs".
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from resource_proxy.errors import (
 from resource_proxy.fencing import Fence, validate_lock_name
 from resource_proxy.jwks import KeySource
 from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op
-from resource_proxy.policy import Policy
+from resource_proxy.policy import Binding, TableBinding
 from resource_proxy.store.base import Row, Store
 from resource_proxy.tables import Catalog, Table, coerce, parse_json_key, parse_url_key
 
@@ -39,10 +46,10 @@ _OP_FIELDS = {"op", "table", "key", "row"}
 class ProxyService:
     """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000)."""
 
-    def __init__(self, catalog: Catalog, policy: Policy, keys: KeySource, store: Store,
+    def __init__(self, binding: Binding, keys: KeySource, store: Store,
                  *, max_batch_ops: int = 1000):
-        self.catalog = catalog
-        self.policy = policy
+        self.binding = binding
+        self.catalog: Catalog = binding.catalog
         self.keys = keys
         self.store = store
         self.max_batch_ops = max_batch_ops
@@ -65,19 +72,48 @@ class ProxyService:
     async def _optional_fence(self, token: str | None) -> Fence | None:
         return await self.fence_of(token) if token else None
 
+    def bound(self, table: Table) -> TableBinding:
+        return self.binding[table.name]
+
+    @staticmethod
+    def _require(fence: Fence, bound: TableBinding, key: Any, verb: str = "written") -> None:
+        """403 unless the token's lock is the one that governs the row (``bound.require``)."""
+        bound.require(fence.lock, key, verb=verb)
+
+    # -- the binding -----------------------------------------------------------------------
+
+    def lock_of(self, table_name: str, raw_key: str | None) -> dict[str, Any]:
+        """``GET /v1/tables/{table}/lock?key=``: the lock that governs the row with ``key``."""
+        table = self.table(table_name)
+        bound = self.bound(table)
+        key = parse_url_key(table, raw_key) if raw_key is not None else None
+        lock = bound.lock_for(key)
+        return {"table": table.name, "lock": lock,
+                "template": bound.template.text if bound.template else None,
+                "unfenced": bound.unfenced}
+
+    def tables(self) -> dict[str, Any]:
+        """``GET /v1/tables``: every served table with its lock template (or unfenced)."""
+        return {"items": self.binding.describe()}
+
     # -- writes --------------------------------------------------------------------------
 
     async def write(self, kind: OpKind, table_name: str, raw_key: str | None, row: Any,
                     token: str | None) -> Row | None:
-        """One fenced row write (``insert``/``upsert``/``update``/``delete``)."""
-        fence = await self.fence_of(token)
+        """One row write (``insert``/``upsert``/``update``/``delete``), fenced unless the table
+        is unfenced."""
         table = self.table(table_name)
+        bound = self.bound(table)
+        fence = await self._optional_fence(token) if bound.unfenced else await self.fence_of(token)
         key = parse_url_key(table, raw_key) if raw_key is not None else None
-        op = build_op(kind, table, key, row, fence.fence)
-        self.policy.check_write(fence.lock, table, op.key)
+        op = build_op(kind, table, key, row, fence.fence if fence else 0)
+        if bound.unfenced:
+            return await self.store.write(None, op)
+        assert fence is not None
+        self._require(fence, bound, op.key)
         return await self.store.write(fence, op)
 
-    def _batch_op(self, raw: Any, fence: Fence) -> WriteOp:
+    def _batch_op(self, raw: Any, fence: Fence | None) -> WriteOp:
         if not isinstance(raw, Mapping):
             raise InvalidRequest("each op must be an object with op, table, key, row")
         unknown = set(raw) - _OP_FIELDS
@@ -89,14 +125,20 @@ class ProxyService:
         if not isinstance(name, str):
             raise InvalidRequest("each op names its table")
         table = self.table(name)
+        bound = self.bound(table)
         key = parse_json_key(table, raw["key"]) if raw.get("key") is not None else None
-        op = build_op(kind, table, key, raw.get("row"), fence.fence)
-        self.policy.check_write(fence.lock, table, op.key)
+        op = build_op(kind, table, key, raw.get("row"), fence.fence if fence else 0)
+        if not bound.unfenced:
+            if fence is None:
+                raise TokenRequired(f"table {table.name!r} is fenced: send the lock's token in "
+                                    "the Fencing-Token header")
+            self._require(fence, bound, op.key)
         return op
 
     async def batch(self, body: Any, token: str | None) -> dict[str, Any]:
-        """``{"ops": [...]}``: one fence check, one transaction, all or nothing."""
-        fence = await self.fence_of(token)
+        """``{"ops": [...]}``: one fence check, one transaction, all or nothing. Every op on a
+        fenced table must be governed by the token's lock; ops on unfenced tables need none."""
+        fence = await self._optional_fence(token)
         ops = body.get("ops") if isinstance(body, Mapping) else None
         if not isinstance(ops, list) or not ops:
             raise InvalidRequest('the body must be {"ops": [op, ...]} with at least one op')
@@ -108,14 +150,15 @@ class ProxyService:
                 built.append(self._batch_op(raw, fence))
             except ProxyError as exc:
                 raise exc.with_extra(op_index=index) from None
-        rows = await self.store.batch(fence, built)
+        fenced = any(not self.bound(op.table).unfenced for op in built)
+        rows = await self.store.batch(fence if fenced else None, built)
         return {
             "results": [
                 {"op": op.kind, "table": op.table.name, "row": row}
                 for op, row in zip(built, rows, strict=True)
             ],
-            "lock": fence.lock,
-            "fence": fence.fence,
+            "lock": fence.lock if fence and fenced else None,
+            "fence": fence.fence if fence and fenced else None,
         }
 
     # -- reads ---------------------------------------------------------------------------
@@ -123,7 +166,13 @@ class ProxyService:
     async def read_row(self, table_name: str, raw_key: str, token: str | None) -> Row:
         fence = await self._optional_fence(token)
         table = self.table(table_name)
-        return await self.store.read_row(table, parse_url_key(table, raw_key), fence)
+        key = parse_url_key(table, raw_key)
+        bound = self.bound(table)
+        if fence is not None and bound.unfenced:
+            fence = None
+        if fence is not None:
+            self._require(fence, bound, key, "read")
+        return await self.store.read_row(table, key, fence)
 
     async def list_rows(self, table_name: str, query: Iterable[tuple[str, str]],
                         token: str | None) -> dict[str, Any]:
@@ -144,6 +193,13 @@ class ProxyService:
             if name in filters:
                 raise InvalidRequest(f"column {name!r} is filtered twice", column=name)
             filters[name] = coerce(column, value, from_text=True)
+        bound = self.bound(table)
+        if fence is not None and bound.unfenced:
+            fence = None
+        if fence is not None:
+            needed = bound.lock_for_filters(filters)
+            if needed != fence.lock:
+                raise bound.refusal(fence.lock, str(needed), None, "read")
         return {"items": await self.store.list_rows(table, filters, limit, fence)}
 
     # -- fences --------------------------------------------------------------------------
@@ -153,7 +209,12 @@ class ProxyService:
         validate_lock_name(lock)
         fence = await self.fence_of(token)
         if fence.lock != lock:
-            raise LockNotAllowed(f"the token is for lock {fence.lock!r}, not {lock!r}", lock=lock)
+            raise LockNotAllowed(f"the token is for lock {fence.lock!r}, not {lock!r}", lock=lock,
+                                 token_lock=fence.lock)
+        if not self.binding.governs(lock):
+            raise LockNotAllowed(f"lock {lock!r} governs no row of any table this proxy serves "
+                                 "(GET /v1/tables/{table}/lock?key= names the lock of a row)",
+                                 lock=lock, token_lock=fence.lock)
         return {"lock": lock, "highest": await self.store.claim(fence)}
 
     async def fence(self, lock: str) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The proxy's live status page (``GET /``): plain HTML with inline JavaScript, no build step.
 
 It reads ``GET /v1/activity`` once a second and shows the highest fence per recently fenced
-lock and the latest rejected fenced calls (stale tokens with presented and highest fence). When
+lock and the latest rejected fenced calls (stale tokens with presented and highest fence), and
+once, from ``GET /v1/tables``, the lock template that governs each table, with every table the
+policy declares unfenced marked UNFENCED (written without a token). When
 the proxy answers 401 the page asks for an API key (kept in the tab's ``sessionStorage``).
 """
 
@@ -16,6 +18,7 @@ STATUS_PAGE = status_page(
     columns="minmax(0, 2fr) minmax(0, 3fr)",
     css="""
   .code-stale_token { color: var(--bad); font-weight: 600; }
+  .unfenced { color: var(--bad); font-weight: 600; }
 """,
     main="""<section><h2>Highest fences</h2>
 <table id="fences"><thead><tr><th>Lock</th><th>Highest</th><th>Last fenced</th></tr></thead>
@@ -23,7 +26,10 @@ STATUS_PAGE = status_page(
 <section><h2>Recent rejections</h2>
 <table id="rejections"><thead><tr><th>Time</th><th>Call</th><th>Rejection</th><th>Lock</th>
 <th>Presented</th><th>Highest</th></tr></thead><tbody></tbody></table>
-<div id="norejections" class="empty">No rejections.</div></section>""",
+<div id="norejections" class="empty">No rejections.</div></section>
+<section><h2>Tables and their locks</h2>
+<table id="bindings"><thead><tr><th>Table</th><th>Written under lock</th></tr></thead>
+<tbody></tbody></table><div id="nobindings" class="empty">No tables.</div></section>""",
     script="""function time(ms) { return new Date(ms).toLocaleTimeString(); }
 function fill(id, rows, make) {
   const body = $(id).tBodies[0]; body.replaceChildren();
@@ -50,8 +56,17 @@ async function poll() {
     setConn(true, "live");
   } catch (e) { setConn(false, "cannot read activity: " + e.message); }
 }
-function onKey() { poll(); }
-poll();
+async function bindings() {
+  const r = await fetch("/v1/tables", {headers: headers()});
+  if (!r.ok) return;
+  fill("bindings", (await r.json()).items, (b) => {
+    const tr = document.createElement("tr"); tr.dataset.table = b.table;
+    tr.append(cell(b.table), b.unfenced ? cell("UNFENCED (written without a token)", "unfenced")
+                                        : cell(b.lock, "lock")); return tr;
+  });
+}
+function onKey() { poll(); bindings(); }
+poll(); bindings();
 setInterval(poll, 1000);
 """,
 )

@@ -101,6 +101,9 @@ class Column:
     item: Column | None = None
     jsonb: bool = False
     generated: bool = False
+    # Why equal values of this column may differ in text (a non-binary collation, citext,
+    # char(n) padding): "" when equality is exact. Such a column cannot be bound per row.
+    inexact: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,19 +192,25 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
         for name in names:
             casts: dict[str, str] = {}
             declared: dict[str, str] = {}
+            inexact: dict[str, str] = {}
             if is_pg:
                 rows = conn.exec_driver_sql(
-                    "SELECT a.attname, format_type(a.atttypid, NULL) FROM pg_attribute a"
+                    "SELECT a.attname, format_type(a.atttypid, NULL), co.collname,"
+                    " co.collisdeterministic FROM pg_attribute a"
                     " JOIN pg_class c ON c.oid = a.attrelid"
                     " JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " LEFT JOIN pg_collation co ON co.oid = a.attcollation"
                     " WHERE n.nspname = current_schema() AND c.relname = %(name)s"
                     " AND a.attnum > 0 AND NOT a.attisdropped",
                     {"name": name},
                 )
-                casts = {row[0]: row[1] for row in rows}
+                for column, cast, collation, deterministic in rows:
+                    casts[column] = cast
+                    inexact[column] = _pg_inexact(cast, collation, deterministic)
             else:
                 rows = conn.exec_driver_sql("SELECT name, type FROM pragma_table_info(?)", (name,))
                 declared = {row[0]: row[1] or "" for row in rows}
+                inexact = _sqlite_collations(conn, name)
             columns: dict[str, Column] = {}
             for info in inspector.get_columns(name):
                 kind, extra = _kind_of(info["type"], declared.get(info["name"], ""))
@@ -217,11 +226,48 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
                     nullable=bool(info.get("nullable", True)),
                     cast=casts.get(info["name"], ""),
                     generated=generated,
+                    inexact=inexact.get(info["name"], ""),
                     **extra,
                 )
             pk = tuple(inspector.get_pk_constraint(name).get("constrained_columns") or ())
             catalog[name] = Table(name=name, columns=columns, primary_key=pk)
     return catalog
+
+
+def _pg_inexact(cast: str, collation: str | None, deterministic: bool | None) -> str:
+    if cast == "citext":
+        return "case-insensitively (citext)"
+    if cast == "character":
+        return "ignoring trailing spaces (char(n))"
+    if deterministic is False:
+        return f"under the nondeterministic collation {collation!r}"
+    return ""
+
+
+_COLLATE = re.compile(r"\bCOLLATE\s+[\"'`\[]?(\w+)", re.IGNORECASE)
+
+
+def _sqlite_collations(conn: sa.Connection, table: str) -> dict[str, str]:
+    """Columns of ``table`` compared under a collation other than BINARY (NOCASE, RTRIM, ...):
+    the collation of the primary key's index, and any ``COLLATE`` in a column's definition."""
+    found: dict[str, str] = {}
+    for index in conn.exec_driver_sql("SELECT name, origin FROM pragma_index_list(?)", (table,)):
+        if index[1] != "pk":
+            continue
+        for row in conn.exec_driver_sql(
+                "SELECT name, coll FROM pragma_index_xinfo(?) WHERE key = 1", (index[0],)):
+            if row[0] and row[1] and row[1].upper() != "BINARY":
+                found[row[0]] = f"under the collation {row[1].upper()}"
+    sql = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                               (table,)).scalar() or ""
+    body = sql[sql.find("(") + 1:]
+    for definition in body.split(","):
+        words = definition.strip().split(None, 1)
+        match = _COLLATE.search(definition)
+        if words and match and match.group(1).upper() != "BINARY":
+            column = words[0].strip("\"'`[]")
+            found.setdefault(column, f"under the collation {match.group(1).upper()}")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------

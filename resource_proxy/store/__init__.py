@@ -1,7 +1,7 @@
 """The protected database: ``prepare`` (once, at start) and the ``Store`` implementations.
 
 ``prepare`` uses SQLAlchemy (cold path): it creates the fence table if missing, reflects the
-served tables and binds the policy to them. ``open_store`` returns the store for the URL:
+served tables and binds the policy to them (``policy.Binding``). ``open_store`` returns the store for the URL:
 ``sqlite:///path`` or ``postgresql://`` / ``postgresql+psycopg://``.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from resource_proxy.fencing import SQLITE_TABLE, create_fence_table
-from resource_proxy.policy import Policy
+from resource_proxy.policy import Binding, Policy
 from resource_proxy.settings import Settings
 from resource_proxy.store.base import Row, Store
 from resource_proxy.store.postgres import PostgresStore, libpq_dsn
@@ -37,8 +37,9 @@ def _engine(url: str) -> sa.Engine:
                             pool_pre_ping=False)
 
 
-def prepare(url: str, tables: Sequence[str] | None, policy: Policy) -> Catalog:
-    """Create the fence table (idempotent), reflect the served tables, bind the policy.
+def prepare(url: str, tables: Sequence[str] | None, policy: Policy) -> Binding:
+    """Create the fence table (idempotent), reflect the served tables, bind the policy (the
+    ``Binding``: which lock governs each row; its ``catalog``: the tables).
 
     Raises ``sqlalchemy.exc.OperationalError`` if the database is unreachable, ``ValueError``
     (``PolicyError`` included) for an allow-list or policy that does not fit the database.
@@ -47,7 +48,8 @@ def prepare(url: str, tables: Sequence[str] | None, policy: Policy) -> Catalog:
     try:
         create_fence_table(engine)
         exclude = {SQLITE_TABLE} if engine.dialect.name == "sqlite" else set()
-        return policy.bind(reflect(engine, tables, exclude))
+        sqlite = engine.dialect.name == "sqlite"
+        return policy.bind(reflect(engine, tables, exclude), sqlite=sqlite)
     finally:
         engine.dispose()
 

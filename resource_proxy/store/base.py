@@ -37,15 +37,16 @@ class Store(Protocol):
     async def ping(self) -> None:
         """Return if the database answers; ``StoreUnavailable`` otherwise."""
 
-    async def write(self, fence: Fence, op: WriteOp) -> Row | None:
+    async def write(self, fence: Fence | None, op: WriteOp) -> Row | None:
         """Fence check + ``op`` in one transaction; the row written (None for a delete).
+        ``fence`` None: a table the policy declares unfenced, written without a check.
 
         An update or delete of an absent row raises ``NotFound`` after the fence check passed:
         the token was honoured (the highest may have risen, as for a claim), no row changed.
         """
 
-    async def batch(self, fence: Fence, ops: Sequence[WriteOp]) -> list[Row | None]:
-        """One fence check, then every op, in one transaction: all or nothing.
+    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
+        """One fence check (none if ``fence`` is None), then every op, in one transaction.
 
         A failing op raises its error with ``op_index``; the transaction is rolled back whole.
         """

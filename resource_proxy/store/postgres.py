@@ -121,11 +121,15 @@ class PostgresStore:
         async with self._connection() as conn:
             await conn.execute("SELECT 1")
 
-    async def write(self, fence: Fence, op: WriteOp) -> Row | None:
+    async def write(self, fence: Fence | None, op: WriteOp) -> Row | None:
         sql, params = self.sql.write(op, fence)
         async with self._connection() as conn:
             cur = await conn.execute(sql, params)
             result = await cur.fetchone()
+        if fence is None:  # an unfenced table: the plain write
+            if result is None:
+                raise NotFound(f"no row with that key in table {op.table.name!r}")
+            return None if op.kind == "delete" else decode_row(op.table, result)
         assert result is not None
         highest, present, *values = result
         check(fence, highest)
@@ -133,16 +137,17 @@ class PostgresStore:
             raise NotFound(f"no row with that key in table {op.table.name!r}")
         return None if op.kind == "delete" else decode_row(op.table, values)
 
-    async def batch(self, fence: Fence, ops: Sequence[WriteOp]) -> list[Row | None]:
+    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
         results: list[Row | None] = []
         d = self.sql.d
         async with self._connection() as conn, conn.transaction():
-            cur = await conn.execute(d.fence_upsert, {"lock": fence.lock, "fence": fence.fence})
-            (highest,) = await cur.fetchone()  # type: ignore[misc]
-            try:
-                check(fence, highest)
-            except ProxyError as exc:
-                raise exc.with_extra(op_index=0) from None
+            if fence is not None:
+                cur = await conn.execute(d.fence_upsert, {"lock": fence.lock, "fence": fence.fence})
+                (highest,) = await cur.fetchone()  # type: ignore[misc]
+                try:
+                    check(fence, highest)
+                except ProxyError as exc:
+                    raise exc.with_extra(op_index=0) from None
             for index, op in enumerate(ops):
                 sql, params = self.sql.write(op, None)
                 try:

@@ -81,14 +81,16 @@ class SqliteStore:
 
         return await asyncio.to_thread(call)
 
-    def _fenced(self, conn: sqlite3.Connection, fence: Fence, body: Callable[[], T]) -> T:
-        """``BEGIN IMMEDIATE``, fence check, ``body()``, ``COMMIT``; ROLLBACK on any error."""
+    def _fenced(self, conn: sqlite3.Connection, fence: Fence | None, body: Callable[[], T]) -> T:
+        """``BEGIN IMMEDIATE``, fence check (none for an unfenced table's writes: ``fence``
+        None), ``body()``, ``COMMIT``; ROLLBACK on any error."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            (highest,) = conn.execute(
-                self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
-            ).fetchone()
-            check(fence, highest)
+            if fence is not None:
+                (highest,) = conn.execute(
+                    self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
+                ).fetchone()
+                check(fence, highest)
             result = body()
             conn.execute("COMMIT")
             return result
@@ -114,10 +116,10 @@ class SqliteStore:
     async def ping(self) -> None:
         await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
 
-    async def write(self, fence: Fence, op: WriteOp) -> Row | None:
+    async def write(self, fence: Fence | None, op: WriteOp) -> Row | None:
         return await self._run(lambda conn: self._fenced(conn, fence, lambda: self._apply(conn, [op], False))[0])
 
-    async def batch(self, fence: Fence, ops: Sequence[WriteOp]) -> list[Row | None]:
+    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
         def run(conn: sqlite3.Connection) -> list[Row | None]:
             try:
                 return self._fenced(conn, fence, lambda: self._apply(conn, ops, True))

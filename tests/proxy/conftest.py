@@ -33,6 +33,7 @@ CREATE TABLE kinds (id integer PRIMARY KEY, i integer, n numeric(40,20), f doubl
 CREATE TABLE history (id bigserial PRIMARY KEY, fence bigint NOT NULL, writer text NOT NULL);
 CREATE TABLE children (id integer PRIMARY KEY, account_id bigint NOT NULL REFERENCES accounts(id));
 CREATE TABLE secrets (id integer PRIMARY KEY, v text);
+CREATE TABLE audit (id bigserial PRIMARY KEY, v text);
 """
 
 SQLITE_SCHEMA = """
@@ -47,16 +48,21 @@ CREATE TABLE history (id INTEGER PRIMARY KEY AUTOINCREMENT, fence INTEGER NOT NU
 CREATE TABLE children (id INTEGER PRIMARY KEY,
                        account_id INTEGER NOT NULL REFERENCES accounts(id));
 CREATE TABLE secrets (id INTEGER PRIMARY KEY, v TEXT);
+CREATE TABLE audit (id INTEGER PRIMARY KEY AUTOINCREMENT, v TEXT);
 """
 
-SERVED = "accounts,items,pairs,kinds,history,children"
+SERVED = "accounts,items,pairs,kinds,history,children,audit"
 
+# Every row of the contract suite has its own lock (tests use their own keys), except pairs
+# (one lock per value of ``a``, so a batch can write several rows) and history (one lock).
 POLICY = """
-default: ["*"]
 tables:
-  accounts:
-    locks: ["accounts/{key}", "bank/*"]
-    fence_column: last_fence
+  accounts: {lock: "accounts/{key}", fence_column: last_fence}
+  items: "items/{key}"
+  pairs: "pairs/{a}"
+  kinds: "kinds/{id}"
+  children: "children/{key}"
+  audit: {unfenced: true}
 """
 
 

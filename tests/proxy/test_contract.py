@@ -15,6 +15,7 @@ from urllib.parse import quote
 import pytest
 
 from lockd.tokens import KeyRing
+from resource_proxy.canonical import encode
 from tests.proxy.conftest import Deployment, assert_problem, unique, unique_id
 
 
@@ -52,7 +53,7 @@ def test_revived_holder_is_rejected_and_leaves_no_trace(deployment: Deployment):
 
 def test_equal_fence_is_the_same_holders_next_write(deployment: Deployment):
     d, key = deployment, unique()
-    lock = unique("lock/")
+    lock = f"items/{key}"
     for value in ("a", "b", "c"):
         r = d.client.put(f"/v1/tables/items/rows/{key}", json={"v": value}, headers=d.auth(lock, 5))
         assert r.status_code == 200, r.text
@@ -62,8 +63,8 @@ def test_equal_fence_is_the_same_holders_next_write(deployment: Deployment):
 # -- row calls ---------------------------------------------------------------------------------
 
 def test_insert_put_patch_delete_and_reads(deployment: Deployment):
-    d, lock = deployment, unique("rows/")
-    key = unique()
+    d, key = deployment, unique()
+    lock = f"items/{key}"
     created = d.client.post("/v1/tables/items/rows", json={"id": key, "v": "one", "n": 1}, headers=d.auth(lock, 1))
     assert created.status_code == 201 and created.json() == {"id": key, "v": "one", "n": 1}
     duplicate = d.client.post("/v1/tables/items/rows", json={"id": key, "v": "two"}, headers=d.auth(lock, 1))
@@ -88,10 +89,11 @@ def test_insert_put_patch_delete_and_reads(deployment: Deployment):
 
 
 def test_list_filters_limit_and_order(deployment: Deployment):
-    d, lock, tag = deployment, unique("list/"), unique()
+    d, tag = deployment, unique()
     keys = sorted(f"{tag}-{i}" for i in range(5))
     for i, key in enumerate(keys):
-        r = d.client.put(f"/v1/tables/items/rows/{key}", json={"v": tag, "n": i % 2}, headers=d.auth(lock, 1))
+        r = d.client.put(f"/v1/tables/items/rows/{key}", json={"v": tag, "n": i % 2},
+                         headers=d.auth(f"items/{key}", 1))
         assert r.status_code == 200
     rows = d.client.get("/v1/tables/items/rows", params={"v": tag}).json()["items"]
     assert [row["id"] for row in rows] == keys
@@ -104,8 +106,8 @@ def test_list_filters_limit_and_order(deployment: Deployment):
 
 
 def test_composite_keys_in_urls_and_batches(deployment: Deployment):
-    d, lock = deployment, unique("pairs/")
-    a, b = unique_id(), "x,y/z %"  # a comma, a slash and a percent inside a key value
+    a, b = unique_id(), "x,y/z %"
+    d, lock = deployment, f"pairs/{a}"  # a comma, a slash and a percent inside a key value
     path = f"/v1/tables/pairs/rows/{a},{quote(b, safe='')}"
     put = d.client.put(path, json={"v": "first"}, headers=d.auth(lock, 1))
     assert put.status_code == 200, put.text
@@ -130,7 +132,8 @@ def test_composite_keys_in_urls_and_batches(deployment: Deployment):
 # -- values ------------------------------------------------------------------------------------
 
 def test_values_map_to_column_types(deployment: Deployment):
-    d, lock, key = deployment, unique("kinds/"), unique_id()
+    d, key = deployment, unique_id()
+    lock = f"kinds/{key}"
     row = {
         "i": "42",  # integers accept strings of digits
         "n": "12345.678901234",
@@ -165,7 +168,8 @@ def test_values_map_to_column_types(deployment: Deployment):
 def test_numeric_precision(deployment: Deployment):
     """PostgreSQL keeps every digit of a numeric (sent as a string or as a JSON number); SQLite's
     NUMERIC affinity stores a REAL, so it keeps about 15 significant digits (its own limit)."""
-    d, lock, key = deployment, unique("kinds/"), unique_id()
+    d, key = deployment, unique_id()
+    lock = f"kinds/{key}"
     value = "12345678901234567890.12345678901234567890"
     for body in ('{"n": "' + value + '"}', '{"n": ' + value + "}"):
         r = d.client.put(f"/v1/tables/kinds/rows/{key}", content=body,
@@ -190,7 +194,7 @@ def test_a_value_of_the_wrong_type_is_422_naming_the_column(deployment: Deployme
     text = str(value) if isinstance(value, Decimal) else json.dumps(value)  # Decimal: a raw number
     body = "{" + json.dumps(column) + ": " + text + "}"
     r = d.client.put(f"/v1/tables/kinds/rows/{key}", content=body,
-                     headers={**d.auth(unique("k/"), 1), "content-type": "application/json"})
+                     headers={**d.auth(f"kinds/{key}", 1), "content-type": "application/json"})
     assert assert_problem(r, 422, "invalid_request")["column"] == column
     assert d.db.query("SELECT count(*) FROM kinds WHERE id = ?", (key,)) == [(0,)]
 
@@ -200,10 +204,11 @@ def test_constraint_violations(deployment: Deployment):
     lock = f"accounts/{account}"
     check = d.client.put(f"/v1/tables/accounts/rows/{account}", json={"balance": -1}, headers=d.auth(lock, 1))
     assert_problem(check, 422, "invalid_request")  # CHECK: the row's own content is invalid
-    missing = d.client.post("/v1/tables/history/rows", json={"fence": 1}, headers=d.auth(unique("h/"), 1))
+    missing = d.client.post("/v1/tables/history/rows", json={"fence": 1}, headers=d.auth("history", 1))
     assert assert_problem(missing, 422, "invalid_request")["column"] == "writer"  # NOT NULL
-    orphan = d.client.put(f"/v1/tables/children/rows/{unique_id()}", json={"account_id": account},
-                          headers=d.auth(unique("c/"), 1))
+    child = unique_id()
+    orphan = d.client.put(f"/v1/tables/children/rows/{child}", json={"account_id": account},
+                          headers=d.auth(f"children/{child}", 1))
     assert_problem(orphan, 409, "conflict")  # FOREIGN KEY: collides with the state of other rows
     null = d.client.put(f"/v1/tables/accounts/rows/{account}", json={"balance": None}, headers=d.auth(lock, 1))
     assert assert_problem(null, 422, "invalid_request")["column"] == "balance"
@@ -222,71 +227,72 @@ def test_fence_column_records_the_writer_and_is_the_proxys_to_set(deployment: De
 
 # -- 3. batches --------------------------------------------------------------------------------
 
+def _pairs(d: Deployment, a: int) -> dict[str, str]:
+    return dict(d.db.query("SELECT b, v FROM pairs WHERE a = ?", (a,)))
+
+
 def test_batch_applies_all_ops_in_one_transaction(deployment: Deployment):
-    d, lock = deployment, unique("bank/")
-    a, b = unique_id(), unique_id()
+    d, a = deployment, unique_id()
+    lock = f"pairs/{a}"  # every row with this ``a`` is governed by one lock
     r = d.client.post("/v1/batch", headers=d.auth(lock, 4), json={"ops": [
-        {"op": "insert", "table": "accounts", "row": {"id": a, "balance": "100"}},
-        {"op": "upsert", "table": "accounts", "key": b, "row": {"balance": "5"}},
-        {"op": "update", "table": "accounts", "key": a, "row": {"balance": "60"}},
-        {"op": "update", "table": "accounts", "key": b, "row": {"balance": "45"}},
-        {"op": "insert", "table": "history", "row": {"fence": 4, "writer": lock}},
-        {"op": "delete", "table": "accounts", "key": b},
+        {"op": "insert", "table": "pairs", "row": {"a": a, "b": "x", "v": "100"}},
+        {"op": "upsert", "table": "pairs", "key": [a, "y"], "row": {"v": "5"}},
+        {"op": "update", "table": "pairs", "key": [a, "x"], "row": {"v": "60"}},
+        {"op": "update", "table": "pairs", "key": {"a": a, "b": "y"}, "row": {"v": "45"}},
+        {"op": "insert", "table": "audit", "row": {"v": lock}},  # unfenced: rides along
+        {"op": "delete", "table": "pairs", "key": [a, "y"]},
     ]})
     assert r.status_code == 200, r.text
     body = r.json()
     assert (body["lock"], body["fence"]) == (lock, 4)
     assert [(x["op"], x["table"]) for x in body["results"]] == [
-        ("insert", "accounts"), ("upsert", "accounts"), ("update", "accounts"), ("update", "accounts"),
-        ("insert", "history"), ("delete", "accounts")]
-    assert body["results"][-1]["row"] is None and Decimal(body["results"][2]["row"]["balance"]) == 60
-    assert body["results"][2]["row"]["last_fence"] == 4
-    assert _balance(d, a)[0][2] == 4 and _balance(d, b) == []
-
-
-def _nothing_applied(d: Deployment, *accounts: int) -> None:
-    for account in accounts:
-        assert _balance(d, account) == [], f"account {account} was written by a rejected batch"
+        ("insert", "pairs"), ("upsert", "pairs"), ("update", "pairs"), ("update", "pairs"),
+        ("insert", "audit"), ("delete", "pairs")]
+    assert body["results"][-1]["row"] is None and body["results"][2]["row"]["v"] == "60"
+    assert _pairs(d, a) == {"x": "60"}
+    assert d.db.query("SELECT count(*) FROM audit WHERE v = ?", (lock,)) == [(1,)]
 
 
 def test_stale_batch_applies_nothing(deployment: Deployment):
-    d, lock = deployment, unique("bank/")
+    d, a = deployment, unique_id()
+    lock = f"pairs/{a}"
     assert d.client.post(f"/v1/fences/{lock}/claim", headers=d.auth(lock, 2)).json()["highest"] == 2
-    a, b, writer = unique_id(), unique_id(), unique()
     r = d.client.post("/v1/batch", headers=d.auth(lock, 1), json={"ops": [
-        {"op": "insert", "table": "accounts", "row": {"id": a, "balance": 1}},
-        {"op": "insert", "table": "accounts", "row": {"id": b, "balance": 1}},
-        {"op": "insert", "table": "history", "row": {"fence": 1, "writer": writer}},
+        {"op": "insert", "table": "pairs", "row": {"a": a, "b": "1", "v": "x"}},
+        {"op": "insert", "table": "pairs", "row": {"a": a, "b": "2", "v": "x"}},
+        {"op": "insert", "table": "audit", "row": {"v": lock}},
     ]})
     problem = assert_problem(r, 409, "stale_token")
     assert (problem["presented"], problem["highest"], problem["op_index"]) == (1, 2, 0)
-    _nothing_applied(d, a, b)
-    assert d.db.query("SELECT count(*) FROM history WHERE writer = ?", (writer,)) == [(0,)]
+    assert _pairs(d, a) == {}
+    assert d.db.query("SELECT count(*) FROM audit WHERE v = ?", (lock,)) == [(0,)]
 
 
 @pytest.mark.parametrize(("bad_op", "status", "code"), [
-    ({"op": "insert", "table": "accounts", "row": {"id": "{dup}", "balance": 1}}, 409, "conflict"),
-    ({"op": "upsert", "table": "accounts", "key": "{new}", "row": {"balance": -5}}, 422, "invalid_request"),
-    ({"op": "update", "table": "accounts", "key": "{new}", "row": {"nope": 1}}, 422, "invalid_request"),
-    ({"op": "update", "table": "accounts", "key": "{absent}", "row": {"balance": 1}}, 404, "not_found"),
+    ({"op": "insert", "table": "pairs", "row": {"a": "{a}", "b": "dup"}}, 409, "conflict"),
+    ({"op": "upsert", "table": "pairs", "key": ["{a}", "new"], "row": {"nope": 1}}, 422, "invalid_request"),
+    ({"op": "update", "table": "pairs", "key": ["{a}", "absent"], "row": {"v": "1"}}, 404, "not_found"),
     ({"op": "insert", "table": "secrets", "row": {"id": 1}}, 404, "not_found"),
-    ({"op": "explode", "table": "accounts", "key": "{new}"}, 422, "invalid_request"),
-    ({"op": "insert", "table": "children", "row": {"id": "{new}", "account_id": "{absent}"}}, 409, "conflict"),
+    ({"op": "explode", "table": "pairs", "key": ["{a}", "new"]}, 422, "invalid_request"),
+    ({"op": "upsert", "table": "pairs", "key": ["{other}", "new"], "row": {"v": "1"}}, 403, "lock_not_allowed"),
+    ({"op": "upsert", "table": "accounts", "key": "{other}", "row": {"balance": 1}}, 403, "lock_not_allowed"),
 ])
 def test_one_failing_op_rejects_the_whole_batch(deployment: Deployment, bad_op, status, code):
-    d, lock = deployment, unique("bank/")
-    dup, first, new, absent = unique_id(), unique_id(), unique_id(), unique_id()
-    assert d.client.put(f"/v1/tables/accounts/rows/{dup}", json={"balance": 7}, headers=d.auth(lock, 1)).status_code == 200
-    filled = json.loads(json.dumps(bad_op).replace('"{dup}"', str(dup)).replace('"{new}"', str(new))
-                        .replace('"{absent}"', str(absent)))
+    d, a, other = deployment, unique_id(), unique_id()
+    lock = f"pairs/{a}"
+    assert d.client.put(f"/v1/tables/pairs/rows/{a},dup", json={"v": "7"}, headers=d.auth(lock, 1)).status_code == 200
+    filled = json.loads(json.dumps(bad_op).replace('"{a}"', str(a)).replace('"{other}"', str(other)))
     r = d.client.post("/v1/batch", headers=d.auth(lock, 1), json={"ops": [
-        {"op": "insert", "table": "accounts", "row": {"id": first, "balance": 1}},
-        {"op": "update", "table": "accounts", "key": dup, "row": {"balance": 8}},
+        {"op": "insert", "table": "pairs", "row": {"a": a, "b": "first", "v": "1"}},
+        {"op": "update", "table": "pairs", "key": [a, "dup"], "row": {"v": "8"}},
         filled,
     ]})
-    assert assert_problem(r, status, code)["op_index"] == 2
-    _nothing_applied(d, first, new)
-    assert Decimal(str(_balance(d, dup)[0][0])) == 7, "op 1 of the rejected batch was applied"
+    problem = assert_problem(r, status, code)
+    assert problem["op_index"] == 2
+    if status == 403:
+        assert problem["lock"] in (f"pairs/{other}", f"accounts/{other}")
+    assert _pairs(d, a) == {"dup": "7"}, "an op of the rejected batch was applied"
+    assert _pairs(d, other) == {}
 
 
 @pytest.mark.parametrize("body", [
@@ -318,7 +324,8 @@ def test_tokens_missing_forged_or_unknown(deployment: Deployment):
     lock = unique("tok/")
     path = f"/v1/tables/items/rows/{key}"
     assert_problem(d.client.put(path, json={"v": "x"}), 428, "token_required")
-    assert_problem(d.client.post("/v1/batch", json={"ops": []}), 428, "token_required")
+    assert_problem(d.client.post("/v1/batch", json={"ops": [
+        {"op": "upsert", "table": "items", "key": key, "row": {"v": "x"}}]}), 428, "token_required")
     assert_problem(d.client.post(f"/v1/fences/{lock}/claim"), 428, "token_required")
 
     good = d.token(lock, 1)
@@ -339,24 +346,70 @@ def test_tokens_missing_forged_or_unknown(deployment: Deployment):
     assert_problem(d.client.get(path, headers={"Fencing-Token": bad_signature}), 401, "invalid_token")
 
 
-def test_policy_binds_locks_to_tables_and_rows(deployment: Deployment):
+def test_each_row_is_written_under_its_one_lock_only(deployment: Deployment):
     d, seven, eight = deployment, unique_id(), unique_id()
     lock = f"accounts/{seven}"
     assert d.client.put(f"/v1/tables/accounts/rows/{seven}", json={"balance": 1}, headers=d.auth(lock, 1)).status_code == 200
-    other_row = d.client.put(f"/v1/tables/accounts/rows/{eight}", json={"balance": 1}, headers=d.auth(lock, 1))
-    assert assert_problem(other_row, 403, "lock_not_allowed")["lock"] == lock
-    inserted = d.client.post("/v1/tables/accounts/rows", json={"id": eight, "balance": 1}, headers=d.auth(lock, 1))
+    other_row = d.client.put(f"/v1/tables/accounts/rows/{eight}", json={"balance": 1}, headers=d.auth(lock, 9))
+    problem = assert_problem(other_row, 403, "lock_not_allowed")
+    assert (problem["lock"], problem["token_lock"]) == (f"accounts/{eight}", lock)
+    assert f"is written under lock 'accounts/{eight}'" in problem["detail"]
+    inserted = d.client.post("/v1/tables/accounts/rows", json={"id": eight, "balance": 1}, headers=d.auth(lock, 9))
     assert_problem(inserted, 403, "lock_not_allowed")
-    foreign = d.client.patch(f"/v1/tables/accounts/rows/{seven}", json={"balance": 2}, headers=d.auth("items/1", 1))
-    assert_problem(foreign, 403, "lock_not_allowed")
-    batch = d.client.post("/v1/batch", headers=d.auth(lock, 1), json={"ops": [
+    foreign = d.client.patch(f"/v1/tables/accounts/rows/{seven}", json={"balance": 2}, headers=d.auth("items/1", 9))
+    assert assert_problem(foreign, 403, "lock_not_allowed")["lock"] == lock
+    batch = d.client.post("/v1/batch", headers=d.auth(lock, 9), json={"ops": [
         {"op": "update", "table": "accounts", "key": seven, "row": {"balance": 3}},
         {"op": "update", "table": "accounts", "key": eight, "row": {"balance": 3}},
     ]})
     assert assert_problem(batch, 403, "lock_not_allowed")["op_index"] == 1
-    assert Decimal(str(_balance(d, seven)[0][0])) == 1 and _balance(d, eight) == []
-    claim_other = d.client.post(f"/v1/fences/accounts/{eight}/claim", headers=d.auth(lock, 1))
+    read = d.client.get(f"/v1/tables/accounts/rows/{seven}", headers=d.auth(f"accounts/{eight}", 9))
+    assert assert_problem(read, 403, "lock_not_allowed")["lock"] == lock
+    unpinned = d.client.get("/v1/tables/accounts/rows", params={"owner": "x"}, headers=d.auth(lock, 9))
+    assert_problem(unpinned, 422, "invalid_request")  # a fenced list must pin the lock's key
+    pinned = d.client.get("/v1/tables/accounts/rows", params={"id": seven}, headers=d.auth(lock, 1))
+    assert pinned.status_code == 200 and len(pinned.json()["items"]) == 1
+    claim_other = d.client.post(f"/v1/fences/accounts/{eight}/claim", headers=d.auth(lock, 9))
     assert_problem(claim_other, 403, "lock_not_allowed")
+    for nobody in ("bank/x", f"accounts/0{seven}", "accounts"):  # governs no row of any table
+        assert_problem(d.client.post(f"/v1/fences/{nobody}/claim", headers=d.auth(nobody, 9)),
+                       403, "lock_not_allowed")
+    [(balance, _, last_fence)] = _balance(d, seven)
+    assert (Decimal(str(balance)), last_fence) == (1, 1) and _balance(d, eight) == []
+    assert d.client.get(f"/v1/fences/{lock}").json()["highest"] == 1, "no refused call raised it"
+
+
+def test_the_proxy_names_the_lock_of_a_row(deployment: Deployment):
+    d = deployment
+    b = "x,y/z %é"
+    cases = [("accounts", "007", "accounts/7"), ("items", quote("a b/c", safe=""), "items/a:20b:2Fc"),
+             ("pairs", f"5,{quote(b, safe='')}", "pairs/5"), ("history", None, "history"),
+             ("kinds", "+12", "kinds/12")]
+    for table, key, lock in cases:
+        query = f"?key={key}" if key is not None else ""
+        r = d.client.get(f"/v1/tables/{table}/lock{query}")
+        assert r.status_code == 200, r.text
+        assert (r.json()["table"], r.json()["lock"], r.json()["unfenced"]) == (table, lock, False)
+    assert d.client.get("/v1/tables/audit/lock").json() == {
+        "table": "audit", "lock": None, "template": None, "unfenced": True}
+    assert_problem(d.client.get("/v1/tables/accounts/lock"), 422, "invalid_request")
+    assert_problem(d.client.get("/v1/tables/accounts/lock?key=x"), 422, "invalid_request")
+    assert_problem(d.client.get("/v1/tables/secrets/lock?key=1"), 404, "not_found")
+    listed = {t["table"]: t for t in d.client.get("/v1/tables").json()["items"]}
+    assert listed["accounts"]["lock"] == "accounts/{key}" and listed["audit"]["unfenced"] is True
+
+
+def test_an_unfenced_table_is_written_without_a_token_only_when_declared(deployment: Deployment):
+    d = deployment
+    r = d.client.post("/v1/tables/audit/rows", json={"v": "no token"})
+    assert r.status_code == 201, r.text
+    assert d.client.patch(f"/v1/tables/audit/rows/{r.json()['id']}", json={"v": "still none"}).status_code == 200
+    assert_problem(d.client.post("/v1/tables/audit/rows", json={"v": "x"},
+                                 headers={"Fencing-Token": "forged"}), 401, "invalid_token")
+    assert_problem(d.client.put(f"/v1/tables/items/rows/{unique()}", json={"v": "x"}), 428, "token_required")
+    assert_problem(d.client.post("/v1/batch", json={"ops": [
+        {"op": "insert", "table": "audit", "row": {"v": "x"}},
+        {"op": "upsert", "table": "items", "key": unique(), "row": {"v": "x"}}]}), 428, "token_required")
 
 
 # -- 5. allow-list and injection ---------------------------------------------------------------
@@ -377,8 +430,8 @@ def test_tables_outside_the_allow_list_are_404(deployment: Deployment):
 
 
 def test_injection_shaped_names_and_keys_change_nothing(deployment: Deployment):
-    d, lock = deployment, unique("inj/")
-    victim = unique()
+    d, victim = deployment, unique()
+    lock = f"items/{victim}"
     assert d.client.put(f"/v1/tables/items/rows/{victim}", json={"v": "safe"}, headers=d.auth(lock, 1)).status_code == 200
     before = _snapshot(d)
     auth = d.auth(lock, 1)
@@ -394,8 +447,10 @@ def test_injection_shaped_names_and_keys_change_nothing(deployment: Deployment):
         assert_problem(d.client.get("/v1/tables/items/rows", params={column: "x"}), 422, "invalid_request")
     for key in ("x' OR '1'='1", "x'; DROP TABLE items; --", '" OR ""="', "%' OR 1=1 --"):
         path = f"/v1/tables/items/rows/{quote(key, safe='')}"
-        assert_problem(d.client.patch(path, json={"v": "pwned"}, headers=auth), 404, "not_found")
-        assert_problem(d.client.delete(path, headers=auth), 404, "not_found")
+        own = d.auth("items/" + encode(key), 1)
+        assert_problem(d.client.patch(path, json={"v": "pwned"}, headers=auth), 403, "lock_not_allowed")
+        assert_problem(d.client.patch(path, json={"v": "pwned"}, headers=own), 404, "not_found")
+        assert_problem(d.client.delete(path, headers=own), 404, "not_found")
         assert_problem(d.client.get(path), 404, "not_found")
         assert d.client.get("/v1/tables/items/rows", params={"v": key}).json() == {"items": []}
     for key in ("1 OR 1=1", "1; DROP TABLE accounts", "1)--"):
@@ -409,7 +464,7 @@ def test_injection_shaped_names_and_keys_change_nothing(deployment: Deployment):
 
 def test_claim_fences_off_the_previous_holder_without_writing(deployment: Deployment):
     d, key = deployment, unique()
-    lock = unique("claim/")
+    lock = f"items/{key}"
     path = f"/v1/tables/items/rows/{key}"
     assert d.client.put(path, json={"v": "by-1"}, headers=d.auth(lock, 1)).status_code == 200
     claimed = d.client.post(f"/v1/fences/{lock}/claim", headers=d.auth(lock, 2))
@@ -424,7 +479,7 @@ def test_claim_fences_off_the_previous_holder_without_writing(deployment: Deploy
 
 def test_a_fenced_read_claims_like_a_write(deployment: Deployment):
     d, key = deployment, unique()
-    lock = unique("read/")
+    lock = f"items/{key}"
     path = f"/v1/tables/items/rows/{key}"
     assert d.client.put(path, json={"v": "by-1"}, headers=d.auth(lock, 1)).status_code == 200
     read = d.client.get(path, headers=d.auth(lock, 2))
@@ -439,7 +494,7 @@ def test_a_fenced_read_claims_like_a_write(deployment: Deployment):
 
 
 def test_fence_endpoint(deployment: Deployment):
-    d, lock = deployment, unique("f/")
+    d, lock = deployment, f"items/{unique()}"
     assert d.client.get(f"/v1/fences/{lock}").json() == {"lock": lock, "highest": 0}
     d.client.post(f"/v1/fences/{lock}/claim", headers=d.auth(lock, 9))
     assert d.client.get(f"/v1/fences/{lock}").json() == {"lock": lock, "highest": 9}
