@@ -77,7 +77,7 @@ def test_unknown_kid_triggers_a_rate_limited_refetch(jwks_server, tmp_path, star
 
     def put(ring: KeyRing, fence: int = 1) -> httpx.Response:
         return client.put("/v1/tables/items/rows/k", json={"v": "x"},
-                          headers={"Fencing-Token": ring.sign("jwks/lock", fence)})
+                          headers={"Fencing-Token": ring.sign("items", fence)})  # no policy: lock = table
 
     assert_problem(put(old), 401, "invalid_token")
     jwks_server.jwks = old.jwks()

@@ -25,7 +25,7 @@ def test_database_outage_answers_503_then_recovers_without_losing_acknowledged_w
     ring = KeyRing.generate()
     monkeypatch.setenv("PROXY_DB_TIMEOUT_MS", "1000")
     url, _ = start_proxy(throwaway_pg.dsn, "--jwks-file", str(write_jwks(tmp_path, ring)))
-    token = {"Fencing-Token": ring.sign("outage/1", 1)}
+    token = {"Fencing-Token": ring.sign("items", 1)}  # no policy: lock = table
 
     outcomes: dict[int, httpx.Response] = {}
     slowest = [0.0]

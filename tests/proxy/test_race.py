@@ -45,10 +45,10 @@ CREATE TRIGGER counter2_log AFTER INSERT OR UPDATE ON counter2
 """
 
 POLICY = """
-default: ["*"]
 tables:
-  counter: {fence_column: last_fence}
-  counter2: {fence_column: last_fence}
+  counter: {lock: race, fence_column: last_fence}
+  history: race
+  counter2: {lock: race2, fence_column: last_fence}
 """
 
 
@@ -135,7 +135,7 @@ def _rows(dsn: str, sql: str) -> list[tuple]:
 
 def test_race_batches_on_two_proxies_commit_in_fence_order(pg_dsn, two_proxies):
     urls, ring = two_proxies
-    lock, key = unique("race/"), unique()
+    lock, key = "race", unique()  # one lock governs counter and history (a literal template)
 
     def send(client: httpx.Client, token: str, fence: int, writer: str) -> httpx.Response:
         return client.post("/v1/batch", headers={"Fencing-Token": token}, json={"ops": [
@@ -153,7 +153,7 @@ def test_race_single_row_writes_on_two_proxies_commit_in_fence_order(pg_dsn, two
     """The one-statement path (fence upsert + write in a CTE); a trigger appends the history
     row inside the write's own transaction, under the same fence row lock."""
     urls, ring = two_proxies
-    lock, key = unique("race/"), unique()
+    lock, key = "race2", unique()
 
     def send(client: httpx.Client, token: str, fence: int, writer: str) -> httpx.Response:
         return client.put(f"/v1/tables/counter2/rows/{key}", headers={"Fencing-Token": token},

@@ -38,7 +38,7 @@ def test_default_serves_every_table_but_its_own_and_creates_the_fence_table_idem
     own = "resource_proxy_fences" if database.backend == "sqlite" else "resource_proxy.fences"
     with httpx.Client(base_url=url) as client:
         secret = client.put("/v1/tables/secrets/rows/1", json={"v": "x"},
-                            headers={"Fencing-Token": ring.sign("any/lock", 3)})
+                            headers={"Fencing-Token": ring.sign("secrets", 3)})
         assert secret.status_code == 200, "without --tables every table is served"
         assert_problem(client.get(f"/v1/tables/{own}/rows"), 404, "not_found")
         assert_problem(client.get("/v1/tables/fences/rows"), 404, "not_found")
@@ -47,8 +47,8 @@ def test_default_serves_every_table_but_its_own_and_creates_the_fence_table_idem
 
     # A second start on the same database finds the fence table and keeps its fences.
     url, _ = start_proxy(database.url, "--jwks-file", jwks)
-    assert httpx.get(f"{url}/v1/fences/any/lock").json() == {"lock": "any/lock", "highest": 3}
-    assert database.query(f"SELECT lock, highest FROM {own}") == [("any/lock", 3)]
+    assert httpx.get(f"{url}/v1/fences/secrets").json() == {"lock": "secrets", "highest": 3}
+    assert database.query(f"SELECT lock, highest FROM {own}") == [("secrets", 3)]
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -73,7 +73,7 @@ def test_bad_configuration_refuses_to_start(tmp_path):
     assert _run(*proxy_argv(url, port, "--jwks-file", jwks, "--policy", str(policy))).returncode == 2
     policy.write_text("tables: {items: {fence_column: v}}\n")  # a text column cannot hold fences
     started = _run(*proxy_argv(url, port, "--jwks-file", jwks, "--policy", str(policy)))
-    assert started.returncode == 1 and "fence_column" in started.stdout + started.stderr
+    assert started.returncode == 2 and "fence_column" in started.stderr  # found after reflection
 
     missing = _run(*proxy_argv(url, port, "--jwks-file", jwks, "--tables", "items,nope"))
     assert missing.returncode == 1 and "nope" in missing.stdout + missing.stderr

@@ -23,7 +23,7 @@ def test_lockd_tokens_fence_the_proxy(tmp_path, start_proxy):
     db = make_database("sqlite", tmp_path, None)
     with lockd:
         proxy_url, _ = start_proxy(db.url, "--lockd-url", lockd_url)
-        lock, key = unique("e2e/"), unique()
+        lock, key = "items", unique()  # no policy: table items is written under lock items
         with httpx.Client(base_url=lockd_url) as locks, httpx.Client(base_url=proxy_url) as proxy:
             first = locks.post(f"/v1/locks/{lock}/acquire", json={"ttl_ms": 30_000, "owner": "a"}).json()
             path = f"/v1/tables/items/rows/{key}"
