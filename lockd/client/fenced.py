@@ -3,10 +3,20 @@ and ``AsyncFencedSession`` (asyncio), both on httpx.
 
 ::
 
-    with client.lock("accounts/42", ttl=10) as lease:
-        db = FencedSession("http://127.0.0.1:7071", lease)
+    db = FencedSession("http://127.0.0.1:7071")          # no lease yet
+    lock = db.lock_for("accounts", 42)                    # the proxy names the row's lock
+    with client.lock(lock, ttl=10) as lease, db.using(lease):
         row = db.get("accounts", 42)                      # claims the fence first, then reads
         db.update("accounts", 42, {"balance": row["balance"] - 5})
+
+One row, one lock: the proxy writes each row under exactly ONE lock name, computed from the table
+and the row's canonical key (``accounts/42``; ``accounts/1.0`` is not a name of row 1 of a numeric
+key, it is ``accounts/1``). Never build lock names by hand: ``lock_for(table, key)`` asks the
+proxy (``GET /v1/tables/{table}/lock?key=``), works without a lease (so before acquiring), and
+caches the answer for the session. A write under another lock is ``LockNotAllowed`` (403) whose
+``problem["lock"]`` names the lock needed. ``FencedSession(url, lease)`` still binds a lease at
+once; ``using(lease)`` (a context manager that also returns the session) binds one later, and
+``lease`` can be rebound for the next lease (the next call claims again).
 
 Why claim before the first read (invariant 7): fencing only writes leaves a lost-update window::
 
@@ -33,7 +43,8 @@ the ``lockd.client.errors`` hierarchy: ``StaleTokenError`` (409, ``presented``/`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -76,8 +87,8 @@ def _table(table: str) -> str:
     return quote(table, safe="")
 
 
-def _stale(lease: Lease | AsyncLease, exc: LockClientError) -> None:
-    if isinstance(exc, StaleTokenError):
+def _stale(lease: Lease | AsyncLease | None, exc: LockClientError) -> None:
+    if lease is not None and isinstance(exc, StaleTokenError):
         lease._mark_lost(LeaseLostError(
             f"lease of {lease.lock!r} (fence {lease.fence}) is stale at the proxy: "
             f"highest fence is {exc.highest}", lock=lease.lock, code="stale_token"))
@@ -95,8 +106,17 @@ def _items(body: Any) -> list[dict[str, Any]]:
     return body["items"]
 
 
+def _lock_answer(body: Any) -> str | None:
+    if not isinstance(body, Mapping) or "lock" not in body:
+        raise ProtocolError("lock answer is not {table, lock, unfenced}")
+    lock = body["lock"]
+    if lock is not None and not isinstance(lock, str):
+        raise ProtocolError("lock answer's lock is not a string")
+    return lock
+
+
 class _SessionBase:
-    def __init__(self, proxy_url: str, lease: Lease | AsyncLease, timeout: float,
+    def __init__(self, proxy_url: str, lease: Lease | AsyncLease | None, timeout: float,
                  api_key: str | None = None):
         self.url = proxy_url.rstrip("/")
         self.lease = lease
@@ -104,15 +124,27 @@ class _SessionBase:
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
         """The proxy's highest fence for the lock after this session's claim."""
-        self._claimed_fence: int | None = None
+        self._claimed: tuple[str, int] | None = None
+        self._locks: dict[tuple[str, str | None], str | None] = {}
 
     @property
     def claimed(self) -> bool:
         """Whether the lease's fence has been claimed at the proxy by this session."""
-        return self._claimed_fence == self.lease.fence
+        lease = self.lease
+        return lease is not None and self._claimed == (lease.lock, lease.fence)
+
+    def _held(self) -> Lease | AsyncLease:
+        if self.lease is None:
+            raise LockClientError("this session has no lease: FencedSession(url, lease) or "
+                                  "session.using(lease)", code="no_lease")
+        return self.lease
 
     def _headers(self) -> dict[str, str]:
-        return {"Fencing-Token": self.lease.token, **self._auth}
+        return {"Fencing-Token": self._held().token, **self._auth}
+
+    def _lock_path(self, table: str, key: Key | None) -> str:
+        query = "" if key is None else "?key=" + encode_key(key)
+        return f"/v1/tables/{_table(table)}/lock{query}"
 
     @staticmethod
     def _select_params(where: Mapping[str, Any] | None, limit: int | None) -> dict[str, Any]:
@@ -122,14 +154,15 @@ class _SessionBase:
         return params
 
     def _claim_path(self) -> str:
-        return "/v1/fences/" + quote(self.lease.lock, safe="/:") + "/claim"
+        return "/v1/fences/" + quote(self._held().lock, safe="/:") + "/claim"
 
     def _after_claim(self, body: Any) -> int:
         try:
             highest = int(body["highest"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError("claim answer is not {lock, highest}") from exc
-        self._claimed_fence = self.lease.fence
+        lease = self._held()
+        self._claimed = (lease.lock, lease.fence)
         self.highest = highest
         return highest
 
@@ -143,11 +176,34 @@ class FencedSession(_SessionBase):
     ``close()``.
     """
 
-    def __init__(self, proxy_url: str, lease: Lease, *, timeout: float = 10.0,
+    def __init__(self, proxy_url: str, lease: Lease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.Client | None = None, api_key: str | None = None):
         super().__init__(proxy_url, lease, timeout, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
+
+    def lock_for(self, table: str, key: Key | None = None) -> str | None:
+        """The ONE lock that may write the row of ``table`` with ``key`` (``None`` for a table
+        the proxy writes unfenced), as the proxy computes it; no lease needed. ``key`` may be
+        left out for a table under a literal lock. ``ValidationError`` (422) if the table's
+        template needs the key, ``NotFoundError`` for a table the proxy does not serve."""
+        cache = (table, None if key is None else encode_key(key))
+        if cache not in self._locks:
+            path = self._lock_path(table, key)
+            with translate_transport_errors(f"GET {path}"):
+                response = self._http.get(self.url + path, headers=self._auth, timeout=self.timeout)
+            self._locks[cache] = _lock_answer(body_or_raise("GET", path, response))
+        return self._locks[cache]
+
+    @contextlib.contextmanager
+    def using(self, lease: Lease) -> Iterator[FencedSession]:
+        """Bind ``lease`` for the block (``with client.lock(...) as lease, db.using(lease):``);
+        the first call claims its fence. The previous lease (if any) is bound again on exit."""
+        previous, self.lease = self.lease, lease
+        try:
+            yield self
+        finally:
+            self.lease = previous
 
     def close(self) -> None:
         if self._own_http:
@@ -218,11 +274,31 @@ class FencedSession(_SessionBase):
 class AsyncFencedSession(_SessionBase):
     """The asyncio twin of ``FencedSession`` (same methods, ``await`` them)."""
 
-    def __init__(self, proxy_url: str, lease: AsyncLease, *, timeout: float = 10.0,
+    def __init__(self, proxy_url: str, lease: AsyncLease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.AsyncClient | None = None, api_key: str | None = None):
         super().__init__(proxy_url, lease, timeout, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
+
+    async def lock_for(self, table: str, key: Key | None = None) -> str | None:
+        """See ``FencedSession.lock_for``."""
+        cache = (table, None if key is None else encode_key(key))
+        if cache not in self._locks:
+            path = self._lock_path(table, key)
+            with translate_transport_errors(f"GET {path}"):
+                response = await self._http.get(self.url + path, headers=self._auth,
+                                                timeout=self.timeout)
+            self._locks[cache] = _lock_answer(body_or_raise("GET", path, response))
+        return self._locks[cache]
+
+    @contextlib.asynccontextmanager
+    async def using(self, lease: AsyncLease) -> AsyncIterator[AsyncFencedSession]:
+        """See ``FencedSession.using``."""
+        previous, self.lease = self.lease, lease
+        try:
+            yield self
+        finally:
+            self.lease = previous
 
     async def aclose(self) -> None:
         if self._own_http:

@@ -99,9 +99,11 @@ class ProxyServer:
         with sqlite3.connect(self.db) as conn:
             for stmt in RESOURCE_SCHEMA:
                 conn.execute(stmt)
+        policy = workdir / "policy.yaml"  # one lock per item; one per pairs.a (for batches)
+        policy.write_text("tables: {items: 'items/{key}', pairs: 'pairs/{a}'}\n")
         self.proc = ServiceProcess(
             [_bin("resource-proxy"), "serve", "--database-url", f"sqlite:///{self.db}",
-             "--lockd-url", lockd_url, "--port", str(self.port)],
+             "--lockd-url", lockd_url, "--port", str(self.port), "--policy", str(policy)],
             ready_url=self.url + "/healthz",
             log_path=workdir / "proxy.log",
         )

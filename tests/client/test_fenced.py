@@ -17,6 +17,7 @@ from lockd import (
     StaleTokenError,
     ValidationError,
 )
+from lockd.client.errors import LockClientError, LockNotAllowed
 from lockd.client.fenced import encode_key
 
 
@@ -38,9 +39,57 @@ def _highest(proxy, lock: str) -> int:
     return httpx.get(f"{proxy.url}/v1/fences/{lock}").json()["highest"]
 
 
-def test_rows_round_trip_through_the_proxy(api, proxy, name):
+def _lock(api, proxy, table: str, key) -> str:
+    """The lock the proxy names for a row, asked through a session that has no lease yet."""
+    return api.session(proxy.url, None).lock_for(table, key)
+
+
+def test_the_session_asks_the_proxy_for_a_rows_lock(api, proxy):
     rid = _row_id()
-    lease = api.acquire(name, 5.0)
+    db = api.session(proxy.url, None)
+    assert db.lock_for("items", rid) == f"items/{rid}"
+    assert db.lock_for("items", f"0{rid}") == f"items/{rid}", "the proxy canonicalises the key"
+    assert db.lock_for("pairs", ("a b/c", 7)) == "pairs/a:20b:2Fc"
+    with pytest.raises(ValidationError):
+        db.lock_for("items")  # the template needs the key
+    with pytest.raises(NotFoundError):
+        db.lock_for("no_such_table", 1)
+    with pytest.raises(LockClientError, match="no lease"):
+        db.get("items", rid)  # nothing to fence with
+    lease = api.acquire(db.lock_for("items", rid), 5.0)
+    if api.kind == "sync":
+        with db.using(lease) as bound:
+            row = bound.upsert("items", rid, {"owner": "u", "n": 1})
+            claimed = (bound.claimed, bound.highest)
+    else:
+        async def bound_write(session):
+            async with session.using(lease) as bound:
+                return await bound.upsert("items", rid, {"owner": "u", "n": 1}), (bound.claimed, bound.highest)
+
+        row, claimed = api.run(bound_write(db._target))
+    assert row["owner"] == "u" and claimed == (True, lease.fence)
+    assert db.lease is None, "using() binds the lease for its block only"
+    api.release(lease)
+
+
+def test_a_write_under_another_lock_names_the_lock_needed(api, proxy, name):
+    rid, other = _row_id(), _row_id()
+    lease = api.acquire(_lock(api, proxy, "items", other), 5.0)  # the lock of ANOTHER row
+    db = api.session(proxy.url, lease)
+    with pytest.raises(LockNotAllowed) as info:
+        db.upsert("items", rid, {"owner": "x", "n": 1})
+    assert info.value.status == 403 and info.value.problem["lock"] == f"items/{rid}"
+    assert rid not in {row[0] for row in proxy.rows("items")}
+    api.release(lease)
+    stray = api.acquire(name, 5.0)  # a lock that governs no row: even its claim is refused
+    with pytest.raises(LockNotAllowed, match="governs no row"):
+        api.session(proxy.url, stray).get("items", rid)
+    api.release(stray)
+
+
+def test_rows_round_trip_through_the_proxy(api, proxy):
+    rid = _row_id()
+    lease = api.acquire(_lock(api, proxy, "items", rid), 5.0)
     db = api.session(proxy.url, lease)
     assert db.insert("items", {"id": rid, "owner": "o", "n": 1}) == {"id": rid, "owner": "o", "n": 1}
     assert db.claimed and db.highest == lease.fence
@@ -59,44 +108,43 @@ def test_rows_round_trip_through_the_proxy(api, proxy, name):
     api.release(lease)
 
 
-def test_composite_key_with_a_comma_in_it(api, proxy, name):
+def test_composite_key_with_a_comma_in_it(api, proxy):
     assert encode_key(("x,y", 2)) == "x%2Cy,2"
-    lease = api.acquire(name, 5.0)
-    db = api.session(proxy.url, lease)
     a = f"k,{_row_id()}"
+    lease = api.acquire(_lock(api, proxy, "pairs", (a, 2)), 5.0)
+    db = api.session(proxy.url, lease)
     db.upsert("pairs", (a, 2), {"a": a, "b": 2, "v": "one"})
     assert db.get("pairs", [a, 2]) == {"a": a, "b": 2, "v": "one"}
     assert (a, 2, "one") in proxy.rows("pairs")
     api.release(lease)
 
 
-def test_batch_is_all_or_nothing(api, proxy, name):
-    r1, r2, missing = _row_id(), _row_id(), _row_id()
-    lease = api.acquire(name, 5.0)
+def test_batch_is_all_or_nothing(api, proxy):
+    a = f"batch-{_row_id()}"  # every pairs row with this ``a`` is under one lock
+    lease = api.acquire(_lock(api, proxy, "pairs", (a, 1)), 5.0)
     db = api.session(proxy.url, lease)
     with pytest.raises(NotFoundError) as info:
         db.batch([
-            {"op": "insert", "table": "items", "row": {"id": r1, "owner": "b", "n": 1}},
-            {"op": "upsert", "table": "items", "key": r2, "row": {"id": r2, "owner": "b", "n": 2}},
-            {"op": "update", "table": "items", "key": missing, "row": {"n": 9}},
+            {"op": "insert", "table": "pairs", "row": {"a": a, "b": 1, "v": "b"}},
+            {"op": "upsert", "table": "pairs", "key": [a, 2], "row": {"v": "b"}},
+            {"op": "update", "table": "pairs", "key": [a, 3], "row": {"v": "x"}},
         ])
     assert info.value.problem.get("op_index") == 2
-    ids = {row[0] for row in proxy.rows("items")}
-    assert r1 not in ids and r2 not in ids
+    assert not [row for row in proxy.rows("pairs") if row[0] == a]
     results = db.batch([
-        {"op": "insert", "table": "items", "row": {"id": r1, "owner": "b", "n": 1}},
-        {"op": "upsert", "table": "items", "key": [r2], "row": {"id": r2, "owner": "b", "n": 2}},
-        {"op": "delete", "table": "items", "key": {"id": r1}},
+        {"op": "insert", "table": "pairs", "row": {"a": a, "b": 1, "v": "b"}},
+        {"op": "upsert", "table": "pairs", "key": [a, 2], "row": {"v": "b"}},
+        {"op": "delete", "table": "pairs", "key": {"a": a, "b": 1}},
     ])
     assert [r["op"] for r in results] == ["insert", "upsert", "delete"]
-    ids = {row[0] for row in proxy.rows("items")}
-    assert r1 not in ids and r2 in ids
+    assert [row for row in proxy.rows("pairs") if row[0] == a] == [(a, 2, "b")]
     api.release(lease)
 
 
-def test_first_use_claims_so_a_stale_write_after_a_read_is_rejected(api, other, proxy, name):
+def test_first_use_claims_so_a_stale_write_after_a_read_is_rejected(api, other, proxy):
     """Invariant 7: B only *reads*, yet A's later write with the older fence is rejected."""
     rid = _row_id()
+    name = _lock(api, proxy, "items", rid)
     lost = []
     a = api.acquire(name, 5.0, on_lost=lost.append)
     db_a = api.session(proxy.url, a)
@@ -118,9 +166,9 @@ def test_first_use_claims_so_a_stale_write_after_a_read_is_rejected(api, other, 
     other.release(b)
 
 
-def test_forged_token_is_rejected_and_writes_nothing(api, proxy, name):
+def test_forged_token_is_rejected_and_writes_nothing(api, proxy):
     rid = _row_id()
-    lease = api.acquire(name, 5.0)
+    lease = api.acquire(_lock(api, proxy, "items", rid), 5.0)
     header, claims, sig = lease.token.split(".")
     lease.token = ".".join([header, claims, sig[::-1]])
     db = api.session(proxy.url, lease)
@@ -131,12 +179,13 @@ def test_forged_token_is_rejected_and_writes_nothing(api, proxy, name):
     api.release(lease)
 
 
-def test_proxy_validation_errors_are_typed(api, proxy, name):
-    lease = api.acquire(name, 5.0)
+def test_proxy_validation_errors_are_typed(api, proxy):
+    rid = _row_id()
+    lease = api.acquire(_lock(api, proxy, "items", rid), 5.0)
     db = api.session(proxy.url, lease)
     with pytest.raises(NotFoundError):
         db.insert("no_such_table", {"id": 1})
     with pytest.raises(ValidationError) as info:
-        db.insert("items", {"id": _row_id(), "no_such_column": 1})
+        db.insert("items", {"id": rid, "no_such_column": 1})
     assert info.value.status == 422
     api.release(lease)

@@ -20,8 +20,10 @@ from lockd import FencedSession, LockClient
 HOLDER = Path(__file__).with_name("holder_proc.py")
 
 
-def test_frozen_holder_reports_lost_and_its_late_write_is_stale(shared_lockd, proxy, name):
+def test_frozen_holder_reports_lost_and_its_late_write_is_stale(shared_lockd, proxy):
     ttl = 1.0
+    with FencedSession(proxy.url) as lookup:
+        name = lookup.lock_for("items", 1)  # the one lock that writes row 1
     holder = subprocess.Popen(
         [sys.executable, str(HOLDER), shared_lockd.url, proxy.url, name, str(ttl)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
