@@ -134,8 +134,11 @@ def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
             db_url = dsn
         port = free_port()
         base = f"http://127.0.0.1:{port}"
+        policy = tmp_path / f"policy-{port}.yaml"  # one row, one lock: row r1 is lock items/r1
+        policy.write_text("tables: {items: 'items/{key}'}\n")
         argv = [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", db_url,
-                "--lockd-url", lockd.url, "--tables", "items", "--port", str(port), *args]
+                "--lockd-url", lockd.url, "--tables", "items", "--port", str(port),
+                "--policy", str(policy), *args]
         proc = ServiceProcess(argv, ready_url=base + "/healthz", env=env,
                               log_path=tmp_path / f"proxy-{port}.log")
         server = Server(base, proc)

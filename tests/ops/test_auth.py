@@ -90,7 +90,8 @@ def test_admin_call_disabled_without_admin_keys(start_lockd, name):
     assert "no admin key is configured" in body["detail"]
 
 
-def test_clients_send_keys(secured, name):
+def test_clients_send_keys(secured):
+    name = "items/k"  # the lock of row k (policy items/{key})
     lockd, proxy = secured
     with LockClient(lockd.url) as anonymous, pytest.raises(PermissionDenied) as denied:
         anonymous.status(name)
@@ -114,7 +115,8 @@ def test_clients_send_keys(secured, name):
     assert refused.returncode == 1 and "401" in refused.stderr
 
 
-def test_proxy_keys(secured, name):
+def test_proxy_keys(secured):
+    name = "items/a"  # the lock of row a
     lockd, proxy = secured
     lease = httpx.post(f"{lockd.url}/v1/locks/{name}/acquire", json={"ttl_ms": 5000},
                        headers=_auth(CLIENT_KEY)).json()
@@ -154,9 +156,10 @@ def test_request_ids_and_header_bound(secured, name):
     assert traced and f"GET /v1/locks/{name} -> 200" in traced[0]["msg"]
 
 
-def test_no_lease_id_or_token_in_logs(secured, name):
+def test_no_lease_id_or_token_in_logs(secured):
     """Everything a client can do with secrets in hand, at DEBUG level with JSON logs; then
     every lease id and token obtained is searched for in both servers' log files."""
+    name = "items/r"  # the lock of row r; rows c and d are items/c and items/d
     lockd, proxy = secured
     secrets: list[str] = []
     with httpx.Client(timeout=10, headers=_auth(CLIENT_KEY)) as http:
@@ -188,7 +191,7 @@ def test_no_lease_id_or_token_in_logs(secured, name):
         assert httpx.put(row, json={"id": "r", "v": "2"},
                          headers={**proxied, "Fencing-Token": new["token"]}).status_code == 200
         with LockClient(lockd.url, api_key=CLIENT_KEY) as client:
-            lease = client.acquire(name + "-c", 5, auto_renew=False)
+            lease = client.acquire("items/c", 5, auto_renew=False)
             secrets.extend((lease.lease_id, lease.token))
             with FencedSession(proxy.url, lease, api_key=PROXY_KEY) as session:
                 session.upsert("items", "c", {"id": "c"})
@@ -197,7 +200,7 @@ def test_no_lease_id_or_token_in_logs(secured, name):
                           headers={**proxied, "Fencing-Token": old["token"]})
         assert stale.status_code == 409
         with LockClient(lockd.url, api_key=CLIENT_KEY) as client:
-            lease = client.acquire(name + "-d", 5, auto_renew=False)
+            lease = client.acquire("items/d", 5, auto_renew=False)
             secrets.extend((lease.lease_id, lease.token))
             with FencedSession(proxy.url, lease, api_key=PROXY_KEY) as session:
                 session.upsert("items", "d", {"id": "d"})

@@ -134,7 +134,8 @@ def test_handoff_wait_time_and_waiting_gauge(start_lockd, name):
     assert after.value("lockd_leases_active") == 1
 
 
-def test_stale_write_moves_proxy_series(start_lockd, start_proxy, name):
+def test_stale_write_moves_proxy_series(start_lockd, start_proxy):
+    name = "items/k1"  # the lock of row k1 (policy items/{key})
     lockd = start_lockd("sqlite")
     proxy = start_proxy(lockd)
     with httpx.Client(timeout=10) as http:

@@ -90,15 +90,18 @@ def test_lockd_openapi_holds(start_lockd, record_property):
     assert httpx.get(lockd.url + "/healthz").status_code == 200
 
 
-def test_proxy_openapi_holds(start_lockd, start_proxy, pg_dsn, record_property):
+def test_proxy_openapi_holds(start_lockd, start_proxy, pg_dsn, record_property, tmp_path):
     import psycopg
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(KINDS_PG)
     lockd = start_lockd("sqlite")
-    proxy = start_proxy(lockd, db="postgres", args=("--tables", "items,kinds,pairs"))
-    lease = httpx.post(f"{lockd.url}/v1/locks/fuzz-{uuid.uuid4().hex[:8]}/acquire",
-                       json={"ttl_ms": 3_600_000}).json()
+    lock = f"fuzz-{uuid.uuid4().hex[:8]}"  # one literal lock governs every fuzzed table
+    policy = tmp_path / "fuzz-policy.yaml"
+    policy.write_text(f"tables: {{items: {lock}, kinds: {lock}, pairs: {lock}}}\n")
+    proxy = start_proxy(lockd, db="postgres",
+                        args=("--tables", "items,kinds,pairs", "--policy", str(policy)))
+    lease = httpx.post(f"{lockd.url}/v1/locks/{lock}/acquire", json={"ttl_ms": 3_600_000}).json()
     started = time.monotonic()
     counts, failures = fuzz(proxy.url, 30, {"Fencing-Token": lease["token"]})
     record_property("schemathesis_requests", sum(counts.values()))

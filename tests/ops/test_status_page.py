@@ -101,8 +101,8 @@ def test_lockd_status_page_with_api_key(browser, start_lockd, name, tmp_path):
     page.wait_for(_row(name), timeout=5, what="the row")
 
 
-def test_proxy_status_page_shows_fences_and_rejections(browser, start_lockd, start_proxy, name,
-                                                       tmp_path):
+def test_proxy_status_page_shows_fences_and_rejections(browser, start_lockd, start_proxy, tmp_path):
+    name = "items/r1"  # the lock of row r1 (policy items/{key})
     lockd = start_lockd("sqlite")
     proxy = start_proxy(lockd)
     page = browser.page()
