@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import httpx
 
+from lockd.client.fenced import FencedSession
 from lockd.demo.procs import ChildSet
 from lockd.demo.table import TABLE
 from lockd.demo.timeline import Event, Timeline
@@ -159,6 +160,15 @@ class Director:
     def close(self) -> None:
         self.http.close()
 
+    def table_lock(self) -> str:
+        """The lock that writes the demo's table, as the proxy names it (one row, one lock: the
+        proxy decides; without a policy, table ``demo_writes`` is written under lock
+        ``demo_writes``). The scenes run one after another, so they share it."""
+        lock = FencedSession(self.proxy_url, http_client=self.http).lock_for(TABLE)
+        if lock is None:
+            raise RuntimeError(f"the proxy writes {TABLE} unfenced: nothing to demonstrate")
+        return lock
+
     def worker(self, scene: str, name: str, lock: str, *, wait: float = 0.0, writes: int = 1,
                work: float = 0.0, hold: float = 0.0) -> Worker:
         """Start worker ``name`` (a new process) for ``lock``; see ``lockd.demo.worker``."""
@@ -248,7 +258,7 @@ def happy_path(d: Director) -> SceneResult:
     ttl = d.ttl
     s = SceneResult("happy", "Happy path: A works past its TTL while renewing, writes, releases; "
                              "B, waiting, acquires at once")
-    lock = "demo/happy"
+    lock = d.table_lock()
     a = d.worker(s.scene, "A", lock, writes=3, work=0.9 * ttl, hold=0.6 * ttl)
     a_acq = a.wait_event("acquired", STARTUP_TIMEOUT)
     if not s.check("A acquires", a_acq is not None, f"fence {_fence(a_acq)}"):
@@ -301,7 +311,7 @@ def crash_path(d: Director) -> SceneResult:
     ttl = d.ttl
     s = SceneResult("crash", "Crash: A is killed with SIGKILL while holding; B, waiting, takes "
                              "over when A's lease lapses")
-    lock = "demo/crash"
+    lock = d.table_lock()
     a = d.worker(s.scene, "A", lock, writes=2, work=30.0)
     a_acq = a.wait_event("acquired", STARTUP_TIMEOUT)
     a_w1 = a.wait_event("write", 5) if a_acq else None
@@ -354,7 +364,7 @@ def revived_holder(d: Director) -> SceneResult:
     ttl = d.ttl
     s = SceneResult("revived", "Revived holder: A freezes (SIGSTOP) past its lease; B acquires "
                                "and writes; A wakes (SIGCONT) and its write is rejected")
-    lock = "demo/revived"
+    lock = d.table_lock()
     a = d.worker(s.scene, "A", lock, writes=2, work=ttl)
     a_acq = a.wait_event("acquired", STARTUP_TIMEOUT)
     a_w1 = a.wait_event("write", 5) if a_acq else None

@@ -1,6 +1,6 @@
 """One demo worker: a real process that takes a lock, works, writes through the fencing proxy.
 
-Run by the director as ``python -m lockd.demo.worker --name A --lock demo/happy …``. It uses the
+Run by the director as ``python -m lockd.demo.worker --name A --lock demo_writes …``. It uses the
 public client API exactly as an application would::
 
     with client.acquire(lock, ttl, wait=wait) as lease:        # background renewal every ttl/3
