@@ -22,7 +22,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,9 @@ from chaos.checker import check, load_events
 from chaos.db import ResourceDB
 from chaos.nemesis import Nemesis, kinds_for, make_schedule
 from chaos.pool import WorkerPool, faketime_lib
-from chaos.services import Services
+from chaos.services import LOCK, Services
 from chaos.workload import MODES
+from lockd.client.fenced import FencedSession
 from tests.support import ThrowawayPostgres
 
 __all__ = ["RunConfig", "run", "format_summary", "REPO_ROOT"]
@@ -86,7 +86,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                           else kinds_for(cfg.store, cfg.resource, faketime=lib is not None))
     ttl = cfg.effective_ttl
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
-    lock = f"chaos/{uuid.uuid4().hex[:8]}/counter"
+    lock = LOCK  # what the proxy names for table counter; checked once it runs
     services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg)
     pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
     variants = ("race",) if cfg.mode == "unfenced-read" else ("race", "late")
@@ -95,6 +95,11 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     try:
         try:
             services.start()
+            with FencedSession(services.proxy_url) as proxy:
+                named = proxy.lock_for("counter")  # the proxy decides the lock, never by hand
+            if named is None:
+                raise RuntimeError("the proxy writes the counter unfenced")
+            lock = named
             pool.argv = _worker_argv(cfg, services, lock)
             pool.start_all()
             nemesis.start()

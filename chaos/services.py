@@ -26,10 +26,13 @@ from chaos.db import ResourceDB
 from tests.etcd_support import EtcdCluster
 from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 
-__all__ = ["STORES", "RESOURCES", "Services"]
+__all__ = ["STORES", "RESOURCES", "LOCK", "Services"]
 
 STORES = ("sqlite", "postgres", "etcd")
 RESOURCES = ("postgres", "sqlite")
+# The one lock the proxy binds the counter and history tables to (a literal template: a batch
+# writes the counter row and a history row, so both tables are governed by the same lock).
+LOCK = "chaos/counter"
 
 
 class Services:
@@ -98,10 +101,12 @@ class Services:
              "--log-level", "warning"],
             ready_url=self.lockd_url + "/healthz", log_path=self.dir / "lockd.log")
         self.lockd.start(timeout=30)
+        policy = self.dir / "policy.yaml"  # one lock writes the counter AND its history rows
+        policy.write_text(f"tables: {{counter: {LOCK}, history: {LOCK}}}\n")
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", self.db_url,
              "--lockd-url", self.lockd_url, "--tables", "counter,history",
-             "--port", str(self.proxy_port), "--log-level", "warning"],
+             "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning"],
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")
         self.proxy.start(timeout=30)
         return self
