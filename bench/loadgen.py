@@ -224,7 +224,7 @@ async def _proxy_write(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitabl
     http = await Http(spec["host"], spec["port"]).connect()
     fresh = spec["fresh_tokens"][i] if spec.get("fresh_tokens") else None
     headers = f"Fencing-Token: {spec['tokens'][i]}\r\n" if fresh is None else ""
-    path = f"/v1/tables/{spec['table']}/rows/{i}"
+    path = f"/v1/tables/{spec['table']}/rows/{spec.get('row_base', 0) + i}"
     n = 0
 
     async def cycle() -> None:
@@ -239,7 +239,8 @@ async def _proxy_write(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitabl
 
 
 async def _proxy_batch(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-    """One fenced batch of ``batch`` upserts through the proxy (``POST /v1/batch``)."""
+    """One fenced batch of ``batch`` upserts through the proxy (``POST /v1/batch``). ``grouped``:
+    the table's key is (group, id) and client ``i`` writes group ``i`` (one lock per group)."""
     http = await Http(spec["host"], spec["port"]).connect()
     headers = f"Fencing-Token: {spec['tokens'][i]}\r\n"
     size = spec["batch"]
@@ -249,7 +250,8 @@ async def _proxy_batch(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitabl
     async def cycle() -> None:
         nonlocal n
         n += 1
-        ops = [{"op": "upsert", "table": spec["table"], "key": base + j, "row": {"v": n}}
+        ops = [{"op": "upsert", "table": spec["table"],
+                "key": [i, j] if spec.get("grouped") else base + j, "row": {"v": n}}
                for j in range(size)]
         status, data = await http.request("POST", "/v1/batch",
                                           json.dumps({"ops": ops}).encode(), headers)

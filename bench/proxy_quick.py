@@ -156,7 +156,8 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(DDL)
         policy = Path(tempfile.mkstemp(suffix=".yaml")[1])
-        policy.write_text("default: ['*']\ntables:\n  bench_rows: {fence_column: last_fence}\n")
+        # one row, one lock: client i's lock bench/i is the lock of row i
+        policy.write_text("tables:\n  bench_rows: {lock: 'bench/{key}', fence_column: last_fence}\n")
         proxy, cpu_per_write = bench_proxy(dsn, policy, args.clients, args.seconds)
         direct = bench_direct(dsn, args.clients, args.seconds)
     finally:

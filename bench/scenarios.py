@@ -350,11 +350,19 @@ def proxy(bench: Bench) -> Section:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v bigint NOT NULL)")
         conn.execute("INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 1023) g")
+        conn.execute("CREATE TABLE bench_batch (grp bigint, id bigint, v bigint NOT NULL,"
+                     " PRIMARY KEY (grp, id))")
     ring = KeyRing.generate()
     most = max(s.proxy_clients)
+    # One row, one lock: row i of bench_rows is written under lock bench5/i (client i's), and
+    # every row of group i of bench_batch under bench5b/i (a batch client's own 100 rows).
+    policy = "tables: {bench_rows: 'bench5/{key}', bench_batch: 'bench5b/{grp}'}\n"
+    policy_file = bench.ws.dir / "section5-policy.yaml"
+    policy_file.write_text(policy)
     tokens = [ring.sign(f"bench5/{i}", 1) for i in range(most)]
-    server = bench.ws.proxy(dsn, ring.jwks(), "default: ['*']\n")
-    table = prepare(dsn, ["bench_rows"], load_policy(None))["bench_rows"]
+    batch_tokens = [ring.sign(f"bench5b/{i}", 1) for i in range(most)]
+    server = bench.ws.proxy(dsn, ring.jwks(), policy)
+    table = prepare(dsn, ["bench_rows", "bench_batch"], load_policy(policy_file)).catalog["bench_rows"]
     builder = SqlBuilder(POSTGRES)
     fenced_sql, fenced_params = [], []
     for i in range(most):
@@ -377,17 +385,18 @@ def proxy(bench: Bench) -> Section:
             "workload": "proxy_write", **server.addr(), "table": "bench_rows",
             "fresh_tokens": None},
         f"through the proxy, batches of {s.batch} upserts": {
-            "workload": "proxy_batch", **server.addr(), "tokens": tokens, "table": "bench_rows",
-            "batch": s.batch},
+            "workload": "proxy_batch", **server.addr(), "tokens": batch_tokens,
+            "table": "bench_batch", "batch": s.batch, "grouped": True},
     }
     per_client = int(300 * (s.warmup + s.seconds)) + 100  # more than a client can send
     res: dict[tuple[str, int], list[dict]] = {}
     for r in range(s.rounds):
         for c in s.proxy_clients:
             for name, spec in cases.items():
-                if "fresh_tokens" in spec:  # new locks each round: fences 1, 2, 3, ...
-                    spec = {**spec, "fresh_tokens": [
-                        [ring.sign(f"bench5/r{r}c{c}/{i}", f) for f in range(1, per_client + 1)]
+                if "fresh_tokens" in spec:  # new rows (so new locks) each run: fences 1, 2, 3, ...
+                    base = 10_000 * (1 + r * len(s.proxy_clients) + s.proxy_clients.index(c))
+                    spec = {**spec, "row_base": base, "fresh_tokens": [
+                        [ring.sign(f"bench5/{base + i}", f) for f in range(1, per_client + 1)]
                         for i in range(c)]}
                 out = loadgen.run_closed({**spec, "warmup": s.warmup, "seconds": s.seconds}, c,
                                          s.procs)
@@ -412,7 +421,7 @@ def proxy(bench: Bench) -> Section:
                 "rows_per_s": [x["cycles"] * per / x["seconds"] for x in runs],
                 "first_error": next((x["first_error"] for x in runs if x["first_error"]), None)}
     section.notes.append("Each client owns one lock (a token with fence 1) and one row; the "
-                         "batch clients write their own 100 rows per request. Latency of a batch "
+                         "batch clients write their own 100 rows (one group of bench_batch, one lock) per request. Latency of a batch "
                          "row is the whole batch's. The proxy caches verified tokens, so the "
                          "'new token every write' row shows the cost of verifying each new "
                          "lease's token (its first write).")
