@@ -8,10 +8,13 @@ turned into text here, by SQL kind::
     kind            canonical text                      examples
     integer         plain decimal                       7, -12
     numeric, float  shortest plain decimal, no exponent 1 (1.0, 1.00, +1, 1e0), 0.5, 100, 0 (-0)
-                    (SQLite: the double it stores, since NUMERIC affinity keeps ~15 digits)
+                    of the value the database stores: PostgreSQL numeric(p, s) rounded to s
+                    decimals, real as a 4-byte float; SQLite's double (NUMERIC affinity
+                    keeps ~15 digits)
     uuid            lower-case, hyphenated              6f9619ff-8b86-d011-b42d-00cf4fc964ff
     boolean         true / false
     timestamp(tz)   ISO 8601 basic format in UTC        20240501T120000Z, 20240501T120000.5Z
+                    (PostgreSQL timestamp(p): rounded to p digits first, as it stores it)
     date            ISO 8601                            2024-05-01
     time            ISO 8601                            12:00:00
     text, enum      exactly as stored                   Alice, a b
@@ -33,10 +36,12 @@ A kind whose equality is not its text (json, arrays, unknown types) cannot be bo
 from __future__ import annotations
 
 import binascii
+import contextlib
 import re
+import struct
 import uuid
-from datetime import UTC, date, datetime, time
-from decimal import Decimal
+from datetime import UTC, date, datetime, time, timedelta
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
 from resource_proxy.tables import Column, Kind
@@ -71,6 +76,29 @@ def _decimal_text(number: Decimal) -> str:
     return format(number, "f")
 
 
+_EPOCH_2000 = datetime(2000, 1, 1)
+
+
+def _round_fraction(value: datetime | time, digits: int) -> datetime | time:
+    """``value`` rounded to ``digits`` fractional-second digits the way PostgreSQL stores
+    timestamp(p)/time(p): half away from zero, counted from 2000-01-01 for timestamps."""
+    step = 10 ** (6 - digits)
+    if isinstance(value, time):
+        micros = ((value.hour * 60 + value.minute) * 60 + value.second) * 10**6 + value.microsecond
+        micros = (micros + step // 2) // step * step
+        if micros >= 86_400 * 10**6:
+            return value  # rounds to 24:00:00, which PostgreSQL keeps and Python cannot hold
+        seconds, micro = divmod(micros, 10**6)
+        return time(seconds // 3600, seconds // 60 % 60, seconds % 60, micro, value.tzinfo)
+    zone = value.tzinfo
+    naive = value.astimezone(UTC).replace(tzinfo=None) if zone else value
+    micros = (naive - _EPOCH_2000) // timedelta(microseconds=1)
+    sign = -1 if micros < 0 else 1
+    micros = sign * ((abs(micros) + step // 2) // step * step)
+    rounded = _EPOCH_2000 + timedelta(microseconds=micros)
+    return rounded.replace(tzinfo=UTC) if zone else rounded
+
+
 def _utc_basic(moment: datetime) -> str:
     moment = moment.astimezone(UTC) if moment.tzinfo else moment
     text = moment.strftime("%Y%m%dT%H%M%S")
@@ -91,14 +119,22 @@ def canonical(column: Column, value: Any, *, sqlite: bool = False) -> str:
         return str(int(value))
     if kind in (Kind.NUMERIC, Kind.FLOAT):
         number = value if isinstance(value, Decimal) else Decimal(repr(float(value)))
+        if kind is Kind.NUMERIC and column.scale is not None and not sqlite:
+            with contextlib.suppress(InvalidOperation):  # too many digits: the database refuses
+                number = number.quantize(Decimal(1).scaleb(-column.scale), ROUND_HALF_UP)
         if sqlite or kind is Kind.FLOAT:
             try:
-                number = Decimal(repr(float(number)))
+                double = float(number)
+                if column.cast == "real":  # PostgreSQL float4
+                    double = struct.unpack("f", struct.pack("f", double))[0]
+                number = Decimal(repr(double))
             except OverflowError:
                 pass
             if not number.is_finite():
                 number = Decimal("9" * (MAX_DIGITS + 1))
         return _decimal_text(number)
+    if column.scale is not None and isinstance(value, datetime | time) and not sqlite:
+        value = _round_fraction(value, column.scale)
     if kind is Kind.UUID:
         return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
     if kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ) and isinstance(value, datetime):

@@ -104,6 +104,9 @@ class Column:
     # Why equal values of this column may differ in text (a non-binary collation, citext,
     # char(n) padding): "" when equality is exact. Such a column cannot be bound per row.
     inexact: str = ""
+    # PostgreSQL rounds on store: numeric(p, s) to ``scale`` decimals, timestamp(p)/time(p) to
+    # ``scale`` fractional-second digits (None: no rounding). Canonical key text follows it.
+    scale: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +219,10 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
                 kind, extra = _kind_of(info["type"], declared.get(info["name"], ""))
                 if is_pg and kind is Kind.INTEGER:
                     extra["int_bits"] = _INT_BITS.get(casts.get(info["name"], ""), 64)
+                if is_pg and kind in (Kind.NUMERIC, Kind.TIMESTAMP, Kind.TIMESTAMPTZ, Kind.TIME):
+                    digits = getattr(info["type"], "scale" if kind is Kind.NUMERIC else "precision", None)
+                    if isinstance(digits, int) and (kind is Kind.NUMERIC or digits < 6):
+                        extra["scale"] = digits
                 if not is_pg and kind is Kind.TIMESTAMP:
                     kind = Kind.TIMESTAMPTZ  # SQLite has no zone type: store UTC with its offset
                 identity = info.get("identity") or {}

@@ -257,3 +257,33 @@ def test_unfenced_is_said_at_start_and_on_the_status_page(tmp_path, start_proxy)
     assert "UNFENCED" in page and "/v1/tables" in page
     assert httpx.get(f"{url}/v1/tables").json()["items"] == [
         {"table": "notes", "lock": None, "unfenced": True}]
+
+
+def test_postgres_rounding_on_store_is_part_of_the_canonical_key(pg_dsn, tmp_path, start_proxy):
+    """numeric(12,2), timestamptz(0) and real keys: PostgreSQL rounds what it stores, so a key
+    spelled with more digits IS the rounded row, and its lock is the rounded value's."""
+    db = Database("postgres", pg_dsn, dsn=pg_dsn)
+    db.script("CREATE TABLE r_num (id numeric(12,2) PRIMARY KEY, v text);"
+              " CREATE TABLE r_ts (id timestamptz(0) PRIMARY KEY, v text);"
+              " CREATE TABLE r_real (id real PRIMARY KEY, v text);")
+    policy = tmp_path / "p.yaml"
+    policy.write_text("tables: {r_num: 'r_num/{key}', r_ts: 'r_ts/{key}', r_real: 'r_real/{key}'}")
+    ring = KeyRing.generate()
+    url, _ = start_proxy(pg_dsn, "--jwks-file", str(write_jwks(tmp_path, ring)), "--policy", str(policy))
+    cases = [("r_num", "1.001", "r_num/1", "1.00"), ("r_num", "-1.005", "r_num/-1.01", "-1.01"),
+             ("r_ts", quote("2024-05-01T12:00:00.5+00:00"), "r_ts/20240501T120001Z", None),
+             ("r_real", "1.00000001", "r_real/1", None)]
+    with httpx.Client(base_url=url) as client:
+        for table, key, lock, stored in cases:
+            assert client.get(f"/v1/tables/{table}/lock?key={key}").json()["lock"] == lock
+            spelled = f"{table}/{key}".replace("%3A", ":3A").replace("%2B", ":2B")
+            refused = client.put(f"/v1/tables/{table}/rows/{key}", json={"v": "by spelling"},
+                                 headers={"Fencing-Token": ring.sign(spelled, 9)})
+            assert assert_problem(refused, 403, "lock_not_allowed")["lock"] == lock
+            ok = client.put(f"/v1/tables/{table}/rows/{key}", json={"v": "by the row's lock"},
+                            headers={"Fencing-Token": ring.sign(lock, 1)})
+            assert ok.status_code == 200, ok.text
+            if stored is not None:
+                assert db.query(f"SELECT id::text, v FROM {table} WHERE id = ?::numeric",
+                                (stored,)) == [(stored, "by the row's lock")]
+    assert db.query("SELECT count(*) FROM r_ts") == [(1,)] and db.query("SELECT count(*) FROM r_real") == [(1,)]

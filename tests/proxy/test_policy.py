@@ -176,6 +176,23 @@ def test_every_spelling_of_a_value_has_one_canonical_text(column, spellings, tex
     assert texts == {text}
 
 
+NUM2 = Column("k", Kind.NUMERIC, False, scale=2)
+TS0 = Column("k", Kind.TIMESTAMPTZ, False, scale=0)
+TM3 = Column("k", Kind.TIME, False, scale=3)
+REAL = Column("k", Kind.FLOAT, False, cast="real")
+
+
+@pytest.mark.parametrize(("column", "spelling", "text"), [
+    (NUM2, "1.004", "1"), (NUM2, "1.005", "1.01"), (NUM2, "-1.005", "-1.01"), (NUM2, "2.5", "2.5"),
+    (TS0, "2024-05-01T12:00:00.5Z", "20240501T120001Z"),
+    (TS0, "1999-12-31T23:59:58.5Z", "19991231T235958Z"),  # before 2000: half away from 2000
+    (TS0, "2024-05-01T12:00:00.4Z", "20240501T120000Z"),
+    (TM3, "12:00:00.0005", "12:00:00.001000"), (REAL, "1.00000001", "1"), (REAL, "0.1", "0.10000000149011612"),
+])
+def test_postgres_rounds_keys_on_store_and_so_does_the_canonical_text(column, spelling, text):
+    assert canonical(column, coerce(column, spelling, from_text=True)) == text
+
+
 def test_escaping():
     assert encode("a b/c:d%é") == "a:20b:2Fc:3Ad:25:C3:A9"
     assert encode(".hidden") == ":2Ehidden" and encode("a.b") == "a.b" and encode("..") == ":2E."
