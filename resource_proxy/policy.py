@@ -227,23 +227,39 @@ class TableBinding:
                 f"({', '.join(self.table.primary_key)}) so the proxy can tell which lock")
         return self._values(dict(zip(self.table.primary_key, key, strict=True)))
 
+    def _used(self) -> list[str]:
+        """The key columns the template uses, in order, each once."""
+        assert self.template is not None
+        used = [c for v in self.template.variables
+                for c in (self.table.primary_key if v == "key" else (v,))]
+        return list(dict.fromkeys(used))
+
+    def lock_for_row(self, key: Sequence[Any] | None, values: Mapping[str, Any]) -> str | None:
+        """``lock_for(key)``; for an insert whose key is left (partly) to the database, the lock
+        from the row's ``values`` if they give every column the template uses
+        (``orders/{customer_id}`` with a serial ``id``)."""
+        if key is None and self.template is not None and not self.template.literal:
+            if all(values.get(c) is not None for c in self._used()):
+                return self._values(values)
+        return self.lock_for(key)
+
     def lock_for_filters(self, filters: Mapping[str, Any]) -> str | None:
         """The one lock governing every row that matches ``filters`` (column -> value), if the
         filters pin each column the template uses; else ``InvalidRequest``."""
         if self.template is None or self.template.literal:
             return self.lock_for(None)
-        used = [c for v in self.template.variables
-                for c in (self.table.primary_key if v == "key" else (v,))]
-        missing = [c for c in dict.fromkeys(used) if c not in filters or filters[c] is None]
+        missing = [c for c in self._used() if c not in filters or filters[c] is None]
         if missing:
             raise InvalidRequest(
                 f"a fenced read of table {self.table.name!r} must filter on {missing}: its rows "
                 f"are written under lock {self.template.text!r}, one lock per value")
         return self._values(filters)
 
-    def require(self, lock: str, key: Sequence[Any] | None, *, verb: str = "written") -> None:
-        """``LockNotAllowed`` (403, ``lock`` = the lock needed) unless ``lock`` governs the row."""
-        needed = self.lock_for(key)
+    def require(self, lock: str, key: Sequence[Any] | None, *, verb: str = "written",
+                values: Mapping[str, Any] | None = None) -> None:
+        """``LockNotAllowed`` (403, ``lock`` = the lock needed) unless ``lock`` governs the row
+        (its ``key``, or for an insert without one the row's ``values``)."""
+        needed = self.lock_for_row(key, values or {})
         if needed is None or needed == lock:
             return
         raise self.refusal(lock, needed, key, verb)

@@ -76,9 +76,10 @@ class ProxyService:
         return self.binding[table.name]
 
     @staticmethod
-    def _require(fence: Fence, bound: TableBinding, key: Any, verb: str = "written") -> None:
+    def _require(fence: Fence, bound: TableBinding, key: Any, verb: str = "written",
+                 values: Mapping[str, Any] | None = None) -> None:
         """403 unless the token's lock is the one that governs the row (``bound.require``)."""
-        bound.require(fence.lock, key, verb=verb)
+        bound.require(fence.lock, key, verb=verb, values=values)
 
     # -- the binding -----------------------------------------------------------------------
 
@@ -110,7 +111,7 @@ class ProxyService:
         if bound.unfenced:
             return await self.store.write(None, op)
         assert fence is not None
-        self._require(fence, bound, op.key)
+        self._require(fence, bound, op.key, values=op.values)
         return await self.store.write(fence, op)
 
     def _batch_op(self, raw: Any, fence: Fence | None) -> WriteOp:
@@ -132,7 +133,7 @@ class ProxyService:
             if fence is None:
                 raise TokenRequired(f"table {table.name!r} is fenced: send the lock's token in "
                                     "the Fencing-Token header")
-            self._require(fence, bound, op.key)
+            self._require(fence, bound, op.key, values=op.values)
         return op
 
     async def batch(self, body: Any, token: str | None) -> dict[str, Any]:

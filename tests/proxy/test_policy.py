@@ -78,6 +78,15 @@ def test_grouping_and_literal_templates(tmp_path):
     assert binding["accounts"].lock_for(None) == "ledger"
 
 
+def test_an_insert_leaving_unused_key_columns_to_the_database_is_bound_by_its_values(tmp_path):
+    binding = _policy(tmp_path, "tables: {orders: 'orders/{customer}'}\n").bind({"orders": ORDERS})
+    binding["orders"].require("orders/acme", None, values={"customer": "acme"})  # n: a serial
+    with pytest.raises(LockNotAllowed):
+        binding["orders"].require("orders/other", None, values={"customer": "acme"})
+    with pytest.raises(InvalidRequest, match="give the row's key"):
+        binding["orders"].require("orders/acme", None, values={"n": 1})
+
+
 def test_unfenced_only_when_declared(tmp_path):
     binding = _policy(tmp_path, "tables: {accounts: {unfenced: true}}\n").bind(
         {"accounts": ACCOUNTS, "orders": ORDERS})
