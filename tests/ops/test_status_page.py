@@ -109,6 +109,10 @@ def test_proxy_status_page_shows_fences_and_rejections(browser, start_lockd, sta
     page.navigate(proxy.url + "/")
     assert page.evaluate("document.title") == "resource-proxy status"
     assert page.evaluate("!!document.querySelector('table#fences')")
+    page.wait_for("document.querySelector('#bindings tr[data-table=\"items\"]')", timeout=5,
+                  what="the table's lock template")
+    assert page.evaluate("document.querySelector('#bindings tr[data-table=\"items\"]')"
+                         ".cells[1].textContent") == "items/{key}"
     page.evaluate("window.__noReload = 7")
     old = _acquire(lockd.url, name, 300, "a")
     row = f"{proxy.url}/v1/tables/items/rows/r1"
@@ -130,3 +134,16 @@ def test_proxy_status_page_shows_fences_and_rejections(browser, start_lockd, sta
     assert fence == str(new["fence"])
     assert page.evaluate("window.__noReload") == 7
     _keep(page.screenshot(tmp_path / "proxy-status.png"))
+
+
+def test_proxy_status_page_says_which_tables_are_unfenced(browser, start_lockd, start_proxy, tmp_path):
+    policy = tmp_path / "unfenced.yaml"
+    policy.write_text("tables: {items: {unfenced: true}}\n")
+    proxy = start_proxy(start_lockd("sqlite"), args=("--policy", str(policy)))
+    assert "UNFENCED (written without a token): items" in proxy.log()
+    page = browser.page()
+    page.navigate(proxy.url + "/")
+    page.wait_for("document.querySelector('#bindings tr[data-table=\"items\"]')", timeout=5,
+                  what="the table's row")
+    assert page.evaluate("document.querySelector('#bindings tr[data-table=\"items\"]')"
+                         ".cells[1].textContent") == "UNFENCED (written without a token)"
