@@ -229,12 +229,21 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
             for s in statuses}
 
 
+def bound_client_id(scope: Scope, client_id: str | None) -> str | None:
+    """The ``client_id`` the store compares: with API keys configured, the request's
+    ``client_id`` joined with the identity of the key that sent it (``ops.key_id``), so the same
+    ``client_id`` from another key never matches another key's lease (``.`` cannot occur in a
+    ``client_id``, so no two keys' values collide). Without keys, the ``client_id`` itself."""
+    key_id = scope.get("ops.key_id")
+    return f"{client_id}.{key_id}" if client_id and key_id else client_id
+
+
 async def _acquire(request: Request, name: str) -> Response:
     service = _service(request)
     service.check_name(name)
     body = await read_body(request, AcquireRequest)
-    call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms,
-                           owner=body.owner, client_id=body.client_id)
+    call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms, owner=body.owner,
+                           client_id=bound_client_id(request.scope, body.client_id))
     if body.wait_ms == 0:
         lease = await call
     else:

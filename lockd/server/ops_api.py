@@ -38,11 +38,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
+from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
 from lockd.server.errors import InvalidRequest
 from lockd.server.events import EventHub
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
-from lockd.server.schemas import NAME_RE, PREFIX_RE
+from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.status_page import STATUS_PAGE
 
@@ -130,8 +131,8 @@ def create_ops_router() -> APIRouter:
                 responses=_SSE_DOC)
     async def lock_events(name: str, request: Request, history: int = 0) -> Response:
         """Server-Sent Events of one lock: acquired, released, expired (with fences)."""
-        if not NAME_RE.fullmatch(name):
-            raise InvalidRequest("lock name must be 1-255 characters of A-Z a-z 0-9 . _ : / -")
+        if not is_lock_name(name):
+            raise InvalidRequest(LOCK_NAME_RULE)
         return _stream(request, name.__eq__, _history(history))
 
     @router.post("/v1/locks/{name:path}/force-release", response_model=ForceReleasedBody,
