@@ -14,7 +14,7 @@ route                                            meaning
 ===============================================  ==============================================
 
 ``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
-``Last-Event-ID`` replays what it missed instead. Because ``/v1/locks/{name}/events`` is an
+``Last-Event-ID`` replays what it missed instead (anything but an event id there is 422). Because ``/v1/locks/{name}/events`` is an
 event stream, the state of a lock whose name ends in ``/events`` cannot be read with
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
 
@@ -92,8 +92,14 @@ def _history(value: int) -> int:
 
 
 def _last_event_id(request: Request) -> int | None:
-    raw = request.headers.get("last-event-id", "")
-    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+    """The ``Last-Event-ID`` header: ``None`` if absent or empty, else a decimal event id of at
+    most 18 ASCII digits (``²`` passes ``str.isdigit()`` but is no id); otherwise 422."""
+    raw = request.headers.get("last-event-id", "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise InvalidRequest("Last-Event-ID must be an event id (decimal digits) or empty")
+    return int(raw)
 
 
 def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
