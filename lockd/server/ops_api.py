@@ -13,7 +13,8 @@ route                                            meaning
                                                  holds it; 200 ``{lock, released, fence, owner}``
 ===============================================  ==============================================
 
-``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
+At most ``max_event_streams`` streams are open at once; beyond, 503 ``too_many_streams`` with
+``Retry-After: 5``. ``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
 ``Last-Event-ID`` replays what it missed instead (anything but an event id there is 422). Because ``/v1/locks/{name}/events`` is an
 event stream, the state of a lock whose name ends in ``/events`` cannot be read with
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
@@ -82,7 +83,8 @@ def _problem_doc(status: int, description: str) -> dict[str, Any]:
 
 _SSE_DOC = {200: {"description": "text/event-stream of acquired/released/expired events",
                   "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-            422: _problem_doc(422, "Invalid request")}
+            422: _problem_doc(422, "Invalid request"),
+            503: _problem_doc(503, "Too many event streams")}
 
 
 def _history(value: int) -> int:
@@ -105,6 +107,11 @@ def _last_event_id(request: Request) -> int | None:
 def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
     hub: EventHub = request.app.state.events
     settings: Settings = request.app.state.settings
+    if hub.streams >= settings.max_event_streams:
+        return problem_response(
+            503, "too_many_streams", "Service unavailable",
+            f"this lockd already serves {settings.max_event_streams} event streams "
+            "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
     body = hub.stream(match, history=history, last_event_id=_last_event_id(request),
                       heartbeat_s=settings.events_heartbeat_ms / 1000)
     return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
