@@ -13,7 +13,7 @@ only on that replica's streams: watch every replica for the full picture.
 Streams (``EventHub.stream``): an event is serialised ONCE, when it is published, and the same
 bytes go to every stream. ``publish`` only appends to each matching stream's bounded queue
 (``queue_size``) and wakes it; a stream writes what piled up at most every ``flush_s`` (default
-50 ms) as one chunk, so a burst of events costs each stream one wake-up and one write, not one
+100 ms) as one chunk, so a burst of events costs each stream one wake-up and one write, not one
 per event. A stream whose client falls ``queue_size`` events behind (it does not read, so its
 writes are blocked) is DROPPED at once: publishing stops paying for it, it gets ``event:
 overflow`` with ``{"dropped": n}`` as its last event, and the stream ends (an ``EventSource``
@@ -93,7 +93,7 @@ class EventHub:
 
     def __init__(self, *, history: int = 256, queue_size: int = 256,
                  on_drop: Callable[[], None] | None = None,
-                 on_streams: Callable[[int], None] | None = None, flush_s: float = 0.05):
+                 on_streams: Callable[[int], None] | None = None, flush_s: float = 0.1):
         self._seq = 0
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: set[_Subscriber] = set()
