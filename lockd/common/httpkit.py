@@ -26,6 +26,8 @@ Requests (``OpsMiddleware``, pure ASGI: no per-request task or body buffering)
     * Timing: ``scope["ops.start"]`` is the ``perf_counter()`` at arrival; ``on_response``
       (if given) is called with ``(scope, status, seconds)`` when the response has started.
     * At DEBUG level one line per request: method, path, status, milliseconds (never a body).
+    * A client that disconnects before its body is complete (``ClientDisconnect`` raised by
+      the app) is one DEBUG line, not an ERROR with a traceback: any client can cause it.
 
 Logs (``configure_logging``)
     ``format="json"``: one JSON object a line: ``ts``, ``level``, ``logger``, ``msg``,
@@ -51,6 +53,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from pathlib import Path
 from typing import Any, Literal
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from lockd.common.problems import PROBLEM_JSON, ProblemError, problem_bytes
@@ -269,6 +272,9 @@ class OpsMiddleware:
                                [(b"www-authenticate", b'Bearer realm="lockd"')])
                 return
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
+            self.log.debug("client disconnected during the body of %s %s", scope.get("method"),
+                           scope.get("path"))
         finally:
             if self.log.isEnabledFor(logging.DEBUG):
                 self.log.debug("%s %s -> %s in %.1f ms", scope.get("method"), scope.get("path"),
