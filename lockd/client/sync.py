@@ -341,7 +341,9 @@ class LockClient(_ClientBase):
 
         Yields ``{id, type, lock, fence, owner, ttl_ms, at}`` with ``type`` ``acquired``,
         ``released`` or ``expired``, and ``{"type": "overflow", "dropped": n}`` when this
-        client fell behind and lost events. Ends when lockd closes the stream (it stops).
+        client fell behind and lost events. Ends when lockd closes the stream: it stops, or
+        this client fell ``LOCKD_EVENTS_QUEUE_SIZE`` events behind (then the last event is an
+        overflow: re-read the lock states, or watch again).
         Events are those the lockd process at ``url`` saw (see ``lockd.server.events``).
         """
         path = _lock_path(name) + "/events" if name is not None else "/v1/events"

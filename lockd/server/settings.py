@@ -20,7 +20,7 @@ needed) and ``api_keys_file`` (one key a line, ``#`` comments; adds to ``api_key
 ``admin_keys`` / ``admin_keys_file`` (keys for force-release and every other call; none:
 force-release is disabled, 403); ``max_header_bytes`` (16384: larger request headers get 431);
 ``events_heartbeat_ms`` (15000: keep-alive comment on idle event streams);
-``events_queue_size`` (256: events a slow stream client may lag by before it loses some);
+``events_queue_size`` (256: events a slow stream client may lag by before its stream is dropped);
 ``skew_interval_ms`` (10000: how often the store's clock is sampled).
 
 Connection bounds (``lockd.common.connections``; flags ``--request-timeout-ms`` and alike):
