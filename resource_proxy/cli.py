@@ -21,7 +21,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockd.common.connections import ConnectionBounds, bounded_protocol
+from lockd.common.connections import ConnectionBounds, bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                             http=bounded_protocol(ConnectionBounds(  # connection bounds (issue 15)
                                 settings.request_timeout_ms / 1000, settings.max_connections,
                                 settings.write_timeout_ms / 1000)))
+    warning = descriptor_warning(settings.max_connections)  # connection bounds (issue 15)
+    if warning:
+        log.warning("resource-proxy: %s", warning)
     server = _Server(config)
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
         server.run()

@@ -45,7 +45,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from lockd.common.problems import problem_bytes
 
-__all__ = ["ConnectionBounds", "bounded_protocol"]
+__all__ = ["ConnectionBounds", "bounded_protocol", "descriptor_warning"]
 
 log = logging.getLogger("lockd.http.connections")
 
@@ -175,3 +175,19 @@ def bounded_protocol(bounds: ConnectionBounds) -> type[asyncio.Protocol]:
     """The protocol class to pass as ``uvicorn.Config(http=...)`` to enforce ``bounds``."""
     return type("BoundedHttpToolsProtocol", (_BoundedProtocol,),
                 {"bounds": bounds, "_overloaded": _overloaded_response(bounds.max_connections)})
+
+
+def descriptor_warning(max_connections: int, spare: int = 64) -> str | None:
+    """A warning if ``max_connections`` plus ``spare`` descriptors (store connections, files,
+    the listening socket) exceed this process's ``RLIMIT_NOFILE``: then a flood exhausts the
+    descriptors before the cap answers 503. ``None`` when the limit leaves room."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or max_connections + spare <= soft:
+        return None
+    return (f"max_connections ({max_connections}) leaves fewer than {spare} of the "
+            f"{soft} file descriptors this process may open (ulimit -n): lower it or raise "
+            "the limit")

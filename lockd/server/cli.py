@@ -28,7 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from lockd.common.connections import bounded_protocol
+from lockd.common.connections import bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
@@ -116,6 +116,9 @@ async def serve(settings: Settings) -> int:
             lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
             http=bounded_protocol(settings.connection_bounds()),  # connection bounds (issue 15)
         )
+        warning = descriptor_warning(settings.max_connections)
+        if warning:
+            log.warning("lockd: %s", warning)
         server = _Server(config, app, settings)
         await server.serve()
         return 0 if server.started else 1

@@ -165,3 +165,11 @@ def test_half_open_flood_never_costs_a_live_holder_its_lease(tmp_path: Path, cap
     assert overloaded and all(b"retry-after: 1" in a.lower() for a in overloaded)
     assert all(b"overloaded" in a for a in overloaded)
     assert "Traceback" not in log
+
+
+def test_a_cap_above_the_descriptor_limit_is_warned_at_start(tmp_path: Path):
+    """A ``max_connections`` the descriptor limit cannot honour is named in the start log."""
+    lockd = _LimitedLockd(f"sqlite:///{tmp_path}/w.db", tmp_path / "keys", tmp_path,
+                          port=free_port(), env={"LOCKD_MAX_CONNECTIONS": "1000"}).start()
+    lockd.stop()
+    assert "max_connections (1000) leaves fewer than 64 of the 200 file descriptors" in lockd.log()
