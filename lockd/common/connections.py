@@ -127,16 +127,22 @@ class _BoundedProtocol(HttpToolsProtocol):
             return
         super().data_received(data)
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # a pipelined request after a complete one: its own clock
+            self._arm(self.bounds.request_timeout_s)
+
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete:
-            self._arm(self.bounds.request_timeout_s)  # answered early: wait for the next one
+            self._arm(self.bounds.request_timeout_s)  # answered early: idle, wait for the next
         else:
-            self._disarm()
+            self._disarm()  # whole: the handler may take as long as it needs (a waiting acquire)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and (self.cycle is None or not self.cycle.more_body):
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self._deadline is None and not self.transport.is_closing():
             self._arm(self.bounds.request_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
