@@ -128,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on",
-                            log_config=None,
-                            http=bounded_protocol(ConnectionBounds(  # connection bounds (issue 15)
-                                settings.request_timeout_ms / 1000, settings.max_connections,
-                                settings.write_timeout_ms / 1000)))
-    warning = descriptor_warning(settings.max_connections)  # connection bounds (issue 15)
+                            log_config=None)
+    # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded ---
+    config.http = bounded_protocol(ConnectionBounds(
+        settings.request_timeout_ms / 1000, settings.max_connections,
+        settings.write_timeout_ms / 1000))
+    warning = descriptor_warning(settings.max_connections)
     if warning:
         log.warning("resource-proxy: %s", warning)
     server = _Server(config)

@@ -114,8 +114,9 @@ async def serve(settings: Settings) -> int:
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
-            http=bounded_protocol(settings.connection_bounds()),  # connection bounds (issue 15)
         )
+        # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded ---
+        config.http = bounded_protocol(settings.connection_bounds())
         warning = descriptor_warning(settings.max_connections)
         if warning:
             log.warning("lockd: %s", warning)
