@@ -31,6 +31,7 @@ import binascii
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -86,12 +87,22 @@ def _b64url_decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+_B64URL = re.compile(r"[A-Za-z0-9_-]*")
+
+
 def _b64url_strict(text: str) -> bytes:
-    """Decode unpadded base64url, refusing any character outside the alphabet."""
+    """Decode canonical base64url (RFC 7515 §2): the ``-_`` alphabet only, no ``=`` padding,
+    no non-zero unused trailing bits. Every other spelling of the same bytes is refused, so one
+    token has exactly one text (a token seen, logged or compared as text means one thing)."""
+    if not _B64URL.fullmatch(text) or len(text) % 4 == 1:
+        raise InvalidToken("token is not canonical base64url")
     try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
     except (binascii.Error, ValueError) as exc:
-        raise InvalidToken("token is not valid base64url") from exc
+        raise InvalidToken("token is not canonical base64url") from exc
+    if _b64url(raw) != text:  # a non-zero trailing bit in the last character
+        raise InvalidToken("token is not canonical base64url")
+    return raw
 
 
 def _json_object(segment: bytes, what: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from lockd.common.connections import ConnectionBounds, bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
@@ -82,6 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", help="debug, info, warning, error (default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log line format (env PROXY_LOG_FORMAT; default text)")
+    # --- connection bounds (issue 15) ---
+    serve.add_argument("--request-timeout-ms", type=int,
+                       help="a request must arrive whole within this (env "
+                            "PROXY_REQUEST_TIMEOUT_MS; default 10000)")
+    serve.add_argument("--max-connections", type=int,
+                       help="open connections beyond this get 503 (env PROXY_MAX_CONNECTIONS; "
+                            "default 1000)")
+    serve.add_argument("--write-timeout-ms", type=int,
+                       help="drop a client that reads nothing for this long (env "
+                            "PROXY_WRITE_TIMEOUT_MS; default 10000)")
     return parser
 
 
@@ -125,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on",
                             log_config=None)
+    # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded ---
+    config.http = bounded_protocol(ConnectionBounds(
+        settings.request_timeout_ms / 1000, settings.max_connections,
+        settings.write_timeout_ms / 1000))
+    warning = descriptor_warning(settings.max_connections)
+    if warning:
+        log.warning("resource-proxy: %s", warning)
     server = _Server(config)
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
         server.run()

@@ -35,11 +35,11 @@ are created idempotently at start, before any request is served.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from resource_proxy.errors import InvalidRequest, StaleToken
 
 __all__ = [
@@ -56,7 +56,6 @@ PG_SCHEMA = "resource_proxy"
 PG_TABLE = "fences"
 SQLITE_TABLE = "resource_proxy_fences"
 _ADVISORY_KEY = 0x5250_4645_4E43  # "RPFENC": serializes concurrent first starts on PostgreSQL
-_LOCK_NAME = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +67,10 @@ class Fence:
 
 
 def validate_lock_name(name: str) -> str:
-    """``name`` if it is a lock name (1-255 of ``A-Za-z0-9._:/-``), else ``InvalidRequest``."""
-    if not _LOCK_NAME.fullmatch(name):
-        raise InvalidRequest("lock names are 1-255 characters of A-Za-z0-9._:/-")
+    """``name`` if it is a lock name (``lockd.common.names``: 1-255 of ``A-Za-z0-9._:/-``, no
+    empty, ``.`` or ``..`` segment), else ``InvalidRequest`` (422)."""
+    if not is_lock_name(name):
+        raise InvalidRequest(LOCK_NAME_RULE)
     return name
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -37,6 +36,7 @@ from lockd.client.lease import (
     _ms,
     _validate_renew_every,
     log,
+    new_client_id,
 )
 
 __all__ = ["AsyncLockClient"]
@@ -112,7 +112,7 @@ class AsyncLockClient(_ClientBase):
             _ms(wait, "wait")
         _validate_renew_every(renew_every, ttl)
         path = _lock_path(name) + "/acquire"
-        client_id = client_id or secrets.token_urlsafe(16)
+        client_id = client_id or new_client_id()
         started = self._clock()
         deadline = None if wait is None or wait == math.inf else started + wait
         last: LockNotAcquired | None = None

@@ -58,7 +58,7 @@ from lockd.client.errors import (
     body_or_raise,
     translate_transport_errors,
 )
-from lockd.client.lease import AsyncLease, Lease
+from lockd.client.lease import AsyncLease, Lease, check_segments
 
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
 
@@ -154,7 +154,7 @@ class _SessionBase:
         return params
 
     def _claim_path(self) -> str:
-        return "/v1/fences/" + quote(self._held().lock, safe="/:") + "/claim"
+        return "/v1/fences/" + quote(check_segments(self._held().lock), safe="/:") + "/claim"
 
     def _after_claim(self, body: Any) -> int:
         try:

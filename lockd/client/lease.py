@@ -46,6 +46,7 @@ import contextlib
 import inspect
 import logging
 import math
+import secrets
 import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -59,7 +60,9 @@ from lockd.client.errors import (
     LockClientError,
     LockNotAcquired,
     ProtocolError,
+    ValidationError,
 )
+from lockd.common.names import LOCK_NAME_RULE, bad_segment
 
 if TYPE_CHECKING:  # the clients import this module, not the other way round
     from lockd.client.aio import AsyncLockClient
@@ -156,14 +159,30 @@ def _ms(seconds: float, what: str) -> int:
     return round(seconds * 1000) if seconds != math.inf else _MAX_WAIT_MS
 
 
-def _lock_path(name: str) -> str:
-    """The URL path of lock ``name``. Allowed names are URL-safe as they are ("/" separates
-    segments and lockd routes on the full path); anything else is percent-encoded so lockd
-    answers 422 instead of routing somewhere unexpected."""
+def new_client_id() -> str:
+    """A fresh acquire ``client_id``: 128 random bits as 22 URL-safe characters (lockd refuses
+    shorter ones). It is a per-attempt secret: every retry of one acquire call reuses it (so a
+    retry after a lost answer gets the same lease), no two calls share one."""
+    return secrets.token_urlsafe(16)
+
+
+def check_segments(name: str) -> str:
+    """``name``, unless it has an empty, ``.`` or ``..`` segment (``a//b``, ``a/../b``, a leading
+    or trailing ``/``): such a name is refused here with ``ValidationError`` before any request,
+    because HTTP clients rewrite it in the URL (``a/../b`` would reach the server as ``b``) and
+    lockd and the proxy answer 422 to it anyway (``lockd.common.names``)."""
     if not isinstance(name, str):
         raise TypeError(f"lock name must be a string, got {name!r}")
-    segments = [quote(seg, safe=":") for seg in name.split("/")]
-    segments = [seg.replace(".", "%2E") if seg in (".", "..") else seg for seg in segments]
+    if bad_segment(name):
+        raise ValidationError(f"{LOCK_NAME_RULE} (got {name[:300]!r})", code="invalid_request")
+    return name
+
+
+def _lock_path(name: str) -> str:
+    """The URL path of lock ``name``. Allowed names are URL-safe as they are ("/" separates
+    segments and lockd routes on the full path); other characters are percent-encoded so lockd
+    answers 422 instead of routing somewhere unexpected. Segment errors: see ``check_segments``."""
+    segments = [quote(seg, safe=":") for seg in check_segments(name).split("/")]
     return "/v1/locks/" + "/".join(segments)
 
 

@@ -3,8 +3,8 @@
 ::
 
     lockctl [--url URL] [--json] acquire NAME --ttl 30s [--wait 10s] [--owner O]
-    lockctl [--url URL] [--json] renew NAME LEASE_ID [--ttl 30s]
-    lockctl [--url URL] [--json] release NAME LEASE_ID
+    lockctl [--url URL] [--json] renew NAME [LEASE_ID | -] [--ttl 30s]
+    lockctl [--url URL] [--json] release NAME [LEASE_ID | -]
     lockctl [--url URL] [--json] status NAME
     lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
     lockctl [--url URL] [--json] watch [NAME | --prefix P] [--history N]
@@ -16,6 +16,12 @@
 ``500ms``, ``30s``, ``2m``, ``1h``, ``1m30s``. ``--wait`` defaults to 0 (try once). Output is
 for humans unless ``--json`` (one JSON document on stdout; leases in the contract's shape, with
 ``ttl_ms``). ``--url`` and ``--json`` may also follow the subcommand.
+
+A lease id is a secret (whoever has it can renew or release the lease), and arguments show in
+``ps`` and shell history: ``renew`` and ``release`` take it from ``$LOCKD_LEASE_ID`` when
+LEASE_ID is left out, or from the first line of standard input when LEASE_ID is ``-``
+(``lockctl --json acquire ... | jq -r .lease_id | lockctl release NAME -``). A LEASE_ID on the
+command line still works, for scripts that already pass one.
 
 ``watch`` prints lock events (acquired, released, expired, with fences) as the lockd at
 ``--url`` sees them, one line each (``--json``: one JSON object a line), until interrupted
@@ -132,14 +138,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=_duration, default=0.0)
     p.add_argument("--owner", default=None)
 
+    lease_help = "the lease id; '-': read it from stdin; left out: $LOCKD_LEASE_ID (the " \
+                 "safe ways: arguments show in ps and shell history)"
     p = add("renew", "renew a lease by lock name and lease id")
     p.add_argument("name")
-    p.add_argument("lease_id")
+    p.add_argument("lease_id", nargs="?", default=None, help=lease_help)
     p.add_argument("--ttl", type=_duration, default=None)
 
     p = add("release", "release a lease by lock name and lease id")
     p.add_argument("name")
-    p.add_argument("lease_id")
+    p.add_argument("lease_id", nargs="?", default=None, help=lease_help)
 
     p = add("status", "show one lock")
     p.add_argument("name")
@@ -310,6 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("run needs a command after --: run NAME --ttl 30s -- COMMAND [ARG...]")
     if args.cmd != "run" and command:
         parser.error(f"{args.cmd} takes no command after --")
+    if args.cmd in ("renew", "release"):
+        args.lease_id = _lease_id(parser, args.lease_id)
     url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
     api_key = getattr(args, "api_key", None) or os.environ.get("LOCKD_API_KEY") or None
     try:
@@ -318,6 +328,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LockClientError as exc:
         out.error(exc)
         return _exit_code(exc)
+
+
+def _lease_id(parser: argparse.ArgumentParser, given: str | None) -> str:
+    """The lease id of renew/release: the argument, ``-`` (first line of stdin) or, left out,
+    ``$LOCKD_LEASE_ID``; a usage error (exit 2) if none is there."""
+    if given == "-":
+        value = sys.stdin.readline().strip()
+        source = "standard input"
+    elif given is None:
+        value = os.environ.get("LOCKD_LEASE_ID", "").strip()
+        source = "LOCKD_LEASE_ID"
+    else:
+        value, source = given.strip(), "LEASE_ID"
+    if not value:
+        parser.error(f"no lease id: {source} is empty (pass LEASE_ID, '-' to read it from "
+                     "stdin, or set LOCKD_LEASE_ID)")
+    return value
 
 
 def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], out: _Out) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json as json_module
 import math
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,6 +38,7 @@ from lockd.client.lease import (
     _ms,
     _validate_renew_every,
     log,
+    new_client_id,
 )
 
 __all__ = ["LockClient"]
@@ -109,7 +109,9 @@ class LockClient(_ClientBase):
 
         ``auto_renew`` (default on) renews every ``renew_every`` seconds (default ttl/3) in a
         background thread until released. ``on_lost(lease)`` is called once if the lease is
-        lost. ``client_id`` makes retries idempotent (generated per call if omitted). Raises
+        lost. ``client_id`` makes retries idempotent: a per-attempt secret (whoever
+        sends it while the lease is live gets the lease), 128 random bits made per call if
+        omitted; pass your own only from ``secrets.token_urlsafe(16)`` or alike. Raises
         ``ValidationError`` (bad name, TTL out of lockd's bounds), ``ServiceUnavailable``.
         """
         return self._acquire(name, ttl, wait, owner, client_id, auto_renew, renew_every,
@@ -138,7 +140,7 @@ class LockClient(_ClientBase):
             _ms(wait, "wait")
         _validate_renew_every(renew_every, ttl)
         path = _lock_path(name) + "/acquire"
-        client_id = client_id or secrets.token_urlsafe(16)
+        client_id = client_id or new_client_id()
         started = self._clock()
         deadline = None if wait is None or wait == math.inf else started + wait
         last: LockNotAcquired | None = None
@@ -339,7 +341,9 @@ class LockClient(_ClientBase):
 
         Yields ``{id, type, lock, fence, owner, ttl_ms, at}`` with ``type`` ``acquired``,
         ``released`` or ``expired``, and ``{"type": "overflow", "dropped": n}`` when this
-        client fell behind and lost events. Ends when lockd closes the stream (it stops).
+        client fell behind and lost events. Ends when lockd closes the stream: it stops, or
+        this client fell ``LOCKD_EVENTS_QUEUE_SIZE`` events behind (then the last event is an
+        overflow: re-read the lock states, or watch again).
         Events are those the lockd process at ``url`` saw (see ``lockd.server.events``).
         """
         path = _lock_path(name) + "/events" if name is not None else "/v1/events"

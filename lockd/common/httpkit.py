@@ -20,10 +20,14 @@ Requests (``OpsMiddleware``, pure ASGI: no per-request task or body buffering)
     * Bearer keys: when ``api_keys`` is not empty, every path outside ``open_paths`` needs
       ``Authorization: Bearer <key>`` with a key of ``api_keys`` or ``admin_keys``; a missing
       or wrong key is ``401`` with ``WWW-Authenticate: Bearer``. The role found (``"admin"``,
-      ``"client"`` or ``None``) is left in ``scope["ops.role"]`` for routes that need more.
+      ``"client"`` or ``None``) is left in ``scope["ops.role"]`` for routes that need more, and
+      the matched key's identity (``KeySet.identify``) in ``scope["ops.key_id"]`` (lockd binds
+      an acquire's ``client_id`` to it).
     * Timing: ``scope["ops.start"]`` is the ``perf_counter()`` at arrival; ``on_response``
       (if given) is called with ``(scope, status, seconds)`` when the response has started.
     * At DEBUG level one line per request: method, path, status, milliseconds (never a body).
+    * A client that disconnects before its body is complete (``ClientDisconnect`` raised by
+      the app) is one DEBUG line, not an ERROR with a traceback: any client can cause it.
 
 Logs (``configure_logging``)
     ``format="json"``: one JSON object a line: ``ts``, ``level``, ``logger``, ``msg``,
@@ -49,6 +53,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from pathlib import Path
 from typing import Any, Literal
 
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from lockd.common.problems import PROBLEM_JSON, ProblemError, problem_bytes
@@ -122,15 +127,20 @@ class KeySet:
 
     def matches(self, presented: str | bytes | None) -> bool:
         """Whether ``presented`` is one of the keys; compares against all of them."""
+        return self.identify(presented) is not None
+
+    def identify(self, presented: str | bytes | None) -> str | None:
+        """A stable identity of ``presented`` if it is one of the keys (16 hex digits of its
+        SHA-256: the same on every replica, not the key), else ``None``. Constant time."""
         if presented is None:
-            return False
+            return None
         if isinstance(presented, str):
             presented = presented.encode("utf-8", "surrogateescape")
         digest = hashlib.sha256(presented).digest()
         found = False
         for known in self._digests:
             found |= hmac.compare_digest(known, digest)
-        return found
+        return digest.hex()[:16] if found else None
 
 
 def bearer_key(scope: Scope) -> bytes | None:
@@ -251,7 +261,7 @@ class OpsMiddleware:
                                "Request header fields too large",
                                f"request headers exceed {self.max_header_bytes} bytes")
                 return
-            role = scope["ops.role"] = self._role(authorization) if self._keyed else None
+            role = scope["ops.role"] = self._role(scope, authorization) if self._keyed else None
             if self.api_keys and role is None and scope["path"] not in self.open_paths:
                 reason = "missing" if _bearer(authorization) is None else "wrong"
                 if self.on_auth_failure is not None:
@@ -262,20 +272,25 @@ class OpsMiddleware:
                                [(b"www-authenticate", b'Bearer realm="lockd"')])
                 return
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
+            self.log.debug("client disconnected during the body of %s %s", scope.get("method"),
+                           scope.get("path"))
         finally:
             if self.log.isEnabledFor(logging.DEBUG):
                 self.log.debug("%s %s -> %s in %.1f ms", scope.get("method"), scope.get("path"),
                                status or "-", (time.perf_counter() - start) * 1000)
             REQUEST_ID.reset(token)
 
-    def _role(self, authorization: bytes | None) -> str | None:
+    def _role(self, scope: Scope, authorization: bytes | None) -> str | None:
+        """``"admin"``, ``"client"`` or ``None``; the key's identity goes to ``ops.key_id``."""
         key = _bearer(authorization)
         if key is None:
             return None
-        if self.admin_keys.matches(key):
-            return "admin"
-        if self.api_keys.matches(key):
-            return "client"
+        for role, keys in (("admin", self.admin_keys), ("client", self.api_keys)):
+            identity = keys.identify(key)
+            if identity is not None:
+                scope["ops.key_id"] = identity
+                return role
         return None
 
 

@@ -11,6 +11,7 @@ field, malformed JSON, non-JSON ``Content-Type``
 body over ``settings.max_body_bytes``                413     ``payload_too_large``
 unknown route / method                               404/405 ``not_found`` / ``method_not_allowed``
 anything unexpected (logged with its traceback)      500     ``internal`` (no trace in the body)
+client gone before its body was complete             (499)   none: one DEBUG line, no traceback
 ===================================================  ======  ====================
 
 Malformed JSON is 422 like every other unacceptable body (one status for "your body is wrong";
@@ -38,6 +39,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lockd.common.httpkit import bounded_body, error_response, problem_response
@@ -112,6 +114,13 @@ def _internal(request: Request, exc: BaseException) -> JSONResponse:
                             "the server failed unexpectedly; the failure was logged")
 
 
+def _client_gone(request: Request) -> Response:
+    """A client that disconnected before its request body was complete: one DEBUG line (any
+    client can cause it, so never an ERROR with a traceback), and an answer nobody receives."""
+    log.debug("client disconnected during the body of %s %s", request.method, request.url.path)
+    return Response(status_code=499)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map every error an HTTP client can cause (and every one it cannot) to a problem."""
 
@@ -128,6 +137,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return _http_error(exc)
 
     async def on_unexpected(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, ClientDisconnect):
+            return _client_gone(request)
         return _internal(request, exc)
 
     app.add_exception_handler(LockdError, on_lockd_error)
@@ -148,6 +159,8 @@ class _GuardedRoute(APIRoute):
                 return await handler(request)
             except (LockdError, StarletteHTTPException, RequestValidationError):
                 raise
+            except ClientDisconnect:
+                return _client_gone(request)
             except Exception as exc:
                 return _internal(request, exc)
 
@@ -229,12 +242,21 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
             for s in statuses}
 
 
+def bound_client_id(scope: Scope, client_id: str | None) -> str | None:
+    """The ``client_id`` the store compares: with API keys configured, the request's
+    ``client_id`` joined with the identity of the key that sent it (``ops.key_id``), so the same
+    ``client_id`` from another key never matches another key's lease (``.`` cannot occur in a
+    ``client_id``, so no two keys' values collide). Without keys, the ``client_id`` itself."""
+    key_id = scope.get("ops.key_id")
+    return f"{client_id}.{key_id}" if client_id and key_id else client_id
+
+
 async def _acquire(request: Request, name: str) -> Response:
     service = _service(request)
     service.check_name(name)
     body = await read_body(request, AcquireRequest)
-    call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms,
-                           owner=body.owner, client_id=body.client_id)
+    call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms, owner=body.owner,
+                           client_id=bound_client_id(request.scope, body.client_id))
     if body.wait_ms == 0:
         lease = await call
     else:
@@ -286,6 +308,8 @@ class HotPathMiddleware:
                     response = await _HOT_HANDLERS[match[2]](request, match[1])
                 except LockdError as exc:
                     response = _lockd_error(exc)
+                except ClientDisconnect:
+                    response = _client_gone(request)
                 except Exception as exc:
                     response = _internal(request, exc)
                 await response(scope, receive, send)

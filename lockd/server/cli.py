@@ -28,6 +28,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from lockd.common.connections import bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
@@ -56,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="log level (env LOCKD_LOG_LEVEL; default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log line format (env LOCKD_LOG_FORMAT; default text)")
+    # --- connection bounds (issue 15) ---
+    serve.add_argument("--request-timeout-ms", type=int,
+                       help="a request must arrive whole within this (env "
+                            "LOCKD_REQUEST_TIMEOUT_MS; default 10000)")
+    serve.add_argument("--max-connections", type=int,
+                       help="open connections beyond this get 503 (env LOCKD_MAX_CONNECTIONS; "
+                            "default 1000)")
+    serve.add_argument("--write-timeout-ms", type=int,
+                       help="drop a client that reads nothing for this long (env "
+                            "LOCKD_WRITE_TIMEOUT_MS; default 10000)")
+    serve.add_argument("--max-event-streams", type=int,
+                       help="event streams beyond this get 503 (env LOCKD_MAX_EVENT_STREAMS; "
+                            "default 100)")
     return parser
 
 
@@ -101,6 +115,11 @@ async def serve(settings: Settings) -> int:
             app, host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
         )
+        # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded ---
+        config.http = bounded_protocol(settings.connection_bounds())
+        warning = descriptor_warning(settings.max_connections)
+        if warning:
+            log.warning("lockd: %s", warning)
         server = _Server(config, app, settings)
         await server.serve()
         return 0 if server.started else 1

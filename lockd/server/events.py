@@ -10,10 +10,16 @@ made at another replica of leases it granted (learned from the store's release n
 PostgreSQL NOTIFY / etcd watch). A lease granted and released entirely at another replica is
 only on that replica's streams: watch every replica for the full picture.
 
-Streams (``EventHub.stream``): each client has a bounded queue (``queue_size``). A client that
-falls behind loses the newest events (the server never blocks on it and never buffers without
-bound); once it has drained its queue it gets ``event: overflow`` with ``{"dropped": n}`` and
-should re-read the lock states. A comment line (``: keepalive``) is sent every ``heartbeat_s``
+Streams (``EventHub.stream``): an event is serialised ONCE, when it is published, and the same
+bytes go to every stream. ``publish`` only appends to each matching stream's bounded queue
+(``queue_size``) and wakes it; a stream writes what piled up at most every ``flush_s`` (default
+100 ms) as one chunk, so a burst of events costs each stream one wake-up and one write, not one
+per event. A stream whose client falls ``queue_size`` events behind (it does not read, so its
+writes are blocked) is DROPPED at once: publishing stops paying for it, it gets ``event:
+overflow`` with ``{"dropped": n}`` as its last event, and the stream ends (an ``EventSource``
+reconnects with ``Last-Event-ID`` and is replayed what is still in the history). A client that
+reads nothing at all is disconnected by the server's write timeout
+(``lockd.common.connections``). A comment line (``: keepalive``) is sent every ``heartbeat_s``
 of silence so proxies do not cut idle streams. A reconnecting ``EventSource`` sends
 ``Last-Event-ID``; the events after it still in the recent history (``history`` events) are
 replayed first (an overflow event says so when some are gone). ``close()`` ends every stream
@@ -32,12 +38,10 @@ from typing import Any
 
 __all__ = ["Event", "EventHub"]
 
-_CLOSED = object()
-
-
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One lock event; ``data()`` is what a stream client sees."""
+    """One lock event; ``data()`` is what a stream client sees, ``wire`` its SSE bytes (made once,
+    shared by every stream)."""
 
     id: int
     type: str
@@ -47,6 +51,11 @@ class Event:
     ttl_ms: int | None
     at: int
     forced: bool = False
+    wire: bytes = field(default=b"", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.wire:
+            object.__setattr__(self, "wire", self._encode())
 
     def data(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"id": self.id, "type": self.type, "lock": self.lock,
@@ -56,35 +65,42 @@ class Event:
             doc["forced"] = True
         return doc
 
-    def sse(self) -> bytes:
+    def _encode(self) -> bytes:
         payload = json.dumps(self.data(), separators=(",", ":"), ensure_ascii=False)
         return f"id: {self.id}\nevent: {self.type}\ndata: {payload}\n\n".encode()
+
+    def sse(self) -> bytes:
+        return self.wire
 
 
 @dataclass(eq=False, slots=True)
 class _Subscriber:
     match: Callable[[str], bool]
-    queue: asyncio.Queue[Any]
-    dropped: int = 0
-    closed: bool = field(default=False)
+    pending: deque[Event] = field(default_factory=deque)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    dropped: int = 0  # > 0: this stream fell behind and was dropped
+    closed: bool = False
 
 
 class EventHub:
     """Publishes events to subscribers; keeps the last ``history`` events.
 
-    ``queue_size``: events one stream may have pending (default 256). ``on_drop``: called
-    once per dropped event (for a metric). ``publish`` never blocks and costs O(streams).
+    ``queue_size``: events one stream may lag by before it is dropped (default 256).
+    ``on_drop``: called once per dropped stream (for a metric). ``flush_s``: how often at most a
+    stream writes (its events are batched). ``publish`` never blocks and costs O(streams) cheap
+    appends; serialising is done once.
     """
 
     def __init__(self, *, history: int = 256, queue_size: int = 256,
                  on_drop: Callable[[], None] | None = None,
-                 on_streams: Callable[[int], None] | None = None):
+                 on_streams: Callable[[int], None] | None = None, flush_s: float = 0.1):
         self._seq = 0
         self._history: deque[Event] = deque(maxlen=history)
         self._subscribers: set[_Subscriber] = set()
         self._queue_size = queue_size
         self._on_drop = on_drop
         self._on_streams = on_streams
+        self._flush_s = flush_s
         self._closed = False
 
     @property
@@ -93,20 +109,32 @@ class EventHub:
 
     def publish(self, type_: str, lock: str, fence: int | None, owner: str | None,
                 ttl_ms: int | None = None, *, forced: bool = False) -> Event:
-        """Record an event and offer it to every matching stream."""
+        """Record an event and offer it to every matching stream (dropping any that is full)."""
         self._seq += 1
         event = Event(self._seq, type_, lock, fence, owner, ttl_ms, int(time.time() * 1000),
                       forced)
         self._history.append(event)
+        full: list[_Subscriber] = []
         for sub in self._subscribers:
             if sub.match(lock):
-                try:
-                    sub.queue.put_nowait(event)
-                except asyncio.QueueFull:
-                    sub.dropped += 1
-                    if self._on_drop is not None:
-                        self._on_drop()
+                if len(sub.pending) >= self._queue_size:
+                    full.append(sub)
+                    continue
+                sub.pending.append(event)
+                if not sub.wake.is_set():
+                    sub.wake.set()
+        for sub in full:
+            self._drop(sub)
         return event
+
+    def _drop(self, sub: _Subscriber) -> None:
+        sub.dropped = 1  # the event that did not fit; later ones never reach this stream
+        self._subscribers.discard(sub)
+        sub.wake.set()
+        if self._on_drop is not None:
+            self._on_drop()
+        if self._on_streams is not None:
+            self._on_streams(len(self._subscribers))
 
     def recent(self, match: Callable[[str], bool], limit: int) -> list[Event]:
         """The last ``limit`` events (oldest first) whose lock ``match`` accepts."""
@@ -126,18 +154,13 @@ class EventHub:
         self._closed = True
         for sub in list(self._subscribers):
             sub.closed = True
-            while True:
-                try:
-                    sub.queue.put_nowait(_CLOSED)
-                    break
-                except asyncio.QueueFull:
-                    sub.queue.get_nowait()
+            sub.wake.set()
 
     async def stream(self, match: Callable[[str], bool], *, history: int = 0,
                      last_event_id: int | None = None,
                      heartbeat_s: float = 15.0) -> AsyncIterator[bytes]:
         """The SSE byte stream of the events ``match`` accepts (see the module docstring)."""
-        sub = _Subscriber(match, asyncio.Queue(self._queue_size))
+        sub = _Subscriber(match)
         if self._closed:
             return
         self._subscribers.add(sub)
@@ -153,27 +176,34 @@ class EventHub:
             yield b"retry: 2000\n: connected\n\n"
             if gap:
                 yield _overflow(0)
-            for event in replay:
-                yield event.sse()
-            while True:
-                if sub.dropped and sub.queue.empty():
-                    dropped, sub.dropped = sub.dropped, 0
-                    yield _overflow(dropped)
-                try:
-                    async with asyncio.timeout(heartbeat_s):
-                        item = await sub.queue.get()
-                except TimeoutError:
-                    yield b": keepalive\n\n"
-                    continue
-                if item is _CLOSED:
+            if replay:
+                yield b"".join(event.wire for event in replay)
+            while not sub.closed:
+                if not sub.pending and not sub.dropped:
+                    try:
+                        async with asyncio.timeout(heartbeat_s):
+                            await sub.wake.wait()
+                    except TimeoutError:
+                        yield b": keepalive\n\n"
+                        continue
+                    if self._flush_s > 0 and not sub.closed and not sub.dropped:
+                        await asyncio.sleep(self._flush_s)  # let a burst pile up: one write
+                sub.wake.clear()
+                batch = [e.wire for e in sub.pending if e.id > seen]
+                if sub.pending:
+                    seen = max(seen, sub.pending[-1].id)
+                sub.pending.clear()
+                if sub.dropped:
+                    batch.append(_overflow(sub.dropped))
+                if batch:
+                    yield b"".join(batch)
+                if sub.dropped:
                     return
-                if item.id <= seen:  # already replayed
-                    continue
-                yield item.sse()
         finally:
-            self._subscribers.discard(sub)
-            if self._on_streams is not None:
-                self._on_streams(len(self._subscribers))
+            if sub in self._subscribers:
+                self._subscribers.discard(sub)
+                if self._on_streams is not None:
+                    self._on_streams(len(self._subscribers))
 
 
 def _overflow(dropped: int) -> bytes:

@@ -26,7 +26,7 @@ metric                                   type       meaning
 ``lockd_store_clock_skew_seconds``       gauge      store clock minus lockd clock (SQLite: 0)
 ``lockd_store_clock_skew_errors_total``  counter    skew samples that failed
 ``lockd_event_streams``                  gauge      open ``/events`` streams
-``lockd_events_dropped_total``           counter    events dropped for slow stream clients
+``lockd_events_dropped_total``           counter    event streams dropped: their client lagged
 ``lockd_auth_failures_total{reason}``    counter    ``missing`` / ``wrong`` key, ``forbidden``
 =======================================  =========  ================================================
 """
@@ -100,7 +100,7 @@ class LockdMetrics:
                                    "Clock skew samples that failed.", registry=r)
         self.event_streams = Gauge("lockd_event_streams", "Open event streams.", registry=r)
         self.events_dropped = Counter("lockd_events_dropped",
-                                      "Events dropped because a stream client was too slow.",
+                                      "Event streams dropped because their client fell too far behind.",
                                       registry=r)
         auth = Counter("lockd_auth_failures", "Requests refused for their API key.", ["reason"],
                        registry=r)

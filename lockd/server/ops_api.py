@@ -13,8 +13,9 @@ route                                            meaning
                                                  holds it; 200 ``{lock, released, fence, owner}``
 ===============================================  ==============================================
 
-``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
-``Last-Event-ID`` replays what it missed instead. Because ``/v1/locks/{name}/events`` is an
+At most ``max_event_streams`` streams are open at once; beyond, 503 ``too_many_streams`` with
+``Retry-After: 5``. ``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
+``Last-Event-ID`` replays what it missed instead (anything but an event id there is 422). Because ``/v1/locks/{name}/events`` is an
 event stream, the state of a lock whose name ends in ``/events`` cannot be read with
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
 
@@ -38,11 +39,12 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
+from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
 from lockd.server.errors import InvalidRequest
 from lockd.server.events import EventHub
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
-from lockd.server.schemas import NAME_RE, PREFIX_RE
+from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.status_page import STATUS_PAGE
 
@@ -81,7 +83,8 @@ def _problem_doc(status: int, description: str) -> dict[str, Any]:
 
 _SSE_DOC = {200: {"description": "text/event-stream of acquired/released/expired events",
                   "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-            422: _problem_doc(422, "Invalid request")}
+            422: _problem_doc(422, "Invalid request"),
+            503: _problem_doc(503, "Too many event streams")}
 
 
 def _history(value: int) -> int:
@@ -91,13 +94,24 @@ def _history(value: int) -> int:
 
 
 def _last_event_id(request: Request) -> int | None:
-    raw = request.headers.get("last-event-id", "")
-    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+    """The ``Last-Event-ID`` header: ``None`` if absent or empty, else a decimal event id of at
+    most 18 ASCII digits (``²`` passes ``str.isdigit()`` but is no id); otherwise 422."""
+    raw = request.headers.get("last-event-id", "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
+        raise InvalidRequest("Last-Event-ID must be an event id (decimal digits) or empty")
+    return int(raw)
 
 
 def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
     hub: EventHub = request.app.state.events
     settings: Settings = request.app.state.settings
+    if hub.streams >= settings.max_event_streams:
+        return problem_response(
+            503, "too_many_streams", "Service unavailable",
+            f"this lockd already serves {settings.max_event_streams} event streams "
+            "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
     body = hub.stream(match, history=history, last_event_id=_last_event_id(request),
                       heartbeat_s=settings.events_heartbeat_ms / 1000)
     return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
@@ -130,8 +144,8 @@ def create_ops_router() -> APIRouter:
                 responses=_SSE_DOC)
     async def lock_events(name: str, request: Request, history: int = 0) -> Response:
         """Server-Sent Events of one lock: acquired, released, expired (with fences)."""
-        if not NAME_RE.fullmatch(name):
-            raise InvalidRequest("lock name must be 1-255 characters of A-Z a-z 0-9 . _ : / -")
+        if not is_lock_name(name):
+            raise InvalidRequest(LOCK_NAME_RULE)
         return _stream(request, name.__eq__, _history(history))
 
     @router.post("/v1/locks/{name:path}/force-release", response_model=ForceReleasedBody,

@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 __all__ = [
+    "CLIENT_ID_PATTERN",
     "NAME_PATTERN",
     "NAME_RE",
     "PREFIX_RE",
@@ -29,11 +30,19 @@ __all__ = [
 
 NAME_PATTERN = r"^[A-Za-z0-9._:/-]{1,255}$"
 NAME_RE = re.compile(NAME_PATTERN)
-"""Lock names: 1-255 characters of ``A-Za-z0-9._:/-``."""
+"""The characters of lock names (1-255 of ``A-Za-z0-9._:/-``); ``lockd.common.names.is_lock_name``
+adds the segment rule (no empty, ``.`` or ``..`` segment)."""
 PREFIX_RE = re.compile(r"^[A-Za-z0-9._:/-]{0,255}$")
 
 _Label = Annotated[str, Field(max_length=255)]
 _LeaseId = Annotated[str, Field(min_length=1, max_length=255)]
+CLIENT_ID_PATTERN = r"^[A-Za-z0-9_-]{22,255}$"
+_ClientId = Annotated[str, Field(pattern=CLIENT_ID_PATTERN)]
+"""An acquire's idempotency key, and a per-attempt SECRET: whoever sends the same ``client_id``
+while the lease is live receives that lease (id and token). 22+ characters of ``[A-Za-z0-9_-]``
+hold 128 random bits when drawn at random (``secrets.token_urlsafe(16)``, as the client library
+does for every attempt); a hostname or a counter is not one. With API keys configured, lockd
+binds it to the key that sent it, so another key's identical ``client_id`` is another lease."""
 
 
 class _Request(BaseModel):
@@ -41,16 +50,17 @@ class _Request(BaseModel):
 
 
 class AcquireRequest(_Request):
-    """``POST /v1/locks/{name}/acquire``. ``ttl_ms`` required; ``wait_ms`` 0 means try once."""
+    """``POST /v1/locks/{name}/acquire``. ``ttl_ms`` required; ``wait_ms`` 0 means try once;
+    ``client_id`` (optional, see ``_ClientId``): a retry with it gets the same live lease."""
 
     ttl_ms: StrictInt
     wait_ms: StrictInt = 0
     owner: _Label = ""
-    client_id: _Label | None = None
+    client_id: _ClientId | None = None
 
-    @field_validator("client_id")
+    @field_validator("client_id", mode="before")
     @classmethod
-    def _empty_is_none(cls, value: str | None) -> str | None:
+    def _empty_is_none(cls, value: object) -> object:
         return value or None
 
 

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, StoreUnavailable
-from lockd.server.schemas import NAME_RE, PREFIX_RE
+from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.store.base import Grant, Holder, LockState, Store
 from lockd.tokens import KeyRing
@@ -64,7 +65,7 @@ def decode_cursor(cursor: str) -> str:
         name = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
     except (binascii.Error, ValueError) as exc:
         raise InvalidRequest("cursor is not valid; pass back next_cursor unchanged") from exc
-    if not NAME_RE.fullmatch(name):
+    if not is_lock_name(name):
         raise InvalidRequest("cursor is not valid; pass back next_cursor unchanged")
     return name
 
@@ -130,10 +131,8 @@ class LockService:
 
     @staticmethod
     def check_name(name: str) -> None:
-        if not NAME_RE.fullmatch(name):
-            raise InvalidRequest(
-                "lock name must be 1-255 characters of A-Z a-z 0-9 . _ : / -", lock=name[:300]
-            )
+        if not is_lock_name(name):
+            raise InvalidRequest(LOCK_NAME_RULE, lock=name[:300])
 
     def _check_ttl(self, ttl_ms: int) -> None:
         low, high = self.settings.min_ttl_ms, self.settings.max_ttl_ms

@@ -20,8 +20,17 @@ needed) and ``api_keys_file`` (one key a line, ``#`` comments; adds to ``api_key
 ``admin_keys`` / ``admin_keys_file`` (keys for force-release and every other call; none:
 force-release is disabled, 403); ``max_header_bytes`` (16384: larger request headers get 431);
 ``events_heartbeat_ms`` (15000: keep-alive comment on idle event streams);
-``events_queue_size`` (256: events a slow stream client may lag by before it loses some);
+``events_queue_size`` (256: events a slow stream client may lag by before its stream is dropped);
 ``skew_interval_ms`` (10000: how often the store's clock is sampled).
+
+Connection bounds (``lockd.common.connections``; flags ``--request-timeout-ms`` and alike):
+``request_timeout_ms`` (``LOCKD_REQUEST_TIMEOUT_MS``, 10000: a request must arrive whole,
+headers and body, within this or the connection is closed; also the longest an idle connection
+waits for its first request); ``max_connections`` (``LOCKD_MAX_CONNECTIONS``, 1000: beyond, a
+new connection gets 503 ``overloaded`` with ``Retry-After``; keep it below ``ulimit -n``);
+``write_timeout_ms`` (``LOCKD_WRITE_TIMEOUT_MS``, 10000: a client that reads nothing of its
+answer for this long is disconnected); ``max_event_streams`` (``LOCKD_MAX_EVENT_STREAMS``, 100:
+beyond, an event stream request gets 503 ``too_many_streams`` with ``Retry-After``).
 
 Out-of-range values are rejected at start (pydantic ``ValidationError``), not clamped.
 """
@@ -34,6 +43,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from lockd.common.connections import ConnectionBounds
 from lockd.server.store import check_store_url
 
 __all__ = ["Settings"]
@@ -62,6 +72,11 @@ class Settings(BaseSettings):
     events_heartbeat_ms: int = Field(15_000, ge=50, le=300_000)
     events_queue_size: int = Field(256, ge=1, le=100_000)
     skew_interval_ms: int = Field(10_000, ge=100)
+    # --- connection bounds (issue 15) ---
+    request_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    max_connections: int = Field(1000, ge=1, le=1_000_000)
+    write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+    max_event_streams: int = Field(100, ge=0, le=100_000)
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
@@ -79,6 +94,11 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    def connection_bounds(self) -> ConnectionBounds:
+        """The bounds ``lockd serve`` gives uvicorn's protocol (``lockd.common.connections``)."""
+        return ConnectionBounds(self.request_timeout_ms / 1000, self.max_connections,
+                                self.write_timeout_ms / 1000)
 
     @model_validator(mode="after")
     def _ttl_bounds(self) -> Settings:

@@ -183,3 +183,27 @@ def test_run_stops_the_command_soon_after_the_lease_is_lost(lockd_server, name, 
     assert log.read_text().splitlines() == ["started", "TERM"]
     limit = 1.5 + (0.5 if ignore_term else 0.0)  # renewal period + stop (+ grace)
     assert stopped_after < limit, stopped_after
+
+
+def test_lease_id_from_the_environment_or_stdin_not_the_command_line(shared_lockd, name):
+    """Issue 15 item 8: a lease id is a secret; renew/release take it from LOCKD_LEASE_ID or
+    standard input (``-``), so it need not show in ``ps`` or shell history."""
+    url = shared_lockd.url
+    lease = json.loads(lockctl(url, "--json", "acquire", name, "--ttl", "5s").stdout)
+    env = {"LOCKD_LEASE_ID": lease["lease_id"]}
+    r = lockctl(url, "--json", "renew", name, "--ttl", "20s", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ttl_ms"] == 20000
+    r = subprocess.run([LOCKCTL, "--url", url, "--json", "release", name, "-"], text=True,
+                       input=lease["lease_id"] + "\n", capture_output=True, timeout=30,
+                       env={k: v for k, v in os.environ.items() if k != "LOCKD_LEASE_ID"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"lock": name, "released": True}
+    assert lease["lease_id"] not in r.stdout + r.stderr
+    no_id = {k: v for k, v in os.environ.items() if k != "LOCKD_LEASE_ID"}
+    r = subprocess.run([LOCKCTL, "--url", url, "release", name], capture_output=True, text=True,
+                       timeout=30, env=no_id)
+    assert r.returncode == EXIT_USAGE and "LOCKD_LEASE_ID" in r.stderr
+    r = subprocess.run([LOCKCTL, "--url", url, "release", name, "-"], capture_output=True,
+                       text=True, timeout=30, input="", env=no_id)
+    assert r.returncode == EXIT_USAGE and "stdin" in r.stderr

@@ -60,3 +60,32 @@ def test_ready_line_redacts_the_store_password(pg_url, tmp_path, http):
     log = proc.log()
     assert "hunter2" not in log
     assert f"lockd listening on http://127.0.0.1:{port} (store postgresql+psycopg://postgres:***@" in log
+
+
+def test_connection_bounds_come_from_flags_and_environment(tmp_path, http):
+    """``--request-timeout-ms`` / ``LOCKD_REQUEST_TIMEOUT_MS`` and ``--max-event-streams`` /
+    ``LOCKD_MAX_EVENT_STREAMS`` reach the server (issue 15); nonsense is exit 2."""
+    import socket
+    import time
+
+    port = free_port()
+    env = {"LOCKD_MAX_EVENT_STREAMS": "1", "LOCKD_MAX_CONNECTIONS": "50"}
+    with ServiceProcess([LOCKD, "serve", "--port", str(port), "--request-timeout-ms", "300",
+                         "--write-timeout-ms", "1000"], env=env, cwd=tmp_path,
+                        ready_url=f"http://127.0.0.1:{port}/healthz",
+                        log_path=tmp_path / "b.log"):
+        url = f"http://127.0.0.1:{port}"
+        idle = socket.create_connection(("127.0.0.1", port))
+        idle.settimeout(5)
+        start = time.monotonic()
+        assert idle.recv(100) == b""  # closed by lockd, not by the 5 s socket timeout
+        assert time.monotonic() - start < 1.5
+        idle.close()
+        with http.stream("GET", f"{url}/v1/events") as first:
+            assert first.status_code == 200
+            second = http.get(f"{url}/v1/events")
+            assert second.status_code == 503 and second.json()["code"] == "too_many_streams"
+    for flags in (["--max-connections", "0"], ["--request-timeout-ms", "5"]):
+        proc = subprocess.run([LOCKD, "serve", *flags], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -78,9 +78,9 @@ def test_renew_without_ttl_keeps_the_lease_own_ttl_and_bounds_come_from_settings
 
 def test_client_id_does_not_revive_an_expired_lease(inproc_lockd, http, name):
     srv = inproc_lockd()
-    first = acquire(http, srv.url, name, 1_000, client_id="job-7").json()
+    first = acquire(http, srv.url, name, 1_000, client_id="job-7-Xo4TqQ8pLmW2vZr9aB").json()
     srv.clock.advance(1.0)
-    second = acquire(http, srv.url, name, 1_000, client_id="job-7").json()
+    second = acquire(http, srv.url, name, 1_000, client_id="job-7-Xo4TqQ8pLmW2vZr9aB").json()
     assert second["lease_id"] != first["lease_id"] and second["fence"] == first["fence"] + 1
 
 

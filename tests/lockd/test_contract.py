@@ -277,29 +277,33 @@ def test_renew_without_ttl_keeps_the_lease_own_ttl(lockd, http, name):
 # --- client_id ------------------------------------------------------------------------------------
 
 
+RUN_42 = "run-42-Xo4TqQ8pLmW2vZr9aB"  # 22+ characters of [A-Za-z0-9_-]: a per-attempt secret
+RUN_43 = "run-43-Xo4TqQ8pLmW2vZr9aB"
+
+
 def test_retried_acquire_with_same_client_id_returns_the_same_lease(lockd, http, name):
-    first = acquire(http, lockd.url, name, 5_000, owner="job", client_id="run-42")
+    first = acquire(http, lockd.url, name, 5_000, owner="job", client_id=RUN_42)
     assert first.status_code == 200
-    again = acquire(http, lockd.url, name, 8_000, owner="job", client_id="run-42")
+    again = acquire(http, lockd.url, name, 8_000, owner="job", client_id=RUN_42)
     assert again.status_code == 200
     assert again.json()["lease_id"] == first.json()["lease_id"]
     assert again.json()["fence"] == first.json()["fence"]
     assert again.json()["ttl_ms"] == 8_000
-    assert_problem(acquire(http, lockd.url, name, client_id="run-43"), 409, "held")
+    assert_problem(acquire(http, lockd.url, name, client_id=RUN_43), 409, "held")
     assert_problem(acquire(http, lockd.url, name), 409, "held")
 
     # Still the same lease while others are queued: the retry must not wait on itself.
     results: list = []
     waiter = _start_waiter(lockd.url, name, results, 0, wait_ms=20_000, owner="next")
     wait_until(lambda: state(http, lockd.url, name)["waiters"] == 1, what="waiter queued")
-    third = acquire(http, lockd.url, name, 5_000, client_id="run-42", wait_ms=1_000)
+    third = acquire(http, lockd.url, name, 5_000, client_id=RUN_42, wait_ms=1_000)
     assert third.status_code == 200 and third.json()["lease_id"] == first.json()["lease_id"]
 
     release(http, lockd.url, name, first.json()["lease_id"])
     waiter.join(10)
     assert results[0][1].status_code == 200
     release(http, lockd.url, name, results[0][1].json()["lease_id"])
-    fresh = acquire(http, lockd.url, name, client_id="run-42").json()
+    fresh = acquire(http, lockd.url, name, client_id=RUN_42).json()
     assert fresh["lease_id"] != first.json()["lease_id"]
     assert fresh["fence"] > results[0][1].json()["fence"]
 
@@ -392,6 +396,21 @@ def test_bad_input_is_a_4xx_problem_and_changes_nothing(lockd, http, name):
         ("POST", f"{lockd.url}/v1/locks/{'n' * 256}/acquire", {"json": {"ttl_ms": 1000}}, 422),
         ("POST", f"{lockd.url}/v1/locks//acquire", {"json": {"ttl_ms": 1000}}, 422),
         ("GET", f"{lockd.url}/v1/locks/a%00b", {}, 422),
+        # dot and empty segments (percent-encoded, so httpx does not resolve them first)
+        ("POST", f"{lockd.url}/v1/locks/a/%2E%2E/b/acquire", {"json": {"ttl_ms": 1000}}, 422),
+        ("POST", f"{lockd.url}/v1/locks/a/%2E/b/acquire", {"json": {"ttl_ms": 1000}}, 422),
+        ("POST", f"{lockd.url}/v1/locks/%2E%2E/acquire", {"json": {"ttl_ms": 1000}}, 422),
+        ("POST", f"{lockd.url}/v1/locks/a//b/acquire", {"json": {"ttl_ms": 1000}}, 422),
+        ("POST", f"{lockd.url}/v1/locks/a/b//acquire", {"json": {"ttl_ms": 1000}}, 422),
+        ("POST", f"{lockd.url}/v1/locks//a/acquire", {"json": {"ttl_ms": 1000}}, 422),
+        ("GET", f"{lockd.url}/v1/locks/a/%2E%2E/b", {}, 422),
+        ("GET", f"{lockd.url}/v1/locks/a/%2E%2E/b/events", {}, 422),
+        # client_id: a per-attempt secret of 22+ characters of [A-Za-z0-9_-]
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "client_id": "c1"}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "client_id": "x" * 21}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "client_id": "host.example.com/worker"}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "client_id": "é" * 22}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "client_id": "x" * 256}}, 422),
         # TTL and wait out of bounds or ill-typed
         ("POST", f"{url}/acquire", {"json": {"ttl_ms": 99}}, 422),
         ("POST", f"{url}/acquire", {"json": {"ttl_ms": 3_600_001}}, 422),
@@ -431,6 +450,8 @@ def test_bad_input_is_a_4xx_problem_and_changes_nothing(lockd, http, name):
         ("GET", f"{lockd.url}/v1/locks?limit=0", {}, 422),
         ("GET", f"{lockd.url}/v1/locks?limit=1001", {}, 422),
         ("GET", f"{lockd.url}/v1/locks?limit=ten", {}, 422),
+        ("GET", f"{lockd.url}/v1/locks?limit=%C2%B2", {}, 422),  # '²' passes str.isdigit()
+        ("GET", f"{lockd.url}/v1/locks?limit=%D9%A3", {}, 422),  # Arabic-Indic 3
         ("GET", f"{lockd.url}/v1/locks?cursor=%%%", {}, 422),
         ("GET", f"{lockd.url}/v1/locks?cursor=" + base64.urlsafe_b64encode(b"a b").decode(), {}, 422),
         ("GET", f"{lockd.url}/v1/locks?prefix=a%20b", {}, 422),

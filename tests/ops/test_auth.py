@@ -169,7 +169,7 @@ def test_no_lease_id_or_token_in_logs(secured):
             secrets.extend((lease["lease_id"], lease["token"]))
             return lease
 
-        old = acquire(name, 300, owner="first", client_id="c-1")
+        old = acquire(name, 300, owner="first", client_id="c-1-Xo4TqQ8pLmW2vZr9aBcD")
         row = f"{proxy.url}/v1/tables/items/rows/r"
         proxied = {**_auth(PROXY_KEY)}
         assert httpx.put(row, json={"id": "r", "v": 1},
@@ -240,3 +240,24 @@ def test_key_set_and_redaction():
     assert lease_id not in text and token not in text and "k3y-v4lue" not in text
     assert "lock a/b" in text
     assert redact("test/0123456789abcdef0123456789abcdef") == "test/0123456789abcdef0123456789abcdef"
+
+
+OTHER_CLIENT_KEY = "client-key-Other-4Rt7yUi"
+
+
+def test_client_id_is_bound_to_the_api_key_that_sent_it(start_lockd, name):
+    """Issue 15 item 1: the same ``client_id`` sent with another API key is NOT a retry of the
+    holder's acquire: it must not receive the holder's lease id and token (409 held), while the
+    same key still gets its own lease back."""
+    lockd = start_lockd("sqlite", env={"LOCKD_API_KEYS": f"{CLIENT_KEY},{OTHER_CLIENT_KEY}"})
+    url = f"{lockd.url}/v1/locks/{name}/acquire"
+    client_id = "shared-Xo4TqQ8pLmW2vZr9aB"
+    body = {"ttl_ms": 30_000, "client_id": client_id}
+    mine = httpx.post(url, json=body, headers=_auth(CLIENT_KEY))
+    assert mine.status_code == 200, mine.text
+    lease = mine.json()
+    theirs = httpx.post(url, json=body, headers=_auth(OTHER_CLIENT_KEY))
+    _problem(theirs, 409, "held")
+    assert lease["lease_id"] not in theirs.text and lease["token"] not in theirs.text
+    again = httpx.post(url, json=body, headers=_auth(CLIENT_KEY))
+    assert again.status_code == 200 and again.json()["lease_id"] == lease["lease_id"]

@@ -188,28 +188,43 @@ def test_lockctl_watch(start_lockd, name):
     assert as_json.wait(10) == 0 and human.wait(10) == 0
 
 
-def test_slow_client_loses_newest_events_and_is_told():
-    """A stream whose client does not read: its queue (size 3) fills, later events are dropped
-    (counted), and once it drains it gets an overflow event; publish never blocks."""
+def test_slow_client_is_dropped_and_told():
+    """A stream whose client does not read: its queue (size 3) fills, the next matching event
+    DROPS the stream (counted once; publish stops paying for it): the client gets what was
+    queued, then an overflow event, then the stream ends. Publish never blocks; each event is
+    serialised once (the same bytes object reaches every stream)."""
 
-    async def scenario() -> tuple[list[bytes], int]:
+    async def scenario() -> tuple[bytes, int, int]:
         dropped = []
-        hub = EventHub(queue_size=3, on_drop=lambda: dropped.append(1))
+        hub = EventHub(queue_size=3, on_drop=lambda: dropped.append(1), flush_s=0.01)
         stream = hub.stream(lambda lock: lock == "a", heartbeat_s=0.05)
         assert (await anext(stream)).startswith(b"retry:")
         for fence in range(1, 9):
             hub.publish("acquired", "a", fence, "o", 1000)
             hub.publish("acquired", "b", fence, "o", 1000)  # not matched: never queued
-        chunks = [await anext(stream) for _ in range(4)]
-        hub.publish("released", "a", 8, "o")
-        chunks.append(await anext(stream))
-        hub.close()
-        assert [c async for c in stream] == []
-        return chunks, len(dropped)
+        assert hub.streams == 0
+        chunks = [c async for c in stream]
+        return b"".join(chunks), len(dropped), hub.streams
 
-    chunks, dropped = asyncio.run(scenario())
-    assert dropped == 5
-    assert [c.split(b"\n")[1] for c in chunks[:3]] == [b"event: acquired"] * 3
-    assert [json.loads(c.split(b"data: ")[1])["fence"] for c in chunks[:3]] == [1, 2, 3]
-    assert chunks[3] == b'event: overflow\ndata: {"dropped": 5}\n\n'
-    assert b"event: released" in chunks[4]
+    data, dropped, streams = asyncio.run(scenario())
+    assert dropped == 1 and streams == 0
+    events = [e for e in data.split(b"\n\n") if e and not e.startswith(b":")]
+    assert [e.split(b"\n")[1] for e in events[:3]] == [b"event: acquired"] * 3
+    assert [json.loads(e.split(b"data: ")[1])["fence"] for e in events[:3]] == [1, 2, 3]
+    assert events[3] == b'event: overflow\ndata: {"dropped": 1}'
+    assert len(events) == 4
+
+
+def test_an_event_is_serialised_once_for_all_streams():
+    async def scenario() -> list[bytes]:
+        hub = EventHub(flush_s=0)
+        streams = [hub.stream(lambda lock: True) for _ in range(3)]
+        for s in streams:
+            await anext(s)
+        event = hub.publish("acquired", "a", 1, "o", 1000)
+        got = [await anext(s) for s in streams]
+        assert all(chunk is event.wire for chunk in got), "re-serialised per stream"
+        hub.close()
+        return got
+
+    assert len(set(asyncio.run(scenario()))) == 1

@@ -1,0 +1,199 @@
+"""Bounds on HTTP connections, in time and number, for both servers (lockd and the proxy).
+
+uvicorn alone bounds neither: a connection that never sends a byte, or sends half its headers
+or half its body, stays open for ever (its keep-alive timer runs only *between* requests), and
+``limit_concurrency`` answers a bare ``text/plain`` 503 without ``Retry-After`` only after it
+has read a request, so a flood of half-open sockets still takes every file descriptor. No ASGI
+middleware can help: the app is not called before the headers are complete. So the bounds live
+in uvicorn's own protocol class (``httptools``), subclassed here and passed as
+``uvicorn.Config(http=bounded_protocol(bounds))``:
+
+``request_timeout_s`` (default 10 s)
+    A request must arrive whole, headers AND body, within this time, counted from the moment
+    the connection opened or the previous response ended; otherwise the connection is closed
+    (a handler still reading the body sees a disconnect). It is also the longest an idle
+    connection is kept before its first request. Handlers that wait (an acquire with
+    ``wait_ms``, an event stream) are not limited: the request itself was complete.
+``max_connections`` (default 1000; keep it below ``ulimit -n``)
+    A connection opened while this many are open is answered ``503`` ``overloaded`` with
+    ``Retry-After: 1`` and ``Connection: close`` as soon as its first bytes arrive (its
+    request is not read, no handler runs), or closed within a second if it sends nothing.
+``write_timeout_s`` (default 10 s)
+    A client that does not read what it is sent (its socket buffer full, uvicorn's write
+    buffer above its high-water mark) for this long is disconnected: a stalled event-stream
+    subscriber is dropped, never buffered without limit.
+``send_buffer_bytes`` (default 64 KiB)
+    The kernel send buffer of each connection (``SO_SNDBUF``; Linux otherwise grows it up to
+    ``tcp_wmem``'s maximum, 4 MiB by default, per connection): what a client that reads nothing
+    can make the server hold in the kernel, so 300 stalled clients cost 300 x 128 KiB (Linux
+    doubles the value), not 1.2 GiB, and a stalled client is noticed (its writes pause) after
+    ~200 KiB instead of megabytes.
+
+Closing for a bound is logged at DEBUG (any client can cause it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from lockd.common.problems import problem_bytes
+
+__all__ = ["ConnectionBounds", "bounded_protocol", "descriptor_warning"]
+
+log = logging.getLogger("lockd.http.connections")
+
+_REFUSE_GRACE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionBounds:
+    """The three bounds (seconds, count); see the module docstring."""
+
+    request_timeout_s: float = 10.0
+    max_connections: int = 1000
+    write_timeout_s: float = 10.0
+    send_buffer_bytes: int = 65_536
+
+
+def _overloaded_response(max_connections: int) -> bytes:
+    body = problem_bytes(503, "overloaded", "Service unavailable",
+                         f"this server already has {max_connections} open connections; "
+                         "retry after the Retry-After delay")
+    head = ("HTTP/1.1 503 Service Unavailable\r\n"
+            "content-type: application/problem+json\r\n"
+            f"content-length: {len(body)}\r\n"
+            "retry-after: 1\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+class _BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the bounds of ``bounds`` (a class attribute)."""
+
+    bounds: ConnectionBounds = ConnectionBounds()
+    _overloaded: bytes = b""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._stall: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    # --- time to send a request -------------------------------------------------------------
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._deadline = self.loop.call_later(seconds, self._request_too_slow)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _request_too_slow(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            log.debug("closing a connection from %s: no whole request within %.1f s",
+                      _peer(self.client), self.bounds.request_timeout_s)
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        over = len(self.connections) >= self.bounds.max_connections
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and self.bounds.send_buffer_bytes:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.bounds.send_buffer_bytes)
+        if over:
+            self._refused = True
+            self._arm(min(_REFUSE_GRACE_S, self.bounds.request_timeout_s))
+            return
+        self._arm(self.bounds.request_timeout_s)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            if not self.transport.is_closing():
+                log.debug("refusing a connection from %s: %d connections are open",
+                          _peer(self.client), self.bounds.max_connections)
+                self.transport.write(self._overloaded)
+                self.transport.close()
+            return
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._deadline is None:  # a pipelined request after a complete one: its own clock
+            self._arm(self.bounds.request_timeout_s)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self.cycle is not None and self.cycle.response_complete:
+            self._arm(self.bounds.request_timeout_s)  # answered early: idle, wait for the next
+        else:
+            self._disarm()  # whole: the handler may take as long as it needs (a waiting acquire)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        idle = self.cycle is None or self.cycle.response_complete
+        if idle and self._deadline is None and not self.transport.is_closing():
+            self._arm(self.bounds.request_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+        super().connection_lost(exc)
+
+    # --- a client that does not read ------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall is None:
+            self._stall = self.loop.call_later(self.bounds.write_timeout_s, self._stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
+    def _stalled(self) -> None:
+        self._stall = None
+        if not self.transport.is_closing():
+            log.debug("dropping a connection from %s: it read nothing for %.1f s",
+                      _peer(self.client), self.bounds.write_timeout_s)
+            self.transport.abort()
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "-"
+
+
+def bounded_protocol(bounds: ConnectionBounds) -> type[asyncio.Protocol]:
+    """The protocol class to pass as ``uvicorn.Config(http=...)`` to enforce ``bounds``."""
+    return type("BoundedHttpToolsProtocol", (_BoundedProtocol,),
+                {"bounds": bounds, "_overloaded": _overloaded_response(bounds.max_connections)})
+
+
+def descriptor_warning(max_connections: int, spare: int = 64) -> str | None:
+    """A warning if ``max_connections`` plus ``spare`` descriptors (store connections, files,
+    the listening socket) exceed this process's ``RLIMIT_NOFILE``: then a flood exhausts the
+    descriptors before the cap answers 503. ``None`` when the limit leaves room."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not POSIX
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or max_connections + spare <= soft:
+        return None
+    return (f"max_connections ({max_connections}) leaves fewer than {spare} of the "
+            f"{soft} file descriptors this process may open (ulimit -n): lower it or raise "
+            "the limit")
