@@ -21,6 +21,10 @@ Requests (``OpsMiddleware``, pure ASGI: no per-request task or body buffering)
       ``Authorization: Bearer <key>`` with a key of ``api_keys`` or ``admin_keys``; a missing
       or wrong key is ``401`` with ``WWW-Authenticate: Bearer``. The role found (``"admin"``,
       ``"client"`` or ``None``) is left in ``scope["ops.role"]`` for routes that need more.
+    * Certificate identities (mTLS, ``cert_roles``: ``lockd.common.tls.CertRoles``): a client
+      certificate whose subject is listed stands for a client (or admin) key, so such a client
+      needs no bearer key; listing client subjects turns access control on like ``api_keys``.
+      The higher of the two roles (key, certificate) wins.
     * Timing: ``scope["ops.start"]`` is the ``perf_counter()`` at arrival; ``on_response``
       (if given) is called with ``(scope, status, seconds)`` when the response has started.
     * At DEBUG level one line per request: method, path, status, milliseconds (never a body).
@@ -52,6 +56,7 @@ from typing import Any, Literal
 from starlette.responses import Response
 
 from lockd.common.problems import PROBLEM_JSON, ProblemError, problem_bytes
+from lockd.common.tls import CertRoles
 
 __all__ = [
     "KeySet",
@@ -199,16 +204,18 @@ class OpsMiddleware:
                  open_paths: Iterable[str] = (), max_header_bytes: int = 16_384,
                  on_response: Callable[[Scope, int, float], None] | None = None,
                  on_auth_failure: Callable[[str], None] | None = None,
-                 logger: logging.Logger | None = None):
+                 logger: logging.Logger | None = None, cert_roles: CertRoles | None = None):
         self.app = app
         self.api_keys = api_keys
         self.admin_keys = admin_keys
+        self.cert_roles = cert_roles or CertRoles()
+        self._enforced = bool(api_keys or self.cert_roles.clients)
         self.open_paths = frozenset(open_paths)
         self.max_header_bytes = max_header_bytes
         self.on_response = on_response
         self.on_auth_failure = on_auth_failure
         self.log = logger or log
-        self._keyed = bool(api_keys or admin_keys)
+        self._keyed = bool(api_keys or admin_keys or self.cert_roles)
         self._id_prefix = secrets.token_hex(8)  # request ids: unique, cheap (no urandom each)
         self._ids = itertools.count(1)
 
@@ -251,8 +258,8 @@ class OpsMiddleware:
                                "Request header fields too large",
                                f"request headers exceed {self.max_header_bytes} bytes")
                 return
-            role = scope["ops.role"] = self._role(authorization) if self._keyed else None
-            if self.api_keys and role is None and scope["path"] not in self.open_paths:
+            role = scope["ops.role"] = self._role(authorization, scope) if self._keyed else None
+            if self._enforced and role is None and scope["path"] not in self.open_paths:
                 reason = "missing" if _bearer(authorization) is None else "wrong"
                 if self.on_auth_failure is not None:
                     self.on_auth_failure(reason)
@@ -268,15 +275,17 @@ class OpsMiddleware:
                                status or "-", (time.perf_counter() - start) * 1000)
             REQUEST_ID.reset(token)
 
-    def _role(self, authorization: bytes | None) -> str | None:
-        key = _bearer(authorization)
-        if key is None:
-            return None
-        if self.admin_keys.matches(key):
+    def _role(self, authorization: bytes | None, scope: Scope) -> str | None:
+        by_cert = self.cert_roles.role(scope) if self.cert_roles else None
+        if by_cert == "admin":
             return "admin"
-        if self.api_keys.matches(key):
-            return "client"
-        return None
+        key = _bearer(authorization)
+        if key is not None:
+            if self.admin_keys.matches(key):
+                return "admin"
+            if self.api_keys.matches(key):
+                return "client"
+        return by_cert
 
 
 async def _problem(send: Send, status: int, code: str, title: str, detail: str,

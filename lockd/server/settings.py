@@ -23,6 +23,13 @@ force-release is disabled, 403); ``max_header_bytes`` (16384: larger request hea
 ``events_queue_size`` (256: events a slow stream client may lag by before it loses some);
 ``skew_interval_ms`` (10000: how often the store's clock is sampled).
 
+TLS (opt-in; ``lockd.common.tls``): ``tls_cert`` / ``tls_key`` (``LOCKD_TLS_CERT``,
+``LOCKD_TLS_KEY``: PEM files; both or neither; with them lockd serves https only);
+``tls_client_ca`` (``LOCKD_TLS_CLIENT_CA``: clients must present a certificate signed by this
+CA, mTLS); ``cert_clients`` / ``cert_admins`` (``LOCKD_CERT_CLIENTS``, ``LOCKD_CERT_ADMINS``:
+``;``-separated RFC 4514 subjects of client certificates that stand for a client key / an admin
+key; need ``tls_client_ca``).
+
 Out-of-range values are rejected at start (pydantic ``ValidationError``), not clamped.
 """
 
@@ -34,6 +41,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from lockd.common.tls import parse_subjects
 from lockd.server.store import check_store_url
 
 __all__ = ["Settings"]
@@ -62,6 +70,34 @@ class Settings(BaseSettings):
     events_heartbeat_ms: int = Field(15_000, ge=50, le=300_000)
     events_queue_size: int = Field(256, ge=1, le=100_000)
     skew_interval_ms: int = Field(10_000, ge=100)
+
+    # --- TLS (issue 19): https with --tls-cert/--tls-key, mTLS with --tls-client-ca ---
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    cert_clients: Annotated[tuple[str, ...], NoDecode] = ()
+    cert_admins: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("cert_clients", "cert_admins", mode="before")
+    @classmethod
+    def _subjects(cls, value: object) -> object:
+        return parse_subjects(value) if isinstance(value, str | list | tuple) else value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both tls_cert (--tls-cert) and tls_key (--tls-key), or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (--tls-client-ca) needs --tls-cert and --tls-key")
+        if (self.cert_clients or self.cert_admins) and self.tls_client_ca is None:
+            raise ValueError("cert_clients/cert_admins need tls_client_ca (--tls-client-ca): "
+                             "without mTLS no client certificate is seen")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when TLS is configured, else ``http``."""
+        return "https" if self.tls_cert is not None else "http"
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
