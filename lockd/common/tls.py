@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import ssl
 import stat
 from collections.abc import Iterable
@@ -166,6 +167,9 @@ def client_context(verify: VerifyTypes = True, cert: CertTypes = None) -> ssl.SS
 # --- identities --------------------------------------------------------------------------------
 
 
+_RDN_GAP = re.compile(r"(?<!\\),\s+")  # "CN=a, O=b": blanks after a separating comma
+
+
 def parse_subjects(value: str | Iterable[str] | None) -> tuple[str, ...]:
     """RFC 4514 subjects from ``;``- or newline-separated text (commas belong to a subject),
     normalised (``CN=a, O=b`` → ``CN=a,O=b``). Raises ``ValueError`` for one that does not parse."""
@@ -178,9 +182,12 @@ def parse_subjects(value: str | Iterable[str] | None) -> tuple[str, ...]:
         if not item:
             continue
         try:
-            subjects.append(x509.Name.from_rfc4514_string(item).rfc4514_string())
-        except ValueError as exc:
-            raise ValueError(f"not an RFC 4514 subject: {item!r} ({exc})") from None
+            name = x509.Name.from_rfc4514_string(_RDN_GAP.sub(",", item))
+        except ValueError:
+            name = None
+        if name is None or not len(name):
+            raise ValueError(f"not an RFC 4514 subject (like CN=alice,O=Acme): {item!r}")
+        subjects.append(name.rfc4514_string())
     return tuple(subjects)
 
 
