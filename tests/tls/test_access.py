@@ -59,6 +59,14 @@ def test_client_certificate_subjects_stand_for_client_and_admin_keys(servers, pk
         assert client.try_acquire(name, ttl=5) is not None
 
 
+def test_client_subjects_alone_turn_access_control_on(servers, pki, name):
+    lockd = servers.lockd(mtls=True, env={"LOCKD_CERT_CLIENTS": CLIENT_SUBJECT})
+    nobody = pki.issue("nobody-alone", "nobody.test")
+    assert _acquire(lockd.url, servers.verify(nobody), name).status_code == 401
+    assert _acquire(lockd.url, servers.verify(pki.client), name).status_code == 200
+    assert httpx.get(lockd.url + "/metrics", verify=servers.verify(nobody)).status_code == 200
+
+
 def test_admin_subjects_alone_enable_force_release(servers, pki, name):
     lockd = servers.lockd(mtls=True, env={"LOCKD_CERT_ADMINS": ADMIN_SUBJECT})
     as_client, as_admin = servers.verify(pki.client), servers.verify(pki.admin)
