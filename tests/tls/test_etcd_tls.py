@@ -82,3 +82,19 @@ def test_etcd_refuses_lockd_without_a_client_certificate(tls_etcd, tmp_path):
 def test_plain_http_to_the_tls_cluster_is_not_served(tls_etcd, tmp_path):
     log = _start_fails(tls_etcd.url("t-plain").split("?")[0] + "?timeout=1", tmp_path)
     assert "lockd cannot start" in log and "etcd did not answer" in log
+
+
+def test_tls_query_parameters_switch_every_endpoint_to_https(pki):
+    from lockd.server.store.etcd import etcd_tls, parse_etcd_url
+
+    plain = "etcd://a:1,b/app?timeout=2"
+    assert parse_etcd_url(plain)[0] == ["http://a:1", "http://b:2379"] and etcd_tls(plain) is None
+    for query in (f"ca={pki.ca}", f"ca={pki.ca}&cert={pki.client.cert}&key={pki.client.key}",
+                  "tls=1"):
+        url = f"etcd://a:1,b/app?timeout=2&{query}"
+        assert parse_etcd_url(url) == (["https://a:1", "https://b:2379"], "app", 2.0)
+        assert etcd_tls(url) is not None
+    with pytest.raises(ValueError, match="both cert= and key="):
+        etcd_tls(f"etcd://a:1?cert={pki.client.cert}")
+    with pytest.raises(ValueError, match="cannot use its TLS files"):
+        etcd_tls(f"etcd://a:1?ca={pki.dir}/missing.pem")
