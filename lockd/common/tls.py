@@ -34,10 +34,10 @@ import ssl
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
+if TYPE_CHECKING:  # cryptography is imported where used: clients never load x509
+    from cryptography import x509
 
 __all__ = [
     "CertRoles",
@@ -70,6 +70,8 @@ def _read(path: str | os.PathLike[str], what: str) -> bytes:
 
 
 def _certificates(path: str | os.PathLike[str], what: str) -> list[x509.Certificate]:
+    from cryptography import x509
+
     try:
         certs = x509.load_pem_x509_certificates(_read(path, what))
     except ValueError:
@@ -89,6 +91,8 @@ def check_server_files(cert: str | os.PathLike[str], key: str | os.PathLike[str]
     outside its validity period at ``now`` (default: the current UTC time), or a client CA
     file with no certificate.
     """
+    from cryptography.hazmat.primitives import serialization
+
     try:
         mode = stat.S_IMODE(os.stat(key).st_mode)
     except OSError as exc:
@@ -173,6 +177,8 @@ _RDN_GAP = re.compile(r"(?<!\\),\s+")  # "CN=a, O=b": blanks after a separating 
 def parse_subjects(value: str | Iterable[str] | None) -> tuple[str, ...]:
     """RFC 4514 subjects from ``;``- or newline-separated text (commas belong to a subject),
     normalised (``CN=a, O=b`` → ``CN=a,O=b``). Raises ``ValueError`` for one that does not parse."""
+    from cryptography import x509
+
     if value is None:
         return ()
     items = value.replace("\n", ";").split(";") if isinstance(value, str) else list(value)
@@ -219,6 +225,8 @@ class CertRoles:
 
 def _tls_extension(transport: Any) -> dict[str, Any]:
     """The ASGI TLS extension of a connection (``client_cert_name``: RFC 4514, or ``None``)."""
+    from cryptography import x509
+
     ssl_object = transport.get_extra_info("ssl_object")
     if ssl_object is None:
         return {}
