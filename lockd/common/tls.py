@@ -242,7 +242,9 @@ def _tls_extension(transport: Any) -> dict[str, Any]:
 
 def tls_http_protocol() -> type:
     """uvicorn's httptools HTTP protocol with the ASGI TLS extension in every scope (see the
-    module docstring). The client certificate is read once per connection."""
+    module docstring). The client certificate is read once per connection. On shutdown, idle
+    connections are aborted rather than closed with a TLS close_notify exchange, so SIGTERM
+    stops an https server as promptly as a plain one."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class TLSHttpProtocol(HttpToolsProtocol):
@@ -257,5 +259,15 @@ def tls_http_protocol() -> type:
             if self._tls:
                 self.scope["extensions"] = {**(self.scope.get("extensions") or {}),  # type: ignore[typeddict-unknown-key]
                                             "tls": self._tls}
+
+        def shutdown(self) -> None:
+            # An idle keep-alive connection is dropped at once: a TLS close waits for the
+            # client's close_notify, which an idle pooled client never sends, and the server's
+            # graceful shutdown would sit out its whole timeout on it. A request in flight
+            # still finishes first (uvicorn's own handling).
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.abort()
+            else:
+                super().shutdown()
 
     return TLSHttpProtocol

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -133,3 +134,16 @@ def test_status_page_and_metrics_over_https(servers, pki, kind):
     assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
     prefix = "lockd_" if kind == "lockd" else "resource_proxy_"
     assert prefix in metrics.text
+
+
+@pytest.mark.parametrize("kind", SERVERS)
+def test_sigterm_stops_an_https_server_promptly_despite_idle_keep_alive_clients(
+        servers, pki, kind):
+    """An idle pooled client never answers a TLS close_notify; the server must not sit out its
+    whole graceful-shutdown timeout (10 s) waiting for it."""
+    server = _start(servers, kind, mtls=False)
+    with httpx.Client(verify=servers.verify()) as idle:
+        assert idle.get(server.url + "/healthz").status_code == 200  # now pooled, idle
+        started = time.monotonic()
+        assert server.stop() == 0
+        assert time.monotonic() - started < 3.0
