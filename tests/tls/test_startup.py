@@ -64,3 +64,26 @@ def test_refuses_a_client_ca_file_without_a_certificate(kind, pki, tmp_path):
     empty.write_text("not a certificate\n")
     _refused(_serve(kind, tmp_path, pki.server.cert, pki.server.key, "--tls-client-ca",
                     str(empty)), "client CA", "no PEM certificate")
+
+
+@pytest.mark.parametrize("kind, env, words", [
+    ("lockd", {"LOCKD_CERT_CLIENTS": "CN=a"}, ("cert_clients", "tls_client_ca")),
+    ("lockd", {"LOCKD_CERT_ADMINS": "not a subject"}, ("cert_admins", "RFC 4514")),
+    ("resource-proxy", {"PROXY_CERT_CLIENTS": "CN=a"}, ("cert_clients", "tls_client_ca")),
+])
+def test_identity_settings_without_mtls_or_malformed_are_refused(kind, env, words, pki,
+                                                                 tmp_path, monkeypatch):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = _serve(kind, tmp_path, pki.server.cert, pki.server.key)
+    assert result.returncode == 2, result.stderr
+    for word in words:
+        assert word in result.stderr
+
+
+def test_proxy_refuses_lockd_tls_files_for_a_plain_http_lockd(pki, tmp_path):
+    argv = [str(VENV_BIN / "resource-proxy"), "serve", "--database-url",
+            f"sqlite:///{tmp_path}/r.db", "--lockd-url", "http://127.0.0.1:1",
+            "--lockd-ca", str(pki.ca), "--port", str(free_port())]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "https:// lockd_url" in result.stderr
