@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import signal
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -50,15 +51,18 @@ class HttpError(Exception):
 
 
 class Http:
-    """One keep-alive HTTP/1.1 connection; requests on it are sequential."""
+    """One keep-alive HTTP/1.1 connection; requests on it are sequential. ``tls``: an
+    ``ssl.SSLContext`` for an https server (the handshake is paid on each ``connect``)."""
 
-    def __init__(self, host: str, port: int):
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None):
+        self.host, self.port, self.tls = host, port, tls
         self._r: asyncio.StreamReader | None = None
         self._w: asyncio.StreamWriter | None = None
 
     async def connect(self) -> Http:
-        self._r, self._w = await asyncio.open_connection(self.host, self.port)
+        self._r, self._w = await asyncio.open_connection(
+            self.host, self.port, ssl=self.tls,
+            server_hostname=self.host if self.tls is not None else None)
         return self
 
     async def close(self) -> None:
@@ -140,13 +144,24 @@ async def _noop(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]
     return cycle, http.close
 
 
+def _tls(spec: dict) -> ssl.SSLContext | None:
+    """A client context trusting ``spec["tls_ca"]`` (a CA file), or None for plain http."""
+    ca = spec.get("tls_ca")
+    return ssl.create_default_context(cafile=ca) if ca else None
+
+
 async def _lockd(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-    """lockd: acquire (try once) + release of this client's own lock."""
-    http = await Http(spec["host"], spec["port"]).connect()
+    """lockd: acquire (try once) + release of this client's own lock. ``tls_ca``: over https;
+    ``reconnect``: a new connection (so a new TLS handshake) for every cycle."""
+    http = await Http(spec["host"], spec["port"], _tls(spec)).connect()
     name = f"{spec.get('prefix', 'bench')}/c{i}"
     acquire = json.dumps({"ttl_ms": spec.get("ttl_ms", 30_000), "owner": f"c{i}"}).encode()
+    reconnect = bool(spec.get("reconnect"))
 
     async def cycle() -> None:
+        if reconnect:
+            await http.close()
+            await http.connect()
         status, data = await http.request("POST", f"/v1/locks/{name}/acquire", acquire)
         if status != 200:
             raise HttpError(status, data)

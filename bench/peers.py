@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lockd.common.tls import client_context
+from lockd.demo.certs import make_demo_tls
 from tests.etcd_support import EtcdCluster, etcd_available
 from tests.support import (
     PG_ADMIN_DSN,
@@ -34,6 +36,7 @@ from tests.support import (
     pg_available,
     sqlalchemy_url,
 )
+from tests.tls.servers import TLSProcess
 
 __all__ = [
     "Server",
@@ -190,8 +193,10 @@ class Workspace:
                         {"url": cluster.url("lockd-bench")})
         return server
 
-    def lockd(self, store: str, name: str, env: dict[str, str] | None = None) -> Server:
-        """``lockd serve`` on ``store``: ``sqlite``, ``postgres``, ``etcd`` or a store URL."""
+    def lockd(self, store: str, name: str, env: dict[str, str] | None = None,
+              tls: bool = False) -> Server:
+        """``lockd serve`` on ``store``: ``sqlite``, ``postgres``, ``etcd`` or a store URL.
+        ``tls``: https with a certificate made now (``extra["tls_ca"]``: the CA file to trust)."""
         if store == "sqlite":
             url = f"sqlite:///{self.dir / f'{name}.db'}"
         elif store == "postgres":
@@ -203,9 +208,19 @@ class Workspace:
         port = free_port()
         argv = [str(VENV_BIN / "lockd"), "serve", "--store", url, "--port", str(port),
                 "--key-dir", str(self.dir / "keys"), "--log-level", "warning"]
-        proc = ServiceProcess(argv, ready_url=f"http://127.0.0.1:{port}/healthz", env=env,
-                              log_path=self.dir / f"{name}.log").start(timeout=60)
-        server = Server(name, "127.0.0.1", port, proc, {"store": url})
+        if tls:
+            certs = make_demo_tls(self.dir / f"{name}-tls")
+            argv += ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]
+            proc: ServiceProcess = TLSProcess(
+                argv, ready_url=f"https://127.0.0.1:{port}/healthz", env=env,
+                log_path=self.dir / f"{name}.log",
+                http_options={"verify": client_context(certs.ca)}).start(timeout=60)
+            extra = {"store": url, "tls_ca": str(certs.ca)}
+        else:
+            proc = ServiceProcess(argv, ready_url=f"http://127.0.0.1:{port}/healthz", env=env,
+                                  log_path=self.dir / f"{name}.log").start(timeout=60)
+            extra = {"store": url}
+        server = Server(name, "127.0.0.1", port, proc, extra)
         self.servers.append(server)
         return server
 

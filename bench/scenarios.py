@@ -58,12 +58,14 @@ class Bench:
 
     def server(self, name: str) -> Server:
         """``etcd``, ``noop-raw``, ``noop-fastapi``, ``lockd-sqlite``, ``lockd-postgres``,
-        ``lockd-etcd`` (on the shared etcd, its own key prefix)."""
+        ``lockd-etcd`` (on the shared etcd, its own key prefix), ``lockd-sqlite-tls`` (https)."""
         if name not in self.servers:
             if name == "etcd":
                 server = self.ws.etcd()
             elif name.startswith("noop-"):
                 server = self.ws.noop(name.split("-", 1)[1])
+            elif name == "lockd-sqlite-tls":
+                server = self.ws.lockd("sqlite", name, tls=True)
             elif name == "lockd-etcd":
                 url = self.server("etcd").extra["url"]
                 server = self.ws.lockd(url, name)
@@ -81,6 +83,11 @@ class Bench:
 
 def _lockd_server(bench: Bench, label: str) -> Server:
     return bench.server(f"lockd-{LOCKD_STORES[label]}")
+
+
+def _tls_spec(bench: Bench, prefix: str) -> dict[str, Any]:
+    server = bench.server("lockd-sqlite-tls")
+    return {**server.addr(), "prefix": prefix, "tls_ca": server.extra["tls_ca"]}
 
 
 def _needs(label: str) -> str | None:
@@ -107,6 +114,14 @@ def lock_cycles(bench: Bench) -> Section:
             **_lockd_server(bench, "lockd · PostgreSQL").addr(), "prefix": "bench1"}),
         "lockd · etcd": lambda: ("lockd", {**_lockd_server(bench, "lockd · etcd").addr(),
                                            "prefix": "bench1"}),
+        # TLS (issue 19): the handshake is paid once per keep-alive connection; the last two
+        # rows open a new connection every cycle, with and without TLS, to show its price.
+        "lockd · SQLite · TLS": lambda: ("lockd", _tls_spec(bench, "bench1t")),
+        "lockd · SQLite · TLS, new connection each cycle": lambda: ("lockd", {
+            **_tls_spec(bench, "bench1tr"), "reconnect": True}),
+        "lockd · SQLite, new connection each cycle": lambda: ("lockd", {
+            **_lockd_server(bench, "lockd · SQLite").addr(), "prefix": "bench1r",
+            "reconnect": True}),
         "redis-py Lock": lambda: ("redis", {"prefix": bench.ws.redis_prefix + "/1"}),
         "PostgreSQL advisory lock": lambda: ("pgadv", {"dsn": bench.ws.database()}),
         "do-nothing HTTP (generator ceiling)": lambda: ("noop", {
@@ -150,6 +165,9 @@ def lock_cycles(bench: Bench) -> Section:
                                         (x["first_error"] for x in runs if x["first_error"]),
                                         None)}
     section.data = data
+    section.notes.append(
+        "TLS rows: lockd on SQLite serving https (TLS 1.3, ECDSA P-256 certificate); "
+        "'new connection each cycle' rows open one connection (and one handshake) per cycle.")
     section.notes.append(
         "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
         "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")

@@ -18,9 +18,10 @@ import httpx
 from fastapi import FastAPI
 
 from lockd.common.httpkit import KeySet, OpsMiddleware, load_keys
+from lockd.common.tls import CertRoles
 from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
-from resource_proxy.jwks import KeySource, file_loader, lockd_loader
+from resource_proxy.jwks import KeySource, file_loader, lockd_loader, lockd_verify
 from resource_proxy.metrics import ProxyMetrics
 from resource_proxy.openapi import OPEN_PATHS, build_openapi
 from resource_proxy.policy import Binding, Policy, describe_unfenced, load_policy
@@ -60,7 +61,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         await store.open()
         http: httpx.AsyncClient | None = None
         if settings.lockd_url is not None:
-            http = httpx.AsyncClient(timeout=2.0)
+            http = httpx.AsyncClient(timeout=2.0, verify=lockd_verify(settings))
             loader = lockd_loader(settings.lockd_url, http)
         else:
             assert settings.jwks_file is not None
@@ -94,5 +95,6 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     app.add_middleware(OpsMiddleware, api_keys=api_keys, admin_keys=KeySet(),
                        open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
                        on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
-                       logger=logging.getLogger("resource_proxy.http"))
+                       logger=logging.getLogger("resource_proxy.http"),
+                       cert_roles=CertRoles(settings.cert_clients))
     return app

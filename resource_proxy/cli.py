@@ -2,8 +2,9 @@
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration (flags, a policy
 file that is malformed or does not bind every row to exactly one lock, found before or after
-reflecting the tables), 1 if the start failed (database unreachable, an allow-listed table
-missing, no usable key in ``--jwks-file``): one line says why.
+reflecting the tables, unusable TLS files: see ``lockd.common.tls.check_server_files``), 1 if the
+start failed (database unreachable, an allow-listed table missing, no usable key in
+``--jwks-file``): one line says why.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +26,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lockd.common.connections import ConnectionBounds, bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
+from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
+from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
@@ -48,7 +52,9 @@ class _Server(uvicorn.Server):
             port = self.servers[0].sockets[0].getsockname()[1]
             service = getattr(self.config.app.state, "service", None)
             unfenced = describe_unfenced(service.binding.unfenced) if service else ""
-            log.info("resource-proxy listening on http://%s:%d%s", self.config.host, port, unfenced)
+            scheme = "https" if self.config.is_ssl else "http"
+            log.info("resource-proxy listening on %s://%s:%d%s", scheme, self.config.host, port,
+                     unfenced)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -58,6 +64,16 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+def _tls_options(settings: Settings) -> dict:
+    """uvicorn options for TLS (see ``lockd.common.tls``); none without ``tls_cert``."""
+    if settings.tls_cert is None:
+        return {}
+    assert settings.tls_key is not None
+    context = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    return {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key),
+            "ssl_context_factory": lambda config, default: context}
 
 
 def _usable_keys(path: Path) -> frozenset[str]:
@@ -93,6 +109,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--write-timeout-ms", type=int,
                        help="drop a client that reads nothing for this long (env "
                             "PROXY_WRITE_TIMEOUT_MS; default 10000)")
+    tls = serve.add_argument_group("TLS (opt-in)")
+    tls.add_argument("--tls-cert", help="server certificate chain, PEM (env PROXY_TLS_CERT)")
+    tls.add_argument("--tls-key", help="its private key, PEM, mode 600 (env PROXY_TLS_KEY)")
+    tls.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
+                                             "(mTLS; env PROXY_TLS_CLIENT_CA)")
+    tls.add_argument("--lockd-ca", help="CA of lockd's certificate for an https --lockd-url "
+                                        "(env PROXY_LOCKD_CA)")
+    tls.add_argument("--lockd-cert", help="client certificate for lockd (env PROXY_LOCKD_CERT)")
+    tls.add_argument("--lockd-key", help="its private key (env PROXY_LOCKD_KEY)")
     return parser
 
 
@@ -110,6 +135,19 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             print(f"resource-proxy: {where}: {error['msg']}", file=sys.stderr)
         return 2
+    if settings.tls_cert is not None:
+        assert settings.tls_key is not None
+        try:
+            check_server_files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        except TLSConfigError as exc:
+            print(f"resource-proxy: {exc}", file=sys.stderr)
+            return 2
+    if settings.lockd_ca is not None or settings.lockd_cert is not None:
+        try:
+            lockd_verify(settings)
+        except (OSError, ssl.SSLError) as exc:
+            print(f"resource-proxy: cannot use the TLS files for lockd: {exc}", file=sys.stderr)
+            return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
         policy = load_policy(settings.policy)
@@ -135,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on",
-                            log_config=None)
-    # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded ---
-    config.http = bounded_protocol(ConnectionBounds(
+                            log_config=None, **_tls_options(settings))
+    # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded (TLS on top) ---
+    protocol = bounded_protocol(ConnectionBounds(
         settings.request_timeout_ms / 1000, settings.max_connections,
         settings.write_timeout_ms / 1000))
+    config.http = tls_http_protocol(protocol) if settings.tls_cert is not None else protocol
     warning = descriptor_warning(settings.max_connections)
     if warning:
         log.warning("resource-proxy: %s", warning)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,10 +25,11 @@ from typing import Any
 
 import httpx
 
+from lockd.common.tls import client_context
 from lockd.tokens import Claims, TokenError, UnknownKey, Verifier
 from resource_proxy.errors import InvalidTokenError
 
-__all__ = ["KeySource", "file_loader", "lockd_loader"]
+__all__ = ["KeySource", "file_loader", "lockd_loader", "lockd_verify"]
 
 log = logging.getLogger("resource_proxy.jwks")
 
@@ -44,8 +46,17 @@ def file_loader(path: str | Path) -> Loader:
     return load
 
 
+def lockd_verify(settings: Any) -> ssl.SSLContext | bool:
+    """httpx's ``verify=`` for fetching lockd's JWKS: an https ``lockd_url`` is verified against
+    ``lockd_ca`` (default: the system's CAs), presenting ``lockd_cert``/``lockd_key`` if given
+    (lockd with ``--tls-client-ca``). Raises ``OSError``/``ssl.SSLError`` for unusable files."""
+    cert = (settings.lockd_cert, settings.lockd_key) if settings.lockd_cert else None
+    return client_context(settings.lockd_ca or True, cert)
+
+
 def lockd_loader(lockd_url: str, client: httpx.AsyncClient) -> Loader:
-    """Fetch ``{lockd_url}/v1/keys`` with ``client``."""
+    """Fetch ``{lockd_url}/v1/keys`` with ``client`` (give it ``verify=lockd_verify(...)`` for
+    an https lockd: a server that fails verification yields no keys, never trusted ones)."""
     url = lockd_url.rstrip("/") + "/v1/keys"
 
     async def load() -> dict[str, Any]:

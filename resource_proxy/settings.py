@@ -3,6 +3,14 @@
 Defaults: the embedded SQLite database ``sqlite:///./resource.db``, ``127.0.0.1:7071``. Exactly
 one key source is required: ``lockd_url`` (JWKS fetched from ``{lockd_url}/v1/keys``, refetched
 on an unknown ``kid`` at most once per ``jwks_refetch_interval_ms``) or ``jwks_file``.
+
+TLS (opt-in, ``lockd.common.tls``): ``tls_cert``/``tls_key`` (``PROXY_TLS_CERT``,
+``PROXY_TLS_KEY``; both or neither: the proxy then serves https only), ``tls_client_ca``
+(``PROXY_TLS_CLIENT_CA``: mTLS, clients need a certificate signed by it), ``cert_clients``
+(``PROXY_CERT_CLIENTS``: ``;``-separated RFC 4514 subjects of client certificates that stand for
+an API key). Towards an https ``lockd_url``: ``lockd_ca`` (``PROXY_LOCKD_CA``: the CA that signed
+lockd's certificate; default: the system's CAs) and ``lockd_cert``/``lockd_key``
+(``PROXY_LOCKD_CERT``, ``PROXY_LOCKD_KEY``: the proxy's client certificate when lockd asks).
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from lockd.common.tls import parse_subjects
 
 __all__ = ["Settings"]
 
@@ -52,6 +62,39 @@ class Settings(BaseSettings):
     request_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     max_connections: int = Field(1000, ge=1, le=1_000_000)
     write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
+
+    # --- TLS (issue 19): serve https / mTLS; fetch lockd's JWKS over https ---
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    cert_clients: Annotated[tuple[str, ...], NoDecode] = ()
+    lockd_ca: Path | None = None
+    lockd_cert: Path | None = None
+    lockd_key: Path | None = None
+
+    @field_validator("cert_clients", mode="before")
+    @classmethod
+    def _subjects(cls, value: object) -> object:
+        return parse_subjects(value) if isinstance(value, str | list | tuple) else value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both tls_cert (--tls-cert) and tls_key (--tls-key), or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (--tls-client-ca) needs --tls-cert and --tls-key")
+        if self.cert_clients and self.tls_client_ca is None:
+            raise ValueError("cert_clients needs tls_client_ca (--tls-client-ca)")
+        if (self.lockd_cert is None) != (self.lockd_key is None):
+            raise ValueError("give both lockd_cert (--lockd-cert) and lockd_key (--lockd-key)")
+        if (self.lockd_ca or self.lockd_cert) and not (self.lockd_url or "").startswith("https://"):
+            raise ValueError("lockd_ca/lockd_cert need an https:// lockd_url")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when TLS is configured, else ``http``."""
+        return "https" if self.tls_cert is not None else "http"
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -5,6 +5,11 @@ the cluster answers a linearizable read. Members can be killed (SIGKILL), paused
 stopped and restarted on their data directories, and the current leader is looked up through
 ``/v3/maintenance/status`` (a member is the leader when ``leader == header.member_id``).
 
+``EtcdCluster(3, tls=pki)`` (``tests.tls.certs.make_pki``) runs every member with TLS on both
+its client and peer ports, client certificates required on both (``--client-cert-auth``,
+``--peer-client-cert-auth``, trusting ``pki.ca``); ``cluster.url()`` then carries
+``?ca=&cert=&key=`` for lockd, and the helpers here talk to it with the client certificate.
+
 Raft timing is tighter than etcd's defaults (heartbeat 100 ms, election timeout 700 ms instead of
 1000 ms) so that a failover takes about a second and etcd's minimum lease TTL,
 ``ceil(1.5 * election timeout)``, is 1 s instead of 2 s.
@@ -21,10 +26,16 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import urlencode
 
 import httpx
 
+from lockd.common.tls import client_context
 from tests.support import free_port, wait_for
+
+if TYPE_CHECKING:
+    from tests.tls.certs import Pki
 
 __all__ = ["ETCD_BIN", "etcd_available", "EtcdMember", "EtcdCluster"]
 
@@ -43,7 +54,10 @@ def etcd_available() -> str | None:
 class EtcdMember:
     """One etcd process of a cluster; its data directory outlives restarts."""
 
-    def __init__(self, name: str, data_dir: Path, client_port: int, peer_port: int):
+    def __init__(self, name: str, data_dir: Path, client_port: int, peer_port: int,
+                 tls: Pki | None = None):
+        self.tls = tls
+        self.scheme = "https" if tls else "http"
         self.name = name
         self.data_dir = data_dir
         self.client_port = client_port
@@ -53,11 +67,17 @@ class EtcdMember:
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{self.scheme}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://127.0.0.1:{self.peer_port}"
+        return f"{self.scheme}://127.0.0.1:{self.peer_port}"
+
+    def http_options(self) -> dict:
+        """httpx keyword arguments to reach this member (CA and client certificate with TLS)."""
+        if self.tls is None:
+            return {}
+        return {"verify": client_context(self.tls.ca, self.tls.client.tuple)}
 
     @property
     def endpoint(self) -> str:
@@ -77,6 +97,12 @@ class EtcdMember:
             "--heartbeat-interval", str(HEARTBEAT_MS), "--election-timeout", str(ELECTION_MS),
             "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn",
         ]
+        if self.tls is not None:
+            ca, server = str(self.tls.ca), self.tls.server
+            argv += ["--cert-file", str(server.cert), "--key-file", str(server.key),
+                     "--client-cert-auth", "--trusted-ca-file", ca,
+                     "--peer-cert-file", str(server.cert), "--peer-key-file", str(server.key),
+                     "--peer-client-cert-auth", "--peer-trusted-ca-file", ca]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
@@ -105,7 +131,8 @@ class EtcdMember:
         if not self.running:
             return None
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            r = httpx.post(f"{self.client_url}/v3/maintenance/status", json={}, timeout=timeout)
+            r = httpx.post(f"{self.client_url}/v3/maintenance/status", json={}, timeout=timeout,
+                           **self.http_options())
             if r.status_code == 200:
                 return r.json()
         return None
@@ -120,11 +147,12 @@ class EtcdMember:
 class EtcdCluster:
     """A throwaway etcd cluster of ``size`` members; ``stop()`` kills it and removes its files."""
 
-    def __init__(self, size: int = 3):
+    def __init__(self, size: int = 3, tls: Pki | None = None):
         self.dir = Path(tempfile.mkdtemp(prefix="etcd-cluster-"))
+        self.tls = tls
         self.token = f"lockd-test-{uuid.uuid4().hex[:8]}"
         self.members = [
-            EtcdMember(f"m{i}", self.dir / f"m{i}.etcd", free_port(), free_port())
+            EtcdMember(f"m{i}", self.dir / f"m{i}.etcd", free_port(), free_port(), tls)
             for i in range(size)
         ]
         self.initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
@@ -136,8 +164,13 @@ class EtcdCluster:
         return [m.endpoint for m in self.members]
 
     def url(self, prefix: str = "lockd") -> str:
-        """The lockd store URL for this cluster: ``etcd://h:p,h:p,h:p/<prefix>``."""
-        return "etcd://" + ",".join(self.endpoints) + "/" + prefix
+        """The lockd store URL for this cluster: ``etcd://h:p,h:p,h:p/<prefix>`` (with TLS:
+        ``?ca=…&cert=…&key=…``, lockd's client certificate being ``tls.client``)."""
+        url = "etcd://" + ",".join(self.endpoints) + "/" + prefix
+        if self.tls is not None:
+            url += "?" + urlencode({"ca": str(self.tls.ca), "cert": str(self.tls.client.cert),
+                                    "key": str(self.tls.client.key)})
+        return url
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -195,7 +228,7 @@ class EtcdCluster:
                 continue
             with contextlib.suppress(httpx.HTTPError):
                 r = httpx.post(f"{m.client_url}/v3/kv/range", json={"key": "Lw=="},
-                               timeout=timeout)
+                               timeout=timeout, **m.http_options())
                 if r.status_code == 200 and "header" in r.json():
                     return True
         return False

@@ -38,6 +38,7 @@ from lockd.client.lease import (
     log,
     new_client_id,
 )
+from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["AsyncLockClient"]
 
@@ -51,10 +52,12 @@ class AsyncLockClient(_ClientBase):
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
                  clock: _Clock = time.monotonic, http_client: httpx.AsyncClient | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None,
+                 verify: VerifyTypes = True, cert: CertTypes = None):
         super().__init__(url, timeout, owner, clock, api_key)
         self._own_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+        self._http = http_client or httpx.AsyncClient(timeout=timeout,
+                                                verify=client_context(verify, cert))
         self._leases: set[AsyncLease] = set()
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: Any = None,

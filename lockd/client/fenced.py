@@ -59,6 +59,7 @@ from lockd.client.errors import (
     translate_transport_errors,
 )
 from lockd.client.lease import AsyncLease, Lease, check_segments
+from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
 
@@ -172,15 +173,18 @@ class FencedSession(_SessionBase):
 
     ``timeout`` (seconds, default 10) bounds each request. ``http_client`` lets you share an
     ``httpx.Client`` (not closed by the session). ``api_key``: the proxy's API key
-    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. Use as a context manager or call
-    ``close()``.
+    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. ``verify``/``cert``: TLS to an
+    ``https://`` proxy, as for ``LockClient`` (CA file or ``SSLContext``; client certificate for
+    mTLS). Use as a context manager or call ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease | None = None, *, timeout: float = 10.0,
-                 http_client: httpx.Client | None = None, api_key: str | None = None):
+                 http_client: httpx.Client | None = None, api_key: str | None = None,
+                 verify: VerifyTypes = True, cert: CertTypes = None):
         super().__init__(proxy_url, lease, timeout, api_key)
         self._own_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=timeout)
+        self._http = http_client or httpx.Client(timeout=timeout,
+                                                verify=client_context(verify, cert))
 
     def lock_for(self, table: str, key: Key | None = None) -> str | None:
         """The ONE lock that may write the row of ``table`` with ``key`` (``None`` for a table
@@ -275,10 +279,12 @@ class AsyncFencedSession(_SessionBase):
     """The asyncio twin of ``FencedSession`` (same methods, ``await`` them)."""
 
     def __init__(self, proxy_url: str, lease: AsyncLease | None = None, *, timeout: float = 10.0,
-                 http_client: httpx.AsyncClient | None = None, api_key: str | None = None):
+                 http_client: httpx.AsyncClient | None = None, api_key: str | None = None,
+                 verify: VerifyTypes = True, cert: CertTypes = None):
         super().__init__(proxy_url, lease, timeout, api_key)
         self._own_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+        self._http = http_client or httpx.AsyncClient(timeout=timeout,
+                                                verify=client_context(verify, cert))
 
     async def lock_for(self, table: str, key: Key | None = None) -> str | None:
         """See ``FencedSession.lock_for``."""

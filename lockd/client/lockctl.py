@@ -12,7 +12,10 @@
 
 ``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``; ``--api-key`` to
 ``$LOCKD_API_KEY`` (sent as ``Authorization: Bearer``; prefer the variable: arguments show in
-``ps``). Durations take a unit:
+``ps``). For an ``https://`` URL, ``--ca`` (``$LOCKD_CA``) is the CA file that signed lockd's
+certificate (default: the system's CAs) and ``--cert``/``--key`` (``$LOCKD_CERT``,
+``$LOCKD_KEY``) the client certificate lockd asks for under mTLS (exit 2 if they cannot be
+read; a handshake lockd refuses is "unavailable", 69). Durations take a unit:
 ``500ms``, ``30s``, ``2m``, ``1h``, ``1m30s``. ``--wait`` defaults to 0 (try once). Output is
 for humans unless ``--json`` (one JSON document on stdout; leases in the contract's shape, with
 ``ttl_ms``). ``--url`` and ``--json`` may also follow the subcommand.
@@ -56,6 +59,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -122,6 +126,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="print JSON for scripts")
     common.add_argument("--api-key", default=argparse.SUPPRESS,
                         help="lockd API key (default: $LOCKD_API_KEY)")
+    # TLS (an https:// --url): the CA to trust, and a client certificate for mTLS
+    common.add_argument("--ca", default=argparse.SUPPRESS,
+                        help="CA file that signed lockd's certificate (default: $LOCKD_CA, "
+                             "else the system's CAs)")
+    common.add_argument("--cert", default=argparse.SUPPRESS,
+                        help="client certificate, PEM (default: $LOCKD_CERT)")
+    common.add_argument("--key", default=argparse.SUPPRESS,
+                        help="its private key, PEM (default: $LOCKD_KEY; omit if --cert "
+                             "holds both)")
     parser = argparse.ArgumentParser(prog="lockctl", parents=[common],
                                      description="Command line client of lockd.",
                                      epilog="Exit codes: 0 ok, 1 error, 2 usage, 69 lockd "
@@ -322,8 +335,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.lease_id = _lease_id(parser, args.lease_id)
     url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
     api_key = getattr(args, "api_key", None) or os.environ.get("LOCKD_API_KEY") or None
+    ca = getattr(args, "ca", None) or os.environ.get("LOCKD_CA") or None
+    cert = getattr(args, "cert", None) or os.environ.get("LOCKD_CERT") or None
+    key = getattr(args, "key", None) or os.environ.get("LOCKD_KEY") or None
+    if key and not cert:
+        parser.error("--key (LOCKD_KEY) needs --cert (LOCKD_CERT)")
     try:
-        with LockClient(url, api_key=api_key) as client:
+        client = LockClient(url, api_key=api_key, verify=ca or True,
+                            cert=(cert, key) if key else cert)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"lockctl: cannot use the TLS files: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with client:
             return _dispatch(client, args, command, out)
     except LockClientError as exc:
         out.error(exc)

@@ -40,6 +40,7 @@ from lockd.client.lease import (
     log,
     new_client_id,
 )
+from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["LockClient"]
 
@@ -52,14 +53,20 @@ class LockClient(_ClientBase):
     ``time.monotonic``) measures lease deadlines; inject another for tests. ``http_client`` lets
     you pass your own ``httpx.Client`` (its base URL is ignored; the client is not closed by us).
     ``api_key``: sent as ``Authorization: Bearer`` with every request (lockd's ``LOCKD_API_KEYS``).
+    TLS (an ``https://`` url): ``verify`` is a CA bundle file, an ``ssl.SSLContext``, ``True``
+    (default: the system's CAs) or ``False`` (no check; tests only); ``cert`` is ``(cert_file,
+    key_file)`` or one PEM file with both, presented when lockd asks (mTLS). Both are ignored
+    when you pass ``http_client``.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
                  clock: _Clock = time.monotonic, http_client: httpx.Client | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None,
+                 verify: VerifyTypes = True, cert: CertTypes = None):
         super().__init__(url, timeout, owner, clock, api_key)
         self._own_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=timeout)
+        self._http = http_client or httpx.Client(timeout=timeout,
+                                                verify=client_context(verify, cert))
         self._leases: set[Lease] = set()
         self._leases_mutex = threading.Lock()
 

@@ -21,8 +21,13 @@ Requests (``OpsMiddleware``, pure ASGI: no per-request task or body buffering)
       ``Authorization: Bearer <key>`` with a key of ``api_keys`` or ``admin_keys``; a missing
       or wrong key is ``401`` with ``WWW-Authenticate: Bearer``. The role found (``"admin"``,
       ``"client"`` or ``None``) is left in ``scope["ops.role"]`` for routes that need more, and
-      the matched key's identity (``KeySet.identify``) in ``scope["ops.key_id"]`` (lockd binds
-      an acquire's ``client_id`` to it).
+      the identity that granted it (``KeySet.identify`` of the key, or ``cert:`` + a digest of
+      the certificate subject) in ``scope["ops.key_id"]`` (lockd binds an acquire's
+      ``client_id`` to it).
+    * Certificate identities (mTLS, ``cert_roles``: ``lockd.common.tls.CertRoles``): a client
+      certificate whose subject is listed stands for a client (or admin) key, so such a client
+      needs no bearer key; listing client subjects turns access control on like ``api_keys``.
+      The higher of the two roles (key, certificate) wins.
     * Timing: ``scope["ops.start"]`` is the ``perf_counter()`` at arrival; ``on_response``
       (if given) is called with ``(scope, status, seconds)`` when the response has started.
     * At DEBUG level one line per request: method, path, status, milliseconds (never a body).
@@ -57,6 +62,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from lockd.common.problems import PROBLEM_JSON, ProblemError, problem_bytes
+from lockd.common.tls import CertRoles
 
 __all__ = [
     "KeySet",
@@ -209,16 +215,18 @@ class OpsMiddleware:
                  open_paths: Iterable[str] = (), max_header_bytes: int = 16_384,
                  on_response: Callable[[Scope, int, float], None] | None = None,
                  on_auth_failure: Callable[[str], None] | None = None,
-                 logger: logging.Logger | None = None):
+                 logger: logging.Logger | None = None, cert_roles: CertRoles | None = None):
         self.app = app
         self.api_keys = api_keys
         self.admin_keys = admin_keys
+        self.cert_roles = cert_roles or CertRoles()
+        self._enforced = bool(api_keys or self.cert_roles.clients)
         self.open_paths = frozenset(open_paths)
         self.max_header_bytes = max_header_bytes
         self.on_response = on_response
         self.on_auth_failure = on_auth_failure
         self.log = logger or log
-        self._keyed = bool(api_keys or admin_keys)
+        self._keyed = bool(api_keys or admin_keys or self.cert_roles)
         self._id_prefix = secrets.token_hex(8)  # request ids: unique, cheap (no urandom each)
         self._ids = itertools.count(1)
 
@@ -262,7 +270,7 @@ class OpsMiddleware:
                                f"request headers exceed {self.max_header_bytes} bytes")
                 return
             role = scope["ops.role"] = self._role(scope, authorization) if self._keyed else None
-            if self.api_keys and role is None and scope["path"] not in self.open_paths:
+            if self._enforced and role is None and scope["path"] not in self.open_paths:
                 reason = "missing" if _bearer(authorization) is None else "wrong"
                 if self.on_auth_failure is not None:
                     self.on_auth_failure(reason)
@@ -282,16 +290,20 @@ class OpsMiddleware:
             REQUEST_ID.reset(token)
 
     def _role(self, scope: Scope, authorization: bytes | None) -> str | None:
-        """``"admin"``, ``"client"`` or ``None``; the key's identity goes to ``ops.key_id``."""
+        """``"admin"``, ``"client"`` or ``None``: the higher of the bearer key's role and the client
+        certificate's; the identity that granted it goes to ``ops.key_id``."""
+        by_cert = self.cert_roles.role(scope) if self.cert_roles else None
         key = _bearer(authorization)
-        if key is None:
-            return None
-        for role, keys in (("admin", self.admin_keys), ("client", self.api_keys)):
-            identity = keys.identify(key)
-            if identity is not None:
-                scope["ops.key_id"] = identity
-                return role
-        return None
+        if key is not None and by_cert != "admin":
+            for role, keys in (("admin", self.admin_keys), ("client", self.api_keys)):
+                identity = keys.identify(key)
+                if identity is not None:
+                    scope["ops.key_id"] = identity
+                    return role
+        if by_cert is not None:
+            subject = scope["extensions"]["tls"]["client_cert_name"]
+            scope["ops.key_id"] = "cert:" + hashlib.sha256(subject.encode()).hexdigest()[:16]
+        return by_cert
 
 
 async def _problem(send: Send, status: int, code: str, title: str, detail: str,

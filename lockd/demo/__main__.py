@@ -9,6 +9,12 @@ fence, HTTP result), the final table, and exits 0 only if every scene ended as i
     python -m lockd.demo --store URL --database-url URL  # the same, on PostgreSQL
     python -m lockd.demo --lockd-url URL --proxy-url URL # against running services (compose)
     python -m lockd.demo --init-only --database-url URL  # just create the table, then exit
+    python -m lockd.demo --tls                           # the same three scenes over mTLS
+
+``--tls`` makes a throwaway CA, a server and a client certificate in the temporary directory
+(``lockd.demo.certs``); lockd and the proxy then serve https only and require client
+certificates, the proxy fetches lockd's keys over mTLS, and every worker, like the demo itself,
+presents the client certificate. Not with ``--lockd-url``/``--proxy-url``.
 
 With ``--lockd-url``/``--proxy-url`` it starts no server: the table must already exist when the
 proxy starts (the proxy reflects its tables at start-up); ``--database-url`` makes the demo create
@@ -36,6 +42,8 @@ from typing import Any, TextIO
 import httpx
 from sqlalchemy.exc import SQLAlchemyError
 
+from lockd.common.tls import client_context
+from lockd.demo.certs import DemoTLS, make_demo_tls
 from lockd.demo.procs import ChildSet
 from lockd.demo.scenes import SCENES, Director, SceneResult
 from lockd.demo.services import Endpoints, LocalServices, ServiceStartError, wait_healthy
@@ -61,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                           "proxy, the proxy's database (default: sqlite file)")
     p.add_argument("--init-only", action="store_true",
                    help="create the demo table in --database-url and exit")
+    p.add_argument("--tls", action="store_true",
+                   help="run lockd, the proxy and every worker over mTLS with certificates "
+                        "made for this run")
     p.add_argument("--ttl", type=float, default=1.0,
                    help="lease TTL of every worker, seconds (default 1.0; 0.3 .. 10)")
     p.add_argument("--json-report", metavar="FILE",
@@ -70,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("give both --lockd-url and --proxy-url, or neither")
     if args.lockd_url and args.store:
         p.error("--store is for a lockd the demo starts; it cannot be used with --lockd-url")
+    if args.tls and args.lockd_url:
+        p.error("--tls is for the services the demo starts; it cannot be used with --lockd-url")
     if args.init_only and not args.database_url:
         p.error("--init-only needs --database-url")
     if not 0.3 <= args.ttl <= 10:
@@ -82,7 +95,8 @@ def _print(out: TextIO, text: str = "") -> None:
     out.flush()
 
 
-def _setup(args: argparse.Namespace, children: ChildSet, workdir: Path | None) -> Endpoints:
+def _setup(args: argparse.Namespace, children: ChildSet, workdir: Path | None,
+           tls: DemoTLS | None = None) -> Endpoints:
     try:
         if args.lockd_url:
             if args.database_url:
@@ -95,9 +109,10 @@ def _setup(args: argparse.Namespace, children: ChildSet, workdir: Path | None) -
         else:
             assert workdir is not None
             endpoints = LocalServices(workdir, children, store_url=args.store,
-                                      database_url=args.database_url).start()
+                                      database_url=args.database_url, tls=tls).start()
+        verify = client_context(tls.ca, tls.client) if tls else True
         r = httpx.get(f"{endpoints.proxy_url}/v1/tables/{TABLE}/rows", params={"limit": 1},
-                      timeout=5)
+                      timeout=5, verify=verify)
     except (ServiceStartError, SQLAlchemyError, httpx.HTTPError, FileNotFoundError) as exc:
         raise SetupError(str(exc)) from exc
     if r.status_code != 200:
@@ -117,14 +132,15 @@ def play(args: argparse.Namespace, report: dict[str, Any], out: TextIO = sys.std
     workdir = None if args.lockd_url else Path(tempfile.mkdtemp(prefix="lockd-demo-"))
     director: Director | None = None
     try:
-        endpoints = _setup(args, children, workdir)
+        tls = make_demo_tls(workdir / "tls") if args.tls and workdir is not None else None
+        endpoints = _setup(args, children, workdir, tls)
         report.update(lockd_url=endpoints.lockd_url, proxy_url=endpoints.proxy_url,
-                      mode="external" if args.lockd_url else "embedded")
+                      mode="external" if args.lockd_url else "embedded", tls=tls is not None)
         _print(out, f"lockd demo, run {run}: {endpoints.description}")
         _print(out, f"every worker is its own process; lease TTL {args.ttl:g}s, "
                     f"renewed every {args.ttl / 3:.2f}s; table {TABLE}")
         director = Director(endpoints.lockd_url, endpoints.proxy_url, run=run, ttl=args.ttl,
-                            timeline=timeline, children=children)
+                            timeline=timeline, children=children, tls=tls)
         results: list[SceneResult] = []
         for number, scene in enumerate(SCENES, 1):
             started = timeline.now()

@@ -31,6 +31,8 @@ from urllib.parse import quote
 import httpx
 
 from lockd.client.fenced import FencedSession
+from lockd.common.tls import client_context
+from lockd.demo.certs import DemoTLS
 from lockd.demo.procs import ChildSet
 from lockd.demo.table import TABLE
 from lockd.demo.timeline import Event, Timeline
@@ -147,14 +149,16 @@ class Director:
     """
 
     def __init__(self, lockd_url: str, proxy_url: str, *, run: str, ttl: float,
-                 timeline: Timeline, children: ChildSet):
+                 timeline: Timeline, children: ChildSet, tls: DemoTLS | None = None):
         self.lockd_url = lockd_url.rstrip("/")
         self.proxy_url = proxy_url.rstrip("/")
         self.run = run
         self.ttl = ttl
         self.timeline = timeline
         self.children = children
-        self.http = httpx.Client(timeout=5.0)
+        self.tls = tls
+        verify = client_context(tls.ca, tls.client) if tls else True
+        self.http = httpx.Client(timeout=5.0, verify=verify)
         self.workers: list[Worker] = []
 
     def close(self) -> None:
@@ -178,6 +182,9 @@ class Director:
                 "--t0", repr(self.timeline.origin), "--ttl", repr(self.ttl),
                 "--wait", repr(wait), "--writes", str(writes), "--work", repr(work),
                 "--hold", repr(hold), "--parent-pid", str(os.getpid())]
+        if self.tls is not None:
+            argv += ["--ca", str(self.tls.ca), "--cert", str(self.tls.client_cert),
+                     "--key", str(self.tls.client_key)]
         w = Worker(self, scene, name, argv)
         self.workers.append(w)
         return w

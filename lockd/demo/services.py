@@ -3,7 +3,9 @@
 ``LocalServices`` is what ``make demo`` uses: both servers are the installed console scripts
 (``lockd serve``, ``resource-proxy serve``), their databases SQLite files in the demo's temporary
 directory unless ``store_url``/``database_url`` say otherwise (e.g. PostgreSQL). The demo table is
-created before the proxy starts, because the proxy reflects its tables at start-up.
+created before the proxy starts, because the proxy reflects its tables at start-up. With
+``tls`` (``lockd.demo.certs``) both serve https and require client certificates (mTLS), and the
+proxy fetches lockd's keys over mTLS.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from lockd.common.tls import client_context
+from lockd.demo.certs import DemoTLS
 from lockd.demo.procs import ChildSet, executable
 from lockd.demo.table import TABLE, create_table
 
@@ -58,11 +63,11 @@ def _describe(url: str) -> str:
 
 
 def wait_healthy(url: str, timeout: float = 20.0, proc: subprocess.Popen | None = None,
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, verify: Any = True) -> None:
     """Poll ``url`` until it answers 200; raise ``ServiceStartError`` after ``timeout`` seconds
-    or as soon as ``proc`` exits."""
+    or as soon as ``proc`` exits. ``verify``: httpx's, for an https ``url``."""
     deadline = time.monotonic() + timeout
-    with httpx.Client(timeout=1.0) as http:
+    with httpx.Client(timeout=1.0, verify=verify) as http:
         while True:
             if proc is not None and proc.poll() is not None:
                 raise ServiceStartError(f"{url}: server exited with {proc.returncode}"
@@ -92,7 +97,9 @@ class LocalServices:
     """
 
     def __init__(self, workdir: Path, children: ChildSet, *, store_url: str | None = None,
-                 database_url: str | None = None, timeout: float = 20.0):
+                 database_url: str | None = None, timeout: float = 20.0,
+                 tls: DemoTLS | None = None):
+        self.tls = tls
         self.workdir = workdir
         self.children = children
         self.store_url = store_url or f"sqlite:///{workdir / 'lockd.db'}"
@@ -107,24 +114,43 @@ class LocalServices:
             with open(log, "ab") as out:
                 proc = self.children.spawn(argv(port), cwd=self.workdir, stdout=out,
                                            stderr=subprocess.STDOUT)
-            url = f"http://127.0.0.1:{port}"
+            url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
             try:
-                wait_healthy(url + "/healthz", self.timeout, proc, log)
+                wait_healthy(url + "/healthz", self.timeout, proc, log, verify=self.verify())
                 return url
             except ServiceStartError:
                 if proc.poll() is None or "in use" not in _tail(log, 5):
                     raise
         raise ServiceStartError(f"{name}: no free port after 3 attempts" + _tail(log))
 
+    def verify(self) -> Any:
+        """httpx's ``verify=`` for these services: the demo CA and client certificate with
+        TLS, else ``True``."""
+        return client_context(self.tls.ca, self.tls.client) if self.tls else True
+
+    def _tls_args(self) -> list[str]:
+        """Both servers: https with the demo's server certificate, client certificates from
+        the demo CA required (mTLS)."""
+        if self.tls is None:
+            return []
+        return ["--tls-cert", str(self.tls.server_cert), "--tls-key", str(self.tls.server_key),
+                "--tls-client-ca", str(self.tls.ca)]
+
     def start(self) -> Endpoints:
         create_table(self.database_url)
         lockd, proxy = executable("lockd"), executable("resource-proxy")
         lockd_url = self._serve("lockd", lambda port: [
             lockd, "serve", "--store", self.store_url, "--key-dir", str(self.workdir / "keys"),
-            "--host", "127.0.0.1", "--port", str(port)])
+            "--host", "127.0.0.1", "--port", str(port), *self._tls_args()])
+        to_lockd = [] if self.tls is None else [
+            "--lockd-ca", str(self.tls.ca), "--lockd-cert", str(self.tls.client_cert),
+            "--lockd-key", str(self.tls.client_key)]
         proxy_url = self._serve("resource-proxy", lambda port: [
             proxy, "serve", "--database-url", self.database_url, "--lockd-url", lockd_url,
-            "--tables", TABLE, "--host", "127.0.0.1", "--port", str(port)])
+            "--tables", TABLE, "--host", "127.0.0.1", "--port", str(port), *self._tls_args(),
+            *to_lockd])
+        over = ", over mTLS" if self.tls else ""
         return Endpoints(lockd_url, proxy_url,
                          f"lockd {lockd_url} (store {_describe(self.store_url)}), "
-                         f"resource-proxy {proxy_url} (tables in {_describe(self.database_url)})")
+                         f"resource-proxy {proxy_url} (tables in {_describe(self.database_url)})"
+                         + over)

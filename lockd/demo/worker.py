@@ -109,7 +109,10 @@ def _http(exc: LockClientError | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     report = _Reporter(args.name, args.scene, args.t0)
     report("started", detail=f"started (pid {os.getpid()})", pid=os.getpid())
-    client = LockClient(args.lockd_url, owner=args.name)
+    tls: dict[str, Any] = {}
+    if args.ca:
+        tls = {"verify": args.ca, "cert": (args.cert, args.key) if args.cert else None}
+    client = LockClient(args.lockd_url, owner=args.name, **tls)
     lease: Lease | None = None
     released_at = None
 
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             report("acquired", fence=lease.fence, http="200", detail=f"acquired {args.lock}")
             watcher = _RenewalWatcher(lease, report)
             watcher.start()
-            session = FencedSession(args.proxy_url, lease)
+            session = FencedSession(args.proxy_url, lease, **tls)
             try:
                 for step in range(1, args.writes + 1):
                     if step > 1:
@@ -185,6 +188,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--writes", type=int, default=1, help="writes to make while holding")
     p.add_argument("--work", type=float, default=0.0, help="seconds of work between writes")
     p.add_argument("--hold", type=float, default=0.0, help="seconds of work after the last write")
+    p.add_argument("--ca", help="CA file of the servers' certificate (https URLs)")
+    p.add_argument("--cert", help="client certificate presented to both servers (mTLS)")
+    p.add_argument("--key", help="its private key")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit at once if this is no longer the parent (started by the director)")
     return p.parse_args(argv)

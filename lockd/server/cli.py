@@ -3,11 +3,14 @@
 ::
 
     lockd serve [--store URL] [--host 127.0.0.1] [--port 7070] [--key-dir DIR] [--log-level L]
+                [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
 
 Flags override ``LOCKD_*`` environment variables (see ``lockd.server.settings``). Start-up opens the
 key directory and the store *before* the HTTP server, so a problem (a SQLite file in use by
 another lockd, PostgreSQL down, an unreadable key) ends the process with one clear line and
-exit status 1. When ready it logs ``lockd listening on http://HOST:PORT (store URL)`` with any
+exit status 1; unusable TLS files (``--tls-cert/--tls-key/--tls-client-ca``, see
+``lockd.common.tls.check_server_files``) end it with one line and exit status 2 before that.
+When ready it logs ``lockd listening on http[s]://HOST:PORT (store URL)`` with any
 password in the URL redacted. SIGTERM or SIGINT: queued acquires are answered 503 at once,
 in-flight requests finish, the store closes, exit status 0.
 """
@@ -30,6 +33,7 @@ from pydantic import ValidationError
 
 from lockd.common.connections import bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
+from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
@@ -70,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-event-streams", type=int,
                        help="event streams beyond this get 503 (env LOCKD_MAX_EVENT_STREAMS; "
                             "default 100)")
+    tls = serve.add_argument_group("TLS (opt-in; https only when given)")
+    tls.add_argument("--tls-cert", help="server certificate chain, PEM (env LOCKD_TLS_CERT)")
+    tls.add_argument("--tls-key", help="its private key, PEM, mode 600 (env LOCKD_TLS_KEY)")
+    tls.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
+                                             "(mTLS; env LOCKD_TLS_CLIENT_CA)")
     return parser
 
 
@@ -86,6 +95,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"lockd: invalid settings: {problems}", file=sys.stderr)
         return 2
+    if settings.tls_cert is not None:
+        assert settings.tls_key is not None
+        try:
+            check_server_files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+        except TLSConfigError as exc:
+            print(f"lockd: {exc}", file=sys.stderr)
+            return 2
     configure_logging(settings.log_level, settings.log_format)
     loop_factory = uvicorn.Config(app=FastAPI(), loop="auto", log_config=None).get_loop_factory()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
@@ -114,9 +130,11 @@ async def serve(settings: Settings) -> int:
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
+            **_tls_options(settings),
         )
-        # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded ---
-        config.http = bounded_protocol(settings.connection_bounds())
+        # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded (TLS on top) ---
+        protocol = bounded_protocol(settings.connection_bounds())
+        config.http = tls_http_protocol(protocol) if settings.tls_cert is not None else protocol
         warning = descriptor_warning(settings.max_connections)
         if warning:
             log.warning("lockd: %s", warning)
@@ -125,6 +143,17 @@ async def serve(settings: Settings) -> int:
         return 0 if server.started else 1
     finally:
         await store.close()
+
+
+def _tls_options(settings: Settings) -> dict:
+    """uvicorn options for TLS: our own context (TLS >= 1.2, mTLS with a client CA) and the HTTP
+    protocol that hands client certificate subjects to the app; none without ``tls_cert``."""
+    if settings.tls_cert is None:
+        return {}
+    assert settings.tls_key is not None
+    context = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
+    return {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key),
+            "ssl_context_factory": lambda config, default: context}
 
 
 class _Server(uvicorn.Server):
@@ -147,8 +176,8 @@ class _Server(uvicorn.Server):
             port = self.servers[0].sockets[0].getsockname()[1]
             host = self._settings.host
             shown = f"[{host}]" if ":" in host else host
-            log.info("lockd listening on http://%s:%d (store %s)", shown, port,
-                     redact_url(self._settings.store))
+            log.info("lockd listening on %s://%s:%d (store %s)", self._settings.scheme, shown,
+                     port, redact_url(self._settings.store))
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

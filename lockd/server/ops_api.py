@@ -24,7 +24,9 @@ Access (``lockd.common.httpkit.OpsMiddleware``): with ``api_keys`` set, every ca
 ``/docs`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
 ``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
 Force-release needs an admin key: none sent or a wrong one is 401, a client key is 403
-``forbidden``, and with no admin key configured it is disabled (403). ``/healthz`` and
+``forbidden``, and with no admin key configured it is disabled (403). With mTLS,
+``LOCKD_CERT_CLIENTS`` / ``LOCKD_CERT_ADMINS`` list client-certificate subjects that stand for a
+client / admin key (see ``lockd.common.tls``). ``/healthz`` and
 ``/metrics`` stay open so probes and Prometheus need no secret (they show no lock names).
 """
 
@@ -41,6 +43,7 @@ from pydantic import BaseModel
 from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
+from lockd.common.tls import CertRoles
 from lockd.server.errors import InvalidRequest
 from lockd.server.events import EventHub
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
@@ -172,7 +175,7 @@ def _admin_denied(request: Request) -> Response | None:
     """None if the request carries an admin key, else the 401/403 problem to answer."""
     admin: KeySet = request.app.state.admin_keys
     metrics: LockdMetrics = request.app.state.metrics
-    if not admin:
+    if not admin and not request.app.state.cert_roles.admins:
         metrics.auth_failures["forbidden"].inc()
         return problem_response(403, "forbidden", "Forbidden",
                                 "force-release is disabled: no admin key is configured "
@@ -201,6 +204,7 @@ def install_ops(app: FastAPI, settings: Settings, metrics: LockdMetrics) -> None
     api_keys = KeySet(load_keys(_secrets(settings.api_keys), settings.api_keys_file))
     admin_keys = KeySet(load_keys(_secrets(settings.admin_keys), settings.admin_keys_file))
     app.state.admin_keys = admin_keys
+    cert_roles = app.state.cert_roles = CertRoles(settings.cert_clients, settings.cert_admins)
     acquire_outcomes = metrics.acquire_outcomes
 
     def on_response(scope: Any, status: int, seconds: float) -> None:
@@ -212,7 +216,7 @@ def install_ops(app: FastAPI, settings: Settings, metrics: LockdMetrics) -> None
 
     app.add_middleware(OpsMiddleware, api_keys=api_keys, admin_keys=admin_keys,
                        open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
-                       on_response=on_response,
+                       on_response=on_response, cert_roles=cert_roles,
                        on_auth_failure=lambda reason: metrics.auth_failures[reason].inc())
     _document_problems(app)
 

@@ -31,6 +31,12 @@ new connection gets 503 ``overloaded`` with ``Retry-After``; keep it below ``uli
 ``write_timeout_ms`` (``LOCKD_WRITE_TIMEOUT_MS``, 10000: a client that reads nothing of its
 answer for this long is disconnected); ``max_event_streams`` (``LOCKD_MAX_EVENT_STREAMS``, 100:
 beyond, an event stream request gets 503 ``too_many_streams`` with ``Retry-After``).
+TLS (opt-in; ``lockd.common.tls``): ``tls_cert`` / ``tls_key`` (``LOCKD_TLS_CERT``,
+``LOCKD_TLS_KEY``: PEM files; both or neither; with them lockd serves https only);
+``tls_client_ca`` (``LOCKD_TLS_CLIENT_CA``: clients must present a certificate signed by this
+CA, mTLS); ``cert_clients`` / ``cert_admins`` (``LOCKD_CERT_CLIENTS``, ``LOCKD_CERT_ADMINS``:
+``;``-separated RFC 4514 subjects of client certificates that stand for a client key / an admin
+key; need ``tls_client_ca``).
 
 Out-of-range values are rejected at start (pydantic ``ValidationError``), not clamped.
 """
@@ -44,6 +50,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from lockd.common.connections import ConnectionBounds
+from lockd.common.tls import parse_subjects
 from lockd.server.store import check_store_url
 
 __all__ = ["Settings"]
@@ -77,6 +84,34 @@ class Settings(BaseSettings):
     max_connections: int = Field(1000, ge=1, le=1_000_000)
     write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     max_event_streams: int = Field(100, ge=0, le=100_000)
+
+    # --- TLS (issue 19): https with --tls-cert/--tls-key, mTLS with --tls-client-ca ---
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    cert_clients: Annotated[tuple[str, ...], NoDecode] = ()
+    cert_admins: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("cert_clients", "cert_admins", mode="before")
+    @classmethod
+    def _subjects(cls, value: object) -> object:
+        return parse_subjects(value) if isinstance(value, str | list | tuple) else value
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both tls_cert (--tls-cert) and tls_key (--tls-key), or neither")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca (--tls-client-ca) needs --tls-cert and --tls-key")
+        if (self.cert_clients or self.cert_admins) and self.tls_client_ca is None:
+            raise ValueError("cert_clients/cert_admins need tls_client_ca (--tls-client-ca): "
+                             "without mTLS no client certificate is seen")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when TLS is configured, else ``http``."""
+        return "https" if self.tls_cert is not None else "http"
 
     @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod

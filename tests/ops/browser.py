@@ -1,12 +1,15 @@
 """Headless Chromium driven over the DevTools protocol (CDP) with ``websockets``: no extra
 test dependencies. ``Browser.start(tmp)`` runs Debian's ``chromium`` with a fresh profile and a
 free debugging port; ``browser.page()`` opens a tab to ``navigate``, ``evaluate`` JavaScript in,
-``wait_for`` a condition and ``screenshot``."""
+``wait_for`` a condition and ``screenshot``. ``Browser.start(tmp, trust=[cert_file])`` makes
+Chromium accept https servers presenting exactly those certificates' keys (by SPKI hash,
+``--ignore-certificate-errors-spki-list``; every other certificate error still fails)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import itertools
 import json
 import shutil
@@ -16,11 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from websockets.sync.client import ClientConnection, connect
 
 from tests.support import free_port
 
-__all__ = ["Browser", "Page", "chromium_path"]
+__all__ = ["Browser", "Page", "chromium_path", "spki_hash"]
+
+
+def spki_hash(cert: Path) -> str:
+    """base64(SHA-256(SubjectPublicKeyInfo)) of the first certificate in a PEM file."""
+    leaf = x509.load_pem_x509_certificates(Path(cert).read_bytes())[0]
+    spki = leaf.public_key().public_bytes(serialization.Encoding.DER,
+                                          serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(spki).digest()).decode()
 
 
 def chromium_path() -> str | None:
@@ -86,12 +99,15 @@ class Browser:
         self._sockets = contextlib.ExitStack()
 
     @classmethod
-    def start(cls, tmp: Path, width: int = 1280, height: int = 800) -> Browser:
+    def start(cls, tmp: Path, width: int = 1280, height: int = 800,
+              trust: list[Path] = ()) -> Browser:
         binary = chromium_path()
         assert binary is not None
         port = free_port()
+        pins = [f"--ignore-certificate-errors-spki-list={','.join(map(spki_hash, trust))}"] \
+            if trust else []
         proc = subprocess.Popen(
-            [binary, "--headless", "--no-sandbox", "--disable-gpu",
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", *pins,
              "--disable-background-networking", "--no-first-run", "--disable-extensions",
              "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'chromium-profile'}",
              f"--remote-debugging-port={port}", "--remote-allow-origins=*",

@@ -1,5 +1,13 @@
 """The etcd store: ``etcd://host:port,host:port,…[/prefix][?timeout=2.5]`` (etcd v3, Raft).
 
+TLS (etcd started with ``--cert-file/--key-file``, and ``--client-cert-auth
+--trusted-ca-file`` for client certificates) rides on the URL's query, like ``timeout``:
+``etcd://h1:2379,h2:2379/lockd?ca=/etc/lockd/etcd-ca.pem&cert=/etc/lockd/etcd.pem&key=/etc/lockd/etcd.key``.
+``ca`` (the CA that signed the members' certificates; default: the system's CAs), ``cert`` and
+``key`` (lockd's client certificate, both or neither); any of them switches every endpoint to
+https, ``tls=1`` alone does too. The hot-path keep-alive client and the watch stream share one
+``ssl.SSLContext``; the members' certificates must name the host used in the URL.
+
 Talks to etcd's v3 JSON gateway (on the client port) with ``httpx``. Why not a client library:
 ``etcd3`` (gRPC) last released in 2020; ``etcd3gw`` speaks this same gateway but synchronously
 (it would block lockd's event loop); ``aetcd`` (asyncio gRPC) would bring ``grpcio`` and
@@ -66,6 +74,7 @@ import email.utils
 import json
 import logging
 import math
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -73,11 +82,12 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
+from lockd.common.tls import client_context
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
 from lockd.server.store.etcd_http import GatewayError, GatewayPool
 
-__all__ = ["EtcdStore", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
+__all__ = ["EtcdStore", "etcd_tls", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
 
 log = logging.getLogger("lockd.server.store.etcd")
 
@@ -91,14 +101,37 @@ _RETRYABLE = ("no leader", "leader changed", "not capable", "timed out", "deadli
 _HEADERS = {"Grpc-Metadata-hasleader": "true"}
 
 
+def etcd_tls(url: str) -> ssl.SSLContext | None:
+    """The client ``SSLContext`` the URL's ``ca``/``cert``/``key``/``tls`` ask for, or ``None``
+    (plain http). Raises ``ValueError`` for a lone ``cert`` or ``key`` or an unreadable file."""
+    query = parse_qs(urlsplit(url).query)
+    ca, cert, key = (query.get(k, [None])[0] for k in ("ca", "cert", "key"))
+    tls = query.get("tls", ["0"])[0].lower() in ("1", "true", "yes", "on")
+    if (cert is None) != (key is None):
+        raise ValueError("etcd store URL: give both cert= and key=, or neither")
+    if not (tls or ca or cert):
+        return None
+    try:
+        context = client_context(ca or True, (cert, key) if cert and key else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"etcd store URL: cannot use its TLS files: {exc}") from None
+    return context if isinstance(context, ssl.SSLContext) else ssl.create_default_context()
+
+
 def parse_etcd_url(url: str) -> tuple[list[str], str, float]:
     """``etcd://h:p,h:p/prefix?timeout=2.5`` → (base URLs, key prefix, timeout in seconds).
 
-    Port defaults to 2379, prefix to ``lockd``. Raises ``ValueError`` on a malformed URL.
+    Port defaults to 2379, prefix to ``lockd``. Base URLs are ``https://`` when the query asks
+    for TLS (``ca``, ``cert``/``key`` or ``tls=1``; see ``etcd_tls``). Raises ``ValueError`` on
+    a malformed URL.
     """
     parts = urlsplit(url)
     if parts.scheme != "etcd" or not parts.netloc:
         raise ValueError(f"not an etcd store URL (etcd://host:port,…): {url!r}")
+    query = parse_qs(parts.query)
+    secure = any(k in query for k in ("ca", "cert", "key")) or \
+        query.get("tls", ["0"])[0].lower() in ("1", "true", "yes", "on")
+    scheme = "https" if secure else "http"
     endpoints = []
     for host in parts.netloc.split(","):
         host = host.strip()
@@ -106,12 +139,11 @@ def parse_etcd_url(url: str) -> tuple[list[str], str, float]:
             continue
         if ":" not in host.rsplit("]", 1)[-1]:
             host = f"{host}:{DEFAULT_PORT}"
-        endpoints.append(f"http://{host}")
+        endpoints.append(f"{scheme}://{host}")
     if not endpoints:
         raise ValueError(f"etcd store URL names no endpoint: {url!r}")
     prefix = parts.path.strip("/") or DEFAULT_PREFIX
     timeout = DEFAULT_TIMEOUT_S
-    query = parse_qs(parts.query)
     if "timeout" in query:
         try:
             timeout = float(query["timeout"][0])
@@ -198,6 +230,7 @@ class EtcdStore:
 
     def __init__(self, url: str, *, timeout: float | None = None):
         self._endpoints, self._prefix, url_timeout = parse_etcd_url(url)
+        self._ssl = etcd_tls(url)  # None: plain http
         self._timeout = timeout if timeout is not None else url_timeout
         # One attempt may hang when etcd dropped the request with its leader (a follower's
         # forwarded proposal is lost when the leader dies); give up on it early and replay.
@@ -221,8 +254,9 @@ class EtcdStore:
         if self._http is None:
             self._http = httpx.AsyncClient(
                 headers=_HEADERS, limits=httpx.Limits(max_connections=4,
-                                                      max_keepalive_connections=2))
-            self._pool = GatewayPool(_HEADERS, max_connections=64, max_idle=32)
+                                                      max_keepalive_connections=2),
+                verify=self._ssl if self._ssl is not None else True)
+            self._pool = GatewayPool(_HEADERS, max_connections=64, max_idle=32, ssl=self._ssl)
         try:
             revision = await self._ping()
         except BaseException:

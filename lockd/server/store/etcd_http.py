@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl as ssl_module
 from urllib.parse import urlsplit
 
 __all__ = ["GatewayError", "GatewayPool"]
@@ -74,11 +75,13 @@ class _Conn:
 
 
 class GatewayPool:
-    """Keep-alive connections per endpoint (``http://host:port``); at most ``max_connections``
-    requests in flight, ``max_idle`` idle connections kept per endpoint."""
+    """Keep-alive connections per endpoint (``http://host:port``, or ``https://`` with ``ssl``,
+    the client ``SSLContext``: a TLS handshake is paid once per pooled connection); at most
+    ``max_connections`` requests in flight, ``max_idle`` idle connections kept per endpoint."""
 
     def __init__(self, headers: dict[str, str] | None = None, *, max_connections: int = 64,
-                 max_idle: int = 32):
+                 max_idle: int = 32, ssl: ssl_module.SSLContext | None = None):
+        self._ssl = ssl
         self._extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._idle: dict[str, list[_Conn]] = {}
         self._where: dict[str, tuple[str, int, str]] = {}
@@ -90,7 +93,8 @@ class GatewayPool:
         where = self._where.get(endpoint)
         if where is None:
             parts = urlsplit(endpoint)
-            host, port = parts.hostname or "127.0.0.1", parts.port or 80
+            host = parts.hostname or "127.0.0.1"
+            port = parts.port or (443 if parts.scheme == "https" else 80)
             where = self._where[endpoint] = (host, port, parts.netloc)
         return where
 
@@ -115,7 +119,10 @@ class GatewayPool:
                         if conn.answered:
                             raise
                         # closed by the server while idle: once more on a fresh connection
-                reader, writer = await asyncio.open_connection(host, port, limit=_MAX_HEADER)
+                tls = self._ssl if endpoint.startswith("https:") else None
+                reader, writer = await asyncio.open_connection(
+                    host, port, limit=_MAX_HEADER, ssl=tls,
+                    server_hostname=host if tls is not None else None)
                 return await self._finish(endpoint, _Conn(reader, writer), request)
         except TimeoutError:
             raise GatewayError(f"no answer within {timeout:.3g} s") from None
