@@ -83,6 +83,9 @@ make_postgres() {
     bootstrap postgres postgresql-15,passwd,ca-certificates
     # the package made a cluster "main"; the entrypoint makes its own in $PGDATA, as the image does
     rm -rf "$root"/var/lib/postgresql/15 "$root"/etc/postgresql/15
+    # no JIT (LLVM is a third of the size): postgres carries on without it when it cannot load it
+    rm -rf "$root"/usr/lib/postgresql/15/lib/llvmjit* "$root"/usr/lib/postgresql/15/lib/bitcode \
+           "$root"/usr/lib/*-linux-gnu/libLLVM*
     install -m 0755 "$HERE/postgres-entrypoint.sh" "$root/usr/local/bin/docker-entrypoint.sh"
     tar -C "$root" -c . | docker import - "$POSTGRES_IMAGE-rootfs" >/dev/null
     # STOPSIGNAL cannot be set by `docker import`: one metadata-only build step on top
