@@ -18,14 +18,15 @@
 # The postgres stand-in is Debian's postgresql-15 with postgres-entrypoint.sh (POSTGRES_USER,
 # POSTGRES_PASSWORD, POSTGRES_DB; initialise once, then serve on 5432; stop signal SIGINT).
 #
-# Environment: DEBIAN_MIRROR (default http://deb.debian.org/debian), PIP_CERT (CA bundle).
+# Environment: DEBIAN_MIRROR (default http://deb.debian.org/debian), PIP_CERT (CA bundle);
+# COMPOSE_IMAGES_PYTHON / COMPOSE_IMAGES_POSTGRES rename the images (tests of this script only).
 # Exit status: 0 when both images are present at the end, 1 otherwise (e.g. no debootstrap).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-PYTHON_IMAGE="python:3.11-slim"
-POSTGRES_IMAGE="postgres:16-alpine"
+PYTHON_IMAGE="${COMPOSE_IMAGES_PYTHON:-python:3.11-slim}"        # the names: for the script's tests
+POSTGRES_IMAGE="${COMPOSE_IMAGES_POSTGRES:-postgres:16-alpine}"
 LABEL="org.lockd.standin"
 
 ca_bundle() {

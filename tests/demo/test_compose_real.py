@@ -219,6 +219,32 @@ def test_image_as_a_user_runs_it(engine, image, capsys):
     assert size - base < MAX_ADDED_MB
 
 
+def test_base_images_script_keeps_real_images_and_reuses_its_stand_ins(engine, base_images,
+                                                                      tmp_path):
+    docker = engine.docker
+    # a "real" image (no stand-in label) under the python name: left alone, not pulled over
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "marker").write_text("real\n")
+    real = "lockdtest/real-python:1"
+    tar = subprocess.Popen(["tar", "-C", str(tmp_path / "root"), "-c", "."],
+                           stdout=subprocess.PIPE)
+    imported = run([docker, "import", "-", real], stdin=tar.stdout)
+    tar.wait()
+    assert imported.returncode == 0, imported.stderr
+    try:
+        before = run([docker, "image", "inspect", "-f", "{{.Id}}", real]).stdout
+        env = {**os.environ, "COMPOSE_IMAGES_PYTHON": real}
+        again = run(["bash", str(BASE_IMAGES)], timeout=120, cwd=ROOT, env=env)
+        assert again.returncode == 0, again.stderr
+        assert f"{real}: present (not a stand-in), left alone" in again.stderr
+        assert run([docker, "image", "inspect", "-f", "{{.Id}}", real]).stdout == before
+        # postgres: the stand-in made for the compose test (or a real image) is reused as it is
+        assert re.search(r"postgres:16-alpine: (stand-in cached|pulled|present)", again.stderr)
+        assert "building" not in again.stderr, again.stderr
+    finally:
+        run([docker, "rmi", real])
+
+
 # --- when there is no engine: what the fixture skips on, or fails on under CI=true -------------
 
 def test_missing_docker_tools_are_reported_as_missing(tmp_path, monkeypatch):
