@@ -14,7 +14,8 @@
   /healthz on a published port, no compiler or cache in it, and its size (printed).
 
 Timings and the size go to the terminal (``compose:`` lines). On our 2-core machines, dockerd on
-overlay2: first run ~2 min 10 s (stand-ins ~80 s, ``up --build`` ~30 s); images cached ~45 s.
+overlay2: first run 2–5 min (stand-ins 80–240 s with the load, ``up --build`` 30–50 s); with the
+images cached ~45 s (``up`` ~20 s).
 """
 
 from __future__ import annotations
