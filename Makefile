@@ -15,12 +15,16 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
-## docker-compose (1.29) only validates docker-compose.yml offline in tests/demo.
+## docker.io (dockerd 20.10, containerd, runc), docker-compose (1.29) and debootstrap: tests/demo
+## validates docker-compose.yml offline and, as root, starts dockerd, makes stand-in base images
+## from Debian packages when no registry is reachable, builds the image and runs the compose demo.
 ## faketime (libfaketime) skews worker clocks in tests/chaos and make chaos.
 ## chromium (headless) renders the status pages in tests/ops.
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
+	command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io)
 	command -v docker-compose >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
+	command -v debootstrap >/dev/null || test -x /usr/sbin/debootstrap || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap)
 	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
