@@ -51,7 +51,7 @@ def test_the_verifier_accepts_only_canonical_base64url():
 
 def test_the_proxy_answers_401_to_a_non_canonical_token(deployment: Deployment):
     d = deployment
-    lock = unique("canon/")
+    lock = "items/" + unique("canon")  # a row lock the contract policy governs (items/{key})
     token = _with_dash_or_underscore(d.ring, lock, 5)
     for what, variant in _variants(token).items():
         if variant == token:
