@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lockd.common.connections import ConnectionBounds, bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
+from lockd.common.options import add_bound_arguments, add_tls_arguments
 from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
@@ -99,21 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", help="debug, info, warning, error (default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log line format (env PROXY_LOG_FORMAT; default text)")
-    # --- connection bounds (issue 15) ---
-    serve.add_argument("--request-timeout-ms", type=int,
-                       help="a request must arrive whole within this (env "
-                            "PROXY_REQUEST_TIMEOUT_MS; default 10000)")
-    serve.add_argument("--max-connections", type=int,
-                       help="open connections beyond this get 503 (env PROXY_MAX_CONNECTIONS; "
-                            "default 1000)")
-    serve.add_argument("--write-timeout-ms", type=int,
-                       help="drop a client that reads nothing for this long (env "
-                            "PROXY_WRITE_TIMEOUT_MS; default 10000)")
-    tls = serve.add_argument_group("TLS (opt-in)")
-    tls.add_argument("--tls-cert", help="server certificate chain, PEM (env PROXY_TLS_CERT)")
-    tls.add_argument("--tls-key", help="its private key, PEM, mode 600 (env PROXY_TLS_KEY)")
-    tls.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
-                                             "(mTLS; env PROXY_TLS_CLIENT_CA)")
+    add_bound_arguments(serve, "PROXY")
+    tls = add_tls_arguments(serve, "PROXY")
     tls.add_argument("--lockd-ca", help="CA of lockd's certificate for an https --lockd-url "
                                         "(env PROXY_LOCKD_CA)")
     tls.add_argument("--lockd-cert", help="client certificate for lockd (env PROXY_LOCKD_CERT)")

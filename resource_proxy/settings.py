@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from lockd.common.options import tls_problem
 from lockd.common.tls import parse_subjects
 
 __all__ = ["Settings"]
@@ -79,12 +80,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> Settings:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("give both tls_cert (--tls-cert) and tls_key (--tls-key), or neither")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("tls_client_ca (--tls-client-ca) needs --tls-cert and --tls-key")
-        if self.cert_clients and self.tls_client_ca is None:
-            raise ValueError("cert_clients needs tls_client_ca (--tls-client-ca)")
+        problem = tls_problem(self.tls_cert, self.tls_key, self.tls_client_ca,
+                              bool(self.cert_clients))
+        if problem:
+            raise ValueError(problem)
         if (self.lockd_cert is None) != (self.lockd_key is None):
             raise ValueError("give both lockd_cert (--lockd-cert) and lockd_key (--lockd-key)")
         if (self.lockd_ca or self.lockd_cert) and not (self.lockd_url or "").startswith("https://"):

@@ -2,11 +2,14 @@
 
 ::
 
-    problems.py  RFC 9457 problem bodies and ProblemError, the base of both error trees
-    httpkit.py   API keys, request ids, header bounds, problem responses, redacting logs
-    page.py      the shell of both status pages
-    names.py     the lock-name rule (lockd, its client, the proxy's fence routes)
-    connections.py  bounds on connections in time and number (uvicorn's protocol, bounded)
+    problems.py     RFC 9457 problem bodies and ProblemError, the base of both error trees
+    httpkit.py      API keys, request ids, header and body bounds, problem responses, redacting logs
+    connections.py  connection bounds: request deadline, connection cap, stalled readers (uvicorn)
+    tls.py          TLS start-up checks, server and client contexts, certificate identities
+    options.py      the command-line options both servers take alike (bounds, TLS)
+    names.py        the lock-name rule (alphabet, length, no empty/./.. segment)
+    page.py         the shell of both status pages
 
-``lockd.tokens`` (sign, verify, JWKS) sits beside this package for the same reason.
+``lockd.tokens`` (sign, verify, JWKS) sits beside this package for the same reason. The client
+(``lockd.client``) may use ``names`` and ``tls`` too.
 """

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from lockd.common.connections import bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
+from lockd.common.options import add_bound_arguments, add_tls_arguments
 from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
@@ -61,24 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="log level (env LOCKD_LOG_LEVEL; default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log line format (env LOCKD_LOG_FORMAT; default text)")
-    # --- connection bounds (issue 15) ---
-    serve.add_argument("--request-timeout-ms", type=int,
-                       help="a request must arrive whole within this (env "
-                            "LOCKD_REQUEST_TIMEOUT_MS; default 10000)")
-    serve.add_argument("--max-connections", type=int,
-                       help="open connections beyond this get 503 (env LOCKD_MAX_CONNECTIONS; "
-                            "default 1000)")
-    serve.add_argument("--write-timeout-ms", type=int,
-                       help="drop a client that reads nothing for this long (env "
-                            "LOCKD_WRITE_TIMEOUT_MS; default 10000)")
+    add_bound_arguments(serve, "LOCKD")
     serve.add_argument("--max-event-streams", type=int,
                        help="event streams beyond this get 503 (env LOCKD_MAX_EVENT_STREAMS; "
                             "default 100)")
-    tls = serve.add_argument_group("TLS (opt-in; https only when given)")
-    tls.add_argument("--tls-cert", help="server certificate chain, PEM (env LOCKD_TLS_CERT)")
-    tls.add_argument("--tls-key", help="its private key, PEM, mode 600 (env LOCKD_TLS_KEY)")
-    tls.add_argument("--tls-client-ca", help="require client certificates signed by this CA "
-                                             "(mTLS; env LOCKD_TLS_CLIENT_CA)")
+    add_tls_arguments(serve, "LOCKD")
     return parser
 
 

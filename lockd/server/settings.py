@@ -50,6 +50,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from lockd.common.connections import ConnectionBounds
+from lockd.common.options import tls_problem
 from lockd.common.tls import parse_subjects
 from lockd.server.store import check_store_url
 
@@ -99,13 +100,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _tls_pairs(self) -> Settings:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("give both tls_cert (--tls-cert) and tls_key (--tls-key), or neither")
-        if self.tls_client_ca is not None and self.tls_cert is None:
-            raise ValueError("tls_client_ca (--tls-client-ca) needs --tls-cert and --tls-key")
-        if (self.cert_clients or self.cert_admins) and self.tls_client_ca is None:
-            raise ValueError("cert_clients/cert_admins need tls_client_ca (--tls-client-ca): "
-                             "without mTLS no client certificate is seen")
+        problem = tls_problem(self.tls_cert, self.tls_key, self.tls_client_ca,
+                              bool(self.cert_clients or self.cert_admins))
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
