@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -89,6 +90,16 @@ def _path(request: Request) -> tuple[str, str]:
     return params["table"], params["key"].replace("%", "%25")
 
 
+def _query(request: Request) -> list[tuple[str, str]]:
+    """The query's ``name=value`` pairs, percent-decoded strictly: bytes that are not UTF-8 are
+    422, not silently replaced by U+FFFD (which would filter on another value)."""
+    raw = request.scope.get("query_string", b"").decode("latin-1")
+    try:
+        return parse_qsl(raw, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidRequest("the query string is not UTF-8 once percent-decoded") from None
+
+
 def _token(request: Request) -> str | None:
     token = request.headers.get(TOKEN_HEADER)
     if token is not None and len(token) > MAX_TOKEN_CHARS:
@@ -140,9 +151,7 @@ async def get_row(request: Request) -> Response:
 @_route("/v1/tables/{table}/rows", "GET")
 async def list_rows(request: Request) -> Response:
     table = request.path_params["table"]
-    result = await _service(request).list_rows(
-        table, request.query_params.multi_items(), _token(request)
-    )
+    result = await _service(request).list_rows(table, _query(request), _token(request))
     return _reply(request, "list", result)
 
 

@@ -134,7 +134,9 @@ class ProxyService:
         filters: dict[str, Any] = {}
         for name, value in query:
             if name == "limit":
-                if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+                # ASCII digits only: "²" passes isdigit() but not int(); "٣" passes both
+                if not (value.isascii() and value.isdigit() and len(value) <= 4
+                        and 1 <= int(value) <= MAX_LIMIT):
                     raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
                 limit = int(value)
                 continue
