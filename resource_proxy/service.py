@@ -8,6 +8,10 @@ the store sees any of them; a failing op's problem carries its ``op_index``.
 
 Reads need no token; with one, the read is fenced (invariant 7): the token must be genuine and
 its fence not stale, and the highest fence rises to it before the rows are read.
+
+A write or batch with an ``Idempotency-Key`` (``keyed``) goes through the same checks, then to
+the store's ``*_once`` calls, and comes back as a ``Reply`` (status and body text) that the
+store recorded with the write or replayed from an earlier request (``idempotency``).
 """
 
 from __future__ import annotations
@@ -23,29 +27,33 @@ from resource_proxy.errors import (
     TokenRequired,
 )
 from resource_proxy.fencing import Fence, validate_lock_name
+from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
 from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op
 from resource_proxy.policy import Policy
 from resource_proxy.store.base import Row, Store
-from resource_proxy.tables import Catalog, Table, coerce, parse_json_key, parse_url_key
+from resource_proxy.tables import Catalog, Table, coerce, dumps, parse_json_key, parse_url_key
 
 __all__ = ["ProxyService", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 _OP_FIELDS = {"op", "table", "key", "row"}
+_WRITE_STATUS = {"insert": 201, "upsert": 200, "update": 200, "delete": 204}
 
 
 class ProxyService:
-    """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000)."""
+    """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000);
+    ``idempotency_ttl_ms``: how long an Idempotency-Key's answer is kept (default 24 h)."""
 
     def __init__(self, catalog: Catalog, policy: Policy, keys: KeySource, store: Store,
-                 *, max_batch_ops: int = 1000):
+                 *, max_batch_ops: int = 1000, idempotency_ttl_ms: int = DEFAULT_TTL_MS):
         self.catalog = catalog
         self.policy = policy
         self.keys = keys
         self.store = store
         self.max_batch_ops = max_batch_ops
+        self.idempotency_ttl_ms = idempotency_ttl_ms
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -68,14 +76,23 @@ class ProxyService:
     # -- writes --------------------------------------------------------------------------
 
     async def write(self, kind: OpKind, table_name: str, raw_key: str | None, row: Any,
-                    token: str | None) -> Row | None:
-        """One fenced row write (``insert``/``upsert``/``update``/``delete``)."""
+                    token: str | None, keyed: Keyed | None = None) -> Row | None | Reply:
+        """One fenced row write (``insert``/``upsert``/``update``/``delete``): the row written
+        (None for a delete), or with ``keyed`` the ``Reply`` (recorded or replayed)."""
         fence = await self.fence_of(token)
         table = self.table(table_name)
         key = parse_url_key(table, raw_key) if raw_key is not None else None
         op = build_op(kind, table, key, row, fence.fence)
         self.policy.check_write(fence.lock, table, op.key)
-        return await self.store.write(fence, op)
+        if keyed is None:
+            return await self.store.write(fence, op)
+        status = _WRITE_STATUS[kind]
+
+        def render(written: Row | None) -> Reply:
+            return Reply(status, "" if status == 204 else dumps(written))
+
+        return await self.store.write_once(
+            fence, op, keyed.once(fence.lock, self.idempotency_ttl_ms, render))
 
     def _batch_op(self, raw: Any, fence: Fence) -> WriteOp:
         if not isinstance(raw, Mapping):
@@ -94,8 +111,10 @@ class ProxyService:
         self.policy.check_write(fence.lock, table, op.key)
         return op
 
-    async def batch(self, body: Any, token: str | None) -> dict[str, Any]:
-        """``{"ops": [...]}``: one fence check, one transaction, all or nothing."""
+    async def batch(self, body: Any, token: str | None,
+                    keyed: Keyed | None = None) -> dict[str, Any] | Reply:
+        """``{"ops": [...]}``: one fence check, one transaction, all or nothing; with ``keyed``
+        the ``Reply`` (recorded or replayed)."""
         fence = await self.fence_of(token)
         ops = body.get("ops") if isinstance(body, Mapping) else None
         if not isinstance(ops, list) or not ops:
@@ -108,15 +127,22 @@ class ProxyService:
                 built.append(self._batch_op(raw, fence))
             except ProxyError as exc:
                 raise exc.with_extra(op_index=index) from None
-        rows = await self.store.batch(fence, built)
-        return {
-            "results": [
-                {"op": op.kind, "table": op.table.name, "row": row}
-                for op, row in zip(built, rows, strict=True)
-            ],
-            "lock": fence.lock,
-            "fence": fence.fence,
-        }
+
+        def answer(rows: list[Row | None]) -> dict[str, Any]:
+            return {
+                "results": [
+                    {"op": op.kind, "table": op.table.name, "row": row}
+                    for op, row in zip(built, rows, strict=True)
+                ],
+                "lock": fence.lock,
+                "fence": fence.fence,
+            }
+
+        if keyed is None:
+            return answer(await self.store.batch(fence, built))
+        once = keyed.once(fence.lock, self.idempotency_ttl_ms,
+                          lambda rows: Reply(200, dumps(answer(rows))))
+        return await self.store.batch_once(fence, built, once)
 
     # -- reads ---------------------------------------------------------------------------
 
