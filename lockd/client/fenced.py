@@ -24,15 +24,29 @@ authority (a local check would be racy anyway). Check ``lease.lost`` to stop ear
 ``StaleTokenError`` proves a newer grant exists, so it also marks the lease lost (firing
 ``on_lost`` if nothing else had).
 
+Writes are retried safely: every write (insert, upsert, update, delete, batch) carries an
+``Idempotency-Key`` (128 random bits, one per call), and when the answer is 502
+``outcome_unknown`` (the proxy lost the database while committing) or no answer at all
+(``TransportError``: reset, timeout), the session sends the same request with the same key again,
+up to ``retries`` times (default 3; waits 0.05, 0.1, 0.2 s ... between attempts). The proxy
+answers a retry of a write that did commit with the original answer, so a row is never inserted
+twice. When the retries run out the last error is raised (``OutcomeUnknown`` or
+``TransportError``: the write may or may not have committed). A 503 (nothing committed) is raised
+at once, as before: retrying it is safe, and is the caller's choice.
+
 Keys: a scalar for a one-column primary key, a tuple/list in primary-key column order for a
 composite one (percent-encoded and joined with ``,`` in the URL, as the proxy expects). Errors are
 the ``lockd.client.errors`` hierarchy: ``StaleTokenError`` (409, ``presented``/``highest``),
 ``TokenRequired``, ``InvalidToken``, ``LockNotAllowed``, ``NotFoundError``, ``ValidationError``
-(``problem.get("op_index")`` names a failing batch op), ``ServiceUnavailable`` (nothing written).
+(``problem.get("op_index")`` names a failing batch op), ``ServiceUnavailable`` (nothing written),
+``OutcomeUnknown`` (see above).
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -42,8 +56,10 @@ import httpx
 from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
+    OutcomeUnknown,
     ProtocolError,
     StaleTokenError,
+    TransportError,
     body_or_raise,
     translate_transport_errors,
 )
@@ -52,6 +68,12 @@ from lockd.client.lease import AsyncLease, Lease
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
 
 Key = Any  # scalar, or a sequence of scalars in primary-key order
+_RETRYABLE = (OutcomeUnknown, TransportError)  # the write may have committed: resend, same key
+
+
+def _retry_delay(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (0-based) of a keyed write: 0.05, 0.1, 0.2 ... <= 1."""
+    return min(1.0, 0.05 * 2 ** attempt)
 
 
 def _scalar(value: Any) -> str:
@@ -97,10 +119,13 @@ def _items(body: Any) -> list[dict[str, Any]]:
 
 class _SessionBase:
     def __init__(self, proxy_url: str, lease: Lease | AsyncLease, timeout: float,
-                 api_key: str | None = None):
+                 api_key: str | None = None, retries: int = 3):
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
         self.url = proxy_url.rstrip("/")
         self.lease = lease
         self.timeout = timeout
+        self.retries = retries
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
         """The proxy's highest fence for the lock after this session's claim."""
@@ -111,8 +136,11 @@ class _SessionBase:
         """Whether the lease's fence has been claimed at the proxy by this session."""
         return self._claimed_fence == self.lease.fence
 
-    def _headers(self) -> dict[str, str]:
-        return {"Fencing-Token": self.lease.token, **self._auth}
+    def _headers(self, idempotency_key: str | None = None) -> dict[str, str]:
+        headers = {"Fencing-Token": self.lease.token, **self._auth}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        return headers
 
     @staticmethod
     def _select_params(where: Mapping[str, Any] | None, limit: int | None) -> dict[str, Any]:
@@ -139,13 +167,15 @@ class FencedSession(_SessionBase):
 
     ``timeout`` (seconds, default 10) bounds each request. ``http_client`` lets you share an
     ``httpx.Client`` (not closed by the session). ``api_key``: the proxy's API key
-    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. Use as a context manager or call
-    ``close()``.
+    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. ``retries``: how many times a write
+    is resent with its Idempotency-Key after ``outcome_unknown`` or no answer (default 3). Use
+    as a context manager or call ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease, *, timeout: float = 10.0,
-                 http_client: httpx.Client | None = None, api_key: str | None = None):
-        super().__init__(proxy_url, lease, timeout, api_key)
+                 http_client: httpx.Client | None = None, api_key: str | None = None,
+                 retries: int = 3):
+        super().__init__(proxy_url, lease, timeout, api_key, retries)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout)
 
@@ -159,10 +189,12 @@ class FencedSession(_SessionBase):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _send(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
+    def _send(self, method: str, path: str, *, json: Any = None, params: Any = None,
+              idempotency_key: str | None = None) -> Any:
         with translate_transport_errors(f"{method} {path}"):
             response = self._http.request(method, self.url + path, json=json, params=params,
-                                          headers=self._headers(), timeout=self.timeout)
+                                          headers=self._headers(idempotency_key),
+                                          timeout=self.timeout)
         try:
             return body_or_raise(method, path, response)
         except LockClientError as exc:
@@ -174,6 +206,18 @@ class FencedSession(_SessionBase):
             self.claim()
         return self._send(method, path, **kw)
 
+    def _write(self, method: str, path: str, **kw: Any) -> Any:
+        """A fenced write with an Idempotency-Key, resent with it after an unknown outcome."""
+        key = uuid.uuid4().hex
+        for attempt in range(self.retries + 1):
+            try:
+                return self._fenced(method, path, idempotency_key=key, **kw)
+            except _RETRYABLE:
+                if attempt == self.retries:
+                    raise
+                time.sleep(_retry_delay(attempt))
+        raise AssertionError("unreachable")
+
     def claim(self) -> int:
         """Raise the proxy's highest fence for the lock to this lease's (writes nothing); return
         the highest. Done automatically before the first fenced call. Raises ``StaleTokenError``."""
@@ -182,21 +226,21 @@ class FencedSession(_SessionBase):
     def insert(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
         """Insert ``row``; return the stored row (201). A duplicate key is ``ValidationError``
         or a 409 problem as the proxy reports it."""
-        return self._fenced("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
+        return self._write("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
 
     def upsert(self, table: str, key: Key, row: Mapping[str, Any]) -> dict[str, Any]:
         """Insert or replace the row at ``key``; return it."""
-        return self._fenced("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return self._write("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                             json=dict(row))
 
     def update(self, table: str, key: Key, changes: Mapping[str, Any]) -> dict[str, Any]:
         """Set the given columns of the row at ``key``; return it. ``NotFoundError`` if absent."""
-        return self._fenced("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return self._write("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                             json=dict(changes))
 
     def delete(self, table: str, key: Key) -> None:
         """Delete the row at ``key``. ``NotFoundError`` if absent."""
-        self._fenced("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
+        self._write("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
 
     def get(self, table: str, key: Key) -> dict[str, Any]:
         """Fenced read of the row at ``key``. ``NotFoundError`` if absent."""
@@ -212,15 +256,16 @@ class FencedSession(_SessionBase):
         """Apply ``ops`` (``{"op": "insert"|"upsert"|"update"|"delete", "table", "key", "row"}``)
         in one transaction under one fence check, all or nothing; return the per-op results
         (``{"op", "table", "row"}``). A failing op's index is ``error.problem["op_index"]``."""
-        return _batch_results(self._fenced("POST", "/v1/batch", json={"ops": [dict(o) for o in ops]}))
+        return _batch_results(self._write("POST", "/v1/batch", json={"ops": [dict(o) for o in ops]}))
 
 
 class AsyncFencedSession(_SessionBase):
     """The asyncio twin of ``FencedSession`` (same methods, ``await`` them)."""
 
     def __init__(self, proxy_url: str, lease: AsyncLease, *, timeout: float = 10.0,
-                 http_client: httpx.AsyncClient | None = None, api_key: str | None = None):
-        super().__init__(proxy_url, lease, timeout, api_key)
+                 http_client: httpx.AsyncClient | None = None, api_key: str | None = None,
+                 retries: int = 3):
+        super().__init__(proxy_url, lease, timeout, api_key, retries)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout)
 
@@ -234,10 +279,12 @@ class AsyncFencedSession(_SessionBase):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _send(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
+    async def _send(self, method: str, path: str, *, json: Any = None, params: Any = None,
+                    idempotency_key: str | None = None) -> Any:
         with translate_transport_errors(f"{method} {path}"):
             response = await self._http.request(method, self.url + path, json=json,
-                                                params=params, headers=self._headers(),
+                                                params=params,
+                                                headers=self._headers(idempotency_key),
                                                 timeout=self.timeout)
         try:
             return body_or_raise(method, path, response)
@@ -250,23 +297,35 @@ class AsyncFencedSession(_SessionBase):
             await self.claim()
         return await self._send(method, path, **kw)
 
+    async def _write(self, method: str, path: str, **kw: Any) -> Any:
+        """See ``FencedSession._write``."""
+        key = uuid.uuid4().hex
+        for attempt in range(self.retries + 1):
+            try:
+                return await self._fenced(method, path, idempotency_key=key, **kw)
+            except _RETRYABLE:
+                if attempt == self.retries:
+                    raise
+                await asyncio.sleep(_retry_delay(attempt))
+        raise AssertionError("unreachable")
+
     async def claim(self) -> int:
         """See ``FencedSession.claim``."""
         return self._after_claim(await self._send("POST", self._claim_path()))
 
     async def insert(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._fenced("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
+        return await self._write("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
 
     async def upsert(self, table: str, key: Key, row: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._fenced("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return await self._write("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                                   json=dict(row))
 
     async def update(self, table: str, key: Key, changes: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._fenced("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return await self._write("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                                   json=dict(changes))
 
     async def delete(self, table: str, key: Key) -> None:
-        await self._fenced("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
+        await self._write("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
 
     async def get(self, table: str, key: Key) -> dict[str, Any]:
         return await self._fenced("GET", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
@@ -277,5 +336,5 @@ class AsyncFencedSession(_SessionBase):
                                          params=self._select_params(where, limit)))
 
     async def batch(self, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        return _batch_results(await self._fenced("POST", "/v1/batch",
+        return _batch_results(await self._write("POST", "/v1/batch",
                                                  json={"ops": [dict(o) for o in ops]}))
