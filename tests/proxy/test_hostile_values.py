@@ -105,3 +105,23 @@ def test_ascii_digits_and_in_range_timestamps_still_work(deployment: Deployment)
     assert late.status_code == 200, late.text
     listed = d.client.get(f"/v1/tables/kinds/rows?id={key}&limit=5")
     assert listed.status_code == 200 and len(listed.json()["items"]) == 1
+
+
+@pytest.mark.parametrize("token", [b"\xb2.\xb2.\xb2", b"\xff" * 40, "²".encode("latin-1") * 3000])
+def test_a_non_ascii_token_is_401_not_500(deployment: Deployment, token):
+    d, key = deployment, unique()
+    r = d.client.put(f"/v1/tables/items/rows/{key}", json={"v": "x"},
+                     headers=[("Fencing-Token", token)])
+    assert_problem(r, 401, "invalid_token")
+    assert_problem(d.client.get(f"/v1/tables/items/rows/{key}", headers=[("Fencing-Token", token)]),
+                   401, "invalid_token")
+
+
+@pytest.mark.parametrize("number", ["1e999999", "-1e400", "1e309"])
+def test_a_number_beyond_the_databases_range_is_422_not_infinity(deployment: Deployment, number):
+    """SQLite's NUMERIC affinity would store it as a REAL: Infinity, silently."""
+    d, key = deployment, unique_id()
+    r = d.client.put(f"/v1/tables/kinds/rows/{key}", content='{"n": ' + number + "}",
+                     headers={**d.auth(unique("hostile/"), 1), "content-type": "application/json"})
+    assert_problem(r, 422, "invalid_request")
+    assert d.db.query("SELECT count(*) FROM kinds WHERE id = ?", (key,)) == [(0,)]
