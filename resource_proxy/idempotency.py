@@ -18,7 +18,9 @@ committed (a retry finds the record and gets the original status and body, with
   a newer holder has fenced the lock off since (the write was honoured when it was made).
 - Kept ``ttl_ms`` (default 24 h, ``PROXY_IDEMPOTENCY_TTL_MS``), by the database's clock on
   PostgreSQL and the proxy's on SQLite; an expired record is as good as absent and is deleted
-  by the next write that reuses its key, or by a purge that runs at most once a minute.
+  by the next write that reuses its key, or by a purge (at most every 10 s, 10 000 records at
+  a time, off the write's transaction; every ``ttl_ms / 2`` if that is shorter). Each record is about the size of the answer, which is
+  about the size of the request (at most ``max_body_bytes``) plus column defaults.
 - Concurrent requests with one key (PostgreSQL): the first inserts the record row and holds
   its row lock until COMMIT; the second waits on it, then finds the record (replay) or, if the
   first rolled back, proceeds itself. SQLite serializes writers anyway (``BEGIN IMMEDIATE``).
@@ -52,7 +54,8 @@ __all__ = [
 
 HEADER = "idempotency-key"
 DEFAULT_TTL_MS = 24 * 3600 * 1000
-PURGE_INTERVAL_S = 60.0
+PURGE_INTERVAL_S = 10.0  # a keyed write starts a purge of expired records at most this often
+PURGE_BATCH = 10_000  # records one purge deletes at most (~1000 keyed writes/s sustained)
 PG_TABLE = "idempotency"  # in the proxy's schema, next to the fences
 SQLITE_TABLE = "resource_proxy_idempotency"
 _KEY = re.compile(r"[!-~]{1,255}")

@@ -24,15 +24,17 @@ authority (a local check would be racy anyway). Check ``lease.lost`` to stop ear
 ``StaleTokenError`` proves a newer grant exists, so it also marks the lease lost (firing
 ``on_lost`` if nothing else had).
 
-Writes are retried safely: every write (insert, upsert, update, delete, batch) carries an
-``Idempotency-Key`` (128 random bits, one per call), and when the answer is 502
+Non-idempotent writes are retried safely: ``insert`` (POST), ``update`` (PATCH) and ``batch``
+carry an ``Idempotency-Key`` (128 random bits, one per call), and when the answer is 502
 ``outcome_unknown`` (the proxy lost the database while committing) or no answer at all
 (``TransportError``: reset, timeout), the session sends the same request with the same key again,
 up to ``retries`` times (default 3; waits 0.05, 0.1, 0.2 s ... between attempts). The proxy
 answers a retry of a write that did commit with the original answer, so a row is never inserted
 twice. When the retries run out the last error is raised (``OutcomeUnknown`` or
-``TransportError``: the write may or may not have committed). A 503 (nothing committed) is raised
-at once, as before: retrying it is safe, and is the caller's choice.
+``TransportError``: the write may or may not have committed). ``upsert`` (PUT) and ``delete``
+are idempotent (sending one twice leaves the same rows) and go without a key; their errors are
+raised at once. A 503 (nothing committed) is raised at once too: retrying it is the caller's
+choice, and safe.
 
 Keys: a scalar for a one-column primary key, a tuple/list in primary-key column order for a
 composite one (percent-encoded and joined with ``,`` in the URL, as the proxy expects). Errors are
@@ -167,9 +169,9 @@ class FencedSession(_SessionBase):
 
     ``timeout`` (seconds, default 10) bounds each request. ``http_client`` lets you share an
     ``httpx.Client`` (not closed by the session). ``api_key``: the proxy's API key
-    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. ``retries``: how many times a write
-    is resent with its Idempotency-Key after ``outcome_unknown`` or no answer (default 3). Use
-    as a context manager or call ``close()``.
+    (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. ``retries``: how many times an insert,
+    update or batch is resent with its Idempotency-Key after ``outcome_unknown`` or no answer
+    (default 3). Use as a context manager or call ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease, *, timeout: float = 10.0,
@@ -230,7 +232,7 @@ class FencedSession(_SessionBase):
 
     def upsert(self, table: str, key: Key, row: Mapping[str, Any]) -> dict[str, Any]:
         """Insert or replace the row at ``key``; return it."""
-        return self._write("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return self._fenced("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                             json=dict(row))
 
     def update(self, table: str, key: Key, changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -240,7 +242,7 @@ class FencedSession(_SessionBase):
 
     def delete(self, table: str, key: Key) -> None:
         """Delete the row at ``key``. ``NotFoundError`` if absent."""
-        self._write("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
+        self._fenced("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
 
     def get(self, table: str, key: Key) -> dict[str, Any]:
         """Fenced read of the row at ``key``. ``NotFoundError`` if absent."""
@@ -317,7 +319,7 @@ class AsyncFencedSession(_SessionBase):
         return await self._write("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
 
     async def upsert(self, table: str, key: Key, row: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._write("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return await self._fenced("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                                   json=dict(row))
 
     async def update(self, table: str, key: Key, changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -325,7 +327,7 @@ class AsyncFencedSession(_SessionBase):
                                   json=dict(changes))
 
     async def delete(self, table: str, key: Key) -> None:
-        await self._write("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
+        await self._fenced("DELETE", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")
 
     async def get(self, table: str, key: Key) -> dict[str, Any]:
         return await self._fenced("GET", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}")

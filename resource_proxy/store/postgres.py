@@ -27,6 +27,7 @@ discarded instead of being written to.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import select
 import time
@@ -48,7 +49,7 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import PG_SCHEMA, Fence, check
 from resource_proxy.idempotency import PG_TABLE as RECORDS
-from resource_proxy.idempotency import PURGE_INTERVAL_S, Once, Reply
+from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply
 from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
@@ -111,7 +112,7 @@ _CLAIM_KEY = (
 _READ_KEY = f"SELECT digest, status, body FROM {_RECORDS} WHERE key = %(key)s"
 _RECORD = f"UPDATE {_RECORDS} SET status = %(status)s, body = %(body)s WHERE key = %(key)s"
 _PURGE = (f"DELETE FROM {_RECORDS} WHERE key IN (SELECT key FROM {_RECORDS} "
-          f"WHERE created_ms < {_NOW_MS} - %(ttl)s LIMIT 10000)")
+          f"WHERE created_ms < {_NOW_MS} - %(ttl)s LIMIT {PURGE_BATCH})")
 
 
 def _idle_and_open(conn: psycopg.AsyncConnection) -> bool:
@@ -143,6 +144,7 @@ class PostgresStore:
         self.sql = SqlBuilder(POSTGRES)
         self._timeout = timeout_s
         self._purged = float("-inf")
+        self._purge_task: asyncio.Task | None = None
         self._pool = AsyncConnectionPool(
             libpq_dsn(url),
             min_size=pool_size,
@@ -164,6 +166,8 @@ class PostgresStore:
         await self._pool.open(wait=False)
 
     async def close(self) -> None:
+        if self._purge_task is not None:
+            await asyncio.gather(self._purge_task, return_exceptions=True)
         await self._pool.close()
 
     async def _acquire(self) -> psycopg.AsyncConnection:
@@ -265,7 +269,7 @@ class PostgresStore:
                 reply = once.render(await body(conn))
                 await conn.execute(_RECORD, {**key, "status": reply.status, "body": reply.body})
                 flight.committing = True
-        await self._maybe_purge(once.ttl_ms)
+        self._maybe_purge(once.ttl_ms)
         return reply
 
     async def write_once(self, fence: Fence, op: WriteOp, once: Once) -> Reply:
@@ -274,12 +278,17 @@ class PostgresStore:
     async def batch_once(self, fence: Fence, ops: Sequence[WriteOp], once: Once) -> Reply:
         return await self._once(once, lambda conn: self._batch_on(conn, fence, ops))
 
-    async def _maybe_purge(self, ttl_ms: int) -> None:
-        """Delete expired records, at most once per ``PURGE_INTERVAL_S`` (best effort)."""
+    def _maybe_purge(self, ttl_ms: int) -> None:
+        """Start a purge of expired records in the background, at most once per
+        ``PURGE_INTERVAL_S`` (or half the TTL if shorter) and one at a time (best effort)."""
         now = time.monotonic()
-        if now - self._purged < PURGE_INTERVAL_S:
+        interval = min(PURGE_INTERVAL_S, ttl_ms / 2000)
+        if now - self._purged < interval or (self._purge_task and not self._purge_task.done()):
             return
         self._purged = now
+        self._purge_task = asyncio.get_running_loop().create_task(self._purge(ttl_ms))
+
+    async def _purge(self, ttl_ms: int) -> None:
         try:
             async with self._connection() as conn:
                 await conn.execute(_PURGE, {"ttl": ttl_ms})

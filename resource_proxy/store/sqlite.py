@@ -31,7 +31,7 @@ from resource_proxy.errors import (
     StoreUnavailable,
 )
 from resource_proxy.fencing import Fence, check
-from resource_proxy.idempotency import PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
+from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
 from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import SQLITE, SqlBuilder
@@ -43,7 +43,8 @@ T = TypeVar("T")
 _READ_KEY = f"SELECT digest, status, body, created_ms FROM {SQLITE_TABLE} WHERE key = :key"
 _RECORD = (f"INSERT OR REPLACE INTO {SQLITE_TABLE} (key, digest, status, body, created_ms) "
            "VALUES (:key, :digest, :status, :body, :now)")
-_PURGE = f"DELETE FROM {SQLITE_TABLE} WHERE created_ms < :cutoff"
+_PURGE = (f"DELETE FROM {SQLITE_TABLE} WHERE key IN (SELECT key FROM {SQLITE_TABLE} "
+          f"WHERE created_ms < :cutoff LIMIT {PURGE_BATCH})")
 
 
 def translate(exc: Exception) -> ProxyError:
@@ -154,7 +155,7 @@ class SqliteStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        if now - self._purged >= PURGE_INTERVAL_S * 1000:  # best effort, outside the write
+        if now - self._purged >= min(PURGE_INTERVAL_S * 1000, once.ttl_ms / 2):  # best effort
             self._purged = now
             try:
                 conn.execute(_PURGE, {"cutoff": now - once.ttl_ms})

@@ -24,7 +24,7 @@ from lockd.client.fenced import AsyncFencedSession, FencedSession
 from lockd.client.lease import AsyncLease, Lease
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import Deployment, assert_problem, unique, write_jwks
-from tests.support import PgRelay
+from tests.support import PgRelay, drop_database, wait_for
 
 
 def _key() -> str:
@@ -166,22 +166,41 @@ def test_concurrent_requests_with_one_key_write_once(deployment: Deployment):
         assert len(_history(d, writer)) == 1
 
 
-def test_records_expire_after_the_configured_time(tmp_path, start_proxy, monkeypatch):
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_records_expire_after_the_configured_time_and_are_purged(backend, tmp_path, start_proxy,
+                                                                  monkeypatch, request):
     from tests.proxy.conftest import make_database
 
-    db = make_database("sqlite", tmp_path, None)
+    admin = request.getfixturevalue("pg_admin_dsn") if backend == "postgres" else None
+    db = make_database(backend, tmp_path, admin)
     ring = KeyRing.generate()
     monkeypatch.setenv("PROXY_IDEMPOTENCY_TTL_MS", "1000")
-    url, _ = start_proxy(db.url, "--jwks-file", str(write_jwks(tmp_path, ring)))
-    headers = {"Fencing-Token": ring.sign("ttl/1", 1), "Idempotency-Key": _key()}
-    with httpx.Client(base_url=url) as client:
-        assert client.put("/v1/tables/items/rows/a", json={"v": "1"}, headers=headers).status_code == 200
-        assert_problem(client.put("/v1/tables/items/rows/a", json={"v": "2"}, headers=headers),
-                       422, "idempotency_key_reused")
-        time.sleep(1.1)
-        later = client.put("/v1/tables/items/rows/a", json={"v": "2"}, headers=headers)
-        assert later.status_code == 200 and "idempotency-replayed" not in later.headers
-    assert db.query("SELECT v FROM items WHERE id = 'a'") == [("2",)]
+    try:
+        url, proc = start_proxy(db.url, "--jwks-file", str(write_jwks(tmp_path, ring)))
+        old, new = _key(), _key()
+        headers = {"Fencing-Token": ring.sign("ttl/1", 1), "Idempotency-Key": old}
+        records = ("SELECT key FROM resource_proxy_idempotency" if backend == "sqlite"
+                   else "SELECT key FROM resource_proxy.idempotency")
+        with httpx.Client(base_url=url) as client:
+            assert client.put("/v1/tables/items/rows/a", json={"v": "1"},
+                              headers=headers).status_code == 200
+            assert client.put("/v1/tables/items/rows/b", json={"v": "1"},
+                              headers={**headers, "Idempotency-Key": new}).status_code == 200
+            assert_problem(client.put("/v1/tables/items/rows/a", json={"v": "2"}, headers=headers),
+                           422, "idempotency_key_reused")
+            assert sorted(db.query(records)) == sorted([(old,), (new,)])
+            time.sleep(1.1)
+            # the expired record of `old` is replaced in the write's own transaction ...
+            later = client.put("/v1/tables/items/rows/a", json={"v": "2"}, headers=headers)
+            assert later.status_code == 200 and "idempotency-replayed" not in later.headers
+            # ... and the purge that follows deletes the expired `new`, keeping the fresh `old`
+            wait_for(lambda: db.query(records) == [(old,)], timeout=5,
+                     what="the expired record purged, the fresh one kept")
+        assert db.query("SELECT v FROM items WHERE id = 'a'") == [("2",)]
+        proc.stop()
+    finally:
+        if backend == "postgres":
+            drop_database(db.dsn, admin)
 
 
 # -- through a relay that cuts the connection to PostgreSQL -----------------------------------
