@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from lockd.client import AsyncLockClient, LockClient
+from lockd.client.errors import OutcomeUnknown, ServiceUnavailable
 from lockd.client.fenced import AsyncFencedSession, FencedSession
 from lockd.client.lease import AsyncLease, Lease
 from lockd.tokens import KeyRing
@@ -319,3 +320,21 @@ def test_async_fenced_session_retries_with_the_same_key_after_outcome_unknown(re
     row = asyncio.run(run())
     assert relay.cut_done.is_set()
     assert _rows(dsn, writer) == [(row["id"], 1)]
+
+
+def test_fenced_session_errors_say_unavailable_or_unknown(relayed):
+    url, relay, ring, dsn = relayed
+    writer = unique("w")
+    with LockClient("http://127.0.0.1:9") as lockd:
+        lease = _lease("relay/6", ring, Lease, lockd)
+        with FencedSession(url, lease, retries=0) as db:
+            db.claim()
+            relay.cut_after(b"COMMIT")
+            with pytest.raises(OutcomeUnknown) as unknown:
+                db.insert("history", {"fence": 1, "writer": writer})
+            assert unknown.value.status == 502 and not isinstance(unknown.value, ServiceUnavailable)
+            relay.refuse()
+            with pytest.raises(ServiceUnavailable) as unavailable:
+                db.insert("history", {"fence": 1, "writer": writer + "x"})
+            assert unavailable.value.code == "database_unavailable"
+    assert len(_rows(dsn, writer)) == 1 and _rows(dsn, writer + "x") == []
