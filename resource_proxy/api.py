@@ -41,6 +41,7 @@ from resource_proxy.errors import (
 from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
 from resource_proxy.idempotency import Keyed, Reply, parse_key
 from resource_proxy.metrics import CONTENT_TYPE_LATEST
+from resource_proxy.ops import OpKind
 from resource_proxy.service import ProxyService
 from resource_proxy.tables import dumps, loads
 
@@ -91,15 +92,11 @@ async def _raw_body(request: Request) -> bytes:
 
 
 def _parse(raw: bytes) -> Any:
+    """The body's JSON (numbers as exact Decimals); ``InvalidRequest`` if it is not JSON."""
     try:
         return loads(raw)
     except (ValueError, RecursionError):
         raise InvalidRequest("the body is not valid JSON") from None
-
-
-async def _body(request: Request) -> Any:
-    """The request's JSON body, at most ``max_body_bytes`` (``PayloadTooLarge``)."""
-    return _parse(await _raw_body(request))
 
 
 def _keyed(request: Request, body: bytes) -> Keyed | None:
@@ -111,7 +108,9 @@ def _keyed(request: Request, body: bytes) -> Keyed | None:
     return Keyed(key, request.method, path, body)
 
 
-async def _write(request: Request, kind, table: str, key: str | None) -> Any:
+async def _write(request: Request, kind: OpKind, table: str, key: str | None) -> Any:
+    """A row write: the row written (None for a delete), or a ``Reply`` when the request has
+    an ``Idempotency-Key`` (whose digest covers the raw body bytes)."""
     raw = b"" if kind == "delete" else await _raw_body(request)
     row = None if kind == "delete" else _parse(raw)
     return await _service(request).write(kind, table, key, row, _token(request),

@@ -293,9 +293,15 @@ class PgRelay:
             except OSError:
                 self._close(client)
                 continue
-            with self._lock:
-                self._sockets |= {client, server}
-                self.connections += 1
+            with self._lock:  # refuse() may have run while this one was connecting
+                refusing = self._refusing
+                if not refusing:
+                    self._sockets |= {client, server}
+                    self.connections += 1
+            if refusing:
+                self._close(client)
+                self._close(server)
+                continue
             swallow = threading.Event()
             answered = threading.Event()
             threading.Thread(target=self._upstream, args=(client, server, swallow, answered),

@@ -263,8 +263,11 @@ class PostgresStore:
                 claimed = await (await conn.execute(
                     _CLAIM_KEY, {**key, "digest": once.digest, "ttl": once.ttl_ms})).fetchone()
                 if claimed is None:  # recorded (and committed) by an earlier request
-                    digest, status, text = await (await conn.execute(_READ_KEY, key)).fetchone()  # type: ignore[misc]
-                    reply = once.replay(digest, status, text)
+                    found = await (await conn.execute(_READ_KEY, key)).fetchone()
+                    if found is None:  # expired and purged in between: rare, and safe to retry
+                        raise StoreUnavailable("the key's record expired meanwhile; nothing was "
+                                               "committed (safe to retry)")
+                    reply = once.replay(*found)
                     raise psycopg.Rollback(tx)
                 reply = once.render(await body(conn))
                 await conn.execute(_RECORD, {**key, "status": reply.status, "body": reply.body})
