@@ -13,7 +13,11 @@ generated cases (in both modes, within the same example budget) are *hostile var
 value of the case (a body value or key, a query or path parameter, a header) is replaced by a
 lone surrogate (JSON bodies only: a URL or header cannot carry one), a timestamp at the edge of
 ``datetime``'s range with a zone offset (``0001-01-01T00:00:00+01:00``), or non-ASCII digits
-(``²``, ``٣``; headers: Latin-1 ones). The same checks apply: no 5xx, a documented 4xx. To
+(``²``, ``٣``; headers: Latin-1 ones). Random placement can miss the one column where a value
+bites (a timestamp column among twelve), so every operation also gets explicit hostile cases
+(``_explicit_hostile``): each body property of its schema, each path and query parameter, given
+each of ``EXPLICIT`` in turn, on top of a case that succeeded. The same checks apply: no 5xx, a
+documented 4xx. To
 keep the run within its former time (hostile cases and keyed writes cost a little more each),
 the budgets went from 50 to 44 examples per operation and mode (lockd) and from 30 to 24 (proxy).
 """
@@ -79,6 +83,11 @@ HOSTILE = {  # where a value goes -> what may go there
 }
 
 
+EXPLICIT = ("\ud800", "0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00", "²")
+EXPLICIT_URL = ("²", "٣", "0001-01-01T00:00:00+01:00", "9" * 5000)
+EXPLICIT_HEADER = ("²", "9999-12-31T23:59:59-01:00")  # a header carries Latin-1 only
+
+
 def _body_slots(body, slots: list, limit: int = 50) -> None:
     """(container, key, kind) of every JSON leaf and every object key of ``body``."""
     stack = [body]
@@ -98,9 +107,10 @@ def _hostile_variant(case: schemathesis.Case, counts: collections.Counter[str]):
     """A strategy of ``case`` with one value replaced by a hostile one (``case`` if it has none)."""
     targets = [(name, "url") for name in (case.path_parameters or {})]
     targets += [(name, "query") for name in (case.query or {})]
-    targets += [(name, "header") for name in (case.headers or {}) if name.lower() != "authorization"]
+    targets += [(name, "header") for name in (case.headers or {})
+                if name.lower() not in ("authorization", "fencing-token")]  # those: 401 at once
     if isinstance(case.body, dict | list) and case.body:
-        targets.append((None, "body"))
+        targets += [(None, "body")] * 3  # where most values reach a database: weigh it more
     if not targets:
         return st.just(case)
 
@@ -130,10 +140,53 @@ def _hostile_variant(case: schemathesis.Case, counts: collections.Counter[str]):
         HOSTILE["url" if choice[1] == "query" else choice[1]]))
 
 
+def _resolve(raw: dict, schema: dict) -> dict:
+    ref = schema.get("$ref", "")
+    return raw["components"]["schemas"][ref.rsplit("/", 1)[1]] if ref else schema
+
+
+def _explicit_hostile(operation: schemathesis.APIOperation, case: schemathesis.Case, raw: dict,
+                      base_url: str, session: requests.Session, headers: dict[str, str] | None,
+                      counts: collections.Counter[str]) -> list[str]:
+    """``EXPLICIT`` values in every body property, ``EXPLICIT_URL`` ones in every path and query
+    parameter (``EXPLICIT_HEADER`` in every header but the token) of ``operation``, each on top of ``case`` (one that succeeded, if any did); the
+    failures."""
+    spec = raw["paths"][operation.path][operation.method.lower()]
+    content = spec.get("requestBody", {}).get("content", {}).get("application/json", {})
+    properties = _resolve(raw, content.get("schema", {})).get("properties", {})
+    base_body = case.body if isinstance(case.body, dict) else {}
+    path, query = dict(case.path_parameters or {}), dict(case.query or {})
+    base_headers = dict(case.headers or {})
+    variants = [("body", name, value) for name in properties for value in EXPLICIT]
+    variants += [("path", name, value) for name in path for value in EXPLICIT_URL]
+    variants += [("query", p["name"], value) for p in spec.get("parameters", [])
+                 if p.get("in") == "query" for value in EXPLICIT_URL]
+    variants += [("header", p["name"], value) for p in spec.get("parameters", [])
+                 if p.get("in") == "header" and p["name"].lower() != "fencing-token"
+                 for value in EXPLICIT_HEADER]
+    failures = []
+    for where, name, value in variants:
+        case.path_parameters = {**path, name: value} if where == "path" else path
+        case.query = {**query, name: value} if where == "query" else query
+        case.headers = {**base_headers, name: value} if where == "header" else base_headers
+        if where == "body" or content:
+            case.body = json.dumps({**base_body, name: value} if where == "body" else base_body).encode()
+        response = case.call(base_url=base_url, session=session, headers=headers, timeout=15)
+        counts["hostile explicit"] += 1
+        try:
+            case.validate_response(response, checks=CHECKS)
+        except (Exception, BaseExceptionGroup) as exc:
+            failures.append(f"{operation.label} [explicit {where} {name}={value[:40]!r}]: "
+                            f"{str(exc)[:1000]}")
+    return failures
+
+
 def _runner(operation: schemathesis.APIOperation, mode: schemathesis.GenerationMode,
             base_url: str, session: requests.Session, examples: int,
-            headers: dict[str, str] | None, counts: collections.Counter[str]):
-    """The hypothesis test of one operation in one generation mode (half of the cases hostile)."""
+            headers: dict[str, str] | None, counts: collections.Counter[str],
+            succeeded: dict[str, schemathesis.Case]):
+    """The hypothesis test of one operation in one generation mode (half of the cases hostile);
+    a positive case that succeeded (else one that was answered) is kept in ``succeeded``."""
     cases = operation.as_strategy(generation_mode=mode)
     cases = st.one_of(cases, cases.flatmap(lambda case: _hostile_variant(case, counts)))
 
@@ -143,6 +196,10 @@ def _runner(operation: schemathesis.APIOperation, mode: schemathesis.GenerationM
     def run(case: schemathesis.Case) -> None:
         response = case.call(base_url=base_url, session=session, headers=headers, timeout=15)
         counts[operation.label] += 1
+        if mode.is_positive and not isinstance(case.body, bytes) and (
+                response.status_code < 300
+                or (response.status_code < 500 and operation.label not in succeeded)):
+            succeeded[operation.label] = case  # the last 2xx; else the first answered one
         case.validate_response(response, checks=CHECKS)
 
     return run
@@ -153,28 +210,35 @@ def fuzz(base_url: str, examples: int, headers: dict[str, str] | None = None,
     """Run every operation of ``base_url``'s document; (requests per operation, failures).
     ``headers`` go with positive requests only (negative ones keep what was generated)."""
     schema = schemathesis.openapi.from_url(base_url + "/openapi.json")
+    raw = requests.get(base_url + "/openapi.json", timeout=10).json()
     session = requests.Session()
     counts: collections.Counter[str] = collections.Counter()
     failures: list[str] = []
+    succeeded: dict[str, schemathesis.Case] = {}
     for result in schema.get_all_operations():
         operation = result.ok()
         if operation.path.endswith("/events"):
             continue
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             run = _runner(operation, mode, base_url, session, examples,
-                          headers if mode.is_positive else None, counts)
+                          headers if mode.is_positive else None, counts, succeeded)
             try:
                 run()
             except Unsatisfiable:
                 pass  # nothing to negate (no parameters, no body)
             except (Exception, BaseExceptionGroup) as exc:  # report every operation's failure
                 failures.append(f"{operation.label} [{mode.value}]: {str(exc)[:2000]}")
+        if operation.label in succeeded:
+            failures += _explicit_hostile(operation, succeeded[operation.label], raw, base_url,
+                                          session, headers, counts)
     return counts, failures
 
 
 def _hostile_counts(counts: collections.Counter[str]) -> dict[str, int]:
-    """Hostile variants drawn, by where the value went (they are popped from ``counts``)."""
-    return {where: counts.pop("hostile " + where, 0) for where in ("body", "url", "query", "header")}
+    """Hostile variants drawn, by where the value went, and explicit hostile requests sent
+    (they are popped from ``counts``)."""
+    return {where: counts.pop("hostile " + where, 0)
+            for where in ("body", "url", "query", "header", "explicit")}
 
 
 def test_lockd_openapi_holds(start_lockd, record_property):
@@ -190,6 +254,7 @@ def test_lockd_openapi_holds(start_lockd, record_property):
     assert counts["POST /v1/locks/{name}/acquire"] >= 50
     assert sum(counts.values()) >= 400
     assert all(hostile[where] >= 20 for where in ("body", "url", "query")), hostile
+    assert hostile["explicit"] >= 40, hostile
     assert httpx.get(lockd.url + "/healthz").status_code == 200
 
 
@@ -211,7 +276,8 @@ def test_proxy_openapi_holds(start_lockd, start_proxy, pg_dsn, record_property):
     assert not failures, "\n\n".join(failures)
     assert counts["PUT /v1/tables/kinds/rows/{key}"] >= 30
     assert sum(counts.values()) >= 600
-    assert all(hostile[where] >= 20 for where in ("body", "url", "query", "header")), hostile
+    assert all(hostile[where] >= 20 for where in ("body", "url", "query")), hostile
+    assert hostile["explicit"] >= 200, hostile
     with psycopg.connect(pg_dsn) as conn:  # positive requests reached the database
         assert conn.execute("SELECT count(*) FROM kinds").fetchone()[0] > 0
     assert httpx.get(proxy.url + "/healthz").status_code == 200
