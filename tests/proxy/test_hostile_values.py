@@ -27,6 +27,8 @@ def _raw(value) -> str:
 
 
 def _send(d: Deployment, method: str, path: str, body, lock: str | None = None):
+    """Send ``body`` as raw JSON under a token for ``lock`` (the row's lock where a write could
+    succeed; a made-up one only where the request is refused before the binding is checked)."""
     headers = {**d.auth(lock or unique("hostile/"), 1), "content-type": "application/json"}
     return d.client.request(method, path, content=_raw(body), headers=headers)
 
@@ -39,25 +41,31 @@ def _send(d: Deployment, method: str, path: str, body, lock: str | None = None):
 ])
 def test_hostile_value_in_a_column_is_422_and_writes_nothing(deployment: Deployment, column, value):
     d, key = deployment, unique_id()
-    r = _send(d, "PUT", f"/v1/tables/kinds/rows/{key}", {column: value})
+    r = _send(d, "PUT", f"/v1/tables/kinds/rows/{key}", {column: value}, f"kinds/{key}")
     assert assert_problem(r, 422, "invalid_request")["column"] == column
     assert d.db.query("SELECT count(*) FROM kinds WHERE id = ?", (key,)) == [(0,)]
 
 
 def test_hostile_values_in_inserts_patches_and_batches(deployment: Deployment):
     d, key = deployment, unique()
-    lock = unique("hostile/")
+    lock = f"items/{key}"
     assert _send(d, "PUT", f"/v1/tables/items/rows/{key}", {"v": "fine"}, lock).status_code == 200
     assert_problem(_send(d, "POST", "/v1/tables/items/rows", {"id": SURROGATE, "v": "x"}, lock),
                    422, "invalid_request")
     assert_problem(_send(d, "PATCH", f"/v1/tables/items/rows/{key}", {"v": SURROGATE}, lock),
                    422, "invalid_request")
-    ops = [{"op": "upsert", "table": "items", "key": unique(), "row": {"v": "ok"}},
+    # op 0 is governed by the batch token's lock (a fresh row's); op 1's hostile key or value
+    # is refused before its binding is checked
+    fresh = unique()
+    ops = [{"op": "upsert", "table": "items", "key": fresh, "row": {"v": "ok"}},
            {"op": "upsert", "table": "items", "key": SURROGATE, "row": {"v": "ok"}}]
-    problem = assert_problem(_send(d, "POST", "/v1/batch", {"ops": ops}, lock), 422, "invalid_request")
+    batch_lock = f"items/{fresh}"
+    problem = assert_problem(_send(d, "POST", "/v1/batch", {"ops": ops}, batch_lock), 422,
+                             "invalid_request")
     assert problem["op_index"] == 1
     ops[1] = {"op": "update", "table": "kinds", "key": 1, "row": {"ts": HIGH}}
-    problem = assert_problem(_send(d, "POST", "/v1/batch", {"ops": ops}, lock), 422, "invalid_request")
+    problem = assert_problem(_send(d, "POST", "/v1/batch", {"ops": ops}, batch_lock), 422,
+                             "invalid_request")
     assert problem["op_index"] == 1 and problem["column"] == "ts"
     assert d.db.query("SELECT v FROM items WHERE id = ?", (key,)) == [("fine",)]
     assert d.db.query("SELECT count(*) FROM items WHERE id = ?", (ops[0]["key"],)) == [(0,)]
@@ -65,7 +73,8 @@ def test_hostile_values_in_inserts_patches_and_batches(deployment: Deployment):
 
 def test_a_surrogate_column_or_table_name_is_a_problem_the_renderer_can_write(deployment: Deployment):
     d = deployment
-    r = _send(d, "PUT", f"/v1/tables/kinds/rows/{unique_id()}", {SURROGATE: 1, "t": "x"})
+    key = unique_id()
+    r = _send(d, "PUT", f"/v1/tables/kinds/rows/{key}", {SURROGATE: 1, "t": "x"}, f"kinds/{key}")
     assert assert_problem(r, 422, "invalid_request")["column"] == SURROGATE
     r = _send(d, "POST", "/v1/batch", {"ops": [{"op": "insert", "table": SURROGATE, "row": {}}]})
     assert assert_problem(r, 404, "not_found")["table"] == SURROGATE
@@ -95,7 +104,7 @@ def test_hostile_url_keys_are_422(deployment: Deployment, key):
 
 def test_ascii_digits_and_in_range_timestamps_still_work(deployment: Deployment):
     d, key = deployment, unique_id()
-    lock = unique("hostile/")
+    lock = f"kinds/{key}"
     row = {"ts": "0001-01-01T00:00:00+00:00", "i": "7", "t": "emoji \U0001f600 ok"}
     r = _send(d, "PUT", f"/v1/tables/kinds/rows/{key}", row, lock)
     assert r.status_code == 200, r.text
@@ -122,6 +131,6 @@ def test_a_number_beyond_the_databases_range_is_422_not_infinity(deployment: Dep
     """SQLite's NUMERIC affinity would store it as a REAL: Infinity, silently."""
     d, key = deployment, unique_id()
     r = d.client.put(f"/v1/tables/kinds/rows/{key}", content='{"n": ' + number + "}",
-                     headers={**d.auth(unique("hostile/"), 1), "content-type": "application/json"})
+                     headers={**d.auth(f"kinds/{key}", 1), "content-type": "application/json"})
     assert_problem(r, 422, "invalid_request")
     assert d.db.query("SELECT count(*) FROM kinds WHERE id = ?", (key,)) == [(0,)]
