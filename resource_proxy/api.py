@@ -5,15 +5,21 @@ Decimals), take the ``Fencing-Token`` header, call ``ProxyService``, write JSON.
 taken from the *raw* request path, so a percent-encoded ``,`` (``%2C``) or ``/`` (``%2F``)
 inside a key value is not mistaken for a separator.
 
+Writes and batches take an optional ``Idempotency-Key`` header (``idempotency``): the answer
+is then the one the store recorded with the write, or replayed from an earlier request with the
+same key (marked ``Idempotency-Replayed: true``).
+
 Every failure, whether the proxy's own ``ProxyError``, a route that does not exist, a method
 not allowed or a bug, leaves through ``install_problem_handlers`` as
-``application/problem+json`` with ``type``, ``title``, ``status``, ``detail``, ``code``.
+``application/problem+json`` with ``type``, ``title``, ``status``, ``detail``, ``code``
+(``Retry-After: 1`` with a 503 ``database_unavailable``).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -32,7 +38,10 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
+from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
+from resource_proxy.idempotency import Keyed, Reply, parse_key
 from resource_proxy.metrics import CONTENT_TYPE_LATEST
+from resource_proxy.ops import OpKind
 from resource_proxy.service import ProxyService
 from resource_proxy.tables import dumps, loads
 
@@ -61,21 +70,51 @@ def _service(request: Request) -> ProxyService:
 
 
 def _reply(request: Request, call: str, body: Any, status: int = 200) -> Response:
-    """A JSON response (204: empty), counted in the metrics (``activity.record``)."""
+    """A JSON response (204: empty), counted in the metrics (``activity.record``); a ``Reply``
+    (a keyed write's) as it was recorded."""
+    if isinstance(body, Reply):
+        record(request, call, body.status)
+        headers = {"Idempotency-Replayed": "true"} if body.replayed else None
+        if body.status == 204:
+            return Response(status_code=204, headers=headers)
+        return Response(body.body, status_code=body.status, media_type="application/json",
+                        headers=headers)
     record(request, call, status)
     if status == 204:
         return Response(status_code=204)
     return Response(dumps(body), status_code=status, media_type="application/json")
 
 
-async def _body(request: Request) -> Any:
-    """The request's JSON body, at most ``max_body_bytes`` (``PayloadTooLarge``)."""
-    raw = await bounded_body(request.stream(), request.headers.get("content-length"),
-                             request.app.state.settings.max_body_bytes, PayloadTooLarge)
+async def _raw_body(request: Request) -> bytes:
+    """The request's body bytes, at most ``max_body_bytes`` (``PayloadTooLarge``)."""
+    return await bounded_body(request.stream(), request.headers.get("content-length"),
+                              request.app.state.settings.max_body_bytes, PayloadTooLarge)
+
+
+def _parse(raw: bytes) -> Any:
+    """The body's JSON (numbers as exact Decimals); ``InvalidRequest`` if it is not JSON."""
     try:
         return loads(raw)
     except (ValueError, RecursionError):
         raise InvalidRequest("the body is not valid JSON") from None
+
+
+def _keyed(request: Request, body: bytes) -> Keyed | None:
+    """The request's ``Idempotency-Key`` with what identifies the request (None: no key)."""
+    key = parse_key(request.headers.get(IDEMPOTENCY_HEADER))
+    if key is None:
+        return None
+    path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
+    return Keyed(key, request.method, path, body)
+
+
+async def _write(request: Request, kind: OpKind, table: str, key: str | None) -> Any:
+    """A row write: the row written (None for a delete), or a ``Reply`` when the request has
+    an ``Idempotency-Key`` (whose digest covers the raw body bytes)."""
+    raw = b"" if kind == "delete" else await _raw_body(request)
+    row = None if kind == "delete" else _parse(raw)
+    return await _service(request).write(kind, table, key, row, _token(request),
+                                         _keyed(request, raw))
 
 
 def _path(request: Request) -> tuple[str, str]:
@@ -87,6 +126,16 @@ def _path(request: Request) -> tuple[str, str]:
         if len(parts) == 6:
             return params["table"], parts[5]
     return params["table"], params["key"].replace("%", "%25")
+
+
+def _query(request: Request) -> list[tuple[str, str]]:
+    """The query's ``name=value`` pairs, percent-decoded strictly: bytes that are not UTF-8 are
+    422, not silently replaced by U+FFFD (which would filter on another value)."""
+    raw = request.scope.get("query_string", b"").decode("latin-1")
+    try:
+        return parse_qsl(raw, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidRequest("the query string is not UTF-8 once percent-decoded") from None
 
 
 def _token(request: Request) -> str | None:
@@ -123,34 +172,26 @@ async def table_lock(request: Request) -> Response:
 
 @_route("/v1/tables/{table}/rows", "POST")
 async def insert_row(request: Request) -> Response:
-    table = request.path_params["table"]
-    row = await _service(request).write("insert", table, None, await _body(request), _token(request))
+    row = await _write(request, "insert", request.path_params["table"], None)
     return _reply(request, "insert", row, 201)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "PUT")
 async def put_row(request: Request) -> Response:
-    table, key = _path(request)
-    row = await _service(request).write(
-        "upsert", table, key, await _body(request), _token(request)
-    )
+    row = await _write(request, "upsert", *_path(request))
     return _reply(request, "upsert", row)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "PATCH")
 async def patch_row(request: Request) -> Response:
-    table, key = _path(request)
-    row = await _service(request).write(
-        "update", table, key, await _body(request), _token(request)
-    )
+    row = await _write(request, "update", *_path(request))
     return _reply(request, "update", row)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "DELETE")
 async def delete_row(request: Request) -> Response:
-    table, key = _path(request)
-    await _service(request).write("delete", table, key, None, _token(request))
-    return _reply(request, "delete", None, 204)
+    result = await _write(request, "delete", *_path(request))
+    return _reply(request, "delete", result, 204)
 
 
 @_route("/v1/tables/{table}/rows/{key:path}", "GET")
@@ -163,15 +204,14 @@ async def get_row(request: Request) -> Response:
 @_route("/v1/tables/{table}/rows", "GET")
 async def list_rows(request: Request) -> Response:
     table = request.path_params["table"]
-    result = await _service(request).list_rows(
-        table, request.query_params.multi_items(), _token(request)
-    )
+    result = await _service(request).list_rows(table, _query(request), _token(request))
     return _reply(request, "list", result)
 
 
 @_route("/v1/batch", "POST")
 async def batch(request: Request) -> Response:
-    result = await _service(request).batch(await _body(request), _token(request))
+    raw = await _raw_body(request)
+    result = await _service(request).batch(_parse(raw), _token(request), _keyed(request, raw))
     return _reply(request, "batch", result)
 
 

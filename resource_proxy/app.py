@@ -70,7 +70,8 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         await keys.reload(force=True)
         if settings.jwks_file is not None and not keys.kids:
             raise RuntimeError(f"no usable Ed25519 key in {settings.jwks_file}")
-        app.state.service = ProxyService(bound, keys, store, max_batch_ops=settings.max_batch_ops)
+        app.state.service = ProxyService(bound, keys, store, max_batch_ops=settings.max_batch_ops,
+                                         idempotency_ttl_ms=settings.idempotency_ttl_ms)
         log.info("serving %d table(s): %s%s", len(tables), ", ".join(sorted(tables)) or "(none)",
                  describe_unfenced(bound.unfenced))
         try:

@@ -17,8 +17,18 @@
     ├── StaleToken                  409  stale_token        fence below the highest honoured
     │                                                       (``lock``, ``presented``, ``highest``)
     ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
-    └── StoreUnavailable            503  store_unavailable  the database did not answer; nothing
-                                                            was written, safe to retry
+    ├── StoreUnavailable            503  database_unavailable  the database did not answer and
+    │                                                       nothing was committed: safe to retry
+    └── OutcomeUnknown              502  outcome_unknown    the connection broke while the write
+                                                            (its COMMIT) was in flight: it may or
+                                                            may not have committed
+
+Why 502 and not 503 for ``outcome_unknown``: 503 says "the server could not handle the request"
+and generic HTTP retry logic (load balancers, client middlewares) treats it as safe to retry,
+which would write twice when the first attempt did commit. 502 ("the gateway got no valid
+answer from the server behind it") is exactly the proxy's position in front of the database and
+promises nothing about whether the request took effect; no ``Retry-After`` is sent with it.
+The way to settle it is a retry with the same ``Idempotency-Key`` (``idempotency``).
 
 Every error carries ``code`` (the problem slug), ``status``, a human ``detail`` and optional
 extension members (``extra``, e.g. ``column``, ``op_index``) that go into the problem body.
@@ -44,6 +54,7 @@ __all__ = [
     "StaleToken",
     "Conflict",
     "StoreUnavailable",
+    "OutcomeUnknown",
 ]
 
 
@@ -119,6 +130,15 @@ class Conflict(ProxyError):
 
 
 class StoreUnavailable(ProxyError):
-    """The database did not answer (down, restarting, timeout); nothing was written (503)."""
+    """The database did not answer (down, restarting, timeout) and nothing was committed: no
+    connection was had, or the transaction failed before its COMMIT was sent, or the database
+    answered with an error (503 ``database_unavailable``, ``Retry-After: 1``). Safe to retry."""
 
-    status, code, title = 503, "store_unavailable", "Database unavailable"
+    status, code, title = 503, "database_unavailable", "Database unavailable"
+
+
+class OutcomeUnknown(ProxyError):
+    """The connection to the database broke while a write (or its COMMIT) was in flight: it may
+    or may not have committed (502 ``outcome_unknown``). Retry with the same Idempotency-Key."""
+
+    status, code, title = 502, "outcome_unknown", "Outcome unknown"

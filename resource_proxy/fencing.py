@@ -41,6 +41,7 @@ import sqlalchemy as sa
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from resource_proxy.errors import InvalidRequest, StaleToken
+from resource_proxy.idempotency import idempotency_table
 
 __all__ = [
     "PG_SCHEMA",
@@ -93,10 +94,14 @@ def _table(dialect: str) -> sa.Table:
 
 
 def create_fence_table(engine: sa.Engine) -> None:
-    """Create the fence table if it is missing (safe when several proxies start at once)."""
+    """Create the fence table and the ``Idempotency-Key`` record table (``idempotency``) if they
+    are missing (safe when several proxies start at once)."""
     table = _table(engine.dialect.name)
+    is_pg = engine.dialect.name == "postgresql"
+    records = idempotency_table(engine.dialect.name, table.metadata, PG_SCHEMA if is_pg else None)
     with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
+        if is_pg:
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_KEY)))
             conn.execute(sa.schema.CreateSchema(PG_SCHEMA, if_not_exists=True))
         table.create(conn, checkfirst=True)
+        records.create(conn, checkfirst=True)

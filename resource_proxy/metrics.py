@@ -12,7 +12,8 @@ metric                                       type       meaning
                                                         ``stale``, ``token_required``,
                                                         ``invalid_token``, ``forbidden``,
                                                         ``not_found``, ``conflict``, ``invalid``,
-                                                        ``unavailable``, ``error``
+                                                        ``unavailable``, ``unknown`` (outcome
+                                                        unknown), ``error``
 ``resource_proxy_write_seconds{op}``         histogram  time from request to answer of a write
 ``resource_proxy_stale_rejections_total{call}``  counter  409 ``stale_token`` (writes, claims,
                                                         fenced reads)
@@ -39,7 +40,8 @@ OUTCOMES = {
     "stale_token": "stale", "token_required": "token_required", "invalid_token": "invalid_token",
     "lock_not_allowed": "forbidden", "not_found": "not_found", "conflict": "conflict",
     "invalid_request": "invalid", "payload_too_large": "invalid",
-    "store_unavailable": "unavailable",
+    "database_unavailable": "unavailable", "outcome_unknown": "unknown",
+    "idempotency_key_reused": "invalid",
 }
 WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LAG_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 1000, 10_000, 100_000)

@@ -29,10 +29,16 @@ _PROBLEM = {
 _TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock not allowed",
            404: "Not found (also: a path with a control character matches no route)", 409: "Stale fencing token or constraint conflict",
            413: "Payload too large", 422: "Invalid request", 428: "Fencing token required",
-           431: "Request headers too large", 503: "Database unavailable"}
+           431: "Request headers too large",
+           502: "Outcome unknown: the database connection broke while the write was committing",
+           503: "Database unavailable: nothing was committed, safe to retry"}
 _TOKEN = {"name": "Fencing-Token", "in": "header", "required": False,
           "description": "the lock's compact JWS from lockd", "schema": {"type": "string",
                                                                           "maxLength": 4096}}
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key", "in": "header", "required": False,
+    "description": "a retry with the same key gets the original answer (kept 24 h by default)",
+    "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"}}
 _ROW_OUT = {"type": "object", "additionalProperties": True}
 _SCALAR_KINDS = {
     Kind.INTEGER: {"type": "integer"}, Kind.NUMERIC: {"type": ["number", "string"]},
@@ -92,7 +98,7 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
-_WRITE_FAILURES = (401, 403, 404, 409, 413, 422, 428, 503)
+_WRITE_FAILURES = (401, 403, 404, 409, 413, 422, 428, 502, 503)
 _READ_FAILURES = (401, 403, 404, 409, 422, 503)
 _KEY = {"name": "key", "in": "path", "required": True,
         "description": "primary key values in key order, joined by ',', each percent-encoded",
@@ -107,7 +113,8 @@ def _table_paths(table: Table) -> dict[str, Any]:
     return {
         rows: {
             "post": {"summary": f"insert a row into {table.name} (fenced)",
-                     "parameters": [_TOKEN], "requestBody": _body(_row_in(table, partial=False)),
+                     "parameters": [_TOKEN, _IDEMPOTENCY_KEY],
+                     "requestBody": _body(_row_in(table, partial=False)),
                      "responses": {**_json("the stored row", _ROW_OUT, 201),
                                    **_problems(*_WRITE_FAILURES)}},
             "get": {"summary": f"rows of {table.name} whose columns equal the query's values",
@@ -123,14 +130,16 @@ def _table_paths(table: Table) -> dict[str, Any]:
             "get": {"summary": "one row (fenced when a token is sent)",
                     "parameters": [_KEY, _TOKEN],
                     "responses": {**out, **_problems(*_READ_FAILURES)}},
-            "put": {"summary": "insert or replace the row (fenced)", "parameters": [_KEY, _TOKEN],
+            "put": {"summary": "insert or replace the row (fenced)",
+                    "parameters": [_KEY, _TOKEN, _IDEMPOTENCY_KEY],
                     "requestBody": _body(_row_in(table, partial=False)),
                     "responses": {**out, **_problems(*_WRITE_FAILURES)}},
             "patch": {"summary": "update the given columns (fenced)",
-                      "parameters": [_KEY, _TOKEN],
+                      "parameters": [_KEY, _TOKEN, _IDEMPOTENCY_KEY],
                       "requestBody": _body(_row_in(table, partial=True)),
                       "responses": {**out, **_problems(*_WRITE_FAILURES)}},
-            "delete": {"summary": "delete the row (fenced)", "parameters": [_KEY, _TOKEN],
+            "delete": {"summary": "delete the row (fenced)",
+                       "parameters": [_KEY, _TOKEN, _IDEMPOTENCY_KEY],
                        "responses": {"204": {"description": "deleted"},
                                      **_problems(*_WRITE_FAILURES)}},
         },
@@ -171,7 +180,7 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
                           **_problems(404, 422)}}},
         "/v1/batch": {"post": {
             "summary": "several writes under one fence check, in one transaction",
-            "parameters": [_TOKEN],
+            "parameters": [_TOKEN, _IDEMPOTENCY_KEY],
             "requestBody": _body({"type": "object", "required": ["ops"],
                                   "additionalProperties": False,
                                   "properties": {"ops": {"type": "array", "minItems": 1,

@@ -13,6 +13,10 @@ Reads need no token; with one, the read is fenced (invariant 7): the token's loc
 the rows read (403 otherwise), its fence must not be stale, and the highest fence rises to it
 before the rows are read. A claim is for a lock that governs some row of a served table.
 
+A write or batch with an ``Idempotency-Key`` (``keyed``) goes through the same checks, then to
+the store's ``*_once`` calls, and comes back as a ``Reply`` (status and body text) that the
+store recorded with the write or replayed from an earlier request (``idempotency``).
+
 Where a token will carry several locks (multi-lock leases), ``_require`` is the one place that
 asks "does the token hold the lock this row needs".
 """
@@ -30,29 +34,33 @@ from resource_proxy.errors import (
     TokenRequired,
 )
 from resource_proxy.fencing import Fence, validate_lock_name
+from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
 from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op
 from resource_proxy.policy import Binding, TableBinding
 from resource_proxy.store.base import Row, Store
-from resource_proxy.tables import Catalog, Table, coerce, parse_json_key, parse_url_key
+from resource_proxy.tables import Catalog, Table, coerce, dumps, parse_json_key, parse_url_key
 
 __all__ = ["ProxyService", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 _OP_FIELDS = {"op", "table", "key", "row"}
+_WRITE_STATUS = {"insert": 201, "upsert": 200, "update": 200, "delete": 204}
 
 
 class ProxyService:
-    """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000)."""
+    """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000);
+    ``idempotency_ttl_ms``: how long an Idempotency-Key's answer is kept (default 24 h)."""
 
     def __init__(self, binding: Binding, keys: KeySource, store: Store,
-                 *, max_batch_ops: int = 1000):
+                 *, max_batch_ops: int = 1000, idempotency_ttl_ms: int = DEFAULT_TTL_MS):
         self.binding = binding
         self.catalog: Catalog = binding.catalog
         self.keys = keys
         self.store = store
         self.max_batch_ops = max_batch_ops
+        self.idempotency_ttl_ms = idempotency_ttl_ms
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -100,19 +108,29 @@ class ProxyService:
     # -- writes --------------------------------------------------------------------------
 
     async def write(self, kind: OpKind, table_name: str, raw_key: str | None, row: Any,
-                    token: str | None) -> Row | None:
+                    token: str | None, keyed: Keyed | None = None) -> Row | None | Reply:
         """One row write (``insert``/``upsert``/``update``/``delete``), fenced unless the table
-        is unfenced."""
+        is unfenced: the row written (None for a delete), or with ``keyed`` the ``Reply``
+        (recorded or replayed)."""
         table = self.table(table_name)
         bound = self.bound(table)
         fence = await self._optional_fence(token) if bound.unfenced else await self.fence_of(token)
         key = parse_url_key(table, raw_key) if raw_key is not None else None
         op = build_op(kind, table, key, row, fence.fence if fence else 0)
         if bound.unfenced:
-            return await self.store.write(None, op)
-        assert fence is not None
-        self._require(fence, bound, op.key, values=op.values)
-        return await self.store.write(fence, op)
+            fence = None
+        else:
+            assert fence is not None
+            self._require(fence, bound, op.key, values=op.values)
+        if keyed is None:
+            return await self.store.write(fence, op)
+        status = _WRITE_STATUS[kind]
+
+        def render(written: Row | None) -> Reply:
+            return Reply(status, "" if status == 204 else dumps(written))
+
+        return await self.store.write_once(
+            fence, op, keyed.once(fence.lock if fence else "", self.idempotency_ttl_ms, render))
 
     def _batch_op(self, raw: Any, fence: Fence | None) -> WriteOp:
         if not isinstance(raw, Mapping):
@@ -136,9 +154,11 @@ class ProxyService:
             self._require(fence, bound, op.key, values=op.values)
         return op
 
-    async def batch(self, body: Any, token: str | None) -> dict[str, Any]:
+    async def batch(self, body: Any, token: str | None,
+                    keyed: Keyed | None = None) -> dict[str, Any] | Reply:
         """``{"ops": [...]}``: one fence check, one transaction, all or nothing. Every op on a
-        fenced table must be governed by the token's lock; ops on unfenced tables need none."""
+        fenced table must be governed by the token's lock; ops on unfenced tables need none.
+        With ``keyed`` the ``Reply`` (recorded or replayed)."""
         fence = await self._optional_fence(token)
         ops = body.get("ops") if isinstance(body, Mapping) else None
         if not isinstance(ops, list) or not ops:
@@ -152,15 +172,23 @@ class ProxyService:
             except ProxyError as exc:
                 raise exc.with_extra(op_index=index) from None
         fenced = any(not self.bound(op.table).unfenced for op in built)
-        rows = await self.store.batch(fence if fenced else None, built)
-        return {
-            "results": [
-                {"op": op.kind, "table": op.table.name, "row": row}
-                for op, row in zip(built, rows, strict=True)
-            ],
-            "lock": fence.lock if fence and fenced else None,
-            "fence": fence.fence if fence and fenced else None,
-        }
+        checked = fence if fenced else None
+
+        def answer(rows: list[Row | None]) -> dict[str, Any]:
+            return {
+                "results": [
+                    {"op": op.kind, "table": op.table.name, "row": row}
+                    for op, row in zip(built, rows, strict=True)
+                ],
+                "lock": checked.lock if checked else None,
+                "fence": checked.fence if checked else None,
+            }
+
+        if keyed is None:
+            return answer(await self.store.batch(checked, built))
+        once = keyed.once(checked.lock if checked else "", self.idempotency_ttl_ms,
+                          lambda rows: Reply(200, dumps(answer(rows))))
+        return await self.store.batch_once(checked, built, once)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -184,7 +212,9 @@ class ProxyService:
         filters: dict[str, Any] = {}
         for name, value in query:
             if name == "limit":
-                if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+                # ASCII digits only: "²" passes isdigit() but not int(); "٣" passes both
+                if not (value.isascii() and value.isdigit() and len(value) <= 4
+                        and 1 <= int(value) <= MAX_LIMIT):
                     raise InvalidRequest(f"limit must be an integer from 1 to {MAX_LIMIT}")
                 limit = int(value)
                 continue

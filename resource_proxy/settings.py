@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     # How long a request waits for a database connection (and a connect attempt) before 503.
     db_timeout_ms: int = Field(3000, ge=100)
     jwks_refetch_interval_ms: int = Field(1000, ge=0)
+    # How long an Idempotency-Key's recorded answer is kept (default 24 h; at least 1 s).
+    idempotency_ttl_ms: int = Field(86_400_000, ge=1000)
     log_level: str = "info"
     # Operations: log lines as text or JSON objects (with request ids); bearer API keys (none:
     # no key needed; comma-separated, plus one a line from the file); bound on request headers.

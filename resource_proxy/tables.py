@@ -22,7 +22,11 @@ Value mapping (request JSON -> column; response column -> JSON)::
     array       list of the element kind                    list
     any         string / number / boolean (other types: the database parses and may refuse)
 
-A value of the wrong kind raises ``InvalidRequest`` naming the column. Request bodies are parsed
+A value of the wrong kind raises ``InvalidRequest`` naming the column. Hostile text is refused
+the same way, before any driver sees it: a string that is not valid Unicode (a lone surrogate
+such as ``"\\ud800"``, legal in JSON text but not encodable as UTF-8), digits that are not ASCII
+(``"²"``, ``"٣"``: ``int``/``Decimal`` would take some of them, as aliases of ASCII numbers), and a
+timestamp whose zone offset moves it outside years 1-9999 once converted to UTC. Request bodies are parsed
 with ``parse_float=Decimal`` (``loads``) so no precision is lost before a numeric column sees it;
 ``dumps`` writes Decimals back as exact JSON numbers. On SQLite, NUMERIC affinity keeps about 15
 significant digits (SQLite's own limit); PostgreSQL ``numeric`` keeps them all.
@@ -60,6 +64,7 @@ __all__ = [
     "Catalog",
     "reflect",
     "coerce",
+    "is_unicode",
     "parse_url_key",
     "parse_json_key",
     "key_text",
@@ -314,12 +319,32 @@ def _dumps_exact(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 # JSON value -> column value
 
-_INT_RE = re.compile(r"[+-]?\d{1,40}")
+_INT_RE = re.compile(r"[+-]?[0-9]{1,40}")
 MAX_JSON_DEPTH = 64
 
 
 def _bad(column: Column, expected: str) -> InvalidRequest:
     return InvalidRequest(f"column {column.name!r}: expected {expected}", column=column.name)
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8 (no lone surrogates: ``"\\ud800"`` is valid JSON
+    text, but no database driver can send it)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text_value(column: Column, value: str) -> str:
+    if not is_unicode(value):
+        raise _bad(column, "valid Unicode text (a lone surrogate is not)")
+    if "\x00" in value:
+        raise _bad(column, "a string without NUL characters")
+    return value
 
 
 def _to_decimal(column: Column, value: Any) -> Decimal:
@@ -329,7 +354,7 @@ def _to_decimal(column: Column, value: Any) -> Decimal:
         number = value
     elif isinstance(value, int | float):
         number = Decimal(value)
-    elif isinstance(value, str) and len(value) <= 1000:
+    elif isinstance(value, str) and len(value) <= 1000 and value.isascii():
         try:
             number = Decimal(value.strip())
         except InvalidOperation:
@@ -368,9 +393,12 @@ def _to_datetime(column: Column, value: Any) -> datetime:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise _bad(column, "an ISO 8601 timestamp string") from None
-    if column.kind is Kind.TIMESTAMP:
-        return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
-    return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    try:  # the offset may move 0001-01-01 or 9999-12-31 out of datetime's range
+        if column.kind is Kind.TIMESTAMP:
+            return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+        return moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)
+    except OverflowError:
+        raise _bad(column, "a timestamp within the years 1 to 9999 in UTC") from None
 
 
 def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
@@ -400,8 +428,7 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
     if kind is Kind.TEXT:
         if not isinstance(value, str):
             raise _bad(column, "a string")
-        if "\x00" in value:
-            raise _bad(column, "a string without NUL characters")
+        _text_value(column, value)
         if column.length is not None and len(value) > column.length:
             raise _bad(column, f"a string of at most {column.length} characters")
         return value
@@ -425,12 +452,15 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
             raise _bad(column, "an ISO 8601 time string") from None
     if kind is Kind.UUID:
         try:
-            return uuid.UUID(value) if isinstance(value, str) and len(value) <= 64 else _fail()
+            ok = isinstance(value, str) and len(value) <= 64 and value.isascii()
+            return uuid.UUID(value) if ok else _fail()
         except ValueError:
             raise _bad(column, "a UUID string") from None
     if kind is Kind.JSON:
         if _depth(value) > MAX_JSON_DEPTH:
             raise _bad(column, f"JSON nested at most {MAX_JSON_DEPTH} levels deep")
+        if not _json_is_unicode(value):
+            raise _bad(column, "JSON whose strings and keys are valid Unicode (a lone surrogate is not)")
         return value
     if kind is Kind.BYTES:
         try:
@@ -448,9 +478,7 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
         item = replace(column.item, name=column.name)
         return [coerce(item, v) for v in value]
     if isinstance(value, str | int | Decimal | bool):
-        if isinstance(value, str) and "\x00" in value:
-            raise _bad(column, "a string without NUL characters")
-        return value
+        return _text_value(column, value) if isinstance(value, str) else value
     raise _bad(column, "a string, number or boolean")
 
 
@@ -464,6 +492,22 @@ def _depth(value: Any) -> int:
             if level <= MAX_JSON_DEPTH:
                 stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
+
+
+def _json_is_unicode(value: Any) -> bool:
+    """Whether every string and key of a JSON value is valid Unicode (``is_unicode``)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not is_unicode(item):
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
 
 
 def _fail() -> Any:
@@ -481,7 +525,10 @@ def _need_key(table: Table) -> None:
 def parse_url_key(table: Table, raw: str) -> tuple[Any, ...]:
     """The key from its URL form (``raw`` still percent-encoded): values joined by ``,``."""
     _need_key(table)
-    parts = [unquote(part) for part in raw.split(",")]
+    try:  # strict: bytes that are not UTF-8 are not a key (``errors="replace"`` would alias them)
+        parts = [unquote(part, errors="strict") for part in raw.split(",")]
+    except UnicodeDecodeError:
+        raise InvalidRequest(f"the key of table {table.name!r} is not UTF-8 once decoded") from None
     if len(parts) != len(table.primary_key):
         raise InvalidRequest(
             f"key of table {table.name!r} has {len(table.primary_key)} value(s) "

@@ -16,8 +16,11 @@ transport errors, undecodable bodies) are translated at the boundary, the way ``
     ├── PermissionDenied               401/403 from lockd (unauthorized, forbidden)
     ├── NotFoundError                  404 unknown table, row or route
     ├── ValidationError                422 invalid_request (bad name, TTL out of bounds, bad column), 413
-    ├── ServiceUnavailable             503 store_unavailable: nothing was written; safe to retry
+    ├── ServiceUnavailable             503 store_unavailable / database_unavailable: nothing was
+    │   │                              written; safe to retry
     │   └── TransportError             no usable answer: connect refused, timeout, reset
+    ├── OutcomeUnknown                 502 outcome_unknown (proxy): the write may or may not have
+    │                                  committed; retry with the same Idempotency-Key
     └── ProtocolError                  an answer the contract does not allow (bad JSON, odd status)
 
 ``ServiceUnavailable`` (and its ``TransportError``) are the *transient* errors: the background
@@ -50,6 +53,7 @@ __all__ = [
     "ValidationError",
     "ServiceUnavailable",
     "TransportError",
+    "OutcomeUnknown",
     "ProtocolError",
     "error_from_response",
     "body_or_raise",
@@ -189,6 +193,15 @@ class TransportError(ServiceUnavailable):
     default_code = "transport_error"
 
 
+class OutcomeUnknown(LockClientError):
+    """The proxy lost its connection to the database while the write was being committed (502
+    ``outcome_unknown``): it may or may not have taken effect. Not a ``ServiceUnavailable``: a
+    blind retry could apply it twice. Retry with the same ``Idempotency-Key`` (which
+    ``FencedSession`` does by itself) to get the original answer, or read to find out."""
+
+    default_code = "outcome_unknown"
+
+
 class ProtocolError(LockClientError):
     """The server answered something the contract does not allow (bad JSON, unexpected status)."""
 
@@ -208,6 +221,9 @@ _BY_CODE: dict[str, type[LockClientError]] = {
     "invalid_request": ValidationError,
     "payload_too_large": ValidationError,
     "store_unavailable": ServiceUnavailable,
+    "database_unavailable": ServiceUnavailable,
+    "outcome_unknown": OutcomeUnknown,
+    "idempotency_key_reused": ValidationError,
 }
 
 _BY_STATUS: dict[int, type[LockClientError]] = {

@@ -34,16 +34,32 @@ authority (a local check would be racy anyway). Check ``lease.lost`` to stop ear
 ``StaleTokenError`` proves a newer grant exists, so it also marks the lease lost (firing
 ``on_lost`` if nothing else had).
 
+Non-idempotent writes are retried safely: ``insert`` (POST), ``update`` (PATCH) and ``batch``
+carry an ``Idempotency-Key`` (128 random bits, one per call), and when the answer is 502
+``outcome_unknown`` (the proxy lost the database while committing) or no answer at all
+(``TransportError``: reset, timeout), the session sends the same request with the same key again,
+up to ``retries`` times (default 3; waits 0.05, 0.1, 0.2 s ... between attempts). The proxy
+answers a retry of a write that did commit with the original answer, so a row is never inserted
+twice. When the retries run out the last error is raised (``OutcomeUnknown`` or
+``TransportError``: the write may or may not have committed). ``upsert`` (PUT) and ``delete``
+are idempotent (sending one twice leaves the same rows) and go without a key; their errors are
+raised at once. A 503 (nothing committed) is raised at once too: retrying it is the caller's
+choice, and safe.
+
 Keys: a scalar for a one-column primary key, a tuple/list in primary-key column order for a
 composite one (percent-encoded and joined with ``,`` in the URL, as the proxy expects). Errors are
 the ``lockd.client.errors`` hierarchy: ``StaleTokenError`` (409, ``presented``/``highest``),
 ``TokenRequired``, ``InvalidToken``, ``LockNotAllowed``, ``NotFoundError``, ``ValidationError``
-(``problem.get("op_index")`` names a failing batch op), ``ServiceUnavailable`` (nothing written).
+(``problem.get("op_index")`` names a failing batch op), ``ServiceUnavailable`` (nothing written),
+``OutcomeUnknown`` (see above).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
+import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -53,8 +69,10 @@ import httpx
 from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
+    OutcomeUnknown,
     ProtocolError,
     StaleTokenError,
+    TransportError,
     body_or_raise,
     translate_transport_errors,
 )
@@ -64,6 +82,12 @@ from lockd.common.tls import CertTypes, VerifyTypes, client_context
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
 
 Key = Any  # scalar, or a sequence of scalars in primary-key order
+_RETRYABLE = (OutcomeUnknown, TransportError)  # the write may have committed: resend, same key
+
+
+def _retry_delay(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (0-based) of a keyed write: 0.05, 0.1, 0.2 ... <= 1."""
+    return min(1.0, 0.05 * 2 ** attempt)
 
 
 def _scalar(value: Any) -> str:
@@ -118,10 +142,13 @@ def _lock_answer(body: Any) -> str | None:
 
 class _SessionBase:
     def __init__(self, proxy_url: str, lease: Lease | AsyncLease | None, timeout: float,
-                 api_key: str | None = None):
+                 api_key: str | None = None, retries: int = 3):
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
         self.url = proxy_url.rstrip("/")
         self.lease = lease
         self.timeout = timeout
+        self.retries = retries
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
         """The proxy's highest fence for the lock after this session's claim."""
@@ -140,8 +167,11 @@ class _SessionBase:
                                   "session.using(lease)", code="no_lease")
         return self.lease
 
-    def _headers(self) -> dict[str, str]:
-        return {"Fencing-Token": self._held().token, **self._auth}
+    def _headers(self, idempotency_key: str | None = None) -> dict[str, str]:
+        headers = {"Fencing-Token": self._held().token, **self._auth}
+        if idempotency_key is not None:
+            headers["Idempotency-Key"] = idempotency_key
+        return headers
 
     def _lock_path(self, table: str, key: Key | None) -> str:
         query = "" if key is None else "?key=" + encode_key(key)
@@ -175,13 +205,15 @@ class FencedSession(_SessionBase):
     ``httpx.Client`` (not closed by the session). ``api_key``: the proxy's API key
     (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. ``verify``/``cert``: TLS to an
     ``https://`` proxy, as for ``LockClient`` (CA file or ``SSLContext``; client certificate for
-    mTLS). Use as a context manager or call ``close()``.
+    mTLS). ``retries``: how many times an insert, update or batch is resent with its
+    Idempotency-Key after ``outcome_unknown`` or no answer (default 3). Use as a context manager
+    or call ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.Client | None = None, api_key: str | None = None,
-                 verify: VerifyTypes = True, cert: CertTypes = None):
-        super().__init__(proxy_url, lease, timeout, api_key)
+                 verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3):
+        super().__init__(proxy_url, lease, timeout, api_key, retries)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -219,10 +251,12 @@ class FencedSession(_SessionBase):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _send(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
+    def _send(self, method: str, path: str, *, json: Any = None, params: Any = None,
+              idempotency_key: str | None = None) -> Any:
         with translate_transport_errors(f"{method} {path}"):
             response = self._http.request(method, self.url + path, json=json, params=params,
-                                          headers=self._headers(), timeout=self.timeout)
+                                          headers=self._headers(idempotency_key),
+                                          timeout=self.timeout)
         try:
             return body_or_raise(method, path, response)
         except LockClientError as exc:
@@ -234,6 +268,18 @@ class FencedSession(_SessionBase):
             self.claim()
         return self._send(method, path, **kw)
 
+    def _write(self, method: str, path: str, **kw: Any) -> Any:
+        """A fenced write with an Idempotency-Key, resent with it after an unknown outcome."""
+        key = uuid.uuid4().hex
+        for attempt in range(self.retries + 1):
+            try:
+                return self._fenced(method, path, idempotency_key=key, **kw)
+            except _RETRYABLE:
+                if attempt == self.retries:
+                    raise
+                time.sleep(_retry_delay(attempt))
+        raise AssertionError("unreachable")
+
     def claim(self) -> int:
         """Raise the proxy's highest fence for the lock to this lease's (writes nothing); return
         the highest. Done automatically before the first fenced call. Raises ``StaleTokenError``."""
@@ -242,7 +288,7 @@ class FencedSession(_SessionBase):
     def insert(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
         """Insert ``row``; return the stored row (201). A duplicate key is ``ValidationError``
         or a 409 problem as the proxy reports it."""
-        return self._fenced("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
+        return self._write("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
 
     def upsert(self, table: str, key: Key, row: Mapping[str, Any]) -> dict[str, Any]:
         """Insert or replace the row at ``key``; return it."""
@@ -251,7 +297,7 @@ class FencedSession(_SessionBase):
 
     def update(self, table: str, key: Key, changes: Mapping[str, Any]) -> dict[str, Any]:
         """Set the given columns of the row at ``key``; return it. ``NotFoundError`` if absent."""
-        return self._fenced("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return self._write("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                             json=dict(changes))
 
     def delete(self, table: str, key: Key) -> None:
@@ -272,7 +318,7 @@ class FencedSession(_SessionBase):
         """Apply ``ops`` (``{"op": "insert"|"upsert"|"update"|"delete", "table", "key", "row"}``)
         in one transaction under one fence check, all or nothing; return the per-op results
         (``{"op", "table", "row"}``). A failing op's index is ``error.problem["op_index"]``."""
-        return _batch_results(self._fenced("POST", "/v1/batch", json={"ops": [dict(o) for o in ops]}))
+        return _batch_results(self._write("POST", "/v1/batch", json={"ops": [dict(o) for o in ops]}))
 
 
 class AsyncFencedSession(_SessionBase):
@@ -280,8 +326,8 @@ class AsyncFencedSession(_SessionBase):
 
     def __init__(self, proxy_url: str, lease: AsyncLease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.AsyncClient | None = None, api_key: str | None = None,
-                 verify: VerifyTypes = True, cert: CertTypes = None):
-        super().__init__(proxy_url, lease, timeout, api_key)
+                 verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3):
+        super().__init__(proxy_url, lease, timeout, api_key, retries)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -316,10 +362,12 @@ class AsyncFencedSession(_SessionBase):
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
 
-    async def _send(self, method: str, path: str, *, json: Any = None, params: Any = None) -> Any:
+    async def _send(self, method: str, path: str, *, json: Any = None, params: Any = None,
+                    idempotency_key: str | None = None) -> Any:
         with translate_transport_errors(f"{method} {path}"):
             response = await self._http.request(method, self.url + path, json=json,
-                                                params=params, headers=self._headers(),
+                                                params=params,
+                                                headers=self._headers(idempotency_key),
                                                 timeout=self.timeout)
         try:
             return body_or_raise(method, path, response)
@@ -332,19 +380,31 @@ class AsyncFencedSession(_SessionBase):
             await self.claim()
         return await self._send(method, path, **kw)
 
+    async def _write(self, method: str, path: str, **kw: Any) -> Any:
+        """See ``FencedSession._write``."""
+        key = uuid.uuid4().hex
+        for attempt in range(self.retries + 1):
+            try:
+                return await self._fenced(method, path, idempotency_key=key, **kw)
+            except _RETRYABLE:
+                if attempt == self.retries:
+                    raise
+                await asyncio.sleep(_retry_delay(attempt))
+        raise AssertionError("unreachable")
+
     async def claim(self) -> int:
         """See ``FencedSession.claim``."""
         return self._after_claim(await self._send("POST", self._claim_path()))
 
     async def insert(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._fenced("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
+        return await self._write("POST", f"/v1/tables/{_table(table)}/rows", json=dict(row))
 
     async def upsert(self, table: str, key: Key, row: Mapping[str, Any]) -> dict[str, Any]:
         return await self._fenced("PUT", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                                   json=dict(row))
 
     async def update(self, table: str, key: Key, changes: Mapping[str, Any]) -> dict[str, Any]:
-        return await self._fenced("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
+        return await self._write("PATCH", f"/v1/tables/{_table(table)}/rows/{encode_key(key)}",
                                   json=dict(changes))
 
     async def delete(self, table: str, key: Key) -> None:
@@ -359,5 +419,5 @@ class AsyncFencedSession(_SessionBase):
                                          params=self._select_params(where, limit)))
 
     async def batch(self, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        return _batch_results(await self._fenced("POST", "/v1/batch",
+        return _batch_results(await self._write("POST", "/v1/batch",
                                                  json={"ops": [dict(o) for o in ops]}))

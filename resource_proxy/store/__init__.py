@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from resource_proxy.fencing import SQLITE_TABLE, create_fence_table
+from resource_proxy.idempotency import SQLITE_TABLE as IDEMPOTENCY_TABLE
 from resource_proxy.policy import Binding, Policy
 from resource_proxy.settings import Settings
 from resource_proxy.store.base import Row, Store
@@ -47,7 +48,7 @@ def prepare(url: str, tables: Sequence[str] | None, policy: Policy) -> Binding:
     engine = _engine(url)
     try:
         create_fence_table(engine)
-        exclude = {SQLITE_TABLE} if engine.dialect.name == "sqlite" else set()
+        exclude = {SQLITE_TABLE, IDEMPOTENCY_TABLE} if engine.dialect.name == "sqlite" else set()
         sqlite = engine.dialect.name == "sqlite"
         return policy.bind(reflect(engine, tables, exclude), sqlite=sqlite)
     finally:

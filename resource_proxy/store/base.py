@@ -5,9 +5,10 @@ fences. Rows come back as JSON-ready dicts (``tables.decode_row``).
 
 Errors (nothing else escapes a store): ``StaleToken`` (the fence check failed; nothing written),
 ``NotFound`` (no such row), ``Conflict`` (UNIQUE / FOREIGN KEY / EXCLUDE), ``InvalidRequest``
-(NOT NULL, CHECK, a value the database refused), ``StoreUnavailable`` (the database did not
-answer; the transaction did not commit, or - if the connection broke while COMMIT was in
-flight - its outcome is unknown, which a retry of the same write with the same fence settles).
+(NOT NULL, CHECK, a value the database refused), ``StoreUnavailable`` (503: the database did
+not answer and nothing was committed), ``OutcomeUnknown`` (502: the connection broke while the
+write's COMMIT was in flight; it may have committed), ``KeyReused`` (422: an Idempotency-Key
+recorded for another request).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from resource_proxy.fencing import Fence
+from resource_proxy.idempotency import Once, Reply
 from resource_proxy.ops import WriteOp
 from resource_proxy.tables import Catalog, Table
 
@@ -50,6 +52,14 @@ class Store(Protocol):
 
         A failing op raises its error with ``op_index``; the transaction is rolled back whole.
         """
+
+    async def write_once(self, fence: Fence, op: WriteOp, once: Once) -> Reply:
+        """``write`` with an Idempotency-Key: the reply recorded for ``once.key`` if there is one
+        (``KeyReused`` if it was another request's), else the write, with its rendered reply
+        recorded in the same transaction."""
+
+    async def batch_once(self, fence: Fence, ops: Sequence[WriteOp], once: Once) -> Reply:
+        """``batch`` with an Idempotency-Key, as ``write_once``."""
 
     async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
         """The row (``NotFound`` if absent); with ``fence``, a fenced read (fence check first)."""

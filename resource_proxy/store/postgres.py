@@ -8,15 +8,29 @@
   separate statement so it takes its snapshot after the fence row was locked and raised, and sees
   every write that committed before (READ COMMITTED gives each statement a fresh snapshot).
 
+- A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
+  record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
+
 Sessions run with ``TimeZone = UTC`` (timestamps come back with ``+00:00``) and load json/jsonb
 with exact Decimals. Errors are translated at this boundary (``translate``); a connection that
 broke is discarded by the pool and replaced in the background, so the proxy recovers by itself
 when the database returns.
+
+Unavailable or unknown: a failure is 503 ``database_unavailable`` when nothing can have
+committed (no connection was had; the transaction failed before its COMMIT was sent; the server
+answered with an error) and 502 ``outcome_unknown`` when the connection broke while a write's
+COMMIT (or its autocommit statement) was in flight. To keep the second case to its real window,
+a pooled connection is checked before use for an unprompted byte or EOF from the server (one
+``poll`` syscall, no round trip): a connection the server or the network closed while idle is
+discarded instead of being written to.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import select
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,10 +43,13 @@ from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    OutcomeUnknown,
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import Fence, check
+from resource_proxy.fencing import PG_SCHEMA, Fence, check
+from resource_proxy.idempotency import PG_TABLE as RECORDS
+from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply
 from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
@@ -59,9 +76,10 @@ def libpq_dsn(url: str) -> str:
 def translate(exc: Exception) -> ProxyError:
     """A psycopg/pool error -> the proxy's error (see the table in ``errors``)."""
     if isinstance(exc, PoolTimeout):
-        return StoreUnavailable("no database connection became available in time")
+        return StoreUnavailable("no database connection became available in time; nothing was "
+                                "committed (safe to retry)")
     if not isinstance(exc, psycopg.Error):
-        return StoreUnavailable("database error")
+        return StoreUnavailable("database error; nothing was committed (safe to retry)")
     state = exc.sqlstate or ""
     diag = exc.diag
     text = " ".join(part for part in (diag.message_primary, diag.message_detail) if part)
@@ -76,7 +94,46 @@ def translate(exc: Exception) -> ProxyError:
         return InvalidRequest(text or "the database refused a value", **extra)
     if state and not state.startswith(("08", "53", "57", "40", "58", "XX")):
         log.warning("unexpected database error %s: %s", state, text)
-    return StoreUnavailable("the database did not complete the request; nothing was committed")
+    return StoreUnavailable("the database did not complete the request; nothing was committed "
+                            "(safe to retry)")
+
+
+_UNKNOWN = ("the connection to the database broke while the write was being committed: it may "
+            "or may not have committed. Retry with the same Idempotency-Key to get its outcome "
+            "(without one, read the rows to find out)")
+_RECORDS = f'"{PG_SCHEMA}"."{RECORDS}"'
+_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+_CLAIM_KEY = (
+    f"INSERT INTO {_RECORDS} AS r (key, digest, created_ms) VALUES (%(key)s, %(digest)s, {_NOW_MS}) "
+    "ON CONFLICT (key) DO UPDATE SET digest = excluded.digest, status = NULL, body = NULL, "
+    "created_ms = excluded.created_ms WHERE r.created_ms < excluded.created_ms - %(ttl)s "
+    "RETURNING 1"
+)
+_READ_KEY = f"SELECT digest, status, body FROM {_RECORDS} WHERE key = %(key)s"
+_RECORD = f"UPDATE {_RECORDS} SET status = %(status)s, body = %(body)s WHERE key = %(key)s"
+_PURGE = (f"DELETE FROM {_RECORDS} WHERE key IN (SELECT key FROM {_RECORDS} "
+          f"WHERE created_ms < {_NOW_MS} - %(ttl)s LIMIT {PURGE_BATCH})")
+
+
+def _idle_and_open(conn: psycopg.AsyncConnection) -> bool:
+    """Whether a pooled (idle) connection is still usable: open, and nothing to read on its
+    socket (an idle connection the server or the network closed reads as EOF; a server that is
+    shutting down sends an error first)."""
+    if conn.closed or conn.broken:
+        return False
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    return not poller.poll(0)
+
+
+class _Flight:
+    """Where a request is: ``committing`` once a COMMIT (or an autocommit write) may have been
+    sent; a connection lost after that is ``outcome_unknown``, before it ``database_unavailable``."""
+
+    __slots__ = ("committing",)
+
+    def __init__(self) -> None:
+        self.committing = False
 
 
 class PostgresStore:
@@ -86,6 +143,8 @@ class PostgresStore:
         self.catalog = catalog
         self.sql = SqlBuilder(POSTGRES)
         self._timeout = timeout_s
+        self._purged = float("-inf")
+        self._purge_task: asyncio.Task | None = None
         self._pool = AsyncConnectionPool(
             libpq_dsn(url),
             min_size=pool_size,
@@ -107,25 +166,47 @@ class PostgresStore:
         await self._pool.open(wait=False)
 
     async def close(self) -> None:
+        if self._purge_task is not None:
+            await asyncio.gather(self._purge_task, return_exceptions=True)
         await self._pool.close()
 
+    async def _acquire(self) -> psycopg.AsyncConnection:
+        """A live pooled connection within ``timeout_s`` (``PoolTimeout`` otherwise); stale ones
+        are closed, so the pool replaces them."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            conn = await self._pool.getconn(timeout=max(0.001, deadline - time.monotonic()))
+            if _idle_and_open(conn):
+                return conn
+            log.info("discarding a database connection closed while idle")
+            await conn.close()
+            await self._pool.putconn(conn)
+
     @asynccontextmanager
-    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+    async def _connection(self, flight: _Flight | None = None) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A connection for one request; errors translated (``flight``: see ``_Flight``)."""
         try:
-            async with self._pool.connection() as conn:
-                yield conn
+            conn = await self._acquire()
         except (psycopg.Error, OSError) as exc:
             raise translate(exc) from None
+        try:
+            yield conn
+        except (psycopg.Error, OSError) as exc:
+            if flight is not None and flight.committing and (conn.broken or conn.closed):
+                raise OutcomeUnknown(_UNKNOWN) from None
+            raise translate(exc) from None
+        finally:
+            await self._pool.putconn(conn)
 
     async def ping(self) -> None:
         async with self._connection() as conn:
             await conn.execute("SELECT 1")
 
-    async def write(self, fence: Fence | None, op: WriteOp) -> Row | None:
+    async def _write_on(self, conn: psycopg.AsyncConnection, fence: Fence | None,
+                        op: WriteOp) -> Row | None:
         sql, params = self.sql.write(op, fence)
-        async with self._connection() as conn:
-            cur = await conn.execute(sql, params)
-            result = await cur.fetchone()
+        cur = await conn.execute(sql, params)
+        result = await cur.fetchone()
         if fence is None:  # an unfenced table: the plain write
             if result is None:
                 raise NotFound(f"no row with that key in table {op.table.name!r}")
@@ -137,32 +218,93 @@ class PostgresStore:
             raise NotFound(f"no row with that key in table {op.table.name!r}")
         return None if op.kind == "delete" else decode_row(op.table, values)
 
-    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
+    async def write(self, fence: Fence | None, op: WriteOp) -> Row | None:
+        flight = _Flight()
+        flight.committing = True  # one autocommit statement: sending it is committing it
+        async with self._connection(flight) as conn:
+            return await self._write_on(conn, fence, op)
+
+    async def _batch_on(self, conn: psycopg.AsyncConnection, fence: Fence | None,
+                        ops: Sequence[WriteOp]) -> list[Row | None]:
+        """The batch's statements inside the caller's transaction (no fence check when every
+        op is on an unfenced table: ``fence`` None)."""
         results: list[Row | None] = []
-        d = self.sql.d
-        async with self._connection() as conn, conn.transaction():
-            if fence is not None:
-                cur = await conn.execute(d.fence_upsert, {"lock": fence.lock, "fence": fence.fence})
-                (highest,) = await cur.fetchone()  # type: ignore[misc]
-                try:
-                    check(fence, highest)
-                except ProxyError as exc:
-                    raise exc.with_extra(op_index=0) from None
-            for index, op in enumerate(ops):
-                sql, params = self.sql.write(op, None)
-                try:
-                    cur = await conn.execute(sql, params)
-                    row = await cur.fetchone()
-                except psycopg.Error as exc:
-                    if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57")):
-                        raise
-                    raise translate(exc).with_extra(op_index=index) from None
-                if row is None:
-                    raise NotFound(
-                        f"op {index}: no row with that key in table {op.table.name!r}", op_index=index
-                    )
-                results.append(None if op.kind == "delete" else decode_row(op.table, row))
+        if fence is not None:
+            cur = await conn.execute(self.sql.d.fence_upsert,
+                                     {"lock": fence.lock, "fence": fence.fence})
+            (highest,) = await cur.fetchone()  # type: ignore[misc]
+            try:
+                check(fence, highest)
+            except ProxyError as exc:
+                raise exc.with_extra(op_index=0) from None
+        for index, op in enumerate(ops):
+            sql, params = self.sql.write(op, None)
+            try:
+                cur = await conn.execute(sql, params)
+                row = await cur.fetchone()
+            except psycopg.Error as exc:
+                if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57")) or conn.broken:
+                    raise
+                raise translate(exc).with_extra(op_index=index) from None
+            if row is None:
+                raise NotFound(
+                    f"op {index}: no row with that key in table {op.table.name!r}", op_index=index
+                )
+            results.append(None if op.kind == "delete" else decode_row(op.table, row))
         return results
+
+    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
+        flight = _Flight()
+        async with self._connection(flight) as conn:
+            async with conn.transaction():
+                results = await self._batch_on(conn, fence, ops)
+                flight.committing = True  # leaving the block sends COMMIT
+            return results
+
+    async def _once(self, once: Once, body) -> Reply:
+        """``body(conn)`` in a transaction that also records its ``Reply`` under ``once.key``;
+        the recorded reply instead if the key was used before (``idempotency``)."""
+        flight = _Flight()
+        key = {"key": once.key}
+        async with self._connection(flight) as conn:
+            async with conn.transaction() as tx:
+                claimed = await (await conn.execute(
+                    _CLAIM_KEY, {**key, "digest": once.digest, "ttl": once.ttl_ms})).fetchone()
+                if claimed is None:  # recorded (and committed) by an earlier request
+                    found = await (await conn.execute(_READ_KEY, key)).fetchone()
+                    if found is None:  # expired and purged in between: rare, and safe to retry
+                        raise StoreUnavailable("the key's record expired meanwhile; nothing was "
+                                               "committed (safe to retry)")
+                    reply = once.replay(*found)
+                    raise psycopg.Rollback(tx)
+                reply = once.render(await body(conn))
+                await conn.execute(_RECORD, {**key, "status": reply.status, "body": reply.body})
+                flight.committing = True
+        self._maybe_purge(once.ttl_ms)
+        return reply
+
+    async def write_once(self, fence: Fence | None, op: WriteOp, once: Once) -> Reply:
+        return await self._once(once, lambda conn: self._write_on(conn, fence, op))
+
+    async def batch_once(self, fence: Fence | None, ops: Sequence[WriteOp], once: Once) -> Reply:
+        return await self._once(once, lambda conn: self._batch_on(conn, fence, ops))
+
+    def _maybe_purge(self, ttl_ms: int) -> None:
+        """Start a purge of expired records in the background, at most once per
+        ``PURGE_INTERVAL_S`` (or half the TTL if shorter) and one at a time (best effort)."""
+        now = time.monotonic()
+        interval = min(PURGE_INTERVAL_S, ttl_ms / 2000)
+        if now - self._purged < interval or (self._purge_task and not self._purge_task.done()):
+            return
+        self._purged = now
+        self._purge_task = asyncio.get_running_loop().create_task(self._purge(ttl_ms))
+
+    async def _purge(self, ttl_ms: int) -> None:
+        try:
+            async with self._connection() as conn:
+                await conn.execute(_PURGE, {"ttl": ttl_ms})
+        except ProxyError as exc:
+            log.info("idempotency record purge skipped: %s", exc.detail)
 
     async def _read(self, fence: Fence | None, sql: str, params: Mapping[str, Any]) -> list[tuple]:
         async with self._connection() as conn:

@@ -22,6 +22,7 @@ Two shapes of write:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -30,6 +31,7 @@ from uuid import UUID
 
 from psycopg.types.json import Json, Jsonb
 
+from resource_proxy.errors import InvalidRequest
 from resource_proxy.fencing import PG_SCHEMA, PG_TABLE, SQLITE_TABLE, Fence
 from resource_proxy.ops import WriteOp
 from resource_proxy.tables import Column, Kind, Table, dumps
@@ -82,6 +84,11 @@ class Dialect:
         if isinstance(value, bool):
             return int(value)
         if isinstance(value, Decimal):
+            # SQLite's NUMERIC affinity keeps a non-integer as a REAL: beyond its range that
+            # would be a silent Infinity, so refuse it (PostgreSQL refuses it by itself)
+            if math.isinf(float(value)):
+                raise InvalidRequest(f"column {column.name!r}: expected a number within the range "
+                                     "SQLite can store (about 1.8e308)", column=column.name)
             return str(value)
         if isinstance(value, datetime | date | time):
             return value.isoformat()

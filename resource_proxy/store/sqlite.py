@@ -5,6 +5,12 @@ same file wait for it too) + fence upsert + the write(s) or read + ``COMMIT``; a
 rolls the whole transaction back, fence upsert included. The connection is used from worker
 threads under a mutex, so the event loop never blocks on the disk. Journal: WAL with
 ``synchronous = FULL`` (an acknowledged write survives a power cut); foreign keys enforced.
+
+A write with an ``Idempotency-Key`` (``*_once``) looks its record up first in the same
+transaction (a replay ends there) and records its answer before COMMIT (``idempotency``). A
+COMMIT that fails but leaves no transaction open (an I/O error while the WAL was written: the
+frames may be recovered at the next open) is ``outcome_unknown``; one that leaves the
+transaction open is rolled back: ``database_unavailable``.
 """
 
 from __future__ import annotations
@@ -12,11 +18,20 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from resource_proxy.errors import Conflict, InvalidRequest, NotFound, ProxyError, StoreUnavailable
+from resource_proxy.errors import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    OutcomeUnknown,
+    ProxyError,
+    StoreUnavailable,
+)
 from resource_proxy.fencing import Fence, check
+from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
 from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import SQLITE, SqlBuilder
@@ -25,6 +40,11 @@ from resource_proxy.tables import Catalog, Table, decode_row
 __all__ = ["SqliteStore", "translate"]
 
 T = TypeVar("T")
+_READ_KEY = f"SELECT digest, status, body, created_ms FROM {SQLITE_TABLE} WHERE key = :key"
+_RECORD = (f"INSERT OR REPLACE INTO {SQLITE_TABLE} (key, digest, status, body, created_ms) "
+           "VALUES (:key, :digest, :status, :body, :now)")
+_PURGE = (f"DELETE FROM {SQLITE_TABLE} WHERE key IN (SELECT key FROM {SQLITE_TABLE} "
+          f"WHERE created_ms < :cutoff LIMIT {PURGE_BATCH})")
 
 
 def translate(exc: Exception) -> ProxyError:
@@ -39,7 +59,12 @@ def translate(exc: Exception) -> ProxyError:
         return InvalidRequest(message)
     if isinstance(exc, OverflowError | sqlite3.DataError | sqlite3.InterfaceError):
         return InvalidRequest(f"the database refused a value: {message}")
-    return StoreUnavailable(f"the database did not complete the request: {message}")
+    return StoreUnavailable(f"the database did not complete the request ({message}); nothing was "
+                            "committed (safe to retry)")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class SqliteStore:
@@ -52,6 +77,7 @@ class SqliteStore:
         self._timeout = timeout_s
         self._mutex = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._purged = float("-inf")
 
     async def open(self) -> None:
         def connect() -> sqlite3.Connection:
@@ -92,12 +118,68 @@ class SqliteStore:
                 ).fetchone()
                 check(fence, highest)
             result = body()
-            conn.execute("COMMIT")
+            self._commit(conn)
             return result
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    @staticmethod
+    def _commit(conn: sqlite3.Connection) -> None:
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                raise  # still open: the caller rolls it back, nothing committed
+            raise OutcomeUnknown(f"the database failed while committing ({exc}): the write may or "
+                                 "may not have committed; retry with the same Idempotency-Key") from None
+
+    def _once(self, conn: sqlite3.Connection, fence: Fence | None, once: Once,
+              body: Callable[[], object]) -> Reply:
+        """Like ``_fenced``, with the record of ``once.key`` looked up first and written last."""
+        now = _now_ms()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            found = conn.execute(_READ_KEY, {"key": once.key}).fetchone()
+            if found is not None and found[3] >= now - once.ttl_ms:
+                conn.execute("ROLLBACK")
+                return once.replay(found[0], found[1], found[2])
+            if fence is not None:  # None: only unfenced tables are written
+                (highest,) = conn.execute(
+                    self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
+                ).fetchone()
+                check(fence, highest)
+            reply = once.render(body())
+            conn.execute(_RECORD, {"key": once.key, "digest": once.digest, "status": reply.status,
+                                   "body": reply.body, "now": now})
+            self._commit(conn)
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        if now - self._purged >= min(PURGE_INTERVAL_S * 1000, once.ttl_ms / 2):  # best effort
+            self._purged = now
+            try:
+                conn.execute(_PURGE, {"cutoff": now - once.ttl_ms})
+            except sqlite3.Error:
+                pass  # the write is committed; the purge runs again later
+        return reply
+
+    async def write_once(self, fence: Fence | None, op: WriteOp, once: Once) -> Reply:
+        return await self._run(
+            lambda conn: self._once(conn, fence, once, lambda: self._apply(conn, [op], False)[0]))
+
+    async def batch_once(self, fence: Fence | None, ops: Sequence[WriteOp], once: Once) -> Reply:
+        def run(conn: sqlite3.Connection) -> Reply:
+            try:
+                return self._once(conn, fence, once, lambda: self._apply(conn, ops, True))
+            except ProxyError as exc:
+                if exc.code == "stale_token":
+                    exc.with_extra(op_index=0)
+                raise
+
+        return await self._run(run)
 
     def _apply(self, conn: sqlite3.Connection, ops: Sequence[WriteOp], indexed: bool) -> list[Row | None]:
         results: list[Row | None] = []
