@@ -3,6 +3,7 @@
 ::
 
     lease.py     Lease / AsyncLease, their states and background renewal, the clients' shared part
+    lock.py      Lock / AsyncLock: the reusable lock object ``client.lock(name, ttl)`` returns
     sync.py      LockClient (threads)
     aio.py       AsyncLockClient (asyncio)
     fenced.py    FencedSession / AsyncFencedSession: fenced reads and writes through the proxy
@@ -23,6 +24,7 @@ from lockd.client.lease import (
     LeaseState,
     LockStatus,
 )
+from lockd.client.lock import AsyncLock, Lock
 from lockd.client.sync import LockClient
 
 __all__ = [
@@ -35,4 +37,6 @@ __all__ = [
     "AsyncLease",
     "LockClient",
     "AsyncLockClient",
+    "Lock",
+    "AsyncLock",
 ]

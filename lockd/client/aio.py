@@ -38,6 +38,7 @@ from lockd.client.lease import (
     log,
     new_client_id,
 )
+from lockd.client.lock import AsyncLock
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["AsyncLockClient"]
@@ -174,19 +175,14 @@ class AsyncLockClient(_ClientBase):
             self._leases.add(lease)
         return lease
 
-    @contextlib.asynccontextmanager
-    async def lock(self, name: str, ttl: float, *, wait: float | None = None,
-                   owner: str | None = None, renew_every: float | None = None,
-                   on_lost: Callable[[AsyncLease], Any] | None = None) -> AsyncIterator[AsyncLease]:
-        """``async with client.lock(name, ttl=30, wait=60) as lease:``; see ``LockClient.lock``."""
-        lease = await self.acquire(name, ttl, wait=wait, owner=owner, renew_every=renew_every,
-                                   on_lost=on_lost)
-        try:
-            yield lease
-        except BaseException:
-            await self._release_at_exit(lease, failed=True)
-            raise
-        await self._release_at_exit(lease, failed=False)
+    def lock(self, name: str, ttl: float, *, wait: float | None = None,
+             owner: str | None = None, renew_every: float | None = None,
+             on_lost: Callable[[AsyncLease], Any] | None = None,
+             auto_renew: bool = True) -> AsyncLock:
+        """A reusable ``AsyncLock`` (``await lock.acquire()`` ...); ``async with
+        client.lock(name, ttl=30, wait=60) as lease:`` as before; see ``LockClient.lock``."""
+        return AsyncLock(self, name, ttl, wait=wait, owner=owner, renew_every=renew_every,
+                         on_lost=on_lost, auto_renew=auto_renew)
 
     async def renew(self, lease: AsyncLease | LeaseRef, *, ttl: float | None = None) -> AsyncLease:
         """See ``LockClient.renew``."""

@@ -4,7 +4,6 @@ Leases, their states and the renewal monitor are in ``lockd.client.lease``."""
 
 from __future__ import annotations
 
-import contextlib
 import json as json_module
 import math
 import threading
@@ -40,6 +39,7 @@ from lockd.client.lease import (
     log,
     new_client_id,
 )
+from lockd.client.lock import Lock
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["LockClient"]
@@ -213,28 +213,25 @@ class LockClient(_ClientBase):
             lease._monitor.start()
         return lease
 
-    @contextlib.contextmanager
     def lock(self, name: str, ttl: float, *, wait: float | None = None, owner: str | None = None,
              renew_every: float | None = None,
-             on_lost: Callable[[Lease], Any] | None = None) -> Iterator[Lease]:
-        """``with client.lock(name, ttl=30, wait=60) as lease:`` hold ``name`` while the block runs.
+             on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True) -> Lock:
+        """A reusable ``Lock`` of ``name`` (``lockd.client.lock``): ``acquire(blocking, timeout)
+        -> bool``, ``release()``, ``locked()``, ``owned()``, ``extend(ttl)``, ``fence``, ``token``.
+        No request until you acquire.
 
-        Acquires (``acquire``: raises ``AcquireTimeout`` and never runs the block if not
-        granted within ``wait`` seconds; ``None`` waits forever), renews in the background
-        every ttl/3 and releases on exit, exceptions included. If the block finished normally
-        but the lease was lost meanwhile, exit raises ``LeaseLostError``: the block's work may
-        have run unprotected (the fenced resource rejected whatever came too late). If the
-        block raised, its exception propagates unchanged. A transient failure of the final
-        release is only logged: lockd frees the lock when its TTL runs out.
+        ``with client.lock(name, ttl=30, wait=60) as lease:`` holds ``name`` while the block
+        runs and yields the ``Lease``. It acquires (``acquire``: raises ``AcquireTimeout`` and
+        never runs the block if not granted within ``wait`` seconds; ``None`` waits forever),
+        renews in the background every ttl/3 and releases on exit, exceptions included. If the
+        block finished normally but the lease was lost meanwhile, exit raises
+        ``LeaseLostError``: the block's work may have run unprotected (the fenced resource
+        rejected whatever came too late). If the block raised, its exception propagates
+        unchanged. A transient failure of the final release is only logged: lockd frees the
+        lock when its TTL runs out.
         """
-        lease = self.acquire(name, ttl, wait=wait, owner=owner, renew_every=renew_every,
-                             on_lost=on_lost)
-        try:
-            yield lease
-        except BaseException:
-            self._release_at_exit(lease, failed=True)
-            raise
-        self._release_at_exit(lease, failed=False)
+        return Lock(self, name, ttl, wait=wait, owner=owner, renew_every=renew_every,
+                    on_lost=on_lost, auto_renew=auto_renew)
 
     # -- renew / release
 

@@ -20,7 +20,7 @@ import httpx
 
 from lockd import AsyncFencedSession, AsyncLockClient, FencedSession, LockClient
 
-__all__ = ["SyncApi", "AsyncApi"]
+__all__ = ["SyncApi", "AsyncApi", "SyncLockApi", "AsyncLockApi"]
 
 
 class SyncApi:
@@ -57,6 +57,10 @@ class SyncApi:
         return list(self.client.locks(*a, **kw))
 
     def lock(self, *a: Any, **kw: Any):
+        return self.client.lock(*a, **kw)
+
+    def lock_object(self, *a: Any, **kw: Any) -> Any:
+        """A ``Lock`` (``client.lock(...)``), its methods called as they are."""
         return self.client.lock(*a, **kw)
 
     def wait_lost(self, lease: Any, timeout: float) -> bool:
@@ -146,6 +150,10 @@ class AsyncApi:
         else:
             self.run(cm.__aexit__(None, None, None))
 
+    def lock_object(self, *a: Any, **kw: Any) -> Any:
+        """An ``AsyncLock`` (``client.lock(...)``) whose coroutine methods run on the loop."""
+        return _AsyncFacade(self, self.client.lock(*a, **kw))
+
     def wait_lost(self, lease: Any, timeout: float) -> bool:
         async def wait() -> bool:
             try:
@@ -177,3 +185,68 @@ class AsyncApi:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
             self.loop.close()
+
+
+class _ThroughLockObjects:
+    """The lease calls of the suite (``try_acquire``, ``acquire``, ``renew``, ``release``) made
+    through the reusable ``Lock`` / ``AsyncLock`` object instead of the client's lease API, so
+    the same behavioural suite judges it: ``try_acquire`` is ``lock.acquire(blocking=wait > 0,
+    timeout=wait)``; ``acquire`` is ``lock.acquire()`` when waiting forever, else the ``with``
+    entry (which raises ``AcquireTimeout``); ``renew`` is ``lock.extend(ttl)``; ``release`` is
+    ``lock.release()``. Leases not made here (a ``LeaseRef``) go to the client."""
+
+    lock_object: Any
+    client: Any
+
+    def _locks(self) -> dict[int, Any]:
+        if not hasattr(self, "_by_lease"):
+            self._by_lease: dict[int, Any] = {}
+        return self._by_lease
+
+    def _new(self, name: str, ttl: float, wait: float | None, kw: dict[str, Any]) -> Any:
+        kw.pop("client_id", None)  # per-acquire secret: the Lock makes its own
+        return self.lock_object(name, ttl, wait=wait, **kw)
+
+    def _keep(self, lk: Any) -> Any:
+        self._locks()[id(lk.lease)] = lk
+        return lk.lease
+
+    def try_acquire(self, name: str, ttl: float, *, wait: float = 0.0, **kw: Any):
+        lk = self._new(name, ttl, None, kw)
+        ok = lk.acquire(blocking=True, timeout=wait) if wait > 0 else lk.acquire(blocking=False)
+        return self._keep(lk) if ok else None
+
+    def acquire(self, name: str, ttl: float, *, wait: float | None = None, **kw: Any):
+        lk = self._new(name, ttl, wait, kw)
+        if wait is None:
+            assert lk.acquire() is True
+        else:
+            self._enter(lk)
+        return self._keep(lk)
+
+    def renew(self, lease: Any, *, ttl: float | None = None):
+        lk = self._locks().get(id(lease))
+        if lk is None:
+            return super().renew(lease, ttl=ttl)  # type: ignore[misc]
+        lk.extend(ttl)
+        return lk.lease
+
+    def release(self, lease: Any):
+        lk = self._locks().get(id(lease))
+        if lk is None:
+            return super().release(lease)  # type: ignore[misc]
+        return lk.release()
+
+
+class SyncLockApi(_ThroughLockObjects, SyncApi):
+    kind = "sync-lock"
+
+    def _enter(self, lk: Any) -> None:
+        lk.__enter__()
+
+
+class AsyncLockApi(_ThroughLockObjects, AsyncApi):
+    kind = "async-lock"
+
+    def _enter(self, lk: Any) -> None:
+        self.run(lk._target.__aenter__())

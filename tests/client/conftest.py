@@ -4,7 +4,8 @@
 store (or on a fresh store). ``shared_lockd`` + ``proxy``: one lockd and one proxy per module
 for tests that only need them running (every test uses its own lock names). ``api``: the
 behavioural suite runs once with ``LockClient`` and once with ``AsyncLockClient`` (driven
-through a small blocking adapter, ``tests.client.adapters``).
+through a small blocking adapter, ``tests.client.adapters``), and ``test_behaviour`` once more
+with each through the reusable ``Lock`` / ``AsyncLock`` objects (``sync-lock``, ``async-lock``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.client.adapters import AsyncApi, SyncApi
+from tests.client.adapters import AsyncApi, AsyncLockApi, SyncApi, SyncLockApi
 from tests.support import VENV_BIN, ServiceProcess, free_port
 
 RESOURCE_SCHEMA = [
@@ -158,17 +159,27 @@ def name(request) -> str:
     return f"test/{node}/{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture(params=["sync", "async"])
-def make_api(request):
-    """Build blocking facades over ``LockClient`` (sync) or ``AsyncLockClient`` (async)."""
+API_KINDS = {"sync": SyncApi, "async": AsyncApi, "sync-lock": SyncLockApi,
+             "async-lock": AsyncLockApi}
+
+
+def api_maker(kind: str):
+    """``make(url)`` building facades of ``kind`` (see ``API_KINDS``), and ``close()``."""
     made = []
 
     def make(url: str):
-        api = SyncApi(url) if request.param == "sync" else AsyncApi(url)
+        api = API_KINDS[kind](url)
         made.append(api)
         return api
 
-    make.kind = request.param
+    make.kind = kind
+    make.close = lambda: [api.close() for api in made]
+    return make
+
+
+@pytest.fixture(params=["sync", "async"])
+def make_api(request):
+    """Build blocking facades over ``LockClient`` (sync) or ``AsyncLockClient`` (async)."""
+    make = api_maker(request.param)
     yield make
-    for api in made:
-        api.close()
+    make.close()

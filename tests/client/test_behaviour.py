@@ -1,5 +1,6 @@
-"""The client's behaviour against a real lockd, run once with ``LockClient`` and once with
-``AsyncLockClient`` (the ``make_api`` fixture is parametrized over both)."""
+"""The client's behaviour against a real lockd, run with ``LockClient`` and ``AsyncLockClient``,
+each through its lease API (``sync``, ``async``) and through the reusable ``Lock`` object
+``client.lock(...)`` returns (``sync-lock``, ``async-lock``; see ``tests.client.adapters``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,16 @@ from lockd import (
     TransportError,
     ValidationError,
 )
+from tests.client.conftest import api_maker
 from tests.support import free_port, wait_for
+
+
+@pytest.fixture(params=["sync", "async", "sync-lock", "async-lock"])
+def make_api(request):
+    """This suite judges the lease API and the Lock object, of both clients."""
+    make = api_maker(request.param)
+    yield make
+    make.close()
 
 
 @pytest.fixture
