@@ -122,8 +122,8 @@ class Lock(_LockBase):
         ``wait``, ``None`` = forever). Raises ``RuntimeError`` if this object already owns the
         lock, ``ValidationError``, ``ServiceUnavailable`` (lockd did not answer within the wait).
         """
-        self._check_not_owned()
         wait = self._wait_for(blocking, timeout)
+        self._check_not_owned()
         if wait is None:
             lease: Lease | None = self.client.acquire(self.name, self.ttl, **self._kw())
         else:
@@ -176,8 +176,8 @@ class AsyncLock(_LockBase):
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """See ``Lock.acquire``."""
-        self._check_not_owned()
         wait = self._wait_for(blocking, timeout)
+        self._check_not_owned()
         if wait is None:
             lease: AsyncLease | None = await self.client.acquire(self.name, self.ttl,
                                                                  **self._kw())

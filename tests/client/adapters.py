@@ -91,6 +91,12 @@ class _AsyncFacade:
             return lambda *a, **kw: self._api.run(value(*a, **kw))
         return value
 
+    def __enter__(self) -> Any:  # ``with facade:`` is ``async with target:`` on the loop
+        return self._api.run(self._target.__aenter__())
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._api.run(self._target.__aexit__(*exc))
+
 
 class AsyncApi:
     kind = "async"
