@@ -10,7 +10,18 @@ The public client API is re-exported here::
 
 The client lives in ``lockd.client``; the server in ``lockd.server`` (not imported here); what
 both servers share in ``lockd.common`` and ``lockd.tokens``.
+
+``lockd.__version__`` is the installed distribution's version (``lockd --version``); a source tree
+that was never installed says ``0+unknown``.
 """
+
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+
+try:
+    __version__: str = _dist_version("lockd")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 from lockd.client import (
     DEFAULT_URL,

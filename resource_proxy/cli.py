@@ -1,5 +1,7 @@
 """``resource-proxy serve``: run the fencing proxy (flags override ``PROXY_*`` variables).
 
+Its help text is plain (``_DESCRIPTION``); this docstring is for readers of the code.
+
 Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration (flags, a policy
 file that is malformed or does not bind every row to exactly one lock, found before or after
 reflecting the tables, unusable TLS files: see ``lockd.common.tls.check_server_files``), 1 if the
@@ -18,6 +20,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import uvicorn
@@ -84,20 +87,40 @@ def _usable_keys(path: Path) -> frozenset[str]:
         return frozenset()
 
 
+_DESCRIPTION = ("The fencing proxy: writes to the tables it serves must carry a lockd fencing "
+                "token whose fence is not older than the last one seen for that lock.")
+
+
+def _version() -> str:
+    """The installed distribution's version (the same as ``lockd.__version__``)."""
+    try:
+        return version("lockd")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="resource-proxy", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run the proxy")
-    serve.add_argument("--database-url", help="sqlite:///PATH (default ./resource.db) or postgresql://…")
+    parser = argparse.ArgumentParser(prog="resource-proxy", description=_DESCRIPTION,
+                                     epilog="Flags override PROXY_* environment variables.")
+    parser.add_argument("--version", action="version", version=f"resource-proxy {_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the proxy",
+                                description="Run the fencing proxy's HTTP server.")
+    serve.add_argument("--database-url", help="sqlite:///PATH or postgresql://… (env "
+                       "PROXY_DATABASE_URL; default sqlite:///./resource.db)")
     source = serve.add_mutually_exclusive_group()
-    source.add_argument("--lockd-url", help="lockd base URL; its JWKS is read from /v1/keys")
-    source.add_argument("--jwks-file", help="a JWKS file with lockd's public keys")
-    serve.add_argument("--tables", help="comma-separated allow-list (default: every table)")
+    source.add_argument("--lockd-url", help="lockd base URL; its JWKS is read from /v1/keys "
+                        "(env PROXY_LOCKD_URL; this or --jwks-file is required)")
+    source.add_argument("--jwks-file", help="a JWKS file with lockd's public keys "
+                        "(env PROXY_JWKS_FILE)")
+    serve.add_argument("--tables", help="comma-separated allow-list (env PROXY_TABLES; "
+                       "default: every table)")
     serve.add_argument("--policy", help="YAML/JSON file giving tables their lock template "
-                       "(default: table T is written under lock T)")
-    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (default 7071)")
-    serve.add_argument("--log-level", help="debug, info, warning, error (default info)")
+                       "(env PROXY_POLICY; default: table T is written under lock T)")
+    serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
+    serve.add_argument("--log-level", help="debug, info, warning, error (env PROXY_LOG_LEVEL; "
+                       "default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log line format (env PROXY_LOG_FORMAT; default text)")
     add_bound_arguments(serve, "PROXY")

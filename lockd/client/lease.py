@@ -79,6 +79,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("lockd.client")
+log.addHandler(logging.NullHandler())  # a library: silent unless the program configures logging
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 MAX_WAIT = 300.0
@@ -340,7 +341,8 @@ class _LeaseBase:
             self._state = LeaseState.LOST
             self._lost_reason = reason
             callbacks = list(self._callbacks)
-        log.warning("lease of %r (fence %d) lost: %s", self.lock, self.fence, reason.detail)
+        cause = reason.detail.removeprefix(f"lease of {self.lock!r} lost: ")
+        log.warning("lease of %r (fence %d) lost: %s", self.lock, self.fence, cause)
         self._signal_lost(callbacks)
         return True
 

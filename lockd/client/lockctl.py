@@ -9,6 +9,8 @@
     lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
     lockctl [--url URL] [--json] watch [NAME | --prefix P] [--history N]
     lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] -- COMMAND [ARG...]
+    lockctl [--url URL] [--json] force-release NAME        (needs an admin key)
+    lockctl --version
 
 ``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``; ``--api-key`` to
 ``$LOCKD_API_KEY`` (sent as ``Authorization: Bearer``; prefer the variable: arguments show in
@@ -25,6 +27,18 @@ A lease id is a secret (whoever has it can renew or release the lease), and argu
 LEASE_ID is left out, or from the first line of standard input when LEASE_ID is ``-``
 (``lockctl --json acquire ... | jq -r .lease_id | lockctl release NAME -``). A LEASE_ID on the
 command line still works, for scripts that already pass one.
+
+``acquire`` does not renew: the lease ends after ``--ttl`` unless ``renew`` extends it (its
+output says so); ``run`` is the command that holds a lock while something runs.
+``force-release`` ends the live lease of NAME whoever holds it (its holder's renew and release
+then fail as lost, the next acquire gets a higher fence); lockd allows it only with one of its
+admin keys (``LOCKD_ADMIN_KEYS``) as ``--api-key``/``$LOCKD_API_KEY``. lockd tells how many
+acquires wait for a lock (``status``, ``ls``), not who they are, so there is no ``holders``
+listing of waiters.
+
+Errors say what to do: lockd unreachable names the URL tried and ``--url``/``$LOCKD_URL``; a URL
+without ``http://``/``https://`` is a usage error (2); a 401 says to pass ``--api-key`` or
+``$LOCKD_API_KEY``.
 
 ``watch`` prints lock events (acquired, released, expired, with fences) as the lockd at
 ``--url`` sees them, one line each (``--json``: one JSON object a line), until interrupted
@@ -71,10 +85,12 @@ from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     LockNotAcquired,
+    PermissionDenied,
     ServiceUnavailable,
+    TransportError,
     ValidationError,
 )
-from lockd.client.lease import DEFAULT_URL, Lease, LeaseRef, LockStatus
+from lockd.client.lease import DEFAULT_URL, Lease, LeaseRef, LockStatus, _lock_path
 from lockd.client.sync import LockClient
 
 __all__ = [
@@ -121,7 +137,8 @@ def _default_owner() -> str:
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS,
-                        help=f"lockd base URL (default: $LOCKD_URL or {DEFAULT_URL})")
+                        help=f"lockd base URL, http:// or https:// (default: $LOCKD_URL or "
+                             f"{DEFAULT_URL})")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                         help="print JSON for scripts")
     common.add_argument("--api-key", default=argparse.SUPPRESS,
@@ -140,50 +157,66 @@ def _parser() -> argparse.ArgumentParser:
                                      epilog="Exit codes: 0 ok, 1 error, 2 usage, 69 lockd "
                                             "unavailable, 75 not acquired, 79 lease lost; run "
                                             "passes COMMAND's status through.")
+    parser.add_argument("--version", action="version", version=f"lockctl {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def add(name: str, help_: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help_, description=help_)
 
-    p = add("acquire", "acquire a lock once (no renewal) and print the lease")
-    p.add_argument("name")
-    p.add_argument("--ttl", type=_duration, required=True)
-    p.add_argument("--wait", type=_duration, default=0.0)
-    p.add_argument("--owner", default=None)
+    name_help = "the lock's name, e.g. jobs/nightly"
+    ttl_help = "lease time to live, with a unit: 500ms, 30s, 2m"
+    wait_help = "how long to wait while someone else holds the lock (default 0: try once)"
+    owner_help = "a label shown to others in status and ls (default: lockctl USER@HOST pid N)"
+    p = add("acquire", "acquire a lock once and print the lease; it is NOT renewed (see run)")
+    p.add_argument("name", help=name_help)
+    p.add_argument("--ttl", type=_duration, required=True, help=ttl_help)
+    p.add_argument("--wait", type=_duration, default=0.0, help=wait_help)
+    p.add_argument("--owner", default=None, help=owner_help)
 
     lease_help = "the lease id; '-': read it from stdin; left out: $LOCKD_LEASE_ID (the " \
                  "safe ways: arguments show in ps and shell history)"
     p = add("renew", "renew a lease by lock name and lease id")
-    p.add_argument("name")
+    p.add_argument("name", help=name_help)
     p.add_argument("lease_id", nargs="?", default=None, help=lease_help)
-    p.add_argument("--ttl", type=_duration, default=None)
+    p.add_argument("--ttl", type=_duration, default=None,
+                   help="new time to live from now (default: the lease's current TTL)")
 
     p = add("release", "release a lease by lock name and lease id")
-    p.add_argument("name")
+    p.add_argument("name", help=name_help)
     p.add_argument("lease_id", nargs="?", default=None, help=lease_help)
 
-    p = add("status", "show one lock")
-    p.add_argument("name")
+    p = add("status", "show one lock: holder, fence, time left, how many wait")
+    p.add_argument("name", help=name_help)
 
-    p = add("ls", "list locks")
-    p.add_argument("--prefix", default="")
-    p.add_argument("--limit", type=int, default=None)
+    p = add("ls", "list locks (every lock ever used: lockd never deletes them)")
+    p.add_argument("--prefix", default="", help="only locks whose name starts with this")
+    p.add_argument("--limit", type=int, default=None, help="show at most this many locks")
 
     p = add("watch", "print lock events as they happen (of NAME, or of locks named --prefix…)")
-    p.add_argument("name", nargs="?", default=None)
-    p.add_argument("--prefix", default="")
+    p.add_argument("name", nargs="?", default=None, help="the one lock to watch (default: all)")
+    p.add_argument("--prefix", default="", help="watch the locks whose name starts with this")
     p.add_argument("--history", type=int, default=0, help="recent events to show first (0-256)")
 
     p = add("run", "hold a lock while a command runs: run NAME --ttl 30s -- COMMAND [ARG...]")
-    p.add_argument("name")
-    p.add_argument("--ttl", type=_duration, required=True)
-    p.add_argument("--wait", type=_duration, default=0.0)
-    p.add_argument("--owner", default=None)
+    p.add_argument("name", help=name_help)
+    p.add_argument("--ttl", type=_duration, required=True, help=ttl_help)
+    p.add_argument("--wait", type=_duration, default=0.0, help=wait_help)
+    p.add_argument("--owner", default=None, help=owner_help)
     p.add_argument("--grace", type=_duration, default=5.0,
                    help="time between SIGTERM and SIGKILL when the lease is lost (default 5s)")
     p.add_argument("--renew-every", type=_duration, default=None,
                    help="renewal period (default ttl/3)")
+
+    p = add("force-release", "end the live lease of a lock whoever holds it (needs an admin "
+                             "key: --api-key or LOCKD_API_KEY)")
+    p.add_argument("name", help=name_help)
     return parser
+
+
+def _version() -> str:
+    from lockd import __version__  # the package, not this module, owns the version
+
+    return __version__
 
 
 class _Out:
@@ -334,6 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd in ("renew", "release"):
         args.lease_id = _lease_id(parser, args.lease_id)
     url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
+    if not url.lower().startswith(("http://", "https://")):
+        where = "--url" if getattr(args, "url", None) else "LOCKD_URL"
+        print(f"lockctl: the lockd URL {url!r} ({where}) needs a scheme: http://{url} or "
+              "https://...", file=sys.stderr)
+        return EXIT_USAGE
     api_key = getattr(args, "api_key", None) or os.environ.get("LOCKD_API_KEY") or None
     ca = getattr(args, "ca", None) or os.environ.get("LOCKD_CA") or None
     cert = getattr(args, "cert", None) or os.environ.get("LOCKD_CERT") or None
@@ -350,8 +388,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         with client:
             return _dispatch(client, args, command, out)
     except LockClientError as exc:
-        out.error(exc)
+        out.error(_explained(exc, url))
         return _exit_code(exc)
+
+
+def _explained(exc: LockClientError, url: str) -> LockClientError:
+    """``exc`` with a detail that says what to do, for the errors a newcomer meets first."""
+    if isinstance(exc, TransportError):
+        cause = exc.detail.split(": ", 1)[-1]  # drop the "GET /v1/..." prefix
+        exc.detail = (f"cannot reach lockd at {url} ({cause}); is it running? Point lockctl "
+                      "elsewhere with --url or LOCKD_URL")
+    elif isinstance(exc, PermissionDenied) and exc.status == 401:
+        said = exc.problem.get("detail") or exc.detail
+        exc.detail = (f"lockd wants an API key (401: {said}): pass it with --api-key or "
+                      "set LOCKD_API_KEY")
+    return exc
 
 
 def _lease_id(parser: argparse.ArgumentParser, given: str | None) -> str:
@@ -375,7 +426,10 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
     if args.cmd == "acquire":
         lease = client.acquire(args.name, args.ttl, wait=args.wait,
                                owner=args.owner or _default_owner(), auto_renew=False)
-        out.emit(lease.as_dict(), _lease_text("acquired", lease))
+        note = (f"  note      not renewed: it expires in "
+                f"{format_duration(round(lease.ttl * 1000))} unless `lockctl renew` extends it "
+                "(`lockctl run` holds a lock while a command runs)")
+        out.emit(lease.as_dict(), _lease_text("acquired", lease) + "\n" + note)
     elif args.cmd == "renew":
         lease = client.renew(LeaseRef(args.name, args.lease_id), ttl=args.ttl)
         out.emit(lease.as_dict(), _lease_text("renewed", lease))
@@ -388,10 +442,33 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
     elif args.cmd == "ls":
         items = list(client.locks(args.prefix, limit=args.limit))
         out.emit({"items": [s.to_json() for s in items]}, _ls_text(items))
+    elif args.cmd == "force-release":
+        return _force_release(client, args, out)
     elif args.cmd == "run":
         return _run(client, args, command, out)
     elif args.cmd == "watch":
         return _watch(client, args, out)
+    return EXIT_OK
+
+
+def _force_release(client: LockClient, args: argparse.Namespace, out: _Out) -> int:
+    try:
+        body = client._request("POST", _lock_path(args.name) + "/force-release")
+    except PermissionDenied as exc:
+        if "disabled" in exc.detail:  # lockd has no admin key at all: its line says so
+            raise
+        said = exc.problem.get("detail") or exc.detail
+        out.error(f"force-release needs an admin key ({exc.status}: {said}): pass one of "
+                  "lockd's LOCKD_ADMIN_KEYS with --api-key or LOCKD_API_KEY")
+        return EXIT_ERROR
+    if not isinstance(body, dict):
+        body = {"lock": args.name, "released": False}
+    if body.get("released"):
+        human = (f"force-released {args.name} (fence {body.get('fence')}, "
+                 f"owner {body.get('owner')!r})")
+    else:
+        human = f"{args.name} was not held"
+    out.emit(body, human)
     return EXIT_OK
 
 

@@ -31,6 +31,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
+from lockd import __version__
 from lockd.common.connections import bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
 from lockd.common.options import add_bound_arguments, add_tls_arguments
@@ -50,6 +51,7 @@ _GRACEFUL_SHUTDOWN_S = 10
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockd", description="A lease-and-fence lock service.")
+    parser.add_argument("--version", action="version", version=f"lockd {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the HTTP server",
                                 description="Run the lockd HTTP server.")

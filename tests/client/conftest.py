@@ -37,8 +37,9 @@ def _bin(name: str) -> str:
 class LockdServer:
     """``lockd serve`` on a SQLite file in ``workdir``; ``restart()`` keeps port, keys, store."""
 
-    def __init__(self, workdir: Path, port: int | None = None):
+    def __init__(self, workdir: Path, port: int | None = None, env: dict[str, str] | None = None):
         self.workdir = workdir
+        self.env = env
         self.port = port or free_port()
         self.key_dir = workdir / "keys"
         self.db = workdir / "lockd.db"
@@ -58,7 +59,7 @@ class LockdServer:
         self.proc = ServiceProcess(
             [_bin("lockd"), "serve", "--store", self.store, "--port", str(self.port),
              "--key-dir", str(self.key_dir)],
-            ready_url=self.url + "/healthz",
+            ready_url=self.url + "/healthz", env=self.env,
             log_path=self.workdir / f"lockd-{self.starts}.log",
         ).start()
         return self
