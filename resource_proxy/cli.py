@@ -27,10 +27,14 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockd.common.connections import ConnectionBounds, bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
-from lockd.common.options import add_bound_arguments, add_tls_arguments
-from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
+from lockd.common.options import (
+    add_bound_arguments,
+    add_tls_arguments,
+    install_http_protocol,
+    tls_files_problem,
+    uvicorn_tls_options,
+)
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
 from resource_proxy.jwks import lockd_verify
@@ -68,16 +72,6 @@ class _Server(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-def _tls_options(settings: Settings) -> dict:
-    """uvicorn options for TLS (see ``lockd.common.tls``); none without ``tls_cert``."""
-    if settings.tls_cert is None:
-        return {}
-    assert settings.tls_key is not None
-    context = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    return {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key),
-            "ssl_context_factory": lambda config, default: context}
 
 
 def _usable_keys(path: Path) -> frozenset[str]:
@@ -146,13 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             where = ".".join(str(p) for p in error["loc"]) or "settings"
             print(f"resource-proxy: {where}: {error['msg']}", file=sys.stderr)
         return 2
-    if settings.tls_cert is not None:
-        assert settings.tls_key is not None
-        try:
-            check_server_files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-        except TLSConfigError as exc:
-            print(f"resource-proxy: {exc}", file=sys.stderr)
-            return 2
+    tls_files = tls_files_problem(settings)
+    if tls_files:
+        print(f"resource-proxy: {tls_files}", file=sys.stderr)
+        return 2
     if settings.lockd_ca is not None or settings.lockd_cert is not None:
         try:
             lockd_verify(settings)
@@ -184,13 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on",
-                            log_config=None, **_tls_options(settings))
-    # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded (TLS on top) ---
-    protocol = bounded_protocol(ConnectionBounds(
-        settings.request_timeout_ms / 1000, settings.max_connections,
-        settings.write_timeout_ms / 1000))
-    config.http = tls_http_protocol(protocol) if settings.tls_cert is not None else protocol
-    warning = descriptor_warning(settings.max_connections)
+                            log_config=None, **uvicorn_tls_options(settings))
+    warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
     if warning:
         log.warning("resource-proxy: %s", warning)
     server = _Server(config)

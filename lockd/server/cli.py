@@ -32,10 +32,14 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from lockd import __version__
-from lockd.common.connections import bounded_protocol, descriptor_warning
 from lockd.common.httpkit import configure_logging
-from lockd.common.options import add_bound_arguments, add_tls_arguments
-from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
+from lockd.common.options import (
+    add_bound_arguments,
+    add_tls_arguments,
+    install_http_protocol,
+    tls_files_problem,
+    uvicorn_tls_options,
+)
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
@@ -85,13 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"lockd: invalid settings: {problems}", file=sys.stderr)
         return 2
-    if settings.tls_cert is not None:
-        assert settings.tls_key is not None
-        try:
-            check_server_files(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-        except TLSConfigError as exc:
-            print(f"lockd: {exc}", file=sys.stderr)
-            return 2
+    tls_files = tls_files_problem(settings)
+    if tls_files:
+        print(f"lockd: {tls_files}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
     loop_factory = uvicorn.Config(app=FastAPI(), loop="auto", log_config=None).get_loop_factory()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
@@ -120,12 +121,9 @@ async def serve(settings: Settings) -> int:
         config = uvicorn.Config(
             app, host=settings.host, port=settings.port, log_config=None, access_log=False,
             lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
-            **_tls_options(settings),
+            **uvicorn_tls_options(settings),
         )
-        # --- connection bounds (issue 15): uvicorn's httptools protocol, bounded (TLS on top) ---
-        protocol = bounded_protocol(settings.connection_bounds())
-        config.http = tls_http_protocol(protocol) if settings.tls_cert is not None else protocol
-        warning = descriptor_warning(settings.max_connections)
+        warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
         if warning:
             log.warning("lockd: %s", warning)
         server = _Server(config, app, settings)
@@ -133,17 +131,6 @@ async def serve(settings: Settings) -> int:
         return 0 if server.started else 1
     finally:
         await store.close()
-
-
-def _tls_options(settings: Settings) -> dict:
-    """uvicorn options for TLS: our own context (TLS >= 1.2, mTLS with a client CA) and the HTTP
-    protocol that hands client certificate subjects to the app; none without ``tls_cert``."""
-    if settings.tls_cert is None:
-        return {}
-    assert settings.tls_key is not None
-    context = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    return {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key),
-            "ssl_context_factory": lambda config, default: context}
 
 
 class _Server(uvicorn.Server):

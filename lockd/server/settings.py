@@ -49,7 +49,6 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from lockd.common.connections import ConnectionBounds
 from lockd.common.options import tls_problem
 from lockd.common.tls import parse_subjects
 from lockd.server.store import check_store_url
@@ -127,11 +126,6 @@ class Settings(BaseSettings):
     @classmethod
     def _lower(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
-
-    def connection_bounds(self) -> ConnectionBounds:
-        """The bounds ``lockd serve`` gives uvicorn's protocol (``lockd.common.connections``)."""
-        return ConnectionBounds(self.request_timeout_ms / 1000, self.max_connections,
-                                self.write_timeout_ms / 1000)
 
     @model_validator(mode="after")
     def _ttl_bounds(self) -> Settings:
