@@ -9,6 +9,10 @@ Format::
 
     header  {"alg": "EdDSA", "typ": "JWT", "kid": "<RFC 7638 thumbprint>"}
     claims  {"lock": "<name>", "fence": <int>, "iat": <unix seconds>, "iss": "lockd"}
+    or, for a multi-lock lease (several locks granted at once, each with its own fence):
+    claims  {"locks": {"<name>": <int>, ...}, "iat": <unix seconds>, "iss": "lockd"}
+
+A token carries either ``lock``/``fence`` or ``locks`` (1 to ``MAX_LOCKS`` entries), never both.
 
 Tokens carry no ``exp``: fencing must not depend on any clock. A token stays *valid* forever and is
 made *useless* by a higher fence, which is the whole point of fencing.
@@ -44,6 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 __all__ = [
     "ALGORITHM",
+    "MAX_LOCKS",
     "Claims",
     "KeyRing",
     "TokenError",
@@ -56,6 +61,8 @@ __all__ = [
 
 ALGORITHM = "EdDSA"
 ISSUER = "lockd"
+MAX_LOCKS = 64
+"""Most locks one multi-lock lease (and so one token) may hold."""
 
 
 class TokenError(Exception):
@@ -72,11 +79,22 @@ class UnknownKey(InvalidToken):
 
 @dataclass(frozen=True, slots=True)
 class Claims:
-    """The verified content of a token: the lock it fences and the grant's fence."""
+    """The verified content of a token.
 
-    lock: str
-    fence: int
+    ``locks`` maps every lock the token fences to its grant's fence: one entry for a single-lock
+    token (then ``lock``/``fence`` name it too), 1 to ``MAX_LOCKS`` for a multi-lock token (then
+    ``lock`` and ``fence`` are None and ``multi`` is True).
+    """
+
+    lock: str | None
+    fence: int | None
     kid: str
+    locks: Mapping[str, int]
+    multi: bool = False
+
+    def fence_for(self, lock: str) -> int | None:
+        """The fence this token carries for ``lock``, or None if it does not fence ``lock``."""
+        return self.locks.get(lock)
 
 
 def _b64url(data: bytes) -> str:
@@ -200,6 +218,26 @@ class KeyRing:
         claims: dict[str, Any] = {"iss": ISSUER, "lock": lock, "fence": int(fence), "iat": int(time.time())}
         if extra:
             claims.update(extra)
+        return self._sign_claims(claims)
+
+    def sign_many(self, locks: Mapping[str, int], *, extra: Mapping[str, Any] | None = None) -> str:
+        """A compact JWS for a multi-lock grant: ``locks`` maps each lock name to its fence.
+
+        Names are written sorted, so one grant has one token text. Raises ValueError for an empty
+        mapping or more than ``MAX_LOCKS`` entries (the verifier would refuse such a token).
+        """
+        if not locks or len(locks) > MAX_LOCKS:
+            raise ValueError(f"a multi-lock token fences 1 to {MAX_LOCKS} locks")
+        claims: dict[str, Any] = {
+            "iss": ISSUER,
+            "locks": {name: int(locks[name]) for name in sorted(locks)},
+            "iat": int(time.time()),
+        }
+        if extra:
+            claims.update(extra)
+        return self._sign_claims(claims)
+
+    def _sign_claims(self, claims: Mapping[str, Any]) -> str:
         payload = _b64url(json.dumps(claims, separators=(",", ":")).encode())
         signing_input = f"{self._header}.{payload}"
         return f"{signing_input}.{_b64url(self._signing.sign(signing_input.encode()))}"
@@ -265,9 +303,30 @@ class Verifier:
             claims = _json_object(_b64url_strict(payload_b64), "claims")
         except (InvalidSignature, InvalidToken, UnicodeEncodeError):
             raise InvalidToken("token signature or claims are invalid") from None
+        if "locks" in claims:
+            return _multi_claims(claims, kid)
         lock, fence = claims.get("lock"), claims.get("fence")
         if not isinstance(lock, str) or not lock:
             raise InvalidToken("token claim 'lock' must be a non-empty string")
-        if isinstance(fence, bool) or not isinstance(fence, int) or fence < 1:
+        if not _is_fence(fence):
             raise InvalidToken("token claim 'fence' must be a positive integer")
-        return Claims(lock=lock, fence=fence, kid=kid)
+        return Claims(lock=lock, fence=fence, kid=kid, locks={lock: fence})
+
+
+def _is_fence(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+
+
+def _multi_claims(claims: Mapping[str, Any], kid: str) -> Claims:
+    """The claims of a multi-lock token: ``locks`` is an object of 1..MAX_LOCKS name -> fence."""
+    if "lock" in claims or "fence" in claims:
+        raise InvalidToken("token carries both 'lock' and 'locks'")
+    locks = claims["locks"]
+    if not isinstance(locks, dict) or not 1 <= len(locks) <= MAX_LOCKS:
+        raise InvalidToken(f"token claim 'locks' must map 1 to {MAX_LOCKS} lock names to fences")
+    for name, fence in locks.items():
+        if not name:
+            raise InvalidToken("token claim 'locks' holds an empty lock name")
+        if not _is_fence(fence):
+            raise InvalidToken("token claim 'locks' holds a fence that is not a positive integer")
+    return Claims(lock=None, fence=None, kid=kid, locks=dict(locks), multi=True)

@@ -80,7 +80,9 @@ def _claims_lock(request: Request) -> tuple[str, int] | None:
     if not token or service is None:
         return None
     claims = service.keys.peek(token.strip())
-    return (claims.lock, claims.fence) if claims is not None else None
+    if claims is None or claims.lock is None or claims.fence is None:
+        return None
+    return (claims.lock, claims.fence)
 
 
 def record(request: Request, call: str, status: int, error: ProxyError | None = None) -> None:

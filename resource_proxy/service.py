@@ -28,6 +28,7 @@ from typing import Any
 
 from resource_proxy.errors import (
     InvalidRequest,
+    InvalidTokenError,
     LockNotAllowed,
     NotFound,
     ProxyError,
@@ -75,6 +76,8 @@ class ProxyService:
         if not token:
             raise TokenRequired("send the lock's token in the Fencing-Token header")
         claims = await self.keys.verify(token.strip())
+        if claims.lock is None or claims.fence is None:  # a multi-lock token (not served yet)
+            raise InvalidTokenError("multi-lock tokens are not accepted by this proxy")
         return Fence(claims.lock, claims.fence)
 
     async def _optional_fence(self, token: str | None) -> Fence | None:
