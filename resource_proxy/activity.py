@@ -32,6 +32,7 @@ _TOKEN_HEADER = "fencing-token"
 _CALLS = {
     "insert_row": "insert", "put_row": "upsert", "patch_row": "update", "delete_row": "delete",
     "get_row": "read", "list_rows": "list", "batch": "batch", "claim": "claim",
+    "claim_all": "claim",
     "get_fence": "fence", "healthz": "healthz", "metrics": "metrics",
 }
 _FENCED = frozenset((*WRITE_CALLS, "read", "list"))

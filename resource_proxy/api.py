@@ -217,6 +217,12 @@ async def batch(request: Request) -> Response:
 
 # -- fences ------------------------------------------------------------------------------------
 
+@_route("/v1/fences/claim", "POST")
+async def claim_all(request: Request) -> Response:
+    """Every lock of the token (a multi-lock token's several) in one transaction."""
+    return _reply(request, "claim", await _service(request).claim_all(_token(request)))
+
+
 @_route("/v1/fences/{lock:path}/claim", "POST")
 async def claim(request: Request) -> Response:
     lock = request.path_params["lock"]

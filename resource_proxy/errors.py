@@ -107,15 +107,22 @@ class LockNotAllowed(ProxyError):
 class StaleToken(ProxyError):
     """The presented fence is below the highest the resource has honoured for the lock (409).
 
-    ``extra`` carries ``lock``, ``presented`` and ``highest``. Nothing was written: the holder
-    lost its lease and somebody with a higher fence has used the resource since.
+    ``extra`` carries ``lock``, ``presented`` and ``highest`` (the first stale lock), and for a
+    multi-lock token ``stale``: every stale lock as ``{lock, presented, highest}``, in lock
+    order. Nothing was written: the holder lost its lease and somebody with a higher fence has
+    used the resource since.
     """
 
     status, code, title = 409, "stale_token", "Stale fencing token"
 
     def __init__(self, lock: str, presented: int, highest: int, **extra: Any):
+        detail = f"fence {presented} for lock {lock!r} is below the highest honoured fence {highest}"
+        stale = extra.get("stale")
+        if stale:  # a multi-lock token: every stale lock, in lock order
+            detail = "the multi-lock token is stale for " + ", ".join(
+                f"{s['lock']!r} (fence {s['presented']} < highest {s['highest']})" for s in stale)
         super().__init__(
-            f"fence {presented} for lock {lock!r} is below the highest honoured fence {highest}",
+            detail,
             lock=lock,
             presented=presented,
             highest=highest,

@@ -35,6 +35,7 @@ are created idempotently at start, before any request is served.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
@@ -49,6 +50,8 @@ __all__ = [
     "SQLITE_TABLE",
     "Fence",
     "check",
+    "check_all",
+    "in_lock_order",
     "create_fence_table",
     "validate_lock_name",
 ]
@@ -61,10 +64,19 @@ _ADVISORY_KEY = 0x5250_4645_4E43  # "RPFENC": serializes concurrent first starts
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """A verified (lock, fence) pair, taken from a token's claims."""
+    """A verified (lock, fence) pair, taken from a token's claims. ``multi``: the token is a
+    multi-lock token (its 409 lists every stale lock in ``stale``)."""
 
     lock: str
     fence: int
+    multi: bool = False
+
+
+def in_lock_order(fences: Iterable[Fence]) -> list[Fence]:
+    """``fences`` sorted by lock name (code-point order, the ``COLLATE "C"`` order): the order in
+    which every transaction that checks several fences locks their rows, so two such
+    transactions never wait for each other in a cycle."""
+    return sorted(fences, key=lambda f: f.lock)
 
 
 def validate_lock_name(name: str) -> str:
@@ -77,8 +89,24 @@ def validate_lock_name(name: str) -> str:
 
 def check(fence: Fence, highest: int) -> None:
     """Raise ``StaleToken`` unless the upsert's returned ``highest`` is the presented fence."""
-    if highest != fence.fence:
-        raise StaleToken(fence.lock, fence.fence, highest)
+    check_all([fence], [highest])
+
+
+def check_all(fences: Sequence[Fence], highests: Sequence[int]) -> None:
+    """Raise ``StaleToken`` unless every upsert returned its presented fence.
+
+    The error names the first stale lock (lock order) in ``lock``/``presented``/``highest``;
+    for a multi-lock token it also lists every stale lock in ``stale``
+    (``[{"lock", "presented", "highest"}, ...]``).
+    """
+    stale = [(f, h) for f, h in zip(fences, highests, strict=True) if h != f.fence]
+    if not stale:
+        return
+    first, highest = stale[0]
+    if not any(f.multi for f in fences):
+        raise StaleToken(first.lock, first.fence, highest)
+    raise StaleToken(first.lock, first.fence, highest, stale=[
+        {"lock": f.lock, "presented": f.fence, "highest": h} for f, h in stale])
 
 
 def _table(dialect: str) -> sa.Table:

@@ -187,8 +187,13 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
                                                          "items": op_schema}}}),
             "responses": {**_json("per-op results", {
                 "type": "object", "required": ["results", "lock", "fence"],
-                "properties": {"results": {"type": "array"}, "lock": {"type": "string"},
-                               "fence": {"type": "integer"}}}),
+                "properties": {"results": {"type": "array"},
+                               "lock": {"type": ["string", "null"]},
+                               "fence": {"type": ["integer", "null"]},
+                               "locks": {"type": "array", "description": "a multi-lock token: "
+                                         "each lock the batch touched and its fence",
+                                         "items": {"type": "object",
+                                                   "required": ["lock", "fence"]}}}}),
                 **_problems(*_WRITE_FAILURES)}}},
         "/v1/fences/{lock}": {"get": {
             "summary": "the highest fence honoured for a lock", "parameters": [_LOCK],
@@ -199,6 +204,15 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
             "parameters": [_LOCK, _TOKEN],
             "responses": {**_json("the highest fence", fence),
                           **_problems(401, 403, 404, 409, 422, 428, 503)}}},
+        "/v1/fences/claim": {"post": {
+            "operationId": "claimAll",
+            "summary": "raise the highest fence of every lock of the token (a multi-lock "
+                       "token's several) in one transaction, writing no data",
+            "parameters": [_TOKEN],
+            "responses": {**_json("the highest fence of each lock, in lock-name order", {
+                "type": "object", "required": ["locks"],
+                "properties": {"locks": {"type": "array", "items": fence}}}),
+                **_problems(401, 403, 409, 428, 503)}}},
         "/v1/activity": {"get": {
             "summary": "this proxy's recent fences and rejections (the status page's data)",
             "responses": _json("activity", {"type": "object",

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from resource_proxy.errors import InvalidRequest
 from resource_proxy.tables import Table, coerce
 
-__all__ = ["OpKind", "OP_KINDS", "WriteOp", "build_op"]
+__all__ = ["OpKind", "OP_KINDS", "WriteOp", "build_op", "set_fence"]
 
 OpKind = Literal["insert", "upsert", "update", "delete"]
 OP_KINDS: tuple[str, ...] = ("insert", "upsert", "update", "delete")
@@ -94,3 +94,11 @@ def build_op(kind: OpKind, table: Table, key: tuple[Any, ...] | None, row: Any, 
     if table.fence_column is not None:
         values[table.fence_column] = fence
     return WriteOp(kind, table, key, values)
+
+
+def set_fence(op: WriteOp, fence: int) -> None:
+    """Set the table's fence column (if any) of an insert, upsert or update to ``fence``: the
+    fence of the row's governing lock, known once the op is bound (a multi-lock token holds one
+    fence per lock)."""
+    if op.table.fence_column is not None and op.kind != "delete":
+        op.values[op.table.fence_column] = fence

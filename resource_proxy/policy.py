@@ -264,16 +264,23 @@ class TableBinding:
             return
         raise self.refusal(lock, needed, key, verb)
 
-    def refusal(self, lock: str, needed: str, key: Sequence[Any] | None,
+    def refusal(self, lock: str | Sequence[str], needed: str, key: Sequence[Any] | None,
                 verb: str = "written") -> LockNotAllowed:
+        """The 403 for a token whose lock (``str``) or locks (a multi-lock token's names, then
+        listed in ``token_locks``) do not include ``needed``."""
         if self.template is not None and self.template.literal:
             what = f"table {self.table.name!r}"
         else:
             shown = ",".join(str(v) for v in key) if key is not None else None
             what = (f"row {shown} of table {self.table.name!r}" if shown is not None
                     else f"the rows of table {self.table.name!r} that match")
-        return LockNotAllowed(f"{what} is {verb} under lock {needed!r}, not {lock!r}",
-                              lock=needed, token_lock=lock, table=self.table.name)
+        if isinstance(lock, str):
+            return LockNotAllowed(f"{what} is {verb} under lock {needed!r}, not {lock!r}",
+                                  lock=needed, token_lock=lock, table=self.table.name)
+        held = sorted(lock)
+        return LockNotAllowed(f"{what} is {verb} under lock {needed!r}, which the multi-lock "
+                              f"token does not hold (it holds {held})",
+                              lock=needed, token_locks=held, table=self.table.name)
 
     def governs(self, lock: str) -> bool:
         """Whether ``lock`` is the governing lock of some possible row of this table."""

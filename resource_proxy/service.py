@@ -17,8 +17,12 @@ A write or batch with an ``Idempotency-Key`` (``keyed``) goes through the same c
 the store's ``*_once`` calls, and comes back as a ``Reply`` (status and body text) that the
 store recorded with the write or replayed from an earlier request (``idempotency``).
 
-Where a token will carry several locks (multi-lock leases), ``_require`` is the one place that
-asks "does the token hold the lock this row needs".
+A multi-lock token (``claims.locks``: several locks, one fence each) is served as a set of
+single-lock tokens: each row's governing lock must be one of its locks (else 403), and that
+lock's fence is the one checked. A batch checks (and raises) the fence of EVERY lock its ops
+touch, in lock-name order, in the transaction of its writes; the token's other locks are left
+alone. ``_require`` is the one place that asks "does the token hold the lock this row needs".
+A claim (``POST /v1/fences/claim``) raises every lock of the token in one transaction.
 """
 
 from __future__ import annotations
@@ -26,18 +30,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lockd.tokens import Claims
 from resource_proxy.errors import (
     InvalidRequest,
-    InvalidTokenError,
     LockNotAllowed,
     NotFound,
     ProxyError,
     TokenRequired,
 )
-from resource_proxy.fencing import Fence, validate_lock_name
+from resource_proxy.fencing import Fence, in_lock_order, validate_lock_name
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
-from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op
+from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op, set_fence
 from resource_proxy.policy import Binding, TableBinding
 from resource_proxy.store.base import Row, Store
 from resource_proxy.tables import Catalog, Table, coerce, dumps, parse_json_key, parse_url_key
@@ -71,26 +75,37 @@ class ProxyService:
             raise NotFound(f"no table {name!r} is served by this proxy", table=str(name)[:255])
         return table
 
-    async def fence_of(self, token: str | None) -> Fence:
-        """The verified fence of ``token`` (``TokenRequired``, ``InvalidTokenError``)."""
+    async def claims_of(self, token: str | None) -> Claims:
+        """The verified claims of ``token``: one lock, or several for a multi-lock token
+        (``TokenRequired``, ``InvalidTokenError``)."""
         if not token:
             raise TokenRequired("send the lock's token in the Fencing-Token header")
-        claims = await self.keys.verify(token.strip())
-        if claims.lock is None or claims.fence is None:  # a multi-lock token (not served yet)
-            raise InvalidTokenError("multi-lock tokens are not accepted by this proxy")
-        return Fence(claims.lock, claims.fence)
+        return await self.keys.verify(token.strip())
 
-    async def _optional_fence(self, token: str | None) -> Fence | None:
-        return await self.fence_of(token) if token else None
+    async def _optional_claims(self, token: str | None) -> Claims | None:
+        return await self.claims_of(token) if token else None
 
     def bound(self, table: Table) -> TableBinding:
         return self.binding[table.name]
 
     @staticmethod
-    def _require(fence: Fence, bound: TableBinding, key: Any, verb: str = "written",
-                 values: Mapping[str, Any] | None = None) -> None:
-        """403 unless the token's lock is the one that governs the row (``bound.require``)."""
-        bound.require(fence.lock, key, verb=verb, values=values)
+    def _fence_for(claims: Claims, bound: TableBinding, needed: str, key: Any,
+                   verb: str = "written") -> Fence:
+        """The token's fence for lock ``needed``; 403 (naming ``needed``) if it does not hold it."""
+        fence = claims.fence_for(needed)
+        if fence is None:
+            held: str | list[str] = (list(claims.locks) if claims.multi or claims.lock is None
+                                     else claims.lock)
+            raise bound.refusal(held, needed, key, verb)
+        return Fence(needed, fence, claims.multi)
+
+    def _require(self, claims: Claims, bound: TableBinding, key: Any, verb: str = "written",
+                 values: Mapping[str, Any] | None = None) -> Fence:
+        """The token's fence for the lock that governs the row (its ``key``, or for an insert
+        without one its ``values``): 403 unless the token holds that lock. A fenced table only."""
+        needed = bound.lock_for_row(key, values or {})
+        assert needed is not None  # bound is fenced
+        return self._fence_for(claims, bound, needed, key, verb)
 
     # -- the binding -----------------------------------------------------------------------
 
@@ -117,14 +132,15 @@ class ProxyService:
         (recorded or replayed)."""
         table = self.table(table_name)
         bound = self.bound(table)
-        fence = await self._optional_fence(token) if bound.unfenced else await self.fence_of(token)
+        claims = (await self._optional_claims(token) if bound.unfenced
+                  else await self.claims_of(token))
         key = parse_url_key(table, raw_key) if raw_key is not None else None
-        op = build_op(kind, table, key, row, fence.fence if fence else 0)
-        if bound.unfenced:
-            fence = None
-        else:
-            assert fence is not None
-            self._require(fence, bound, op.key, values=op.values)
+        op = build_op(kind, table, key, row, 0)
+        fence: Fence | None = None
+        if not bound.unfenced:
+            assert claims is not None
+            fence = self._require(claims, bound, op.key, values=op.values)
+            set_fence(op, fence.fence)
         if keyed is None:
             return await self.store.write(fence, op)
         status = _WRITE_STATUS[kind]
@@ -135,7 +151,7 @@ class ProxyService:
         return await self.store.write_once(
             fence, op, keyed.once(fence.lock if fence else "", self.idempotency_ttl_ms, render))
 
-    def _batch_op(self, raw: Any, fence: Fence | None) -> WriteOp:
+    def _batch_op(self, raw: Any, claims: Claims | None) -> tuple[WriteOp, Fence | None]:
         if not isinstance(raw, Mapping):
             raise InvalidRequest("each op must be an object with op, table, key, row")
         unknown = set(raw) - _OP_FIELDS
@@ -149,67 +165,76 @@ class ProxyService:
         table = self.table(name)
         bound = self.bound(table)
         key = parse_json_key(table, raw["key"]) if raw.get("key") is not None else None
-        op = build_op(kind, table, key, raw.get("row"), fence.fence if fence else 0)
-        if not bound.unfenced:
-            if fence is None:
-                raise TokenRequired(f"table {table.name!r} is fenced: send the lock's token in "
-                                    "the Fencing-Token header")
-            self._require(fence, bound, op.key, values=op.values)
-        return op
+        op = build_op(kind, table, key, raw.get("row"), 0)
+        if bound.unfenced:
+            return op, None
+        if claims is None:
+            raise TokenRequired(f"table {table.name!r} is fenced: send the lock's token in "
+                                "the Fencing-Token header")
+        fence = self._require(claims, bound, op.key, values=op.values)
+        set_fence(op, fence.fence)
+        return op, fence
 
     async def batch(self, body: Any, token: str | None,
                     keyed: Keyed | None = None) -> dict[str, Any] | Reply:
-        """``{"ops": [...]}``: one fence check, one transaction, all or nothing. Every op on a
-        fenced table must be governed by the token's lock; ops on unfenced tables need none.
-        With ``keyed`` the ``Reply`` (recorded or replayed)."""
-        fence = await self._optional_fence(token)
+        """``{"ops": [...]}``: one transaction, all or nothing. Every op on a fenced table must
+        be governed by the token's lock (one of a multi-lock token's locks); ops on unfenced
+        tables need none. The fence of every lock touched is checked and raised, in lock-name
+        order, in that transaction. With ``keyed`` the ``Reply`` (recorded or replayed)."""
+        claims = await self._optional_claims(token)
         ops = body.get("ops") if isinstance(body, Mapping) else None
         if not isinstance(ops, list) or not ops:
             raise InvalidRequest('the body must be {"ops": [op, ...]} with at least one op')
         if len(ops) > self.max_batch_ops:
             raise InvalidRequest(f"a batch carries at most {self.max_batch_ops} ops")
         built: list[WriteOp] = []
+        touched: dict[str, Fence] = {}
         for index, raw in enumerate(ops):
             try:
-                built.append(self._batch_op(raw, fence))
+                op, fence = self._batch_op(raw, claims)
             except ProxyError as exc:
                 raise exc.with_extra(op_index=index) from None
-        fenced = any(not self.bound(op.table).unfenced for op in built)
-        checked = fence if fenced else None
+            built.append(op)
+            if fence is not None:
+                touched[fence.lock] = fence
+        checked = in_lock_order(touched.values())
+        multi = claims is not None and claims.multi
 
         def answer(rows: list[Row | None]) -> dict[str, Any]:
-            return {
+            body: dict[str, Any] = {
                 "results": [
                     {"op": op.kind, "table": op.table.name, "row": row}
                     for op, row in zip(built, rows, strict=True)
                 ],
-                "lock": checked.lock if checked else None,
-                "fence": checked.fence if checked else None,
+                "lock": checked[0].lock if checked and not multi else None,
+                "fence": checked[0].fence if checked and not multi else None,
             }
+            if multi:
+                body["locks"] = [{"lock": f.lock, "fence": f.fence} for f in checked]
+            return body
 
         if keyed is None:
             return answer(await self.store.batch(checked, built))
-        once = keyed.once(checked.lock if checked else "", self.idempotency_ttl_ms,
+        once = keyed.once(",".join(f.lock for f in checked), self.idempotency_ttl_ms,
                           lambda rows: Reply(200, dumps(answer(rows))))
         return await self.store.batch_once(checked, built, once)
 
     # -- reads ---------------------------------------------------------------------------
 
     async def read_row(self, table_name: str, raw_key: str, token: str | None) -> Row:
-        fence = await self._optional_fence(token)
+        claims = await self._optional_claims(token)
         table = self.table(table_name)
         key = parse_url_key(table, raw_key)
         bound = self.bound(table)
-        if fence is not None and bound.unfenced:
-            fence = None
-        if fence is not None:
-            self._require(fence, bound, key, "read")
+        fence = None
+        if claims is not None and not bound.unfenced:
+            fence = self._require(claims, bound, key, "read")
         return await self.store.read_row(table, key, fence)
 
     async def list_rows(self, table_name: str, query: Iterable[tuple[str, str]],
                         token: str | None) -> dict[str, Any]:
         """Rows whose columns equal the query's ``col=value`` pairs; ``limit`` (1..1000)."""
-        fence = await self._optional_fence(token)
+        claims = await self._optional_claims(token)
         table = self.table(table_name)
         limit = DEFAULT_LIMIT
         filters: dict[str, Any] = {}
@@ -228,28 +253,53 @@ class ProxyService:
                 raise InvalidRequest(f"column {name!r} is filtered twice", column=name)
             filters[name] = coerce(column, value, from_text=True)
         bound = self.bound(table)
-        if fence is not None and bound.unfenced:
-            fence = None
-        if fence is not None:
+        fence = None
+        if claims is not None and not bound.unfenced:
             needed = bound.lock_for_filters(filters)
-            if needed != fence.lock:
-                raise bound.refusal(fence.lock, str(needed), None, "read")
+            assert needed is not None  # bound is fenced
+            fence = self._fence_for(claims, bound, needed, None, "read")
         return {"items": await self.store.list_rows(table, filters, limit, fence)}
 
     # -- fences --------------------------------------------------------------------------
 
-    async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
-        """Raise the highest fence of ``lock`` to the token's, writing no data."""
-        validate_lock_name(lock)
-        fence = await self.fence_of(token)
-        if fence.lock != lock:
-            raise LockNotAllowed(f"the token is for lock {fence.lock!r}, not {lock!r}", lock=lock,
-                                 token_lock=fence.lock)
+    def _governed(self, lock: str, claims: Claims) -> None:
         if not self.binding.governs(lock):
+            held = ({"token_locks": sorted(claims.locks)} if claims.multi
+                    else {"token_lock": claims.lock})
             raise LockNotAllowed(f"lock {lock!r} governs no row of any table this proxy serves "
                                  "(GET /v1/tables/{table}/lock?key= names the lock of a row)",
-                                 lock=lock, token_lock=fence.lock)
-        return {"lock": lock, "highest": await self.store.claim(fence)}
+                                 lock=lock, **held)
+
+    async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
+        """Raise the highest fence of ``lock`` to the token's, writing no data. A multi-lock
+        token may claim any one of its locks here (``claim_all`` claims them all)."""
+        validate_lock_name(lock)
+        claims = await self.claims_of(token)
+        presented = claims.fence_for(lock)
+        if presented is None:
+            if claims.multi or claims.lock is None:
+                raise LockNotAllowed(f"the multi-lock token does not hold lock {lock!r} (it "
+                                     f"holds {sorted(claims.locks)})", lock=lock,
+                                     token_locks=sorted(claims.locks))
+            raise LockNotAllowed(f"the token is for lock {claims.lock!r}, not {lock!r}",
+                                 lock=lock, token_lock=claims.lock)
+        self._governed(lock, claims)
+        return {"lock": lock, "highest": await self.store.claim(Fence(lock, presented,
+                                                                      claims.multi))}
+
+    async def claim_all(self, token: str | None) -> dict[str, Any]:
+        """``POST /v1/fences/claim``: raise the highest fence of EVERY lock of the token (one or
+        several) to the token's, in one transaction, in lock-name order, writing no data.
+        All or nothing: 403 if any lock governs no served row, 409 ``stale_token`` listing each
+        stale lock (nothing raised)."""
+        claims = await self.claims_of(token)
+        fences = in_lock_order(Fence(lock, fence, claims.multi)
+                               for lock, fence in claims.locks.items())
+        for fence in fences:
+            self._governed(fence.lock, claims)
+        highest = await self.store.claim_all(fences)
+        return {"locks": [{"lock": f.lock, "highest": h}
+                          for f, h in zip(fences, highest, strict=True)]}
 
     async def fence(self, lock: str) -> dict[str, Any]:
         validate_lock_name(lock)

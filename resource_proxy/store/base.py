@@ -47,18 +47,22 @@ class Store(Protocol):
         the token was honoured (the highest may have risen, as for a claim), no row changed.
         """
 
-    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
-        """One fence check (none if ``fence`` is None), then every op, in one transaction.
+    async def batch(self, fences: Sequence[Fence], ops: Sequence[WriteOp]) -> list[Row | None]:
+        """The fence check of each of ``fences`` (the locks the ops touch, in lock-name order:
+        ``fencing.in_lock_order``; none if empty), then every op, in one transaction.
 
         A failing op raises its error with ``op_index``; the transaction is rolled back whole.
+        A stale fence raises ``StaleToken`` (``op_index`` 0) naming every stale lock when the
+        fences come from a multi-lock token; no fence is raised then.
         """
 
-    async def write_once(self, fence: Fence, op: WriteOp, once: Once) -> Reply:
+    async def write_once(self, fence: Fence | None, op: WriteOp, once: Once) -> Reply:
         """``write`` with an Idempotency-Key: the reply recorded for ``once.key`` if there is one
         (``KeyReused`` if it was another request's), else the write, with its rendered reply
         recorded in the same transaction."""
 
-    async def batch_once(self, fence: Fence, ops: Sequence[WriteOp], once: Once) -> Reply:
+    async def batch_once(self, fences: Sequence[Fence], ops: Sequence[WriteOp],
+                         once: Once) -> Reply:
         """``batch`` with an Idempotency-Key, as ``write_once``."""
 
     async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
@@ -70,6 +74,10 @@ class Store(Protocol):
 
     async def claim(self, fence: Fence) -> int:
         """Raise the highest to ``fence`` without touching data; return it (``StaleToken``)."""
+
+    async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
+        """``claim`` for each of ``fences`` (lock order) in ONE transaction, all or nothing:
+        ``StaleToken`` listing every stale lock, and then no fence is raised."""
 
     async def highest(self, lock: str) -> int:
         """The highest fence honoured for ``lock`` (0 if never fenced)."""

@@ -3,7 +3,9 @@
 - A single-row write is ONE autocommit statement: the fence upsert and the write in a CTE
   (``sql.SqlBuilder``, gated form). One round trip; PostgreSQL commits it atomically, and the
   fence row stays locked until that commit, which serializes the writers of one lock.
-- A batch is an explicit transaction: the fence upsert, then each op, then COMMIT.
+- A batch is an explicit transaction: the fence upsert of every lock it touches (one statement,
+  rows locked in lock-name order: two batches never wait for each other in a cycle), then each
+  op, then COMMIT. A claim of several locks is the same upsert alone.
 - A fenced read pipelines the fence upsert and the SELECT in one round trip; the SELECT is a
   separate statement so it takes its snapshot after the fence row was locked and raised, and sees
   every write that committed before (READ COMMITTED gives each statement a fresh snapshot).
@@ -47,7 +49,7 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import PG_SCHEMA, Fence, check
+from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all
 from resource_proxy.idempotency import PG_TABLE as RECORDS
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply
 from resource_proxy.ops import WriteOp
@@ -224,17 +226,30 @@ class PostgresStore:
         async with self._connection(flight) as conn:
             return await self._write_on(conn, fence, op)
 
-    async def _batch_on(self, conn: psycopg.AsyncConnection, fence: Fence | None,
+    async def _raise_fences(self, conn: psycopg.AsyncConnection,
+                            fences: Sequence[Fence]) -> list[int]:
+        """The fence upsert of each of ``fences`` (in lock order) inside the caller's
+        transaction; the highest of each after it (``check_all`` decides)."""
+        if len(fences) == 1:
+            cur = await conn.execute(self.sql.d.fence_upsert,
+                                     {"lock": fences[0].lock, "fence": fences[0].fence})
+            (highest,) = await cur.fetchone()  # type: ignore[misc]
+            return [highest]
+        cur = await conn.execute(self.sql.fence_upsert_many(),
+                                 {"locks": [f.lock for f in fences],
+                                  "fences": [f.fence for f in fences]})
+        found = dict(await cur.fetchall())
+        return [found[f.lock] for f in fences]
+
+    async def _batch_on(self, conn: psycopg.AsyncConnection, fences: Sequence[Fence],
                         ops: Sequence[WriteOp]) -> list[Row | None]:
         """The batch's statements inside the caller's transaction (no fence check when every
-        op is on an unfenced table: ``fence`` None)."""
+        op is on an unfenced table: ``fences`` empty)."""
         results: list[Row | None] = []
-        if fence is not None:
-            cur = await conn.execute(self.sql.d.fence_upsert,
-                                     {"lock": fence.lock, "fence": fence.fence})
-            (highest,) = await cur.fetchone()  # type: ignore[misc]
+        if fences:
+            highest = await self._raise_fences(conn, fences)
             try:
-                check(fence, highest)
+                check_all(fences, highest)
             except ProxyError as exc:
                 raise exc.with_extra(op_index=0) from None
         for index, op in enumerate(ops):
@@ -253,11 +268,11 @@ class PostgresStore:
             results.append(None if op.kind == "delete" else decode_row(op.table, row))
         return results
 
-    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
+    async def batch(self, fences: Sequence[Fence], ops: Sequence[WriteOp]) -> list[Row | None]:
         flight = _Flight()
         async with self._connection(flight) as conn:
             async with conn.transaction():
-                results = await self._batch_on(conn, fence, ops)
+                results = await self._batch_on(conn, fences, ops)
                 flight.committing = True  # leaving the block sends COMMIT
             return results
 
@@ -286,8 +301,9 @@ class PostgresStore:
     async def write_once(self, fence: Fence | None, op: WriteOp, once: Once) -> Reply:
         return await self._once(once, lambda conn: self._write_on(conn, fence, op))
 
-    async def batch_once(self, fence: Fence | None, ops: Sequence[WriteOp], once: Once) -> Reply:
-        return await self._once(once, lambda conn: self._batch_on(conn, fence, ops))
+    async def batch_once(self, fences: Sequence[Fence], ops: Sequence[WriteOp],
+                         once: Once) -> Reply:
+        return await self._once(once, lambda conn: self._batch_on(conn, fences, ops))
 
     def _maybe_purge(self, ttl_ms: int) -> None:
         """Start a purge of expired records in the background, at most once per
@@ -337,6 +353,13 @@ class PostgresStore:
             cur = await conn.execute(self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence})
             (highest,) = await cur.fetchone()  # type: ignore[misc]
         check(fence, highest)
+        return highest
+
+    async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
+        async with self._connection() as conn:
+            async with conn.transaction():  # a stale fence rolls every raise back
+                highest = await self._raise_fences(conn, fences)
+                check_all(fences, highest)
         return highest
 
     async def highest(self, lock: str) -> int:

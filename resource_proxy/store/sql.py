@@ -164,6 +164,18 @@ class SqlBuilder:
 
     # -- public --------------------------------------------------------------------------
 
+    def fence_upsert_many(self) -> str:
+        """PostgreSQL: the fence upsert of several locks in ONE statement (``%(locks)s`` text[],
+        ``%(fences)s`` bigint[]), returning ``(lock, highest)`` per lock. The rows are inserted
+        or locked in ``COLLATE "C"`` (code-point) order of the lock name, the order
+        ``fencing.in_lock_order`` gives, so concurrent multi-lock batches never deadlock."""
+        assert self.d.is_pg
+        fences = f"{self.d.q(PG_SCHEMA)}.{self.d.q(PG_TABLE)}"
+        return (f'INSERT INTO {fences} AS f ("lock", highest) '
+                "SELECT l, h FROM unnest(%(locks)s::text[], %(fences)s::bigint[]) AS u(l, h) "
+                'ORDER BY l COLLATE "C" ON CONFLICT ("lock") DO UPDATE SET '
+                'highest = GREATEST(f.highest, excluded.highest) RETURNING "lock", highest')
+
     def write(self, op: WriteOp, fence: Fence | None) -> tuple[str, dict[str, Any]]:
         """SQL + params of ``op``; gated (fence check inside) when ``fence`` is given."""
         gated = fence is not None

@@ -1,8 +1,9 @@
 """The SQLite store (the embedded default): one connection, one writer at a time.
 
 Every fenced call is ``BEGIN IMMEDIATE`` (the database's write lock, so other processes on the
-same file wait for it too) + fence upsert + the write(s) or read + ``COMMIT``; anything failing
-rolls the whole transaction back, fence upsert included. The connection is used from worker
+same file wait for it too) + fence upsert (one per lock a batch or claim touches, in lock-name
+order) + the write(s) or read + ``COMMIT``; anything failing rolls the whole transaction back,
+fence upserts included. The connection is used from worker
 threads under a mutex, so the event loop never blocks on the disk. Journal: WAL with
 ``synchronous = FULL`` (an acknowledged write survives a power cut); foreign keys enforced.
 
@@ -30,7 +31,7 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import Fence, check
+from resource_proxy.fencing import Fence, check_all
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
 from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
@@ -61,6 +62,10 @@ def translate(exc: Exception) -> ProxyError:
         return InvalidRequest(f"the database refused a value: {message}")
     return StoreUnavailable(f"the database did not complete the request ({message}); nothing was "
                             "committed (safe to retry)")
+
+
+def _one(fence: Fence | None) -> list[Fence]:
+    return [] if fence is None else [fence]
 
 
 def _now_ms() -> int:
@@ -107,16 +112,21 @@ class SqliteStore:
 
         return await asyncio.to_thread(call)
 
-    def _fenced(self, conn: sqlite3.Connection, fence: Fence | None, body: Callable[[], T]) -> T:
-        """``BEGIN IMMEDIATE``, fence check (none for an unfenced table's writes: ``fence``
-        None), ``body()``, ``COMMIT``; ROLLBACK on any error."""
+    def _check(self, conn: sqlite3.Connection, fences: Sequence[Fence]) -> None:
+        """The fence upsert of each of ``fences`` (lock order) in the open transaction, then
+        ``check_all`` (``StaleToken`` listing the stale ones)."""
+        highest = [conn.execute(self.sql.d.fence_upsert,
+                                {"lock": f.lock, "fence": f.fence}).fetchone()[0]
+                   for f in fences]
+        check_all(fences, highest)
+
+    def _fenced(self, conn: sqlite3.Connection, fences: Sequence[Fence],
+                body: Callable[[], T]) -> T:
+        """``BEGIN IMMEDIATE``, fence checks (none for an unfenced table's writes: ``fences``
+        empty), ``body()``, ``COMMIT``; ROLLBACK on any error."""
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if fence is not None:
-                (highest,) = conn.execute(
-                    self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
-                ).fetchone()
-                check(fence, highest)
+            self._check(conn, fences)
             result = body()
             self._commit(conn)
             return result
@@ -135,7 +145,7 @@ class SqliteStore:
             raise OutcomeUnknown(f"the database failed while committing ({exc}): the write may or "
                                  "may not have committed; retry with the same Idempotency-Key") from None
 
-    def _once(self, conn: sqlite3.Connection, fence: Fence | None, once: Once,
+    def _once(self, conn: sqlite3.Connection, fences: Sequence[Fence], once: Once,
               body: Callable[[], object]) -> Reply:
         """Like ``_fenced``, with the record of ``once.key`` looked up first and written last."""
         now = _now_ms()
@@ -145,11 +155,7 @@ class SqliteStore:
             if found is not None and found[3] >= now - once.ttl_ms:
                 conn.execute("ROLLBACK")
                 return once.replay(found[0], found[1], found[2])
-            if fence is not None:  # None: only unfenced tables are written
-                (highest,) = conn.execute(
-                    self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
-                ).fetchone()
-                check(fence, highest)
+            self._check(conn, fences)  # none: only unfenced tables are written
             reply = once.render(body())
             conn.execute(_RECORD, {"key": once.key, "digest": once.digest, "status": reply.status,
                                    "body": reply.body, "now": now})
@@ -168,12 +174,14 @@ class SqliteStore:
 
     async def write_once(self, fence: Fence | None, op: WriteOp, once: Once) -> Reply:
         return await self._run(
-            lambda conn: self._once(conn, fence, once, lambda: self._apply(conn, [op], False)[0]))
+            lambda conn: self._once(conn, _one(fence), once,
+                                    lambda: self._apply(conn, [op], False)[0]))
 
-    async def batch_once(self, fence: Fence | None, ops: Sequence[WriteOp], once: Once) -> Reply:
+    async def batch_once(self, fences: Sequence[Fence], ops: Sequence[WriteOp],
+                         once: Once) -> Reply:
         def run(conn: sqlite3.Connection) -> Reply:
             try:
-                return self._once(conn, fence, once, lambda: self._apply(conn, ops, True))
+                return self._once(conn, fences, once, lambda: self._apply(conn, ops, True))
             except ProxyError as exc:
                 if exc.code == "stale_token":
                     exc.with_extra(op_index=0)
@@ -199,12 +207,13 @@ class SqliteStore:
         await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
 
     async def write(self, fence: Fence | None, op: WriteOp) -> Row | None:
-        return await self._run(lambda conn: self._fenced(conn, fence, lambda: self._apply(conn, [op], False))[0])
+        return await self._run(
+            lambda conn: self._fenced(conn, _one(fence), lambda: self._apply(conn, [op], False))[0])
 
-    async def batch(self, fence: Fence | None, ops: Sequence[WriteOp]) -> list[Row | None]:
+    async def batch(self, fences: Sequence[Fence], ops: Sequence[WriteOp]) -> list[Row | None]:
         def run(conn: sqlite3.Connection) -> list[Row | None]:
             try:
-                return self._fenced(conn, fence, lambda: self._apply(conn, ops, True))
+                return self._fenced(conn, fences, lambda: self._apply(conn, ops, True))
             except ProxyError as exc:
                 if exc.code == "stale_token":
                     exc.with_extra(op_index=0)
@@ -216,7 +225,7 @@ class SqliteStore:
         def run(conn: sqlite3.Connection) -> list[tuple]:
             if fence is None:
                 return conn.execute(sql, params).fetchall()
-            return self._fenced(conn, fence, lambda: conn.execute(sql, params).fetchall())
+            return self._fenced(conn, [fence], lambda: conn.execute(sql, params).fetchall())
 
         return await self._run(run)
 
@@ -232,7 +241,11 @@ class SqliteStore:
         return [decode_row(table, row) for row in await self._read(fence, sql, params)]
 
     async def claim(self, fence: Fence) -> int:
-        return await self._run(lambda conn: self._fenced(conn, fence, lambda: fence.fence))
+        return await self._run(lambda conn: self._fenced(conn, [fence], lambda: fence.fence))
+
+    async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
+        return await self._run(
+            lambda conn: self._fenced(conn, fences, lambda: [f.fence for f in fences]))
 
     async def highest(self, lock: str) -> int:
         row = await self._run(lambda conn: conn.execute(self.sql.d.fence_select, {"lock": lock}).fetchone())
