@@ -34,6 +34,13 @@ authority (a local check would be racy anyway). Check ``lease.lost`` to stop ear
 ``StaleTokenError`` proves a newer grant exists, so it also marks the lease lost (firing
 ``on_lost`` if nothing else had).
 
+Multi-lock leases (``client.acquire_many``): any lease object with ``.token`` and ``.fences``
+(lock name -> fence) is served too. The first call claims ALL its locks in one request (``POST
+/v1/fences/claim``, one transaction at the proxy), so every row it then reads or writes is
+fenced; ``batch`` can write rows of several of its locks in one transaction (a transfer between
+``accounts/1`` and ``accounts/2``), each op under its row's lock. A ``StaleTokenError`` then
+carries ``problem["stale"]``: every stale lock with ``presented`` and ``highest``.
+
 Non-idempotent writes are retried safely: ``insert`` (POST), ``update`` (PATCH) and ``batch``
 carry an ``Idempotency-Key`` (128 random bits, one per call), and when the answer is 502
 ``outcome_unknown`` (the proxy lost the database while committing) or no answer at all
@@ -112,11 +119,26 @@ def _table(table: str) -> str:
     return quote(table, safe="")
 
 
-def _stale(lease: Lease | AsyncLease | None, exc: LockClientError) -> None:
-    if lease is not None and isinstance(exc, StaleTokenError):
-        lease._mark_lost(LeaseLostError(
-            f"lease of {lease.lock!r} (fence {lease.fence}) is stale at the proxy: "
-            f"highest fence is {exc.highest}", lock=lease.lock, code="stale_token"))
+def _fences_of(lease: Any) -> Mapping[str, int] | None:
+    """A multi-lock lease's ``fences`` (lock -> fence); None for a single-lock lease."""
+    fences = getattr(lease, "fences", None)
+    return fences if isinstance(fences, Mapping) else None
+
+
+def _stale(lease: Any, exc: LockClientError) -> None:
+    if lease is None or not isinstance(exc, StaleTokenError):
+        return
+    mark = getattr(lease, "_mark_lost", None)
+    if mark is None:
+        return
+    fences = _fences_of(lease)
+    if fences is not None:
+        mark(LeaseLostError(f"multi-lock lease of {sorted(fences)} is stale at the proxy: "
+                            f"{exc.detail}", lock=exc.lock, code="stale_token"))
+        return
+    mark(LeaseLostError(
+        f"lease of {lease.lock!r} (fence {lease.fence}) is stale at the proxy: "
+        f"highest fence is {exc.highest}", lock=lease.lock, code="stale_token"))
 
 
 def _batch_results(body: Any) -> list[dict[str, Any]]:
@@ -151,15 +173,19 @@ class _SessionBase:
         self.retries = retries
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
-        """The proxy's highest fence for the lock after this session's claim."""
-        self._claimed: tuple[str, int] | None = None
+        """The proxy's highest fence for the lock after this session's claim (single-lock
+        leases; see ``highests`` for a multi-lock lease)."""
+        self.highests: dict[str, int] = {}
+        """The proxy's highest fence of each lock after this session's claim."""
+        self._claimed: str | None = None  # the token claimed
         self._locks: dict[tuple[str, str | None], str | None] = {}
 
     @property
     def claimed(self) -> bool:
-        """Whether the lease's fence has been claimed at the proxy by this session."""
+        """Whether the lease's fence (every fence of a multi-lock lease) has been claimed at the
+        proxy by this session."""
         lease = self.lease
-        return lease is not None and self._claimed == (lease.lock, lease.fence)
+        return lease is not None and self._claimed == lease.token
 
     def _held(self) -> Lease | AsyncLease:
         if self.lease is None:
@@ -185,17 +211,27 @@ class _SessionBase:
         return params
 
     def _claim_path(self) -> str:
-        return "/v1/fences/" + quote(check_segments(self._held().lock), safe="/:") + "/claim"
-
-    def _after_claim(self, body: Any) -> int:
-        try:
-            highest = int(body["highest"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError("claim answer is not {lock, highest}") from exc
         lease = self._held()
-        self._claimed = (lease.lock, lease.fence)
-        self.highest = highest
-        return highest
+        if _fences_of(lease) is not None:
+            return "/v1/fences/claim"
+        return "/v1/fences/" + quote(check_segments(lease.lock), safe="/:") + "/claim"
+
+    def _after_claim(self, body: Any) -> int | dict[str, int]:
+        lease = self._held()
+        try:
+            if _fences_of(lease) is not None:
+                highests = {str(x["lock"]): int(x["highest"]) for x in body["locks"]}
+            else:
+                highests = {lease.lock: int(body["highest"])}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError("claim answer is not {lock, highest} or {locks: [...]}") from exc
+        self._claimed = lease.token
+        self.highests = highests
+        if _fences_of(lease) is not None:
+            self.highest = None
+            return highests
+        self.highest = highests[lease.lock]
+        return self.highest
 
 
 class FencedSession(_SessionBase):
@@ -280,9 +316,10 @@ class FencedSession(_SessionBase):
                 time.sleep(_retry_delay(attempt))
         raise AssertionError("unreachable")
 
-    def claim(self) -> int:
+    def claim(self) -> int | dict[str, int]:
         """Raise the proxy's highest fence for the lock to this lease's (writes nothing); return
-        the highest. Done automatically before the first fenced call. Raises ``StaleTokenError``."""
+        the highest (a multi-lock lease: every lock's, in one transaction, as a dict). Done
+        automatically before the first fenced call. Raises ``StaleTokenError``."""
         return self._after_claim(self._send("POST", self._claim_path()))
 
     def insert(self, table: str, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -316,7 +353,8 @@ class FencedSession(_SessionBase):
 
     def batch(self, ops: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Apply ``ops`` (``{"op": "insert"|"upsert"|"update"|"delete", "table", "key", "row"}``)
-        in one transaction under one fence check, all or nothing; return the per-op results
+        in one transaction under one fence check (one per lock touched, for a multi-lock
+        lease), all or nothing; return the per-op results
         (``{"op", "table", "row"}``). A failing op's index is ``error.problem["op_index"]``."""
         return _batch_results(self._write("POST", "/v1/batch", json={"ops": [dict(o) for o in ops]}))
 
@@ -392,7 +430,7 @@ class AsyncFencedSession(_SessionBase):
                 await asyncio.sleep(_retry_delay(attempt))
         raise AssertionError("unreachable")
 
-    async def claim(self) -> int:
+    async def claim(self) -> int | dict[str, int]:
         """See ``FencedSession.claim``."""
         return self._after_claim(await self._send("POST", self._claim_path()))
 

@@ -9,8 +9,13 @@ test's own calls.
 
 from __future__ import annotations
 
+import asyncio
 from decimal import Decimal
 
+import pytest
+
+from lockd.client.errors import StaleTokenError
+from lockd.client.fenced import AsyncFencedSession, FencedSession
 from tests.proxy.conftest import Deployment, assert_problem, unique_id
 
 
@@ -201,3 +206,51 @@ def test_keyed_multi_lock_batch_replays(deployment: Deployment):
     other = d.client.post("/v1/batch", headers=token, json=_transfer(a, b, 0, 30))
     assert_problem(other, 422, "idempotency_key_reused")
     assert _state(d, a) == (Decimal(20), 2)
+
+
+class _StandInLease:
+    """A multi-lock lease as ``FencedSession`` sees it (``client.acquire_many`` returns one)."""
+
+    def __init__(self, token: str, fences: dict[str, int]):
+        self.token, self.fences, self.lost = token, fences, False
+
+    def _mark_lost(self, reason: object) -> bool:
+        self.lost = True
+        return True
+
+
+def test_fenced_session_claims_every_lock_of_a_multi_lock_lease(deployment: Deployment):
+    d = deployment
+    a, b = _accounts(d, 70, 30)
+    with FencedSession(d.url) as db:
+        la, lb = db.lock_for("accounts", a), db.lock_for("accounts", b)  # no lease needed
+        assert (la, lb) == (f"accounts/{a}", f"accounts/{b}")
+        fences = {la: 12, lb: 13}
+        lease = _StandInLease(d.ring.sign_many(fences), fences)
+        with db.using(lease):
+            assert not db.claimed
+            have = db.get("accounts", a)["balance"]  # the first call claims BOTH locks
+            assert db.claimed and db.highests == fences and db.highest is None
+            assert (_highest(d, la), _highest(d, lb)) == (12, 13)
+            db.batch(_transfer(a, b, int(Decimal(have)) + 25, 5)["ops"])
+        assert _state(d, a) == (Decimal(95), 12) and _state(d, b) == (Decimal(5), 13)
+        d.client.post(f"/v1/fences/{lb}/claim", headers=d.auth(lb, 14))  # a newer holder of b
+        with db.using(lease), pytest.raises(StaleTokenError) as info:
+            db.update("accounts", b, {"balance": 0})
+        assert info.value.problem["stale"] == [{"lock": lb, "presented": 13, "highest": 14}]
+        assert lease.lost and _state(d, b) == (Decimal(5), 13)
+
+
+def test_async_fenced_session_with_a_multi_lock_lease(deployment: Deployment):
+    d = deployment
+    a, b = _accounts(d, 10, 10)
+    fences = {f"accounts/{a}": 3, f"accounts/{b}": 3}
+    lease = _StandInLease(d.ring.sign_many(fences), fences)
+
+    async def transfer() -> None:
+        async with AsyncFencedSession(d.url, lease) as db:  # type: ignore[arg-type]
+            assert await db.claim() == fences and db.claimed
+            await db.batch(_transfer(a, b, 0, 20)["ops"])
+
+    asyncio.run(transfer())
+    assert _state(d, a) == (Decimal(0), 3) and _state(d, b) == (Decimal(20), 3)
