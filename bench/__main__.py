@@ -6,12 +6,12 @@ Environment (defaults keep a full run near 10 minutes on 2 cores):
 ================  =========  ==========================================================
 variable          default    meaning
 ================  =========  ==========================================================
-BENCH_ONLY        1-7        which sections, e.g. ``1,5``
+BENCH_ONLY        1-8        which sections, e.g. ``1,5``
 BENCH_SECONDS     2          counted seconds of one round of one measurement
 BENCH_ROUNDS      3          rounds (a fresh generator process each); medians over them
 BENCH_WARMUP      0.5        uncounted seconds before each round
 BENCH_CLIENTS     1,8,32     client counts of section 1
-BENCH_PROXY_CLIENTS 8        client counts of section 5
+BENCH_PROXY_CLIENTS 8        client counts of sections 5 and 8
 BENCH_PROCS       1          generator processes per measurement
 BENCH_SCALE_LEASES 100000    held leases in section 6
 BENCH_PEERS       (all)      only peers whose name contains one of these words (+ baselines)
@@ -46,7 +46,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[Settings, list
     keys = [k.strip() for k in only.split(",") if k.strip()] if only else list(SCENARIOS)
     unknown = [k for k in keys if k not in SCENARIOS]
     if unknown:
-        raise SystemExit(f"BENCH_ONLY: unknown section(s) {unknown}; choose from 1-7")
+        raise SystemExit(f"BENCH_ONLY: unknown section(s) {unknown}; choose from 1-8")
     s = Settings(
         seconds=float(env.get("BENCH_SECONDS", 2)),
         rounds=int(env.get("BENCH_ROUNDS", 3)),

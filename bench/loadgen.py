@@ -312,6 +312,10 @@ WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], A
     "direct_sql": _direct_sql,
 }
 
+from bench.transfer import WORKLOADS as _TRANSFER_WORKLOADS  # noqa: E402 - section 8 (issue 14)
+
+WORKLOADS.update(_TRANSFER_WORKLOADS)
+
 
 # --- the closed loop ----------------------------------------------------------------------------
 

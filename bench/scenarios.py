@@ -17,6 +17,7 @@ import psycopg
 from bench import loadgen
 from bench.peers import Server, Workspace, rss_mb
 from bench.report import Section, fmt, median, pct, ratio
+from bench.transfer import transfers
 
 __all__ = ["Bench", "Settings", "SCENARIOS"]
 
@@ -578,6 +579,7 @@ SCENARIOS: dict[str, Callable[..., Section]] = {
     "5": proxy,
     "6": scale,
     "7": load,
+    "8": transfers,
 }
 
 
