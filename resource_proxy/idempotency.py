@@ -10,7 +10,8 @@ committed (a retry finds the record and gets the original status and body, with
 
 - The key: 1-255 characters of visible ASCII (``!`` to ``~``); anything else is 422. Clients
   should make it random (``FencedSession`` sends 128 random bits, ``uuid4().hex``).
-- The digest (SHA-256) covers the method, the path as sent, the token's lock and the body bytes:
+- The digest (SHA-256) covers the method, the path as sent, the token's lock (for a multi-lock
+  token: the locks the write touches, in name order) and the body bytes:
   the same key with another body, route, method or lock is 422 ``idempotency_key_reused``.
 - Only successful writes are recorded: a rejected write (stale token, conflict, bad value) is
   rolled back whole, record included, so its retry is evaluated afresh.
