@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 ## from Debian packages when no registry is reachable, builds the image and runs the compose demo.
 ## faketime (libfaketime) skews worker clocks in tests/chaos and make chaos.
 ## chromium (headless) renders the status pages in tests/ops.
+## jq, sqlite3 and curl: the README's Quick start and console examples (tests/readme).
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io)
@@ -27,6 +28,7 @@ system-deps:
 	command -v debootstrap >/dev/null || test -x /usr/sbin/debootstrap || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap)
 	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	command -v jq >/dev/null && command -v sqlite3 >/dev/null && command -v curl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq sqlite3 curl)
 
 ## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
 .PHONY: demo
