@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test run lint clean system-deps
+.PHONY: install test run lint clean system-deps node-deps
 
 install: $(STAMP)
 
@@ -52,8 +52,18 @@ CHAOS_SEED    ?=
 chaos: install
 	$(BIN)/python -m chaos --store $(CHAOS_STORE) --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
-test: install
+test: install node-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Redocly's OpenAPI linter (pinned, from the npm registry; Node 20+), for tests/ops/test_openapi_lint.py.
+REDOCLY_VERSION := 2.77.0
+REDOCLY := .tools/redocly/node_modules/.bin/redocly
+node-deps: .tools/redocly/.installed-$(REDOCLY_VERSION)
+
+.tools/redocly/.installed-$(REDOCLY_VERSION):
+	command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm)
+	npm install --prefix .tools/redocly --no-audit --no-fund --silent @redocly/cli@$(REDOCLY_VERSION)
+	touch $@
 
 run: install
 	$(BIN)/lockd serve
