@@ -32,6 +32,7 @@ from resource_proxy.activity import call_of, record
 from resource_proxy.errors import (
     InvalidRequest,
     InvalidTokenError,
+    LockdUnreachable,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -234,8 +235,11 @@ async def get_fence(request: Request) -> Response:
 
 @_route("/healthz", "GET")
 async def healthz(request: Request) -> Response:
-    await _service(request).store.ping()
-    return _reply(request, "healthz", {"status": "ok"})
+    service = _service(request)
+    await service.store.ping()
+    jwks = "unavailable" if service.keys.available is False else "ok"
+    return _reply(request, "healthz", {"status": "ok" if jwks == "ok" else "degraded",
+                                       "jwks": jwks})
 
 
 @_route("/metrics", "GET")
@@ -247,7 +251,7 @@ async def metrics(request: Request) -> Response:
 
 def _problem(request: Request, error: ProxyError) -> Response:
     record(request, call_of(request), error.status, error)
-    headers = {"Retry-After": "1"} if isinstance(error, StoreUnavailable) else None
+    headers = {"Retry-After": "1"} if isinstance(error, (StoreUnavailable, LockdUnreachable)) else None
     return error_response(error, headers)
 
 
