@@ -11,6 +11,7 @@ Conventions (also in the README's Development section):
 - ```python blocks run in order in one namespace per README;
 - ```console blocks: every line starting with ``$ `` runs in ``bash`` (cwd: a temporary
   directory) and must exit 0; the other lines show output and are not compared;
+- ```yaml blocks are proxy policy files: the proxy's loader must accept them;
 - any other block, and a python/console block that cannot run here, must be preceded by
   ``<!-- skip: next "illustrative" -->`` (Sybil's own skip directive; any reason text works):
   an unmarked block of another language fails as "neither run nor marked illustrative".
@@ -39,7 +40,7 @@ from tests.support import PG_ADMIN_DSN, VENV_BIN, ServiceProcess, create_databas
 LOCKD_PORT, PROXY_PORT = 7070, 7071
 LOCKD_URL, PROXY_URL = f"http://127.0.0.1:{LOCKD_PORT}", f"http://127.0.0.1:{PROXY_PORT}"
 PORT_LOCK = Path(tempfile.gettempdir()) / "lockd-readme-ports.lock"
-RUN_LANGUAGES = ("python", "console")
+RUN_LANGUAGES = ("python", "console", "yaml")
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
@@ -152,6 +153,20 @@ class ConsoleEvaluator:
         return None
 
 
+def evaluate_policy(example: Example) -> str | None:
+    """A ``yaml`` block is a proxy policy file: the proxy's own loader must accept it."""
+    from resource_proxy.policy import PolicyError, load_policy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.yaml"
+        path.write_text(str(example.parsed))
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            return f"README line {example.line}: the policy is refused: {exc}"
+    return None if policy.tables else f"README line {example.line}: a policy with no table"
+
+
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
@@ -182,4 +197,5 @@ def parsers() -> list:
     """The Sybil parsers for README.md, in the order above."""
     return [SkipParser(), PythonCodeBlockParser(),
             CodeBlockParser(language="console", evaluator=ConsoleEvaluator()),
+            CodeBlockParser(language="yaml", evaluator=evaluate_policy),
             UnmarkedBlockParser()]
