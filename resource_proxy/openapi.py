@@ -236,6 +236,7 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
             else:
                 operation["security"] = []  # open on purpose, also with API keys
             operation.setdefault("operationId", _operation_id(path, method, tables))
+            _name_schemas(operation, schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "resource-proxy", "version": version,
@@ -257,6 +258,39 @@ _OPERATION_IDS = {
 _ROW_OPERATIONS = {("rows", "post"): "insertRow", ("rows", "get"): "listRows",
                    ("rows/{key}", "get"): "getRow", ("rows/{key}", "put"): "putRow",
                    ("rows/{key}", "patch"): "updateRow", ("rows/{key}", "delete"): "deleteRow"}
+
+
+# (operation, where) -> component name; per-table request rows are named "<table>.Row".
+_SCHEMA_NAMES = {
+    ("insertRow", "request"): "Row", ("putRow", "request"): "Row",
+    ("updateRow", "request"): "RowPatch", ("listRows", "response"): "RowList",
+    ("insertRow", "response"): "StoredRow", ("getRow", "response"): "StoredRow",
+    ("putRow", "response"): "StoredRow", ("updateRow", "response"): "StoredRow",
+    ("listTables", "response"): "TableList", ("getRowLock", "response"): "RowLock",
+    ("batch", "request"): "BatchRequest", ("batch", "response"): "BatchResponse",
+    ("getFence", "response"): "Fence", ("claimFence", "response"): "Fence",
+    ("getActivity", "response"): "Activity", ("healthz", "response"): "Health",
+}
+
+
+def _name_schemas(operation: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Move the operation's JSON request and success schemas into ``components.schemas`` under
+    short names (``Fence``, ``accounts.Row``), so generated clients get short type names; one
+    name per distinct schema (a table's own when two tables' schemas differ)."""
+    table, _, op = operation["operationId"].rpartition(".")
+    places = [("request", operation.get("requestBody", {}))]
+    places += [("response", r) for status, r in operation["responses"].items()
+               if status.startswith("2")]
+    for where, holder in places:
+        content = holder.get("content", {}).get("application/json")
+        base = _SCHEMA_NAMES.get((op, where))
+        if content is None or base is None or "$ref" in content["schema"]:
+            continue
+        name = f"{table}.{base}" if table and base in ("Row", "RowPatch") else base
+        if schemas.get(name, content["schema"]) != content["schema"]:
+            name = f"{table}.{base}"
+        schemas[name] = content["schema"]
+        content["schema"] = {"$ref": f"#/components/schemas/{name}"}
 
 
 def _operation_id(path: str, method: str, tables: list[str]) -> str:

@@ -69,6 +69,11 @@ def test_proxy_openapi_is_lint_clean(redocly, start_lockd, start_proxy, pg_dsn, 
     ids = [op.get("operationId") for ops in doc["paths"].values() for op in ops.values()]
     assert None not in ids and len(ids) == len(set(ids))
     assert {"kinds.insertRow", "kinds.putRow", "pairs.deleteRow", "batch", "claimFence"} <= set(ids)
+    named = set(doc["components"]["schemas"])
+    assert {"kinds.Row", "pairs.RowPatch", "StoredRow", "RowList", "BatchRequest", "BatchResponse",
+            "Fence", "RowLock", "TableList", "Activity", "Health"} <= named, named
+    body = doc["paths"]["/v1/tables/kinds/rows"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"] == {"$ref": "#/components/schemas/kinds.Row"}
     assert_clean(lint(doc, tmp_path, "proxy"))
 
 
