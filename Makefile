@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test run lint clean system-deps
+.PHONY: install test run lint clean system-deps node-deps
 
 install: $(STAMP)
 
@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 ## from Debian packages when no registry is reachable, builds the image and runs the compose demo.
 ## faketime (libfaketime) skews worker clocks in tests/chaos and make chaos.
 ## chromium (headless) renders the status pages in tests/ops.
+## jq, sqlite3 and curl: the README's Quick start and console examples (tests/readme).
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io)
@@ -27,6 +28,7 @@ system-deps:
 	command -v debootstrap >/dev/null || test -x /usr/sbin/debootstrap || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap)
 	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	command -v jq >/dev/null && command -v sqlite3 >/dev/null && command -v curl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq sqlite3 curl)
 
 ## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
 .PHONY: demo
@@ -50,8 +52,18 @@ CHAOS_SEED    ?=
 chaos: install
 	$(BIN)/python -m chaos --store $(CHAOS_STORE) --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
-test: install
+test: install node-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## Redocly's OpenAPI linter (pinned, from the npm registry; Node 20+), for tests/ops/test_openapi_lint.py.
+REDOCLY_VERSION := 2.77.0
+REDOCLY := .tools/redocly/node_modules/.bin/redocly
+node-deps: .tools/redocly/.installed-$(REDOCLY_VERSION)
+
+.tools/redocly/.installed-$(REDOCLY_VERSION):
+	command -v npm >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm)
+	npm install --prefix .tools/redocly --no-audit --no-fund --silent @redocly/cli@$(REDOCLY_VERSION)
+	touch $@
 
 run: install
 	$(BIN)/lockd serve

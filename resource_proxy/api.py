@@ -32,6 +32,7 @@ from resource_proxy.activity import call_of, record
 from resource_proxy.errors import (
     InvalidRequest,
     InvalidTokenError,
+    LockdUnreachable,
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
@@ -240,8 +241,11 @@ async def get_fence(request: Request) -> Response:
 
 @_route("/healthz", "GET")
 async def healthz(request: Request) -> Response:
-    await _service(request).store.ping()
-    return _reply(request, "healthz", {"status": "ok"})
+    service = _service(request)
+    await service.store.ping()
+    jwks = "unavailable" if service.keys.available is False else "ok"
+    return _reply(request, "healthz", {"status": "ok" if jwks == "ok" else "degraded",
+                                       "jwks": jwks})
 
 
 @_route("/metrics", "GET")
@@ -253,7 +257,7 @@ async def metrics(request: Request) -> Response:
 
 def _problem(request: Request, error: ProxyError) -> Response:
     record(request, call_of(request), error.status, error)
-    headers = {"Retry-After": "1"} if isinstance(error, StoreUnavailable) else None
+    headers = {"Retry-After": "1"} if isinstance(error, (StoreUnavailable, LockdUnreachable)) else None
     return error_response(error, headers)
 
 
@@ -271,7 +275,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            error: ProxyError = NotFound("no such route")
+            error: ProxyError = NotFound("no such route; GET /openapi.json describes the API "
+                                         "(the proxy has no /docs page)")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"{request.method} is not allowed here")
         else:

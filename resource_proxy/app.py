@@ -66,7 +66,10 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         else:
             assert settings.jwks_file is not None
             loader = file_loader(settings.jwks_file)
-        keys = KeySource(loader, min_interval_s=settings.jwks_refetch_interval_ms / 1000)
+        source = (settings.lockd_url.rstrip("/") + "/v1/keys" if settings.lockd_url is not None
+                  else str(settings.jwks_file))
+        keys = KeySource(loader, min_interval_s=settings.jwks_refetch_interval_ms / 1000,
+                         source=source)
         await keys.reload(force=True)
         if settings.jwks_file is not None and not keys.kids:
             raise RuntimeError(f"no usable Ed25519 key in {settings.jwks_file}")

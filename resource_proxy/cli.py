@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
 from lockd.common.httpkit import configure_logging
+from lockd.common.listen import ListenError, bind_listener
 from lockd.common.options import (
     add_bound_arguments,
     add_tls_arguments,
@@ -152,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     configure_logging(settings.log_level, settings.log_format)
     try:
+        listener = bind_listener(settings.host, settings.port)  # the socket closes on exit
+    except ListenError as exc:
+        log.error("resource-proxy cannot start: %s", exc)
+        return 1
+    try:
         policy = load_policy(settings.policy)
     except PolicyError as exc:
         print(f"resource-proxy: {exc}", file=sys.stderr)
@@ -181,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         log.warning("resource-proxy: %s", warning)
     server = _Server(config)
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
-        server.run()
+        server.run(sockets=[listener])
     return 0 if server.started else 1
 
 

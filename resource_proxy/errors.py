@@ -55,6 +55,7 @@ __all__ = [
     "Conflict",
     "StoreUnavailable",
     "OutcomeUnknown",
+    "LockdUnreachable",
 ]
 
 
@@ -149,3 +150,11 @@ class OutcomeUnknown(ProxyError):
     or may not have committed (502 ``outcome_unknown``). Retry with the same Idempotency-Key."""
 
     status, code, title = 502, "outcome_unknown", "Outcome unknown"
+
+
+class LockdUnreachable(ProxyError):
+    """A token's key is not in the key set and the JWKS could not be fetched (503
+    ``lockd_unreachable``, ``Retry-After: 1``): the token may well be genuine, so it is not
+    called invalid; ``jwks_url`` names where the keys are fetched from."""
+
+    status, code, title = 503, "lockd_unreachable", "lockd unreachable"

@@ -27,7 +27,7 @@ import httpx
 
 from lockd.common.tls import client_context
 from lockd.tokens import Claims, TokenError, UnknownKey, Verifier
-from resource_proxy.errors import InvalidTokenError
+from resource_proxy.errors import InvalidTokenError, LockdUnreachable
 
 __all__ = ["KeySource", "file_loader", "lockd_loader", "lockd_verify"]
 
@@ -71,12 +71,17 @@ class KeySource:
     """Verifies tokens against a JWKS that ``loader`` provides, reloading on unknown keys.
 
     ``min_interval_s``: least time between two reloads (default 1 s). ``clock``: monotonic
-    seconds, injectable for tests.
+    seconds, injectable for tests. ``source``: where the keys come from (a URL or a file),
+    named in the warning of a failed load and in the 503 while no load has succeeded since.
+    ``available`` is False after a failed load (until one succeeds), None before any.
     """
 
     def __init__(self, loader: Loader, *, min_interval_s: float = 1.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, source: str = "the JWKS"):
         self._loader = loader
+        self.source = source
+        self.available: bool | None = None
+        self.last_error = ""
         self._min_interval = min_interval_s
         self._clock = clock
         self._verifier = Verifier({"keys": []})
@@ -103,8 +108,12 @@ class KeySource:
             try:
                 jwks = await self._loader()
             except (OSError, ValueError, httpx.HTTPError) as exc:
-                log.warning("could not load the JWKS: %s", exc)
+                self.available, self.last_error = False, str(exc) or type(exc).__name__
+                log.warning("could not load the JWKS from %s: %s (tokens signed by keys not "
+                            "loaded get 503 lockd_unreachable until it answers)",
+                            self.source, self.last_error)
                 return True
+            self.available = True
             verifier = Verifier(jwks)
             if verifier.kids != self._verifier.kids:
                 log.info("JWKS loaded: %d key(s)", len(verifier.kids))
@@ -126,7 +135,15 @@ class KeySource:
                 claims = self._verifier.verify(token)
             except UnknownKey:
                 await self.reload()  # may be skipped (rate limit) or done by a concurrent call
-                claims = self._verifier.verify(token)
+                try:
+                    claims = self._verifier.verify(token)
+                except UnknownKey:
+                    if self.available is False:
+                        raise LockdUnreachable(
+                            f"lockd unreachable: the token's key is unknown and the keys could "
+                            f"not be fetched from {self.source} ({self.last_error}); retry "
+                            f"when lockd answers", jwks_url=self.source) from None
+                    raise
         except TokenError as exc:
             raise InvalidTokenError(str(exc)) from None
         if len(self._cache) >= _CACHE_MAX:

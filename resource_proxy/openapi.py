@@ -10,6 +10,7 @@ documented with its status and the ``Problem`` schema; ``Fencing-Token`` is an o
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from lockd.common.problems import PROBLEM_JSON
@@ -40,6 +41,13 @@ _IDEMPOTENCY_KEY = {
     "description": "a retry with the same key gets the original answer (kept 24 h by default)",
     "schema": {"type": "string", "pattern": "^[!-~]{1,255}$"}}
 _ROW_OUT = {"type": "object", "additionalProperties": True}
+_BATCH_RESULT = {"type": "object", "required": ["op", "table"],
+                 "properties": {"op": {"enum": ["insert", "upsert", "update", "delete"]},
+                                "table": {"type": "string"},
+                                "row": {"type": ["object", "null"]}}}
+_TABLE_ITEM = {"type": "object", "required": ["table", "lock", "unfenced"],
+               "properties": {"table": {"type": "string"}, "lock": {"type": ["string", "null"]},
+                              "unfenced": {"type": "boolean"}}}
 _SCALAR_KINDS = {
     Kind.INTEGER: {"type": "integer"}, Kind.NUMERIC: {"type": ["number", "string"]},
     Kind.FLOAT: {"type": "number"}, Kind.TEXT: {"type": "string"},
@@ -166,7 +174,9 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
     paths.update({
         "/v1/tables": {"get": {
             "summary": "every served table and the lock template that governs its rows",
-            "responses": {**_json("tables", {"type": "object", "required": ["items"]}),
+            "responses": {**_json("tables", {
+                "type": "object", "required": ["items"],
+                "properties": {"items": {"type": "array", "items": _TABLE_ITEM}}}),
                           **_problems(503)}}},
         "/v1/tables/{table}/lock": {"get": {
             "summary": "the ONE lock that may write (and fence reads of) the row with ?key=",
@@ -187,13 +197,16 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
                                                          "items": op_schema}}}),
             "responses": {**_json("per-op results", {
                 "type": "object", "required": ["results", "lock", "fence"],
-                "properties": {"results": {"type": "array"},
+                "properties": {"results": {"type": "array", "items": _BATCH_RESULT},
                                "lock": {"type": ["string", "null"]},
                                "fence": {"type": ["integer", "null"]},
                                "locks": {"type": "array", "description": "a multi-lock token: "
                                          "each lock the batch touched and its fence",
                                          "items": {"type": "object",
-                                                   "required": ["lock", "fence"]}}}}),
+                                                   "required": ["lock", "fence"],
+                                                   "properties": {
+                                                       "lock": {"type": "string"},
+                                                       "fence": {"type": "integer"}}}}}}),
                 **_problems(*_WRITE_FAILURES)}}},
         "/v1/fences/{lock}": {"get": {
             "summary": "the highest fence honoured for a lock", "parameters": [_LOCK],
@@ -215,8 +228,12 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
                 **_problems(401, 403, 409, 428, 503)}}},
         "/v1/activity": {"get": {
             "summary": "this proxy's recent fences and rejections (the status page's data)",
-            "responses": _json("activity", {"type": "object",
-                                            "required": ["fences", "rejections"]})}},
+            "responses": _json("activity", {
+                "type": "object", "required": ["fences", "rejections"],
+                "properties": {"fences": {"type": "array", "items": {"type": "object"}},
+                               "rejections": {"type": "array", "items": {"type": "object"}},
+                               "stale_total": {"type": "integer"},
+                               "writes_ok_total": {"type": "integer"}}})}},
         "/healthz": {"get": {"summary": "200 when the database answers",
                              "responses": {**_json("ok", {"type": "object"}),
                                            **_problems(503)}}},
@@ -224,18 +241,83 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
             "description": "text exposition",
             "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     })
+    schemas: dict[str, Any] = {"Problem": _PROBLEM}
     for path, operations in paths.items():
-        for operation in operations.values():
+        for method, operation in operations.items():
             responses = operation["responses"]
             responses.update(_problems(431))
             if path not in OPEN_PATHS:
                 responses.update(_problems(401))
                 operation["security"] = [{"bearer": []}, {}]
+            else:
+                operation["security"] = []  # open on purpose, also with API keys
+            operation.setdefault("operationId", _operation_id(path, method, tables))
+            _name_schemas(operation, schemas)
     return {
         "openapi": "3.1.0",
         "info": {"title": "resource-proxy", "version": version,
-                 "summary": "Fenced writes to database tables"},
+                 "summary": "Fenced writes to database tables",
+                 "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}},
+        "servers": [{"url": "/", "description": "this proxy"}],
         "paths": paths,
-        "components": {"schemas": {"Problem": _PROBLEM},
+        "components": {"schemas": schemas,
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
+
+
+_OPERATION_IDS = {
+    ("/v1/tables", "get"): "listTables", ("/v1/tables/{table}/lock", "get"): "getRowLock",
+    ("/v1/batch", "post"): "batch", ("/v1/fences/{lock}", "get"): "getFence",
+    ("/v1/fences/{lock}/claim", "post"): "claimFence", ("/v1/fences/claim", "post"): "claimAll",
+    ("/v1/activity", "get"): "getActivity",
+    ("/healthz", "get"): "healthz", ("/metrics", "get"): "metrics",
+}
+_ROW_OPERATIONS = {("rows", "post"): "insertRow", ("rows", "get"): "listRows",
+                   ("rows/{key}", "get"): "getRow", ("rows/{key}", "put"): "putRow",
+                   ("rows/{key}", "patch"): "updateRow", ("rows/{key}", "delete"): "deleteRow"}
+
+
+# (operation, where) -> component name; per-table request rows are named "<table>.Row".
+_SCHEMA_NAMES = {
+    ("insertRow", "request"): "Row", ("putRow", "request"): "Row",
+    ("updateRow", "request"): "RowPatch", ("listRows", "response"): "RowList",
+    ("insertRow", "response"): "StoredRow", ("getRow", "response"): "StoredRow",
+    ("putRow", "response"): "StoredRow", ("updateRow", "response"): "StoredRow",
+    ("listTables", "response"): "TableList", ("getRowLock", "response"): "RowLock",
+    ("batch", "request"): "BatchRequest", ("batch", "response"): "BatchResponse",
+    ("getFence", "response"): "Fence", ("claimFence", "response"): "Fence",
+    ("getActivity", "response"): "Activity", ("healthz", "response"): "Health",
+}
+
+
+def _name_schemas(operation: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Move the operation's JSON request and success schemas into ``components.schemas`` under
+    short names (``Fence``, ``accounts.Row``), so generated clients get short type names; one
+    name per distinct schema (a table's own when two tables' schemas differ)."""
+    table, _, op = operation["operationId"].rpartition(".")
+    places = [("request", operation.get("requestBody", {}))]
+    places += [("response", r) for status, r in operation["responses"].items()
+               if status.startswith("2")]
+    for where, holder in places:
+        content = holder.get("content", {}).get("application/json")
+        base = _SCHEMA_NAMES.get((op, where))
+        if content is None or base is None or "$ref" in content["schema"]:
+            continue
+        name = f"{table}.{base}" if table and base in ("Row", "RowPatch") else base
+        if schemas.get(name, content["schema"]) != content["schema"]:
+            name = f"{table}.{base}"
+        schemas[name] = content["schema"]
+        content["schema"] = {"$ref": f"#/components/schemas/{name}"}
+
+
+def _operation_id(path: str, method: str, tables: list[str]) -> str:
+    """A short, unique operationId: ``insertRow`` etc. prefixed with the table
+    (``accounts.insertRow``: every table has its own paths), ``listTables``, ``batch``, ..."""
+    if (path, method) in _OPERATION_IDS:
+        return _OPERATION_IDS[(path, method)]
+    for table in tables:
+        prefix = f"/v1/tables/{table}/"
+        if path.startswith(prefix) and (path[len(prefix):], method) in _ROW_OPERATIONS:
+            safe = re.sub(r"[^A-Za-z0-9_-]", "_", table)
+            return f"{safe}.{_ROW_OPERATIONS[(path[len(prefix):], method)]}"
+    return re.sub(r"[^A-Za-z0-9]+", "_", f"{method}{path}").strip("_")

@@ -72,7 +72,10 @@ class ProxyService:
     def table(self, name: Any) -> Table:
         table = self.catalog.get(name) if isinstance(name, str) else None
         if table is None:
-            raise NotFound(f"no table {name!r} is served by this proxy", table=str(name)[:255])
+            raise NotFound(f"no table {name!r} is served by this proxy: tables are reflected when "
+                           f"it starts (restart it after creating one) and must be in --tables / "
+                           f"PROXY_TABLES if that is set; GET /v1/tables lists them",
+                           table=str(name)[:255])
         return table
 
     async def claims_of(self, token: str | None) -> Claims:

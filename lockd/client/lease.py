@@ -132,20 +132,26 @@ class LockStatus:
     owner: str | None
     ttl: float
     waiters: int
+    waiting_owners: tuple[str, ...] | None = None  # status(name) only: head first, this lockd's
 
     @classmethod
     def from_json(cls, body: Any) -> LockStatus:
         try:
+            owners = body.get("waiting_owners")
             return cls(lock=str(body["lock"]), held=bool(body["held"]), fence=int(body["fence"]),
                        owner=body.get("owner"), ttl=int(body.get("ttl_ms") or 0) / 1000,
-                       waiters=int(body.get("waiters") or 0))
+                       waiters=int(body.get("waiters") or 0),
+                       waiting_owners=None if owners is None else tuple(map(str, owners)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed lock status: {exc!r}") from exc
 
     def to_json(self) -> dict[str, Any]:
         """The contract's shape (``ttl_ms`` in milliseconds)."""
-        return {"lock": self.lock, "held": self.held, "fence": self.fence, "owner": self.owner,
-                "ttl_ms": round(self.ttl * 1000), "waiters": self.waiters}
+        doc = {"lock": self.lock, "held": self.held, "fence": self.fence, "owner": self.owner,
+               "ttl_ms": round(self.ttl * 1000), "waiters": self.waiters}
+        if self.waiting_owners is not None:
+            doc["waiting_owners"] = list(self.waiting_owners)
+        return doc
 
 
 # --------------------------------------------------------------------------- private helpers

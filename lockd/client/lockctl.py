@@ -6,6 +6,7 @@
     lockctl [--url URL] [--json] renew NAME [LEASE_ID | -] [--ttl 30s]
     lockctl [--url URL] [--json] release NAME [LEASE_ID | -]
     lockctl [--url URL] [--json] status NAME
+    lockctl [--url URL] [--json] holders NAME
     lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
     lockctl [--url URL] [--json] watch [NAME | --prefix P] [--history N]
     lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] -- COMMAND [ARG...]
@@ -32,9 +33,9 @@ command line still works, for scripts that already pass one.
 output says so); ``run`` is the command that holds a lock while something runs.
 ``force-release`` ends the live lease of NAME whoever holds it (its holder's renew and release
 then fail as lost, the next acquire gets a higher fence); lockd allows it only with one of its
-admin keys (``LOCKD_ADMIN_KEYS``) as ``--api-key``/``$LOCKD_API_KEY``. lockd tells how many
-acquires wait for a lock (``status``, ``ls``), not who they are, so there is no ``holders``
-listing of waiters.
+admin keys (``LOCKD_ADMIN_KEYS``) as ``--api-key``/``$LOCKD_API_KEY``. ``holders`` lists the
+holder and the owners of the acquires waiting for the lock, head first, as the lockd at ``--url``
+sees them: waiters are per lockd process (another replica's are not shown).
 
 Errors say what to do: lockd unreachable names the URL tried and ``--url``/``$LOCKD_URL``; a URL
 without ``http://``/``https://`` is a usage error (2); a 401 says to pass ``--api-key`` or
@@ -188,6 +189,10 @@ def _parser() -> argparse.ArgumentParser:
     p = add("status", "show one lock: holder, fence, time left, how many wait")
     p.add_argument("name", help=name_help)
 
+    p = add("holders", "show who holds one lock and who waits for it, head first (waiters "
+                       "queued at this lockd only)")
+    p.add_argument("name", help=name_help)
+
     p = add("ls", "list locks (every lock ever used: lockd never deletes them)")
     p.add_argument("--prefix", default="", help="only locks whose name starts with this")
     p.add_argument("--limit", type=int, default=None, help="show at most this many locks")
@@ -274,6 +279,15 @@ def _status_text(s: LockStatus) -> str:
         return f"{s.lock}: free (last fence {s.fence}, {s.waiters} waiting)"
     left = format_duration(round(s.ttl * 1000))
     return f"{s.lock}: held by {s.owner!r} (fence {s.fence}, {left} left, {s.waiters} waiting)"
+
+
+def _holders_text(s: LockStatus) -> str:
+    owners = s.waiting_owners or ()
+    holder = f"held by {s.owner!r} (fence {s.fence})" if s.held else "free"
+    lines = [f"{s.lock}: {holder}; {len(owners)} waiting at this lockd, head first:"]
+    lines += [f"  {i}. {owner!r}" if owner else f"  {i}. (no owner)"
+              for i, owner in enumerate(owners, 1)]
+    return "\n".join(lines)
 
 
 def _ls_text(items: list[LockStatus]) -> str:
@@ -439,6 +453,10 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
     elif args.cmd == "status":
         s = client.status(args.name)
         out.emit(s.to_json(), _status_text(s))
+    elif args.cmd == "holders":
+        s = client.status(args.name)
+        out.emit({"lock": s.lock, "held": s.held, "fence": s.fence, "owner": s.owner,
+                  "waiting_owners": list(s.waiting_owners or ())}, _holders_text(s))
     elif args.cmd == "ls":
         items = list(client.locks(args.prefix, limit=args.limit))
         out.emit({"items": [s.to_json() for s in items]}, _ls_text(items))

@@ -352,7 +352,8 @@ def create_router() -> APIRouter:
     async def get_lock(name: str, request: Request) -> Response:
         """The lock's state (never its lease id) and the waiters queued at this lockd."""
         state, waiters = await _service(request).get(name)
-        return JSONResponse(_state_body(state, waiters))
+        return JSONResponse({**_state_body(state, waiters),
+                             "waiting_owners": _service(request).waiting_owners(name)})
 
     @router.get("/v1/keys")
     async def keys(request: Request) -> Response:

@@ -18,7 +18,7 @@ from lockd.server.api import HotPathMiddleware, create_router, install_error_han
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
-from lockd.server.ops_api import create_ops_router, install_ops
+from lockd.server.ops_api import create_ops_router, install_ops, operation_id
 from lockd.server.service import LockService
 from lockd.server.settings import Settings
 from lockd.server.store import Store, open_store
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         summary="Leases with fencing tokens",
         version="1",
         lifespan=lifespan,
+        generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
     app.state.metrics = metrics

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from lockd import __version__
 from lockd.common.httpkit import configure_logging
+from lockd.common.listen import ListenError, bind_listener
 from lockd.common.options import (
     add_bound_arguments,
     add_tls_arguments,
@@ -102,6 +103,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def serve(settings: Settings) -> int:
     """Open keys and store, serve until SIGTERM/SIGINT, close the store. Returns exit status."""
     try:
+        listener = bind_listener(settings.host, settings.port)
+    except ListenError as exc:
+        log.error("lockd cannot start: %s", exc)
+        return 1
+    try:
         store = open_store(settings.store, clock=time.time)
         keyring = KeyRing.load_or_create(settings.key_dir)
     except (OSError, ValueError) as exc:
@@ -127,10 +133,11 @@ async def serve(settings: Settings) -> int:
         if warning:
             log.warning("lockd: %s", warning)
         server = _Server(config, app, settings)
-        await server.serve()
+        await server.serve(sockets=[listener])
         return 0 if server.started else 1
     finally:
         await store.close()
+        listener.close()
 
 
 class _Server(uvicorn.Server):

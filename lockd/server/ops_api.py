@@ -38,6 +38,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
@@ -221,6 +222,24 @@ def install_ops(app: FastAPI, settings: Settings, metrics: LockdMetrics) -> None
     _document_problems(app)
 
 
+def operation_id(route: APIRoute) -> str:
+    """The OpenAPI operationId of a route: its handler's name in camelCase (``listLocks``), so
+    generated clients get short names (FastAPI's default is ``list_locks_v1_locks_get``)."""
+    head, *rest = route.name.split("_")
+    return head + "".join(word.capitalize() for word in rest)
+
+
+def _name_request_schema(operation: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Move an inline, titled request body schema (a pydantic model's) into
+    ``components.schemas`` under its title, so generators name the type ``AcquireRequest``."""
+    content = operation.get("requestBody", {}).get("content", {}).get("application/json", {})
+    schema = content.get("schema")
+    if not schema or "$ref" in schema or "title" not in schema:
+        return
+    schemas.setdefault(schema["title"], schema)
+    content["schema"] = {"$ref": f"#/components/schemas/{schema['title']}"}
+
+
 def _document_problems(app: FastAPI) -> None:
     """Make the OpenAPI document tell the truth about failures: every problem response has the
     ``Problem`` schema (FastAPI's default 422 shape is replaced), and every operation lists 401
@@ -237,6 +256,8 @@ def _document_problems(app: FastAPI) -> None:
         schemas.pop("HTTPValidationError", None)
         schemas.pop("ValidationError", None)
         components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+        doc["servers"] = [{"url": "/", "description": "this lockd"}]
+        doc["info"]["license"] = {"name": "Apache-2.0", "identifier": "Apache-2.0"}
         for path, operations in doc.get("paths", {}).items():
             for operation in operations.values():
                 responses = operation.setdefault("responses", {})
@@ -250,6 +271,9 @@ def _document_problems(app: FastAPI) -> None:
                 if path not in OPEN_PATHS:
                     responses.setdefault("401", _problem_doc(401, "Missing or wrong API key"))
                     operation["security"] = [{"bearer": []}, {}]
+                else:
+                    operation["security"] = []  # open on purpose, also with API keys
+                _name_request_schema(operation, schemas)
         app.openapi_schema = doc
         return doc
 

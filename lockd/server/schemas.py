@@ -101,6 +101,9 @@ class LockStateBody(BaseModel):
     owner: str | None
     ttl_ms: int
     waiters: int
+    waiting_owners: list[str] | None = Field(
+        default=None, description="GET /v1/locks/{name} only: the owners of the acquires "
+        "waiting at this lockd, head first (\"\" if none given); other replicas' not included")
 
 
 class LockPage(BaseModel):

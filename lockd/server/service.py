@@ -89,9 +89,10 @@ class Lease:
 class _Waiter:
     """One queued acquire. ``turn``: it became the head; ``wake``: the lock may have freed."""
 
-    __slots__ = ("turn", "wake", "hint")
+    __slots__ = ("turn", "wake", "hint", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: str = "") -> None:
+        self.owner = owner  # shown by GET /v1/locks/{name} (waiting_owners)
         self.turn = asyncio.Event()
         self.wake = asyncio.Event()
         self.hint: Holder | None = None  # the new holder, passed on by a head that was granted
@@ -215,7 +216,7 @@ class LockService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         queue = self._queues.setdefault(name, {})
-        waiter = _Waiter()
+        waiter = _Waiter(owner)
         queue[waiter] = None
         handoff: Holder | None = None
         holder: Holder | None = None
@@ -322,6 +323,11 @@ class LockService:
     def waiters(self, name: str) -> int:
         """How many acquires are queued for ``name`` at this lockd process."""
         return len(self._queues.get(name) or ())
+
+    def waiting_owners(self, name: str) -> list[str]:
+        """The ``owner`` labels of the acquires queued for ``name`` at this lockd process, head
+        first (``""`` for an acquire that gave none). Other replicas' waiters are not included."""
+        return [waiter.owner for waiter in self._queues.get(name) or ()]
 
     def waiting(self) -> int:
         """How many acquires are queued at this lockd process, over all locks (a metric)."""

@@ -89,12 +89,28 @@ class Dialect:
             if math.isinf(float(value)):
                 raise InvalidRequest(f"column {column.name!r}: expected a number within the range "
                                      "SQLite can store (about 1.8e308)", column=column.name)
+            if column.kind is Kind.NUMERIC and not _sqlite_keeps(value):
+                raise InvalidRequest(
+                    f"column {column.name!r}: {value} cannot be stored exactly by SQLite (a "
+                    f"NUMERIC column keeps a 64-bit integer or a double, about 15 significant "
+                    f"digits); send fewer digits, or use PostgreSQL or a TEXT column",
+                    column=column.name)
             return str(value)
         if isinstance(value, datetime | date | time):
             return value.isoformat()
         if isinstance(value, UUID):
             return str(value)
         return value
+
+
+def _sqlite_keeps(value: Decimal) -> bool:
+    """Whether SQLite's NUMERIC affinity stores ``value`` without changing it: an integer within
+    64 bits is stored as INTEGER, anything else as a double, which keeps it only if the double's
+    shortest text is the same number (``0.1`` yes, ``12345678901234567.89`` no). Trailing zeros
+    are not kept either way (``5.00`` reads back as ``5``): same number, so accepted."""
+    if value == value.to_integral_value() and -(2**63) <= value < 2**63:
+        return True
+    return Decimal(repr(float(value))) == value
 
 
 POSTGRES = Dialect("postgresql")

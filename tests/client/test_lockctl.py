@@ -207,3 +207,39 @@ def test_lease_id_from_the_environment_or_stdin_not_the_command_line(shared_lock
     r = subprocess.run([LOCKCTL, "--url", url, "release", name, "-"], capture_output=True,
                        text=True, timeout=30, input="", env=no_id)
     assert r.returncode == EXIT_USAGE and "stdin" in r.stderr
+
+
+def test_holders_lists_the_holder_and_the_waiters_owners_in_queue_order(shared_lockd, name):
+    """Issue 18: GET /v1/locks/{name} names the waiters (this lockd's, head first); so does
+    ``lockctl holders``."""
+    import threading
+
+    url = shared_lockd.url
+    with LockClient(url) as client:
+        lease = client.acquire(name, ttl=30, owner="holder-a")
+        waiting = []
+        def wait_then_release(owner: str) -> None:
+            client.release(client.acquire(name, ttl=5, wait=20, owner=owner))
+
+        for owner in ("waiter-b", "", "waiter-d"):  # one at a time, so the queue order is known
+            thread = threading.Thread(target=wait_then_release, args=(owner,), daemon=True)
+            thread.start()
+            waiting.append(thread)
+            wait_for(lambda n=len(waiting): client.status(name).waiters == n, timeout=10,
+                     what=f"{len(waiting)} waiter(s) queued")
+        assert client.status(name).waiting_owners == ("waiter-b", "", "waiter-d")
+        r = lockctl(url, "--json", "holders", name)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"lock": name, "held": True, "fence": lease.fence,
+                                        "owner": "holder-a",
+                                        "waiting_owners": ["waiter-b", "", "waiter-d"]}
+        r = lockctl(url, "holders", name)
+        assert r.stdout.splitlines() == [
+            f"{name}: held by 'holder-a' (fence {lease.fence}); 3 waiting at this lockd, head first:",
+            "  1. 'waiter-b'", "  2. (no owner)", "  3. 'waiter-d'"]
+        listed = next(iter(client.locks(name)))
+        assert listed.waiters == 3 and listed.waiting_owners is None, "only the one-lock read names them"
+        client.release(lease)
+        for thread in waiting:  # each is granted in turn and releases at once
+            thread.join(timeout=30)
+        assert client.status(name).waiting_owners == ()

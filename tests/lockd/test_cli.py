@@ -89,3 +89,48 @@ def test_connection_bounds_come_from_flags_and_environment(tmp_path, http):
         proc = subprocess.run([LOCKD, "serve", *flags], capture_output=True, text=True,
                               env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_bad_postgres_url_says_why_in_its_last_line(pg_admin_dsn, tmp_path):
+    """Issue 18: the final line carries the cause, not only the timeout; a bad parameter is named."""
+    base = pg_admin_dsn.rsplit("/", 1)[0]
+    cases = {
+        f"{base}/no_such_db_18": 'FATAL: database "no_such_db_18" does not exist',
+        f"{pg_admin_dsn}?bogus=1": 'PostgreSQL store URL: invalid URI query parameter: "bogus"',
+        f"{pg_admin_dsn}?pool_max=abc": "PostgreSQL store URL: pool_max='abc' is not an integer",
+    }
+    for url, cause in cases.items():
+        store = url + ("&" if "?" in url else "?") + "pool_timeout=1"
+        proc = subprocess.run([LOCKD, "serve", "--store", store, "--port", str(free_port()),
+                               "--key-dir", str(tmp_path / "keys")],
+                              capture_output=True, text=True, timeout=60)
+        last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+        assert proc.returncode == 1, last
+        assert last.endswith(cause) and "lockd cannot start: PostgreSQL store" in last, last
+        if "FATAL" in cause:
+            assert ": could not connect within 1.0 s: connection failed: " in last, last
+
+
+def test_port_in_use_is_one_line_and_exit_1_for_both_servers(tmp_path):
+    """Issue 18: before any start-up, one line naming the address; the same status for both."""
+    import socket
+
+    from tests.support import VENV_BIN
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        jwks = tmp_path / "jwks.json"
+        jwks.write_text('{"keys": []}')
+        for argv in ([LOCKD, "serve", "--store", f"sqlite:///{tmp_path}/l.db",
+                      "--key-dir", str(tmp_path / "keys")],
+                     [str(VENV_BIN / "resource-proxy"), "serve", "--jwks-file", str(jwks),
+                      "--database-url", f"sqlite:///{tmp_path}/r.db"]):
+            proc = subprocess.run([*argv, "--port", str(port)], capture_output=True, text=True,
+                                  timeout=60)
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            name = "lockd" if argv[0] == LOCKD else "resource-proxy"
+            assert proc.returncode == 1, lines
+            assert len(lines) == 1 and lines[0].endswith(
+                f"{name} cannot start: cannot listen on 127.0.0.1:{port}: address already in use"), lines

@@ -313,7 +313,8 @@ def test_retried_acquire_with_same_client_id_returns_the_same_lease(lockd, http,
 
 def test_get_shows_holder_fence_and_waiters(lockd, http, name):
     assert state(http, lockd.url, name) == {
-        "lock": name, "held": False, "fence": 0, "owner": None, "ttl_ms": 0, "waiters": 0}
+        "lock": name, "held": False, "fence": 0, "owner": None, "ttl_ms": 0, "waiters": 0,
+        "waiting_owners": []}
     lease = acquire(http, lockd.url, name, 30_000, owner="alice").json()
     now = state(http, lockd.url, name)
     assert now["held"] and now["owner"] == "alice" and now["fence"] == lease["fence"]

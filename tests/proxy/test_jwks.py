@@ -79,7 +79,7 @@ def test_unknown_kid_triggers_a_rate_limited_refetch(jwks_server, tmp_path, star
         return client.put("/v1/tables/items/rows/k", json={"v": "x"},
                           headers={"Fencing-Token": ring.sign("items", fence)})  # no policy: lock = table
 
-    assert_problem(put(old), 401, "invalid_token")
+    assert_problem(put(old), 503, "lockd_unreachable")  # not "unknown key": see below
     jwks_server.jwks = old.jwks()
     jwks_server.start()
     assert wait_for(lambda: put(old).status_code == 200, timeout=10, what="keys fetched from lockd")
@@ -97,3 +97,34 @@ def test_unknown_kid_triggers_a_rate_limited_refetch(jwks_server, tmp_path, star
     assert fetched <= elapsed / 0.5 + 2, f"{fetched} JWKS fetches in {elapsed:.2f} s: not rate limited"
     assert put(new, 3).status_code == 200, "known keys are verified without any fetch"
     client.close()
+
+
+def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, monkeypatch):
+    """Issue 18: the start-up warning names the JWKS URL; while the keys cannot be fetched a
+    token gets 503 lockd_unreachable naming the URL (not 401 "unknown key"); /healthz shows it."""
+    ring = KeyRing.generate()
+    db = make_database("sqlite", tmp_path, None)
+    monkeypatch.setenv("PROXY_JWKS_REFETCH_INTERVAL_MS", "100")
+    url, proc = start_proxy(db.url, "--lockd-url", jwks_server.url)
+    keys_url = f"{jwks_server.url}/v1/keys"
+    warning = [line for line in proc.log().splitlines() if "could not load the JWKS" in line]
+    assert len(warning) == 1 and f"could not load the JWKS from {keys_url}: " in warning[0], warning
+    with httpx.Client(base_url=url) as client:
+        health = client.get("/healthz")
+        assert health.status_code == 200
+        assert health.json() == {"status": "degraded", "jwks": "unavailable"}
+        put = client.put("/v1/tables/items/rows/k", json={"v": "x"},
+                         headers={"Fencing-Token": ring.sign("items", 1)})
+        problem = assert_problem(put, 503, "lockd_unreachable")
+        assert problem["jwks_url"] == keys_url and put.headers["retry-after"] == "1"
+        assert problem["detail"].startswith(
+            f"lockd unreachable: the token's key is unknown and the keys could not be fetched "
+            f"from {keys_url} (")
+        assert client.get("/v1/tables/items/rows/k").status_code == 404, "nothing was written"
+        jwks_server.jwks = ring.jwks()
+        jwks_server.start()
+        time.sleep(0.15)  # past the refetch interval
+        put = client.put("/v1/tables/items/rows/k", json={"v": "x"},
+                         headers={"Fencing-Token": ring.sign("items", 1)})
+        assert put.status_code == 200, put.text
+        assert client.get("/healthz").json() == {"status": "ok", "jwks": "ok"}

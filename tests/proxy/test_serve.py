@@ -110,3 +110,27 @@ def _ready(proc) -> bool:
         return httpx.get(proc.ready_url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_a_table_created_after_start_is_404_saying_how_to_serve_it(tmp_path, start_proxy):
+    """Issue 18: the 404 says tables are reflected at start and that a restart adds one."""
+    import httpx
+
+    from lockd.tokens import KeyRing
+    from tests.proxy.conftest import assert_problem, make_database, write_jwks
+
+    ring = KeyRing.generate()
+    db = make_database("sqlite", tmp_path, None)
+    url, _ = start_proxy(db.url, "--jwks-file", str(write_jwks(tmp_path, ring)))
+    db.script("CREATE TABLE late (id integer PRIMARY KEY, v text)")
+    answer = httpx.post(f"{url}/v1/tables/late/rows", json={"id": 1, "v": "x"},
+                        headers={"Fencing-Token": ring.sign("late", 1)})
+    problem = assert_problem(answer, 404, "not_found")
+    assert problem["detail"] == (
+        "no table 'late' is served by this proxy: tables are reflected when it starts (restart "
+        "it after creating one) and must be in --tables / PROXY_TABLES if that is set; "
+        "GET /v1/tables lists them")
+    assert db.query("SELECT count(*) FROM late") == [(0,)]
+    docs = assert_problem(httpx.get(f"{url}/docs"), 404, "not_found")  # no /docs on the proxy
+    assert docs["detail"] == ("no such route; GET /openapi.json describes the API (the proxy has "
+                              "no /docs page)")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from lockd import FencedSession, LockClient
-from lockd.client.errors import InvalidToken, TransportError
+from lockd.client.errors import ServiceUnavailable, TransportError
 
 SERVERS = ["lockd", "proxy"]
 
@@ -121,9 +121,10 @@ def test_proxy_trusts_no_key_from_a_lockd_it_cannot_verify(servers, pki, name, h
     with LockClient(lockd.url, verify=str(pki.ca), cert=pki.client.tuple) as client, \
             client.lock(name, ttl=5) as lease, \
             FencedSession(proxy.url, lease, verify=str(pki.ca)) as db:
-        with pytest.raises(InvalidToken):  # the JWKS fetch failed: no key, 401
+        with pytest.raises(ServiceUnavailable) as failed:  # the JWKS fetch failed: no key
             db.insert("items", {"id": "a", "v": "x", "n": 1})
-    assert "could not load the JWKS" in proxy.log()
+    assert failed.value.problem["code"] == "lockd_unreachable"
+    assert f"could not load the JWKS from {lockd.url}/v1/keys" in proxy.log()
 
 
 @pytest.mark.parametrize("kind", SERVERS)

@@ -86,6 +86,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -234,6 +235,18 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def _param(own: dict[str, str], name: str, default: T, kind: Callable[[str], T]) -> T:
+    """The store URL's query parameter ``name`` as ``kind`` (``int``/``float``), else
+    ``default``; ``ValueError`` naming the parameter for a value that is not one."""
+    if name not in own:
+        return default
+    try:
+        return kind(own[name])
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"PostgreSQL store URL: {name}={own[name]!r} is not {what}") from None
+
+
 class _ConnectionLost(Exception):
     """Internal: the statement failed because its connection broke; the outcome is unknown."""
 
@@ -263,20 +276,26 @@ class PostgresStore:
         heartbeat: float = 5.0,
     ):
         conninfo, own = libpq_url(url)
+        try:  # libpq's own check of the URL, now rather than at each connection attempt
+            conninfo_to_dict(conninfo)
+        except psycopg.ProgrammingError as exc:
+            raise ValueError("PostgreSQL store URL: " + " ".join(str(exc).split())) from None
         self._conninfo = conninfo
-        self._pool_min = pool_min if pool_min is not None else int(own.get("pool_min", 1))
-        self._pool_max = pool_max if pool_max is not None else int(own.get("pool_max", 10))
+        self._pool_min = pool_min if pool_min is not None else _param(own, "pool_min", 1, int)
+        self._pool_max = pool_max if pool_max is not None else _param(own, "pool_max", 10, int)
         self._pool_max = max(self._pool_max, self._pool_min, 1)
         self._pool_timeout = (
-            pool_timeout if pool_timeout is not None else float(own.get("pool_timeout", 5.0))
+            pool_timeout if pool_timeout is not None
+            else _param(own, "pool_timeout", 5.0, float)
         )
         self._op_timeout = (
             op_timeout if op_timeout is not None
-            else float(own.get("op_timeout", self._pool_timeout + 5.0))
+            else _param(own, "op_timeout", self._pool_timeout + 5.0, float)
         )
         if prepare_threshold is None:
             raw = own.get("prepare_threshold", "5")
-            self._prepare_threshold = None if raw.lower() == "none" else int(raw)
+            self._prepare_threshold = (None if raw.lower() == "none"
+                                       else _param(own, "prepare_threshold", 5, int))
         else:
             self._prepare_threshold = prepare_threshold
         self._heartbeat = heartbeat
@@ -291,6 +310,19 @@ class PostgresStore:
         self._pool: AsyncConnectionPool | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._listening: asyncio.Event | None = None
+
+    async def _connect_error(self) -> str:
+        """``": <why>"`` from one direct connection attempt (the pool only logs its errors), so
+        the final line says ``database "x" does not exist`` rather than only a timeout."""
+        try:
+            async with asyncio.timeout(self._pool_timeout):
+                conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._conn_kwargs)
+            await conn.close()
+        except psycopg.Error as exc:
+            return ": " + " ".join(str(exc).split())
+        except (TimeoutError, OSError) as exc:
+            return f": {type(exc).__name__} {exc}".rstrip()
+        return ""
 
     def __repr__(self) -> str:
         parts = urlsplit(self._conninfo)
@@ -338,6 +370,7 @@ class PostgresStore:
             await pool.close()
             raise StoreUnavailable(
                 f"PostgreSQL store: could not connect within {self._pool_timeout} s"
+                f"{await self._connect_error()}"
             ) from exc
         except BaseException:
             await self.close()
