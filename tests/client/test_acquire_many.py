@@ -5,6 +5,10 @@ orders) against a real lockd."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -20,7 +24,9 @@ from lockd import (
     MultiLease,
     ValidationError,
 )
+from lockd.client.lockctl import EXIT_NOT_ACQUIRED
 from lockd.tokens import Verifier
+from tests.support import VENV_BIN
 
 
 def test_acquire_many_holds_every_lock_renews_and_releases_on_exit(shared_lockd, name):
@@ -134,3 +140,48 @@ def test_two_clients_transferring_in_opposite_orders_never_deadlock(shared_lockd
     assert max(waits) < max(transfer_times) + ttl, max(waits)
     for acct, seen in fences.items():
         assert seen == sorted(seen) and len(set(seen)) == len(seen), acct
+
+
+def test_lockctl_run_holds_several_locks_for_the_command(shared_lockd, name, tmp_path):
+    url = shared_lockd.url
+    a, b = f"{name}/a", f"{name}/b"
+    out = tmp_path / "env.json"
+    # The command records its environment and what lockd says about both locks meanwhile.
+    script = ("import json, os, sys, urllib.request as u; "
+              "st = {n: json.load(u.urlopen(sys.argv[2] + '/v1/locks/' + n)) "
+              "for n in os.environ['LOCKD_LOCKS'].split(',')}; "
+              "json.dump({'env': {k: os.environ.get(k) for k in ('LOCKD_LOCKS', 'LOCKD_FENCES', "
+              "'LOCKD_TOKEN', 'LOCKD_LOCK')}, 'state': st}, open(sys.argv[1], 'w')); sys.exit(3)")
+
+    def lockctl(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(VENV_BIN / "lockctl"), "--url", url, *args],
+                              capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "LOCKD_LOCK": "inherited"})
+
+    r = lockctl("run", "--lock", b, "--lock", a, "--ttl", "5s", "--owner", "job", "--",
+                sys.executable, "-c", script, str(out), url)
+    assert r.returncode == 3, r.stderr
+    seen = json.loads(out.read_text())
+    env, state = seen["env"], seen["state"]
+    assert env["LOCKD_LOCKS"] == f"{a},{b}" and env["LOCKD_LOCK"] is None
+    fences = json.loads(env["LOCKD_FENCES"])
+    claims = Verifier(LockClient(url)._request("GET", "/v1/keys")).verify(env["LOCKD_TOKEN"])
+    assert dict(claims.locks) == fences and set(fences) == {a, b}
+    for lock in (a, b):
+        assert state[lock]["held"] and state[lock]["owner"] == "job"
+        assert state[lock]["fence"] == fences[lock]
+    with LockClient(url) as client:
+        assert not client.status(a).held and not client.status(b).held  # released after
+        # One of them held: the command does not start.
+        with client.lock(b, ttl=5):
+            marker = tmp_path / "ran"
+            r = lockctl("run", a, "--lock", b, "--ttl", "2s", "--wait", "200ms", "--",
+                        "touch", str(marker))
+            assert r.returncode == EXIT_NOT_ACQUIRED and not marker.exists(), r.stderr
+            assert not client.status(a).held
+    # The single-lock form still works and now also sets LOCKD_LOCKS / LOCKD_FENCES.
+    r = lockctl("run", a, "--ttl", "5s", "--", sys.executable, "-c", script, str(out), url)
+    assert r.returncode == 3, r.stderr
+    env = json.loads(out.read_text())["env"]
+    assert env["LOCKD_LOCKS"] == a and env["LOCKD_LOCK"] == a
+    assert list(json.loads(env["LOCKD_FENCES"])) == [a]
