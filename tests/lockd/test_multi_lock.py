@@ -194,3 +194,23 @@ def test_retried_acquire_with_the_same_client_id_gets_the_same_lease(lockd, http
     assert_problem(acquire_many(http, lockd.url, [a], client_id=cid), 409, "held")
     # A single-lock acquire with that client_id does not get a lock of the set either.
     assert_problem(acquire(http, lockd.url, a, client_id=cid), 409, "held")
+
+
+def test_64_locks_in_one_grant_and_force_release_of_one_ends_only_that_lock(
+        store_url, lockd_factory, http, name):
+    lockd = lockd_factory(store_url, env={"LOCKD_ADMIN_KEYS": "admin-key-0123456789"})
+    locks = [f"{name}/k{i:02d}" for i in range(64)]
+    r = acquire_many(http, lockd.url, locks)
+    assert r.status_code == 200, r.text
+    lease = r.json()
+    assert [item["lock"] for item in lease["locks"]] == locks
+    # An operator force-releases one lock of the set: only that lock is freed.
+    forced = http.post(f"{lockd.url}/v1/locks/{locks[5]}/force-release",
+                       headers={"Authorization": "Bearer admin-key-0123456789"})
+    assert forced.status_code == 200, forced.text
+    assert not state(http, lockd.url, locks[5])["held"]
+    assert state(http, lockd.url, locks[6])["held"]
+    assert_problem(renew_many(http, lockd.url, lease["lease_id"]), 410, "lease_lost")
+    assert state(http, lockd.url, locks[0])["held"]
+    assert_problem(release_many(http, lockd.url, lease["lease_id"]), 410, "lease_lost")
+    assert not any(state(http, lockd.url, lock)["held"] for lock in (locks[0], locks[63]))

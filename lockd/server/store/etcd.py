@@ -95,7 +95,14 @@ import httpx
 
 from lockd.common.tls import client_context
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, LockState, MultiGrant, ReleaseListener
+from lockd.server.store.base import (
+    MULTI_PREFIX,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    ReleaseListener,
+)
 from lockd.server.store.etcd_http import GatewayError, GatewayPool
 
 __all__ = ["EtcdStore", "etcd_tls", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
@@ -701,7 +708,8 @@ class EtcdStore:
                 [{"request_delete_range": {"key": key}}],
                 [{"request_range": {"key": key}}])
             if doc.get("succeeded"):
-                self._revoke_soon(held.etcd_lease)
+                if not held.lease_id.startswith(MULTI_PREFIX):  # a set's etcd lease is shared
+                    self._revoke_soon(held.etcd_lease)
                 return Holder(lock, held.owner, remaining, held.fence)
             if self._range_kv(doc) is None:
                 return None  # released or expired meanwhile
