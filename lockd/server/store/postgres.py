@@ -103,6 +103,7 @@ _SCHEMA_LOCK_KEY = 0x6C6F636B64  # "lockd": serializes schema creation across pr
 _CATCH_UP_MARGIN = dt.timedelta(seconds=5)
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
 _ACQUIRE_ATTEMPTS = 4
+_LEASE_SWEEP_EVERY = 64  # multi-lock grants between two deletes of expired lease rows
 
 _TTL = "COALESCE(GREATEST(0, ceil(extract(epoch FROM (expires_at - now())) * 1000)), 0)::bigint"
 _LIVE = "(expires_at > now()) IS TRUE"
@@ -139,15 +140,23 @@ COMMENT ON TABLE lockd.leases IS
 # deadlock). A live row refuses the update (but stays locked); fewer rows than names come back
 # and the transaction is rolled back: nothing granted, no fence raised.
 _SQL_ACQUIRE_MANY = f"""
-INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
-SELECT n, 1, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int
-  FROM unnest(%(names)s::text[]) AS n ORDER BY n COLLATE "C"
-ON CONFLICT (name) DO UPDATE SET
-    fence = l.fence + 1, lease_id = excluded.lease_id, owner = excluded.owner,
-    client_id = NULL, expires_at = excluded.expires_at, ttl_ms = excluded.ttl_ms,
-    released_at = NULL
-WHERE (l.expires_at > now()) IS NOT TRUE
-RETURNING name, fence, {_TTL}
+WITH up AS (
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
+    SELECT n, 1, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int
+      FROM unnest(%(names)s::text[]) AS n ORDER BY n COLLATE "C"
+    ON CONFLICT (name) DO UPDATE SET
+        fence = l.fence + 1, lease_id = excluded.lease_id, owner = excluded.owner,
+        client_id = NULL, expires_at = excluded.expires_at, ttl_ms = excluded.ttl_ms,
+        released_at = NULL
+    WHERE (l.expires_at > now()) IS NOT TRUE
+    RETURNING name, fence, {_TTL} AS ttl
+), lease AS (
+    INSERT INTO lockd.leases (lease_id, locks, owner, client_id, expires_at, ttl_ms)
+    SELECT %(lease_id)s, %(names)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s
+     WHERE (SELECT count(*) FROM up) = cardinality(%(names)s::text[])
+    ON CONFLICT (lease_id) DO NOTHING
+)
+SELECT name, fence, ttl FROM up
 """
 
 _SQL_HOLDERS = f"""
@@ -345,6 +354,7 @@ class PostgresStore:
         if "application_name" not in present:
             self._conn_kwargs["application_name"] = "lockd"
         self._listeners: list[ReleaseListener] = []
+        self._grants = 0
         self._pool: AsyncConnectionPool | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._listening: asyncio.Event | None = None
@@ -566,24 +576,19 @@ class PostgresStore:
                     async with conn.transaction():
                         cur = await conn.execute(_SQL_ACQUIRE_MANY, params)
                         rows = await cur.fetchall()
-                        if len(rows) == len(locks):
-                            await conn.execute(
-                                "INSERT INTO lockd.leases (lease_id, locks, owner, client_id,"
-                                f" expires_at, ttl_ms) VALUES (%(lease_id)s, %(names)s,"
-                                f" %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s)"
-                                " ON CONFLICT (lease_id) DO NOTHING", params)
-                            fences = {r[0]: r[1] for r in rows}
-                            grant = MultiGrant(lease_id, {n: fences[n] for n in locks},
-                                               rows[0][2], owner or "")
-                        else:
-                            raise _Refused
+                        if len(rows) != len(locks):
+                            raise _Refused  # roll back: nothing granted, no fence raised
                 except _Refused:
                     pass
                 except psycopg.errors.DeadlockDetected:
                     continue
                 else:
-                    await conn.execute("DELETE FROM lockd.leases WHERE expires_at < now()")
-                    return grant
+                    self._grants += 1
+                    if self._grants % _LEASE_SWEEP_EVERY == 0:  # lease rows of expired sets
+                        await conn.execute("DELETE FROM lockd.leases WHERE expires_at < now()")
+                    fences = {r[0]: r[1] for r in rows}
+                    return MultiGrant(lease_id, {n: fences[n] for n in locks}, rows[0][2],
+                                      owner or "")
                 cur = await conn.execute(_SQL_HOLDERS, params)
                 live = await cur.fetchall()
                 if not live:
@@ -598,8 +603,10 @@ class PostgresStore:
                             return await self._renew_many(conn, live[0][4], ttl_ms)
                         except LeaseLost:
                             continue
-                if retried and all(r[4] == lease_id for r in live):
-                    continue  # cannot happen: a replayed grant of ours would have returned
+                if len(live) == len(locks) and all(r[4] == lease_id for r in live):
+                    # A retry after a lost answer: our first attempt committed the grant.
+                    return MultiGrant(lease_id, {r[0]: r[1] for r in live},
+                                      min(r[3] for r in live), owner or "")
                 return [Holder(lock=r[0], owner=r[2], ttl_ms=max(1, r[3]), fence=r[1])
                         for r in live]
             raise StoreUnavailable("PostgreSQL store: the locks kept changing hands; try again")
