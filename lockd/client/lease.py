@@ -696,8 +696,15 @@ class _ClientBase:
                        last: LockNotAcquired | None) -> AcquireTimeout:
         owner = last.owner if last else None
         left = f", {last.ttl_ms / 1000:g} s left" if last and last.ttl_ms is not None else ""
+        held = last.problem.get("held") if last else None
+        if isinstance(held, list):  # a multi-lock acquire: name every holder
+            listed = ", ".join(f"{h.get('lock')!r} (owner {h.get('owner')!r})" for h in held
+                               if isinstance(h, dict)) or "none (waiters queued ahead)"
+            message = f"locks {name} not acquired within {wait:g} s; held: {listed}"
+        else:
+            message = f"lock {name!r} is held (owner {owner!r}{left}); not acquired within {wait:g} s"
         return AcquireTimeout(
-            f"lock {name!r} is held (owner {owner!r}{left}); not acquired within {wait:g} s",
+            message,
             waited=now - started, lock=name, owner=owner,
             ttl_ms=last.ttl_ms if last else None, retry_after=last.retry_after if last else None,
             status=409, code="held", problem=last.problem if last else None)

@@ -68,6 +68,7 @@ def test_lost_signal_and_held_errors(shared_lockd, name):
             client.acquire_many([a, b], ttl=5, wait=0.2)
         assert info.value.problem["held"][0]["lock"] == b
         assert info.value.problem["held"][0]["owner"] == "holder-b"
+        assert b in info.value.detail and "holder-b" in info.value.detail
         assert not client.status(a).held  # nothing granted
         holder.release()
         with pytest.raises(ValidationError):
