@@ -548,8 +548,9 @@ class LockService:
         return len(self._queues.get(name) or ())
 
     def waiting(self) -> int:
-        """How many acquires are queued at this lockd process, over all locks (a metric)."""
-        return sum(len(queue) for queue in self._queues.values())
+        """How many acquires are queued at this lockd process, over all locks (a metric; a
+        multi-lock acquire queued on several locks counts once)."""
+        return len({waiter for queue in self._queues.values() for waiter in queue})
 
     async def get(self, name: str) -> tuple[LockState, int]:
         """The store's view of ``name`` and the number of local waiters."""

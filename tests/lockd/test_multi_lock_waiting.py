@@ -47,6 +47,8 @@ def test_later_requests_do_not_barge_ahead_of_a_queued_set(sqlite_lockd, http, n
     wait_until(lambda: state(http, url, b)["waiters"] == 3, what="second set queued on b")
     time.sleep(0.2)
     assert not got_single and not got_set2 and not state(http, url, b)["held"]
+    # Three acquires wait (the first set is queued on two locks but counts once).
+    assert "lockd_acquires_waiting 3.0" in http.get(f"{url}/metrics").text
 
     release(http, url, a, holder["lease_id"])
     t_set.join(10)
