@@ -179,11 +179,22 @@ UPDATE lockd.locks l
 RETURNING l.name, l.fence
 """
 
-_SQL_RELEASE_SET = f"""
-WITH sel AS ({_SQL_LOCK_SET})
-UPDATE lockd.locks l SET expires_at = NULL, released_at = now()
-  FROM sel WHERE l.name = sel.name
-RETURNING l.name, pg_notify('{CHANNEL}', l.name)
+# One statement: the lease row (deleted first: the same order as a renew), then the set's live
+# lock rows in name order; every freed lock NOTIFYs with the commit.
+_SQL_RELEASE_MANY = f"""
+WITH lease AS (
+    DELETE FROM lockd.leases WHERE lease_id = %(lease_id)s RETURNING locks
+), sel AS (
+    SELECT name FROM lockd.locks
+     WHERE name = ANY((SELECT locks FROM lease)::text[]) AND lease_id = %(lease_id)s
+       AND expires_at > now()
+     ORDER BY name COLLATE "C" FOR UPDATE
+), r AS (
+    UPDATE lockd.locks l SET expires_at = NULL, released_at = now()
+      FROM sel WHERE l.name = sel.name
+    RETURNING l.name, pg_notify('{CHANNEL}', l.name)
+)
+SELECT (SELECT cardinality(locks) FROM lease), (SELECT array_agg(name) FROM r)
 """
 
 _SQL_ACQUIRE = f"""
@@ -645,21 +656,17 @@ class PostgresStore:
         return await self._run(op, retry=True)
 
     async def release_many(self, lease_id: str) -> tuple[str, ...]:
-        """See ``Store.release_many``: one transaction that frees the live lock rows (NOTIFY
-        for each, sent by the commit) and deletes the lease row."""
+        """See ``Store.release_many``: one statement that deletes the lease row and frees its
+        live lock rows (a NOTIFY for each, sent by the commit)."""
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> tuple[tuple[str, ...], bool]:
-            async with conn.transaction():
-                cur = await conn.execute(
-                    "SELECT locks FROM lockd.leases WHERE lease_id = %s FOR UPDATE", [lease_id])
-                lease = await cur.fetchone()
-                if lease is None:
-                    return (), retried  # a retry: our first attempt's commit deleted it
-                names = lease[0]
-                cur = await conn.execute(_SQL_RELEASE_SET, {"names": names, "lease_id": lease_id})
-                freed = tuple(sorted(r[0] for r in await cur.fetchall()))
-                await conn.execute("DELETE FROM lockd.leases WHERE lease_id = %s", [lease_id])
-            return freed, len(freed) == len(names)
+            cur = await conn.execute(_SQL_RELEASE_MANY, {"lease_id": lease_id})
+            row = await cur.fetchone()
+            total, names = row if row is not None else (None, None)
+            if total is None:
+                return (), retried  # a retry: our first attempt's commit deleted the lease row
+            freed = tuple(sorted(names or ()))
+            return freed, len(freed) == total
 
         freed, whole = await self._run(op, retry=True)
         if not whole:
