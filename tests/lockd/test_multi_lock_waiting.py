@@ -164,3 +164,19 @@ def test_two_replicas_wake_a_waiting_set_on_release_and_never_deadlock(lockd_fac
     for th in threads:
         th.join(60)
     assert done == [40, 40] and not overlaps
+
+
+def test_a_waiting_set_whose_client_goes_away_leaves_every_queue(sqlite_lockd, http, name):
+    url = sqlite_lockd.url
+    a, b = f"{name}/a", f"{name}/b"
+    holder = acquire(http, url, a, owner="holder").json()
+    with httpx.Client(timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
+        acquire_many(impatient, url, [a, b], wait_ms=20_000)
+    wait_until(lambda: state(http, url, a)["waiters"] == 0 and state(http, url, b)["waiters"] == 0,
+               what="the set left both queues")
+    # Nothing was granted behind anyone's back: b is free and a single acquire gets it at once.
+    r = acquire(http, url, b, owner="next")
+    assert r.status_code == 200, r.text
+    release(http, url, a, holder["lease_id"])
+    time.sleep(0.2)
+    assert not state(http, url, a)["held"]  # the departed set was not granted a
