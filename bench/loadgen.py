@@ -174,6 +174,27 @@ async def _lockd(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None
     return cycle, http.close
 
 
+async def _lockd_many(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """lockd multi-lock lease: ``POST /v1/leases/acquire`` of ``locks`` locks of this client's
+    own (try once) + ``/v1/leases/release``: 2 requests a cycle, like ``_lockd``."""
+    http = await Http(spec["host"], spec["port"], _tls(spec)).connect()
+    names = [f"{spec.get('prefix', 'bench')}/c{i}/k{k}" for k in range(spec["locks"])]
+    acquire = json.dumps({"locks": names, "ttl_ms": spec.get("ttl_ms", 30_000),
+                          "owner": f"c{i}"}).encode()
+
+    async def cycle() -> None:
+        status, data = await http.request("POST", "/v1/leases/acquire", acquire)
+        if status != 200:
+            raise HttpError(status, data)
+        lease_id = json.loads(data)["lease_id"]
+        status, data = await http.request("POST", "/v1/leases/release",
+                                          b'{"lease_id":"' + lease_id.encode() + b'"}')
+        if status != 200:
+            raise HttpError(status, data)
+
+    return cycle, http.close
+
+
 async def _etcd(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
     """etcd's lock API through its gateway: lease grant + lock + unlock + lease revoke."""
     http = await Http(spec["host"], spec["port"]).connect()
@@ -304,6 +325,7 @@ async def _direct_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable
 WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], Awaitable[None]]]]]] = {
     "noop": _noop,
     "lockd": _lockd,
+    "lockd_many": _lockd_many,
     "etcd": _etcd,
     "redis": _redis,
     "pgadv": _pgadv,

@@ -115,6 +115,10 @@ def lock_cycles(bench: Bench) -> Section:
             **_lockd_server(bench, "lockd · PostgreSQL").addr(), "prefix": "bench1"}),
         "lockd · etcd": lambda: ("lockd", {**_lockd_server(bench, "lockd · etcd").addr(),
                                            "prefix": "bench1"}),
+        # Multi-lock leases (issue 14): one atomic grant of 2 or 8 locks, then one release.
+        **{f"{label} · {n} locks/lease": (lambda label=label, n=n: ("lockd_many", {
+            **_lockd_server(bench, label).addr(), "prefix": f"bench1m{n}", "locks": n}))
+           for label in LOCKD_STORES for n in (2, 8)},
         # TLS (issue 19): the handshake is paid once per keep-alive connection; the last two
         # rows open a new connection every cycle, with and without TLS, to show its price.
         "lockd · SQLite · TLS": lambda: ("lockd", _tls_spec(bench, "bench1t")),
@@ -169,6 +173,10 @@ def lock_cycles(bench: Bench) -> Section:
     section.notes.append(
         "TLS rows: lockd on SQLite serving https (TLS 1.3, ECDSA P-256 certificate); "
         "'new connection each cycle' rows open one connection (and one handshake) per cycle.")
+    section.notes.append(
+        "'N locks/lease' rows: one multi-lock lease of N locks of the client's own "
+        "(POST /v1/leases/acquire, then /v1/leases/release): 2 HTTP requests a cycle, every "
+        "lock granted and released in one atomic store step.")
     section.notes.append(
         "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
         "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")

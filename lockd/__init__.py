@@ -28,11 +28,13 @@ from lockd.client import (
     MAX_WAIT,
     AsyncLease,
     AsyncLockClient,
+    AsyncMultiLease,
     Lease,
     LeaseRef,
     LeaseState,
     LockClient,
     LockStatus,
+    MultiLease,
 )
 from lockd.client.errors import (
     AcquireTimeout,
@@ -61,6 +63,8 @@ __all__ = [
     "AsyncLockClient",
     "Lease",
     "AsyncLease",
+    "MultiLease",
+    "AsyncMultiLease",
     "LeaseRef",
     "LeaseState",
     "LockStatus",

@@ -49,6 +49,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 __all__ = [
     "ALGORITHM",
     "MAX_LOCKS",
+    "MAX_TOKEN_CHARS",
+    "multi_token_fits",
     "Claims",
     "KeyRing",
     "TokenError",
@@ -63,6 +65,11 @@ ALGORITHM = "EdDSA"
 ISSUER = "lockd"
 MAX_LOCKS = 64
 """Most locks one multi-lock lease (and so one token) may hold."""
+MAX_TOKEN_CHARS = 8192
+"""Longest token text the verifier reads. A token travels in one request header, and servers and
+proxies commonly cap a header line at 8 KiB, so lockd never issues a longer one: a multi-lock set
+whose names could make a longer token is refused up front (``multi_token_fits``)."""
+_FENCE_DIGITS = 19  # a fence is a 64-bit signed integer at most
 
 
 class TokenError(Exception):
@@ -157,6 +164,16 @@ def public_jwk(key: Ed25519PublicKey) -> dict[str, str]:
         "alg": ALGORITHM,
         "use": "sig",
     }
+
+
+def multi_token_fits(names: list[str] | tuple[str, ...]) -> bool:
+    """Whether a multi-lock token for ``names`` stays within ``MAX_TOKEN_CHARS`` whatever the
+    fences (up to 19 digits each) and ``iat``: checked before granting, so a lease is never
+    granted with a token the verifier would refuse."""
+    # {"iss":"lockd","locks":{"<name>":<fence>,...},"iat":<10-11 digits>} plus JSON escapes
+    payload = 48 + sum(len(json.dumps(name)) + 2 + _FENCE_DIGITS for name in names)
+    header, signature = 120, 86  # base64url of the header (with a 43-char kid); of 64 bytes
+    return header + 1 + (payload * 4 + 2) // 3 + 1 + signature <= MAX_TOKEN_CHARS
 
 
 class KeyRing:
@@ -283,7 +300,7 @@ class Verifier:
         Raises ``UnknownKey`` or ``InvalidToken`` (never anything else) with a message fit for a
         problem detail.
         """
-        if not isinstance(token, str) or token.count(".") != 2 or len(token) > 4096:
+        if not isinstance(token, str) or token.count(".") != 2 or len(token) > MAX_TOKEN_CHARS:
             raise InvalidToken("token is not a compact JWS")
         header_b64, payload_b64, signature_b64 = token.split(".")
         try:

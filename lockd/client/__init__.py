@@ -19,10 +19,12 @@ from lockd.client.lease import (
     DEFAULT_URL,
     MAX_WAIT,
     AsyncLease,
+    AsyncMultiLease,
     Lease,
     LeaseRef,
     LeaseState,
     LockStatus,
+    MultiLease,
 )
 from lockd.client.lock import AsyncLock, Lock
 from lockd.client.sync import LockClient
@@ -35,6 +37,8 @@ __all__ = [
     "LockStatus",
     "Lease",
     "AsyncLease",
+    "MultiLease",
+    "AsyncMultiLease",
     "LockClient",
     "AsyncLockClient",
     "Lock",

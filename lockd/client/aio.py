@@ -25,6 +25,7 @@ from lockd.client.errors import (
 from lockd.client.lease import (
     DEFAULT_URL,
     AsyncLease,
+    AsyncMultiLease,
     LeaseRef,
     LeaseState,
     LockStatus,
@@ -36,6 +37,7 @@ from lockd.client.lease import (
     _ms,
     _validate_renew_every,
     log,
+    multi_names,
     new_client_id,
 )
 from lockd.client.lock import AsyncLock
@@ -70,12 +72,17 @@ class AsyncLockClient(_ClientBase):
         return body_or_raise(method, path, response)
 
     async def _post_renew(self, name: str, lease_id: str, ttl: float | None, *,
-                          timeout: float | None = None) -> Any:
+                    timeout: float | None = None) -> Any:
+        return await self._post_renew_at(_lock_path(name) + "/renew", lease_id, ttl,
+                                        timeout=timeout)
+
+    async def _post_renew_at(self, path: str, lease_id: str, ttl: float | None, *,
+                       timeout: float | None = None) -> Any:
         body: dict[str, Any] = {"lease_id": lease_id}
         if ttl is not None:
             body["ttl_ms"] = _ms(ttl, "ttl")
         t = self.timeout if timeout is None else min(self.timeout, timeout)
-        return await self._request("POST", _lock_path(name) + "/renew", json=body, timeout=t)
+        return await self._request("POST", path, json=body, timeout=t)
 
     async def aclose(self) -> None:
         """Stop every lease's renewals (without releasing) and close the HTTP pool."""
@@ -109,13 +116,41 @@ class AsyncLockClient(_ClientBase):
         assert lease is not None
         return lease
 
+    async def acquire_many(self, locks: list[str] | tuple[str, ...], ttl: float, *,
+                           wait: float | None = None, owner: str | None = None,
+                           client_id: str | None = None, auto_renew: bool = True,
+                           renew_every: float | None = None,
+                           on_lost: Callable[[AsyncLease], Any] | None = None
+                           ) -> AsyncMultiLease:
+        """See ``LockClient.acquire_many`` (an ``AsyncMultiLease``; ``async with``)."""
+        names = multi_names(locks)
+        lease = await self._acquire(",".join(names), ttl, wait, owner, client_id, auto_renew,
+                                    renew_every, on_lost, raise_timeout=True, locks=names)
+        assert isinstance(lease, AsyncMultiLease)
+        return lease
+
+    async def try_acquire_many(self, locks: list[str] | tuple[str, ...], ttl: float, *,
+                               wait: float = 0.0, owner: str | None = None,
+                               client_id: str | None = None, auto_renew: bool = True,
+                               renew_every: float | None = None,
+                               on_lost: Callable[[AsyncLease], Any] | None = None
+                               ) -> AsyncMultiLease | None:
+        """See ``LockClient.try_acquire_many`` (``None`` if not granted within ``wait``)."""
+        names = multi_names(locks)
+        lease = await self._acquire(",".join(names), ttl, wait, owner, client_id, auto_renew,
+                                    renew_every, on_lost, raise_timeout=False, locks=names)
+        assert lease is None or isinstance(lease, AsyncMultiLease)
+        return lease
+
     async def _acquire(self, name, ttl, wait, owner, client_id, auto_renew, renew_every,
-                       on_lost, *, raise_timeout: bool) -> AsyncLease | None:
+                       on_lost, *, raise_timeout: bool,
+                       locks: list[str] | None = None) -> AsyncLease | None:
         ttl_ms = _ms(ttl, "ttl")
         if wait is not None:
             _ms(wait, "wait")
         _validate_renew_every(renew_every, ttl)
-        path = _lock_path(name) + "/acquire"
+        path = _lock_path(name) + "/acquire" if locks is None else "/v1/leases/acquire"
+        extra = {} if locks is None else {"locks": locks}
         client_id = client_id or new_client_id()
         started = self._clock()
         deadline = None if wait is None or wait == math.inf else started + wait
@@ -126,7 +161,7 @@ class AsyncLockClient(_ClientBase):
             sent = self._clock()
             try:
                 body = await self._request(
-                    "POST", path, json=self._acquire_json(ttl_ms, wait_ms, owner, client_id),
+                    "POST", path, json={**self._acquire_json(ttl_ms, wait_ms, owner, client_id), **extra},
                     timeout=self.timeout + wait_ms / 1000)
             except LockNotAcquired as exc:
                 last = exc
@@ -144,29 +179,32 @@ class AsyncLockClient(_ClientBase):
                 backoff = min(backoff * 2, 1.0)
                 continue
             if self._clock() - sent >= ttl / 3:
-                renewed = await self._renew_fresh_grant(body, ttl, sent)
+                renewed = await self._renew_fresh_grant(body, ttl, sent, multi=locks is not None)
                 if renewed is None:
                     continue
                 sent, body = renewed
-            return self._start_lease(body, sent, auto_renew, renew_every, on_lost)
+            return self._start_lease(body, sent, auto_renew, renew_every, on_lost,
+                                     cls=AsyncLease if locks is None else AsyncMultiLease)
         if not raise_timeout:
             return None
         raise self._timeout_error(name, wait, started, self._clock(), last)
 
-    async def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float
+    async def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float, *,
+                           multi: bool = False
                            ) -> tuple[float, Any] | None:
         """See ``LockClient._renew_fresh_grant``."""
         sent = self._clock()
         try:
-            return sent, await self._post_renew(body["lock"], body["lease_id"], ttl)
+            path = "/v1/leases/renew" if multi else _lock_path(body["lock"]) + "/renew"
+            return sent, await self._post_renew_at(path, body["lease_id"], ttl)
         except LeaseLostError:
             return None
         except ServiceUnavailable:
             return granted_sent, body
 
     def _start_lease(self, body: Any, sent: float, auto_renew: bool, renew_every: float | None,
-                     on_lost: Callable[[AsyncLease], Any] | None) -> AsyncLease:
-        lease = AsyncLease(self, body, sent_at=sent, renew_every=renew_every)
+                     on_lost: Callable[[AsyncLease], Any] | None, *, cls: type[AsyncLease] = AsyncLease) -> AsyncLease:
+        lease = cls(self, body, sent_at=sent, renew_every=renew_every)
         if on_lost is not None:
             lease.on_lost(on_lost)
         if auto_renew:
@@ -193,7 +231,7 @@ class AsyncLockClient(_ClientBase):
         lease.check()
         sent = self._clock()
         try:
-            body = await self._post_renew(lease.lock, lease.lease_id,
+            body = await self._post_renew_at(lease._path("renew"), lease.lease_id,
                                           lease.ttl if ttl is None else ttl)
         except LeaseLostError as exc:
             lease._mark_lost(exc)
@@ -214,7 +252,7 @@ class AsyncLockClient(_ClientBase):
         lease._check_deadline()
         was_lost = lease._state is LeaseState.LOST
         try:
-            await self._request("POST", _lock_path(lease.lock) + "/release",
+            await self._request("POST", lease._path("release"),
                                 json={"lease_id": lease.lease_id},
                                 timeout=min(self.timeout, 2.0) if was_lost else None)
         except LeaseLostError as exc:

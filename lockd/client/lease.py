@@ -76,6 +76,8 @@ __all__ = [
     "LockStatus",
     "Lease",
     "AsyncLease",
+    "MultiLease",
+    "AsyncMultiLease",
 ]
 
 log = logging.getLogger("lockd.client")
@@ -214,6 +216,36 @@ def _check_lease_body(body: Any) -> dict[str, Any]:
     return out
 
 
+def _check_multi_body(body: Any) -> dict[str, Any]:
+    """A multi-lock lease body, in the shape ``_LeaseBase`` keeps (plus ``fences``)."""
+    if not isinstance(body, Mapping):
+        raise ProtocolError("lease body is not an object")
+    try:
+        fences = {str(item["lock"]): int(item["fence"]) for item in body["locks"]}
+        if not fences:
+            raise ValueError("locks is empty")
+        out = {"lock": ",".join(fences), "lease_id": str(body["lease_id"]),
+               "fence": max(fences.values()), "token": str(body["token"]),
+               "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or ""),
+               "fences": fences}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed multi-lock lease body: missing or bad {exc}") from exc
+    return out
+
+
+def multi_names(locks: Any) -> list[str]:
+    """The lock names of an ``acquire_many`` call, checked (``ValidationError`` for none, a
+    duplicate or a bad name: before any request)."""
+    if isinstance(locks, str) or not isinstance(locks, list | tuple):
+        raise TypeError(f"locks must be a list of lock names, got {locks!r}")
+    names = [check_segments(name) for name in locks]
+    if not names:
+        raise ValidationError("locks must name at least one lock", code="invalid_request")
+    if len(set(names)) != len(names):
+        raise ValidationError(f"locks must be distinct (got {names!r})", code="invalid_request")
+    return names
+
+
 def _lost_by_deadline(lock: str) -> LeaseLostError:
     return LeaseLostError(f"lease of {lock!r} lost: local deadline passed without a renewal",
                           lock=lock, code="local_deadline")
@@ -237,10 +269,11 @@ class _LeaseBase:
     """State shared by ``Lease`` and ``AsyncLease``; see the module docstring for the states."""
 
     lost: Any
+    _parse = staticmethod(_check_lease_body)
 
     def __init__(self, body: Mapping[str, Any], *, sent_at: float, clock: _Clock,
                  renew_every: float | None):
-        data = _check_lease_body(body)
+        data = self._parse(body)
         self.lock: str = data["lock"]
         self.lease_id: str = data["lease_id"]
         """The secret that renew and release take. Never logged, never in ``repr``."""
@@ -315,8 +348,12 @@ class _LeaseBase:
         if self._state not in _FINAL and self._clock() >= self._deadline:
             self._mark_lost(_lost_by_deadline(self.lock))
 
+    def _path(self, op: str) -> str:
+        """The URL path of this lease's ``renew`` or ``release``."""
+        return _lock_path(self.lock) + "/" + op
+
     def _on_renewed(self, sent_at: float, body: Mapping[str, Any]) -> None:
-        data = _check_lease_body(body)
+        data = self._parse(body)
         with self._mutex:
             if self._state in _FINAL:
                 return  # a lost lease never comes back, even if a late renewal succeeded
@@ -475,6 +512,63 @@ async def _await_quietly(awaitable: Awaitable[Any], callback: Any) -> None:
         log.exception("on_lost callback %r raised", callback)
 
 
+class _MultiLockLease:
+    """What a multi-lock lease adds to ``Lease``/``AsyncLease``: ``locks`` (names, in name
+    order), ``fences`` (name -> its own fence) and the ``/v1/leases/...`` endpoints. ``token``
+    carries every fence (claim ``locks``); ``lock`` is the names joined with ``,`` (for
+    messages), ``fence`` the highest of the fences."""
+
+    _parse = staticmethod(_check_multi_body)
+    locks: tuple[str, ...]
+    fences: dict[str, int]
+
+    def _init_multi(self, body: Mapping[str, Any]) -> None:
+        fences = _check_multi_body(body)["fences"]
+        self.fences = fences
+        self.locks = tuple(fences)
+
+    @staticmethod
+    def _path(op: str) -> str:
+        return "/v1/leases/" + op
+
+    def as_dict(self) -> dict[str, Any]:
+        """The lease in the contract's shape (includes the secret ``lease_id``)."""
+        base: Any = self
+        return {"lease_id": base.lease_id,
+                "locks": [{"lock": n, "fence": f} for n, f in self.fences.items()],
+                "token": base.token, "ttl_ms": round(base.ttl * 1000), "owner": base.owner}
+
+    def __repr__(self) -> str:
+        base: Any = self
+        return (f"{type(self).__name__}(locks={self.locks!r}, fences={self.fences!r}, "
+                f"state={base._state.value!r}, ttl={base.ttl})")
+
+
+class MultiLease(_MultiLockLease, Lease):
+    """A multi-lock lease from ``LockClient.acquire_many``: a ``Lease`` (same states, renewal
+    thread, ``lost`` event, ``renew()``, ``release()``, context manager) over several locks."""
+
+    def __init__(self, client: LockClient, body: Mapping[str, Any], *, sent_at: float,
+                 renew_every: float | None = None):
+        super().__init__(client, body, sent_at=sent_at, renew_every=renew_every)
+        self._init_multi(body)
+
+    def __enter__(self) -> MultiLease:
+        return self
+
+
+class AsyncMultiLease(_MultiLockLease, AsyncLease):
+    """The ``AsyncLease`` twin of ``MultiLease`` (``AsyncLockClient.acquire_many``)."""
+
+    def __init__(self, client: AsyncLockClient, body: Mapping[str, Any], *, sent_at: float,
+                 renew_every: float | None = None):
+        super().__init__(client, body, sent_at=sent_at, renew_every=renew_every)
+        self._init_multi(body)
+
+    async def __aenter__(self) -> AsyncMultiLease:
+        return self
+
+
 # --------------------------------------------------------------------------- renewal monitors
 
 
@@ -518,8 +612,9 @@ class _Monitor:
             interval = _renew_interval(lease.ttl, lease.renew_every)
             sent = clock()
             try:
-                body = self.client._post_renew(lease.lock, lease.lease_id, lease.ttl,
-                                               timeout=max(0.01, lease.deadline - sent))
+                body = self.client._post_renew_at(lease._path("renew"), lease.lease_id,
+                                                  lease.ttl,
+                                                  timeout=max(0.01, lease.deadline - sent))
             except LeaseLostError as exc:
                 lease._mark_lost(exc)
                 return
@@ -560,8 +655,9 @@ class _AsyncMonitor:
             interval = _renew_interval(lease.ttl, lease.renew_every)
             sent = clock()
             try:
-                body = await self.client._post_renew(lease.lock, lease.lease_id, lease.ttl,
-                                                     timeout=max(0.01, lease.deadline - sent))
+                body = await self.client._post_renew_at(lease._path("renew"), lease.lease_id,
+                                                        lease.ttl,
+                                                        timeout=max(0.01, lease.deadline - sent))
             except LeaseLostError as exc:
                 lease._mark_lost(exc)
                 return
@@ -606,8 +702,15 @@ class _ClientBase:
                        last: LockNotAcquired | None) -> AcquireTimeout:
         owner = last.owner if last else None
         left = f", {last.ttl_ms / 1000:g} s left" if last and last.ttl_ms is not None else ""
+        held = last.problem.get("held") if last else None
+        if isinstance(held, list):  # a multi-lock acquire: name every holder
+            listed = ", ".join(f"{h.get('lock')!r} (owner {h.get('owner')!r})" for h in held
+                               if isinstance(h, dict)) or "none (waiters queued ahead)"
+            message = f"locks {name} not acquired within {wait:g} s; held: {listed}"
+        else:
+            message = f"lock {name!r} is held (owner {owner!r}{left}); not acquired within {wait:g} s"
         return AcquireTimeout(
-            f"lock {name!r} is held (owner {owner!r}{left}); not acquired within {wait:g} s",
+            message,
             waited=now - started, lock=name, owner=owner,
             ttl_ms=last.ttl_ms if last else None, retry_after=last.retry_after if last else None,
             status=409, code="held", problem=last.problem if last else None)

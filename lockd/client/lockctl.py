@@ -10,6 +10,7 @@
     lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
     lockctl [--url URL] [--json] watch [NAME | --prefix P] [--history N]
     lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] -- COMMAND [ARG...]
+    lockctl [--url URL] run --lock A --lock B --ttl 30s [--wait 10s] -- COMMAND [ARG...]
     lockctl [--url URL] [--json] force-release NAME        (needs an admin key)
     lockctl --version
 
@@ -51,6 +52,13 @@ renews the lease in the background every ttl/3 (``--renew-every``) and releases 
 exits. If the lease is lost (lockd answers 410, or no renewal succeeded before the local
 deadline), COMMAND's process group gets SIGTERM, then SIGKILL after ``--grace`` (default 5s).
 SIGINT, SIGTERM and SIGHUP sent to lockctl are forwarded to COMMAND's process group.
+
+``run --lock A --lock B`` (or ``run A --lock B``) holds several locks as one multi-lock lease:
+all are acquired in one atomic grant (waiting holds none of them), renewed and released
+together. COMMAND then gets ``LOCKD_LOCKS`` (the names, comma-separated, in name order),
+``LOCKD_FENCES`` (JSON ``{"name": fence, ...}``) and ``LOCKD_TOKEN`` (the one multi-lock token
+carrying every fence); ``LOCKD_LOCK`` and ``LOCKD_FENCE`` are not set. A single-lock ``run`` sets
+``LOCKD_LOCKS`` and ``LOCKD_FENCES`` too, for the one lock.
 
 Exit codes:
 
@@ -202,8 +210,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="", help="watch the locks whose name starts with this")
     p.add_argument("--history", type=int, default=0, help="recent events to show first (0-256)")
 
-    p = add("run", "hold a lock while a command runs: run NAME --ttl 30s -- COMMAND [ARG...]")
-    p.add_argument("name", help=name_help)
+    p = add("run", "hold a lock while a command runs: run NAME --ttl 30s -- COMMAND [ARG...]; "
+                   "several: run --lock A --lock B --ttl 30s -- COMMAND (env LOCKD_LOCKS, "
+                   "LOCKD_FENCES, LOCKD_TOKEN)")
+    p.add_argument("name", nargs="?", default=None, help=name_help)
+    p.add_argument("--lock", dest="locks", action="append", default=[], metavar="NAME",
+                   help="a lock to hold (repeat for several, granted all at once as one "
+                        "multi-lock lease)")
     p.add_argument("--ttl", type=_duration, required=True, help=ttl_help)
     p.add_argument("--wait", type=_duration, default=0.0, help=wait_help)
     p.add_argument("--owner", default=None, help=owner_help)
@@ -302,10 +315,22 @@ def _ls_text(items: list[LockStatus]) -> str:
 
 
 def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: _Out) -> int:
-    lease = client.acquire(args.name, args.ttl, wait=args.wait, owner=args.owner or _default_owner(),
-                           renew_every=args.renew_every)
-    env = {**os.environ, "LOCKD_LOCK": lease.lock, "LOCKD_FENCE": str(lease.fence),
-           "LOCKD_TOKEN": lease.token}
+    names = ([args.name] if args.name else []) + list(args.locks)
+    owner = args.owner or _default_owner()
+    lease: Lease
+    if len(names) == 1:
+        lease = client.acquire(names[0], args.ttl, wait=args.wait, owner=owner,
+                               renew_every=args.renew_every)
+        env = {**os.environ, "LOCKD_LOCK": lease.lock, "LOCKD_FENCE": str(lease.fence),
+               "LOCKD_TOKEN": lease.token, "LOCKD_LOCKS": lease.lock,
+               "LOCKD_FENCES": json.dumps({lease.lock: lease.fence})}
+    else:
+        multi = client.acquire_many(names, args.ttl, wait=args.wait, owner=owner,
+                                    renew_every=args.renew_every)
+        lease = multi
+        env = {k: v for k, v in os.environ.items() if k not in ("LOCKD_LOCK", "LOCKD_FENCE")}
+        env.update({"LOCKD_LOCKS": ",".join(multi.locks),
+                    "LOCKD_FENCES": json.dumps(multi.fences), "LOCKD_TOKEN": multi.token})
     try:
         child = subprocess.Popen(command, env=env, process_group=0)
     except OSError as exc:
@@ -376,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = _Out(getattr(args, "json", False))
     if args.cmd == "run" and not command:
         parser.error("run needs a command after --: run NAME --ttl 30s -- COMMAND [ARG...]")
+    if args.cmd == "run" and not (args.name or args.locks):
+        parser.error("run needs a lock: run NAME ... or run --lock A --lock B ...")
     if args.cmd != "run" and command:
         parser.error(f"{args.cmd} takes no command after --")
     if args.cmd in ("renew", "release"):

@@ -29,6 +29,7 @@ from lockd.client.lease import (
     LeaseRef,
     LeaseState,
     LockStatus,
+    MultiLease,
     _ClientBase,
     _Clock,
     _left,
@@ -37,6 +38,7 @@ from lockd.client.lease import (
     _ms,
     _validate_renew_every,
     log,
+    multi_names,
     new_client_id,
 )
 from lockd.client.lock import Lock
@@ -82,11 +84,16 @@ class LockClient(_ClientBase):
 
     def _post_renew(self, name: str, lease_id: str, ttl: float | None, *,
                     timeout: float | None = None) -> Any:
+        return self._post_renew_at(_lock_path(name) + "/renew", lease_id, ttl,
+                                        timeout=timeout)
+
+    def _post_renew_at(self, path: str, lease_id: str, ttl: float | None, *,
+                       timeout: float | None = None) -> Any:
         body: dict[str, Any] = {"lease_id": lease_id}
         if ttl is not None:
             body["ttl_ms"] = _ms(ttl, "ttl")
         t = self.timeout if timeout is None else min(self.timeout, timeout)
-        return self._request("POST", _lock_path(name) + "/renew", json=body, timeout=t)
+        return self._request("POST", path, json=body, timeout=t)
 
     def close(self) -> None:
         """Stop every lease's renewals (without releasing) and close the HTTP pool."""
@@ -140,13 +147,46 @@ class LockClient(_ClientBase):
         assert lease is not None
         return lease
 
-    def _acquire(self, name, ttl, wait, owner, client_id, auto_renew, renew_every, on_lost, *,
-                 raise_timeout: bool) -> Lease | None:
+    def acquire_many(self, locks: list[str] | tuple[str, ...], ttl: float, *,
+                     wait: float | None = None, owner: str | None = None,
+                     client_id: str | None = None, auto_renew: bool = True,
+                     renew_every: float | None = None,
+                     on_lost: Callable[[Lease], Any] | None = None) -> MultiLease:
+        """Acquire ALL of ``locks`` (1-64 distinct names) in one atomic grant, or none: a
+        ``MultiLease`` with ``locks``, ``fences`` (name -> fence) and one ``token`` carrying
+        them all. While waiting nothing is held, so two callers naming the same locks in any
+        order cannot deadlock. Otherwise exactly like ``acquire`` (``wait`` None: forever;
+        renewals, ``lost``, ``on_lost``; ``AcquireTimeout`` names every held lock's holder in
+        its ``problem``). ``with client.acquire_many([...], ttl=10) as lease:`` releases the
+        whole set on exit."""
+        names = multi_names(locks)
+        lease = self._acquire(",".join(names), ttl, wait, owner, client_id, auto_renew,
+                              renew_every, on_lost, raise_timeout=True, locks=names)
+        assert isinstance(lease, MultiLease)
+        return lease
+
+    def try_acquire_many(self, locks: list[str] | tuple[str, ...], ttl: float, *,
+                         wait: float = 0.0, owner: str | None = None,
+                         client_id: str | None = None, auto_renew: bool = True,
+                         renew_every: float | None = None,
+                         on_lost: Callable[[Lease], Any] | None = None) -> MultiLease | None:
+        """Like ``acquire_many`` but ``wait`` defaults to 0 (try once) and not getting the locks
+        returns ``None``."""
+        names = multi_names(locks)
+        lease = self._acquire(",".join(names), ttl, wait, owner, client_id, auto_renew,
+                              renew_every, on_lost, raise_timeout=False, locks=names)
+        assert lease is None or isinstance(lease, MultiLease)
+        return lease
+
+    def _acquire(self, name, ttl, wait, owner, client_id, auto_renew, renew_every,
+                 on_lost, *, raise_timeout: bool,
+                 locks: list[str] | None = None) -> Lease | None:
         ttl_ms = _ms(ttl, "ttl")
         if wait is not None:
             _ms(wait, "wait")
         _validate_renew_every(renew_every, ttl)
-        path = _lock_path(name) + "/acquire"
+        path = _lock_path(name) + "/acquire" if locks is None else "/v1/leases/acquire"
+        extra = {} if locks is None else {"locks": locks}
         client_id = client_id or new_client_id()
         started = self._clock()
         deadline = None if wait is None or wait == math.inf else started + wait
@@ -157,7 +197,7 @@ class LockClient(_ClientBase):
             sent = self._clock()
             try:
                 body = self._request("POST", path,
-                                     json=self._acquire_json(ttl_ms, wait_ms, owner, client_id),
+                                     json={**self._acquire_json(ttl_ms, wait_ms, owner, client_id), **extra},
                                      timeout=self.timeout + wait_ms / 1000)
             except LockNotAcquired as exc:
                 last = exc
@@ -177,16 +217,18 @@ class LockClient(_ClientBase):
             if self._clock() - sent >= ttl / 3:
                 # A waited grant may have happened anywhere in the wait, so the conservative
                 # deadline (sent + ttl) can be near or past: renew now, from a fresh send time.
-                renewed = self._renew_fresh_grant(body, ttl, sent)
+                renewed = self._renew_fresh_grant(body, ttl, sent, multi=locks is not None)
                 if renewed is None:
                     continue  # lost before we could renew: ask again within the wait
                 sent, body = renewed
-            return self._start_lease(body, sent, auto_renew, renew_every, on_lost)
+            return self._start_lease(body, sent, auto_renew, renew_every, on_lost,
+                                     cls=Lease if locks is None else MultiLease)
         if not raise_timeout:
             return None
         raise self._timeout_error(name, wait, started, self._clock(), last)
 
-    def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float
+    def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float, *,
+                           multi: bool = False
                            ) -> tuple[float, Any] | None:
         """Renew a just-granted lease at once: ``(sent, body)``, or None if lockd says it is gone.
 
@@ -195,15 +237,16 @@ class LockClient(_ClientBase):
         """
         sent = self._clock()
         try:
-            return sent, self._post_renew(body["lock"], body["lease_id"], ttl)
+            path = "/v1/leases/renew" if multi else _lock_path(body["lock"]) + "/renew"
+            return sent, self._post_renew_at(path, body["lease_id"], ttl)
         except LeaseLostError:
             return None
         except ServiceUnavailable:
             return granted_sent, body
 
     def _start_lease(self, body: Any, sent: float, auto_renew: bool, renew_every: float | None,
-                     on_lost: Callable[[Lease], Any] | None) -> Lease:
-        lease = Lease(self, body, sent_at=sent, renew_every=renew_every)
+                     on_lost: Callable[[Lease], Any] | None, *, cls: type[Lease] = Lease) -> Lease:
+        lease = cls(self, body, sent_at=sent, renew_every=renew_every)
         if on_lost is not None:
             lease.on_lost(on_lost)
         if auto_renew:
@@ -250,7 +293,8 @@ class LockClient(_ClientBase):
         lease.check()
         sent = self._clock()
         try:
-            body = self._post_renew(lease.lock, lease.lease_id, lease.ttl if ttl is None else ttl)
+            body = self._post_renew_at(lease._path("renew"), lease.lease_id,
+                                       lease.ttl if ttl is None else ttl)
         except LeaseLostError as exc:
             lease._mark_lost(exc)
             raise
@@ -276,9 +320,9 @@ class LockClient(_ClientBase):
         lease._check_deadline()
         was_lost = lease._state is LeaseState.LOST
         try:
-            self._request("POST", _lock_path(lease.lock) + "/release",
-                          json={"lease_id": lease.lease_id},
-                          timeout=min(self.timeout, 2.0) if was_lost else None)
+            self._request("POST", lease._path("release"),
+                                json={"lease_id": lease.lease_id},
+                                timeout=min(self.timeout, 2.0) if was_lost else None)
         except LeaseLostError as exc:
             lease._mark_lost(exc)
             lease.check()

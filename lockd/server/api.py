@@ -46,13 +46,17 @@ from lockd.common.httpkit import bounded_body, error_response, problem_response
 from lockd.common.problems import PROBLEM_JSON
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.schemas import (
+    AcquireManyRequest,
     AcquireRequest,
     HealthBody,
     LeaseBody,
     LockPage,
     LockStateBody,
+    MultiLeaseBody,
     ReleasedBody,
+    ReleaseManyRequest,
     ReleaseRequest,
+    RenewManyRequest,
     RenewRequest,
 )
 from lockd.server.service import LockService
@@ -283,6 +287,34 @@ async def _release(request: Request, name: str) -> Response:
     return JSONResponse({"released": True})
 
 
+async def _acquire_many(request: Request) -> Response:
+    service = _service(request)
+    body = await read_body(request, AcquireManyRequest)
+    call = service.acquire_many(body.locks, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms,
+                                owner=body.owner,
+                                client_id=bound_client_id(request.scope, body.client_id))
+    if body.wait_ms == 0:
+        lease = await call
+    else:
+        try:
+            lease = await until_disconnect(request, call)
+        except _ClientGone:
+            log.info("client went away while waiting for locks %s", ", ".join(body.locks[:8]))
+            return Response(status_code=499)
+    return JSONResponse(lease.body())
+
+
+async def _renew_many(request: Request) -> Response:
+    body = await read_body(request, RenewManyRequest)
+    return JSONResponse((await _service(request).renew_many(body.lease_id, body.ttl_ms)).body())
+
+
+async def _release_many(request: Request) -> Response:
+    body = await read_body(request, ReleaseManyRequest)
+    await _service(request).release_many(body.lease_id)
+    return JSONResponse({"released": True})
+
+
 _HOT_HANDLERS = {"acquire": _acquire, "renew": _renew, "release": _release}
 _HOT_PATH = re.compile(r"/v1/locks/(.+)/(acquire|renew|release)")
 
@@ -338,6 +370,28 @@ def create_router() -> APIRouter:
     async def release(name: str, request: Request) -> Response:
         """End a live lease; the longest waiter is granted next. 410 if it is not live."""
         return await _release(request, name)
+
+    @router.post("/v1/leases/acquire", response_model=MultiLeaseBody,
+                 operation_id="acquireMany", openapi_extra=_body_doc(AcquireManyRequest),
+                 responses=_problems(409, 413, 422, 503))
+    async def acquire_many(request: Request) -> Response:
+        """Grant every listed lock in one atomic step, or none; waits up to ``wait_ms`` behind
+        earlier waiters of any of them (409 ``held`` naming every held lock if not granted)."""
+        return await _acquire_many(request)
+
+    @router.post("/v1/leases/renew", response_model=MultiLeaseBody, operation_id="renewMany",
+                 openapi_extra=_body_doc(RenewManyRequest),
+                 responses=_problems(410, 413, 422, 503))
+    async def renew_many(request: Request) -> Response:
+        """Extend every lock of a live multi-lock lease (same fences); 410 if it is not live."""
+        return await _renew_many(request)
+
+    @router.post("/v1/leases/release", response_model=ReleasedBody, operation_id="releaseMany",
+                 openapi_extra=_body_doc(ReleaseManyRequest),
+                 responses=_problems(410, 413, 422, 503))
+    async def release_many(request: Request) -> Response:
+        """End a multi-lock lease: every lock of it is free at once. 410 if it is not live."""
+        return await _release_many(request)
 
     @router.get("/v1/locks", response_model=LockPage, responses=_problems(422, 503))
     async def list_locks(request: Request, prefix: str = "", limit: int = 100,

@@ -43,7 +43,14 @@ from typing import Any
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
-from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener, Store
+from lockd.server.store.base import (
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    ReleaseListener,
+    Store,
+)
 
 __all__ = ["ObservedStore"]
 
@@ -230,6 +237,95 @@ class ObservedStore:
             self._end(lock, tracked, "released", self._now())
         elif tracked is None:
             self.events.publish("released", lock, None, None)
+
+    # --- multi-lock leases: every lock of the set is tracked (and evented) like a lease -------
+
+    async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
+                           owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+        result = await self.inner.acquire_many(locks, lease_id=lease_id, ttl_ms=ttl_ms,
+                                               owner=owner, client_id=client_id)
+        if not isinstance(result, MultiGrant):
+            if len(self._contended) >= _MAX_CONTENDED:
+                self._contended.clear()
+            self._contended.update(h.lock for h in result)
+            return result
+        now = self._now()
+        renewed = False
+        for lock, fence in result.fences.items():
+            old = self._live.get(lock)
+            if old is not None and old.fence == fence:  # a retried acquire: same lease
+                old.deadline = now + result.ttl_ms / 1000
+                old.ttl_ms = result.ttl_ms
+                heapq.heappush(self._heap, (old.deadline, old.fence, lock))
+                renewed = True
+                continue
+            if old is not None:
+                self._end(lock, old, "expired", now)
+            if lock in self._contended:
+                self._contended.discard(lock)
+                self.metrics.handoffs.inc()
+            self._track(lock, _Tracked(result.lease_id, fence, result.owner, result.ttl_ms,
+                                       now, now + result.ttl_ms / 1000))
+            self.events.publish("acquired", lock, fence, result.owner, result.ttl_ms)
+        if not renewed:
+            self.metrics.lease_ttl.observe(result.ttl_ms / 1000)
+        return result
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
+        try:
+            grant = await self.inner.renew_many(lease_id, ttl_ms)
+        except LeaseLost:
+            self.metrics.renewals["lease_lost"].inc()
+            self.metrics.renewal_failures["lease_lost"].inc()
+            now = self._now()
+            for lock, tracked in list(self._live.items()):
+                if tracked.lease_id == lease_id:
+                    self._end(lock, tracked, "expired", now)
+            raise
+        except StoreUnavailable:
+            self.metrics.renewals["error"].inc()
+            self.metrics.renewal_failures["store_unavailable"].inc()
+            raise
+        now = self._now()
+        self.metrics.renewals["ok"].inc()
+        for lock, fence in grant.fences.items():
+            tracked = self._live.get(lock)
+            if tracked is not None and tracked.lease_id == lease_id:
+                tracked.deadline = now + grant.ttl_ms / 1000
+                tracked.ttl_ms = grant.ttl_ms
+                heapq.heappush(self._heap, (tracked.deadline, tracked.fence, lock))
+            else:
+                self._track(lock, _Tracked(lease_id, fence, grant.owner, grant.ttl_ms, None,
+                                           now + grant.ttl_ms / 1000))
+        return grant
+
+    async def release_many(self, lease_id: str) -> tuple[str, ...]:
+        mine = {lock: t for lock, t in self._live.items() if t.lease_id == lease_id}
+        for lock in mine:
+            self._own_release(lock)
+        try:
+            freed = await self.inner.release_many(lease_id)
+        except LeaseLost:
+            # The store freed what was still live (and said so); the rest had lapsed.
+            now = self._now()
+            for lock, tracked in mine.items():
+                self._on_release_notice_cancelled(lock)
+                if self._live.get(lock) is tracked:
+                    self._end(lock, tracked, "expired", now)
+            raise
+        except StoreUnavailable:
+            for lock in mine:
+                self._on_release_notice_cancelled(lock)
+            raise
+        now = self._now()
+        self.metrics.releases["released"].inc()
+        for lock in freed:
+            tracked = mine.get(lock)
+            if tracked is not None and self._live.get(lock) is tracked:
+                self._end(lock, tracked, "released", now)
+            elif tracked is None:
+                self.events.publish("released", lock, None, None)
+        return freed
 
     def _on_release_notice_cancelled(self, lock: str) -> None:
         pending = self._own_releases.get(lock, 0)

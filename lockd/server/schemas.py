@@ -19,6 +19,11 @@ __all__ = [
     "NAME_RE",
     "PREFIX_RE",
     "AcquireRequest",
+    "AcquireManyRequest",
+    "RenewManyRequest",
+    "ReleaseManyRequest",
+    "MultiLeaseBody",
+    "LockFence",
     "RenewRequest",
     "ReleaseRequest",
     "LeaseBody",
@@ -75,6 +80,53 @@ class ReleaseRequest(_Request):
     """``POST /v1/locks/{name}/release``."""
 
     lease_id: _LeaseId
+
+
+class AcquireManyRequest(_Request):
+    """``POST /v1/leases/acquire``: ``locks`` are 1-64 distinct lock names, granted all at once
+    or not at all; the other fields as for a single acquire."""
+
+    locks: list[str]
+    ttl_ms: StrictInt
+    wait_ms: StrictInt = 0
+    owner: _Label = ""
+    client_id: _ClientId | None = None
+
+    @field_validator("client_id", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return value or None
+
+
+class RenewManyRequest(_Request):
+    """``POST /v1/leases/renew``: every lock of the set; without ``ttl_ms`` it keeps its own."""
+
+    lease_id: _LeaseId
+    ttl_ms: StrictInt | None = None
+
+
+class ReleaseManyRequest(_Request):
+    """``POST /v1/leases/release``: every lock of the set."""
+
+    lease_id: _LeaseId
+
+
+class LockFence(BaseModel):
+    """One lock of a multi-lock lease and its own fence."""
+
+    lock: str
+    fence: int
+
+
+class MultiLeaseBody(BaseModel):
+    """A granted or renewed multi-lock lease: ``locks`` in name order, each with its fence;
+    ``token`` carries them all (claim ``locks``). ``lease_id`` is the secret renew/release take."""
+
+    lease_id: str
+    locks: list[LockFence]
+    token: str
+    ttl_ms: int
+    owner: str
 
 
 class LeaseBody(BaseModel):

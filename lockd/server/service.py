@@ -21,6 +21,23 @@ Waiting, step by step (one queue per lock name, first come first served within t
 
 Lockd processes sharing a store each keep their own queue: across processes the order is not
 FCFS (whoever's head reaches the store first wins), but fences and mutual exclusion hold.
+
+Multi-lock leases (``acquire_many``) wait in the same queues, with no hold-and-wait:
+
+5. A waiting multi-lock acquire joins the tail of the queue of EVERY lock it wants, in one step
+   (no await in between), so the queues of all locks agree with arrival order here. It holds
+   nothing while it waits. A later acquire of any of its locks (single or multi) queues behind
+   it, exactly as in step 2.
+6. It talks to the store only when it heads ALL its queues; then one atomic ``acquire_many``
+   grants every lock or none. Refused, it sleeps until a release of any of its locks is
+   reported or the shortest holder's TTL runs out, as in step 3.
+
+Since every queue is ordered by arrival here, the earliest waiter heads all of its queues: within
+one lockd process multi-lock acquires are first come, first served, and cannot deadlock (no
+waiter holds anything another waits for). Across processes, each process's queues are FCFS among
+its own waiters; a waiter at one replica can lose the race to the store to a later request at
+another replica, any number of times, but never waits while holding a lock, so there is still no
+deadlock, and its own queue position is never taken by a local latecomer.
 """
 
 from __future__ import annotations
@@ -35,13 +52,27 @@ from functools import partial
 from typing import Any
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
-from lockd.server.errors import InvalidRequest, LockdError, LockHeld, StoreUnavailable
+from lockd.server.errors import (
+    InvalidRequest,
+    LeaseLost,
+    LockdError,
+    LockHeld,
+    StoreUnavailable,
+)
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
-from lockd.server.store.base import Grant, Holder, LockState, Store
-from lockd.tokens import KeyRing
+from lockd.server.store.base import (
+    MULTI_PREFIX,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    Store,
+)
+from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits
 
-__all__ = ["Lease", "LockService", "new_lease_id", "encode_cursor", "decode_cursor"]
+__all__ = ["Lease", "LockService", "MultiLease", "new_lease_id", "encode_cursor",
+           "decode_cursor"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +114,22 @@ class Lease:
 
     def body(self) -> dict[str, Any]:
         return {"lock": self.lock, "lease_id": self.lease_id, "fence": self.fence,
+                "token": self.token, "ttl_ms": self.ttl_ms, "owner": self.owner}
+
+
+@dataclass(frozen=True, slots=True)
+class MultiLease:
+    """A granted or renewed multi-lock lease (``fences``: name -> fence, in name order)."""
+
+    lease_id: str
+    fences: dict[str, int]
+    token: str
+    ttl_ms: int
+    owner: str
+
+    def body(self) -> dict[str, Any]:
+        return {"lease_id": self.lease_id,
+                "locks": [{"lock": name, "fence": fence} for name, fence in self.fences.items()],
                 "token": self.token, "ttl_ms": self.ttl_ms, "owner": self.owner}
 
 
@@ -308,6 +355,7 @@ class LockService:
         Same fence (and token). Raises ``LeaseLost`` if the lease is not live.
         """
         self.check_name(name)
+        self._check_single(lease_id)
         if ttl_ms is not None:
             self._check_ttl(ttl_ms)
         return self._lease(await self.store.renew(name, lease_id, ttl_ms))
@@ -315,8 +363,188 @@ class LockService:
     async def release(self, name: str, lease_id: str) -> None:
         """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``."""
         self.check_name(name)
+        self._check_single(lease_id)
         await self.store.release(name, lease_id)
         self._may_be_free(name)
+
+    @staticmethod
+    def _check_single(lease_id: str) -> None:
+        if lease_id.startswith(MULTI_PREFIX):
+            raise InvalidRequest("lease_id is a multi-lock lease's: renew or release the whole set"
+                                 " with POST /v1/leases/renew or /v1/leases/release")
+
+    # --- multi-lock leases ----------------------------------------------------------------------
+
+    def check_names(self, names: list[str]) -> tuple[str, ...]:
+        """The distinct lock names of a multi-lock acquire, in name order (the order every
+        store locks them in). ``InvalidRequest`` for none, more than ``MAX_LOCKS``, a bad name
+        or a duplicate."""
+        if not 1 <= len(names) <= MAX_LOCKS:
+            raise InvalidRequest(f"locks must list 1 to {MAX_LOCKS} lock names (got {len(names)})")
+        for name in names:
+            self.check_name(name)
+        ordered = tuple(sorted(set(names)))
+        if len(ordered) != len(names):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            raise InvalidRequest(f"locks must be distinct; repeated: {', '.join(dupes)}",
+                                 locks=dupes)
+        if not multi_token_fits(ordered):
+            raise InvalidRequest(
+                f"the lock names are too long for one token of at most {MAX_TOKEN_CHARS} "
+                "characters (it travels in one header); use shorter names or fewer locks")
+        return ordered
+
+    def _multi_lease(self, grant: MultiGrant) -> MultiLease:
+        key = (grant.lease_id, -1)  # the fences of a lease never change: one token per lease
+        token = self._tokens.get(key)
+        if token is None:
+            token = self.keyring.sign_many(grant.fences)
+            if len(self._tokens) >= _TOKEN_CACHE_SIZE:
+                del self._tokens[next(iter(self._tokens))]
+            self._tokens[key] = token
+        return MultiLease(grant.lease_id, grant.fences, token, grant.ttl_ms, grant.owner)
+
+    @staticmethod
+    def _held_many(holders: list[Holder], detail: str | None = None) -> LockHeld:
+        """409 naming every held lock and its holder (``ttl_ms``: the soonest expiry)."""
+        listed = ", ".join(f"{h.lock!r} by {h.owner!r} for {max(0, h.ttl_ms)} ms" for h in holders)
+        ttl = min((max(0, h.ttl_ms) for h in holders), default=0)
+        return LockHeld(
+            detail or f"held: {listed}",
+            held=[{"lock": h.lock, "owner": h.owner, "ttl_ms": max(0, h.ttl_ms)} for h in holders],
+            ttl_ms=ttl,
+        )
+
+    async def _held_many_behind_queue(self, locks: tuple[str, ...]) -> LockHeld:
+        holders = []
+        for name in locks:
+            state = await self.store.get(name)
+            if state.held:
+                holders.append(Holder(name, state.owner or "", state.ttl_ms, state.fence))
+        queued = sorted(n for n in locks if self._queues.get(n))
+        detail = (f"locks {', '.join(queued)} have waiters queued ahead"
+                  + ("; held: " + ", ".join(f"{h.lock!r} by {h.owner!r}" for h in holders)
+                     if holders else ""))
+        return self._held_many(holders, detail)
+
+    async def acquire_many(self, names: list[str], *, ttl_ms: int, wait_ms: int = 0,
+                           owner: str = "", client_id: str | None = None) -> MultiLease:
+        """Grant every lock of ``names`` in one atomic store step, waiting up to ``wait_ms``
+        behind earlier waiters of any of them (see the module docstring, steps 5-6).
+
+        Raises ``LockHeld`` (naming every held lock), ``StoreUnavailable``, ``InvalidRequest``.
+        """
+        locks = self.check_names(names)
+        self._check_ttl(ttl_ms)
+        self._check_wait(wait_ms)
+        lease_id = MULTI_PREFIX + new_lease_id()
+        if any(self._queues.get(n) for n in locks):
+            if client_id:
+                retried = await self._retry_many(locks, lease_id, ttl_ms, owner, client_id)
+                if retried is not None:
+                    return retried
+            if wait_ms == 0 or self._closing:
+                raise await self._held_many_behind_queue(locks)
+            return await self._wait_many(locks, lease_id, ttl_ms, owner, client_id, wait_ms)
+        if wait_ms == 0 or self._closing:
+            result = await self.store.acquire_many(locks, lease_id=lease_id, ttl_ms=ttl_ms,
+                                                   owner=owner, client_id=client_id)
+            if isinstance(result, MultiGrant):
+                return self._multi_lease(result)
+            raise self._held_many(result)
+        return await self._wait_many(locks, lease_id, ttl_ms, owner, client_id, wait_ms)
+
+    async def _retry_many(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str,
+                          client_id: str) -> MultiLease | None:
+        result = await self._store_acquire_many(locks, lease_id, ttl_ms, owner, client_id)
+        if not isinstance(result, MultiGrant):
+            return None
+        if result.lease_id != lease_id or not any(self._queues.get(n) for n in locks):
+            return self._multi_lease(result)
+        await self._release_many_quietly(lease_id)  # free for an instant: the queues' turn
+        return None
+
+    async def _wait_many(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str,
+                         client_id: str | None, wait_ms: int) -> MultiLease:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        waiter = _Waiter(owner)
+        queues = [self._queues.setdefault(name, {}) for name in locks]
+        for queue in queues:  # one step: every queue agrees with arrival order
+            queue[waiter] = None
+        holders: list[Holder] = []
+        try:
+            while True:
+                if self._closing:
+                    raise StoreUnavailable("lockd is shutting down; retry the acquire")
+                waiter.hint = None
+                if not all(next(iter(queue)) is waiter for queue in queues):
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise await self._held_many_behind_queue(locks)
+                    waiter.turn.clear()  # set again by _leave when an earlier waiter goes
+                    await _sleep(waiter.turn, remaining)
+                    continue
+                # Heads every queue: the only local waiter for these locks that asks the store.
+                waiter.wake.clear()
+                result = await self._store_acquire_many(locks, lease_id, ttl_ms, owner,
+                                                        client_id)
+                if isinstance(result, MultiGrant):
+                    return self._multi_lease(result)
+                holders = result
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise self._held_many(holders)
+                soonest = min(max(h.ttl_ms, 1) for h in holders) if holders else 1
+                await _sleep(waiter.wake, min(remaining, soonest / 1000))
+        finally:
+            for name, queue in zip(locks, queues, strict=True):
+                self._leave(name, queue, waiter, None)
+
+    async def _store_acquire_many(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int,
+                                  owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+        """``store.acquire_many`` surviving the caller's cancellation (see ``_store_acquire``)."""
+        task = asyncio.ensure_future(self.store.acquire_many(
+            locks, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner, client_id=client_id))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(partial(self._orphaned_many, lease_id))
+            raise
+
+    def _orphaned_many(self, lease_id: str, task: asyncio.Future[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        result = task.result()
+        if isinstance(result, MultiGrant) and result.lease_id == lease_id:
+            self._spawn(self._release_many_quietly(lease_id))
+
+    async def _release_many_quietly(self, lease_id: str) -> None:
+        try:
+            await self.release_many(lease_id)
+        except LockdError as exc:
+            log.warning("could not release unclaimed multi-lock lease: %s", exc.detail)
+
+    @staticmethod
+    def _check_multi(lease_id: str) -> None:
+        if not lease_id.startswith(MULTI_PREFIX):
+            raise LeaseLost("no live multi-lock lease with that id")
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None = None) -> MultiLease:
+        """Extend every lock of a live multi-lock lease (same fences, same token).
+        Raises ``LeaseLost`` unless every lock of the set is still held by it."""
+        self._check_multi(lease_id)
+        if ttl_ms is not None:
+            self._check_ttl(ttl_ms)
+        return self._multi_lease(await self.store.renew_many(lease_id, ttl_ms))
+
+    async def release_many(self, lease_id: str) -> None:
+        """End a multi-lock lease and wake the head waiter of each of its locks at once.
+        Raises ``LeaseLost``."""
+        self._check_multi(lease_id)
+        freed = await self.store.release_many(lease_id)
+        for name in freed:
+            self._may_be_free(name)
 
     # --- reading --------------------------------------------------------------------------------
 
@@ -330,8 +558,9 @@ class LockService:
         return [waiter.owner for waiter in self._queues.get(name) or ()]
 
     def waiting(self) -> int:
-        """How many acquires are queued at this lockd process, over all locks (a metric)."""
-        return sum(len(queue) for queue in self._queues.values())
+        """How many acquires are queued at this lockd process, over all locks (a metric; a
+        multi-lock acquire queued on several locks counts once)."""
+        return len({waiter for queue in self._queues.values() for waiter in queue})
 
     async def get(self, name: str) -> tuple[LockState, int]:
         """The store's view of ``name`` and the number of local waiters."""

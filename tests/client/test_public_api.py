@@ -15,6 +15,8 @@ PUBLIC_API = [
     "AsyncLockClient",
     "Lease",
     "AsyncLease",
+    "MultiLease",
+    "AsyncMultiLease",
     "LeaseRef",
     "LeaseState",
     "LockStatus",

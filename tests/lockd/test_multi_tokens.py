@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from lockd.tokens import MAX_LOCKS, InvalidToken, KeyRing
+from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, InvalidToken, KeyRing, multi_token_fits
 
 
 def _claims_of(token: str) -> dict:
@@ -65,3 +65,26 @@ def test_malformed_multi_lock_claims_are_refused(extra):
         token = ring._sign_claims({**claims, "locks": {"b": 2}})
     with pytest.raises(InvalidToken):
         ring.verifier().verify(token)
+
+
+def test_multi_token_fits_is_a_safe_and_tight_bound_on_the_token_length():
+    """lockd refuses a set whose token might exceed what the verifier reads: every set the
+    bound admits signs (with the largest fences) to a token that verifies, and the first set it
+    refuses would have come close to the limit (the bound wastes little)."""
+    ring = KeyRing.generate()
+    largest = 2**63 - 1
+    admitted = refused = None
+    for length in range(1, 256):
+        names = [f"{i:02d}" + "n" * length for i in range(MAX_LOCKS)]
+        token = ring.sign_many({name: largest for name in names})
+        if multi_token_fits(names):
+            assert len(token) <= MAX_TOKEN_CHARS
+            assert ring.verifier().verify(token).fence_for(names[0]) == largest
+            admitted = len(token)
+        else:
+            refused = len(token)
+            break
+    assert admitted is not None and refused is not None
+    assert refused > MAX_TOKEN_CHARS - 400, (admitted, refused)
+    with pytest.raises(InvalidToken):
+        ring.verifier().verify(ring.sign_many({"a" * (MAX_TOKEN_CHARS + 1): 1}))

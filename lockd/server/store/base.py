@@ -19,7 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Grant", "Holder", "LockState", "Store", "ReleaseListener"]
+__all__ = ["MULTI_PREFIX", "Grant", "Holder", "LockState", "MultiGrant", "Store",
+           "ReleaseListener"]
+
+MULTI_PREFIX = "m."
+"""Every multi-lock lease id starts with this (``.`` never occurs in a single lease's id), so
+the single-lock renew/release can refuse one instead of ending part of a set."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,17 @@ class Grant:
     lock: str
     lease_id: str
     fence: int
+    ttl_ms: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class MultiGrant:
+    """A live multi-lock lease: ``fences`` maps each lock (name order) to its own fence;
+    ``ttl_ms``: time left, by the store's clock (every lock of the set expires together)."""
+
+    lease_id: str
+    fences: dict[str, int]
     ttl_ms: int
     owner: str
 
@@ -94,6 +110,28 @@ class Store(Protocol):
         """End a live lease and notify listeners (here and on other lockd processes).
 
         Raises ``LeaseLost`` if the lease is not live (an expired lease cannot be released).
+        """
+
+    async def acquire_many(
+        self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int, owner: str,
+        client_id: str | None
+    ) -> MultiGrant | list[Holder]:
+        """Grant ALL of ``locks`` (distinct, in name order) to one new lease, or none of them.
+
+        One atomic store step: each lock's fence is strictly greater than every fence ever
+        issued for it (invariant 1, per lock). Returns the ``Holder`` of every lock that is held
+        (nothing written, no fence raised). A live lease of exactly these locks acquired with
+        the same non-empty ``client_id`` is returned instead (expiry pushed to ``ttl_ms``).
+        """
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
+        """Push every lock of a live multi-lock lease to ``ttl_ms`` from now (``None``: its own
+        TTL). Raises ``LeaseLost`` unless EVERY lock of the set is still held by it."""
+
+    async def release_many(self, lease_id: str) -> tuple[str, ...]:
+        """End a multi-lock lease: free every lock of it still held and notify listeners for
+        each. Returns the names freed; raises ``LeaseLost`` if the lease was not live (after
+        freeing whatever part of it still was, e.g. when an operator force-released one lock).
         """
 
     async def get(self, lock: str) -> LockState:

@@ -24,6 +24,17 @@ Layout under the prefix (default ``lockd``)::
                             bound to an etcd lease, so etcd deletes it when that lease expires
     <prefix>/fences/<name>  written in the same transaction as every grant: its mod_revision
                             is the last fence issued for <name> (kept after release; tiny)
+    <prefix>/leases/<id>    a multi-lock lease: JSON {locks, owner, client_id, ttl_ms}, bound
+                            to the same etcd lease as its lock keys
+
+Multi-lock leases: ONE etcd lease for the whole set and ONE transaction ``if create_revision
+== 0 for every lock key: put every lock key and fence key, and the lease key; else range every
+lock key``: all or none, and every lock's fence is that transaction's revision (higher than any
+earlier one). Renew keeps the one etcd lease alive (a new TTL moves every key to a new etcd
+lease in one guarded transaction; the lease key is put just before the grant transaction, bound
+to the same etcd lease, so the grant stays within etcd's default ``--max-txn-ops`` of 128 for 64
+locks); release revokes it, which deletes every key of the set
+atomically (the watch sees a delete per lock); expiry does the same.
 
 How each operation maps onto etcd:
 
@@ -84,7 +95,14 @@ import httpx
 
 from lockd.common.tls import client_context
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
+from lockd.server.store.base import (
+    MULTI_PREFIX,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    ReleaseListener,
+)
 from lockd.server.store.etcd_http import GatewayError, GatewayPool
 
 __all__ = ["EtcdStore", "etcd_tls", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
@@ -361,6 +379,9 @@ class EtcdStore:
     def _lock_key(self, lock: str) -> bytes:
         return self._locks + lock.encode()
 
+    def _lease_key(self, lease_id: str) -> bytes:
+        return f"{self._prefix}/leases/{lease_id}".encode()
+
     def _fence_key(self, lock: str) -> bytes:
         return self._fences + lock.encode()
 
@@ -462,6 +483,139 @@ class EtcdStore:
             return Holder(lock, holder.owner, remaining, holder.fence)
         raise StoreUnavailable(f"etcd: lock {lock!r} kept changing hands; try again")
 
+    async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
+                           owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+        """See ``Store.acquire_many`` and the module docstring: one guarded transaction."""
+        keys = [_b64(self._lock_key(lock)) for lock in locks]
+        ttl_s = _secs(ttl_ms)
+        lease_value = _b64(json.dumps({"locks": list(locks), "owner": owner,
+                                       "client_id": client_id, "ttl_ms": ttl_ms,
+                                       "ttl_s": ttl_s}, separators=(",", ":")).encode())
+        for _ in range(3):
+            etcd_lease, granted = await self._grant(ttl_s)
+            keep = False
+            try:
+                success: list[dict[str, Any]] = []
+                for lock, key in zip(locks, keys, strict=True):
+                    success.append({"request_put": {"key": key, "lease": str(etcd_lease),
+                                                    "value": _value(lease_id, owner, None,
+                                                                    ttl_ms)}})
+                    success.append({"request_put": {"key": _b64(self._fence_key(lock)),
+                                                    "value": ""}})
+                # The lease record first, on its own (bound to the new etcd lease, so a refused
+                # grant's revoke removes it): the grant then has 2 operations a lock, 128 for
+                # 64 locks, within etcd's default --max-txn-ops.
+                await self._post("/v3/kv/put", {"key": _b64(self._lease_key(lease_id)),
+                                                "lease": str(etcd_lease), "value": lease_value})
+                doc = await self._txn(
+                    [{"key": key, "target": "CREATE", "create_revision": "0"} for key in keys],
+                    success, [{"request_range": {"key": key}} for key in keys])
+                if doc.get("succeeded"):
+                    keep = True
+                    fence = _int(doc["header"]["revision"])
+                    return MultiGrant(lease_id, {lock: fence for lock in locks},
+                                      granted * 1000, owner)
+                held = [_Held.parse(lock, kv) for i, lock in enumerate(locks)
+                        if (kv := self._range_kv(doc, i)) is not None]
+                if len(held) == len(locks) and all(h.etcd_lease == etcd_lease for h in held):
+                    keep = True  # a replay of our own successful transaction
+                    return MultiGrant(lease_id, {h.name: h.fence for h in held},
+                                      granted * 1000, owner)
+            finally:
+                if not keep:
+                    self._revoke_soon(etcd_lease)
+            if not held:
+                continue  # freed in between: try again
+            if (client_id and len(held) == len(locks)
+                    and len({h.lease_id for h in held}) == 1):
+                theirs = await self._read_lease(held[0].lease_id)
+                if (theirs is not None and theirs[0].get("client_id") == client_id
+                        and theirs[0].get("locks") == list(locks)):
+                    try:
+                        return await self.renew_many(held[0].lease_id, ttl_ms)
+                    except LeaseLost:
+                        continue
+            remaining = {lease: await self._remaining_ms(lease)
+                         for lease in {h.etcd_lease for h in held}}
+            holders = [Holder(h.name, h.owner, remaining[h.etcd_lease], h.fence)
+                       for h in held if remaining[h.etcd_lease] > 0]
+            if holders:
+                return holders
+        raise StoreUnavailable("etcd: the locks kept changing hands; try again")
+
+    async def _read_lease(self, lease_id: str) -> tuple[dict[str, Any], int, int] | None:
+        """A multi-lock lease's record: (value, etcd lease, mod_revision), or None."""
+        doc = await self._post("/v3/kv/range", {"key": _b64(self._lease_key(lease_id))})
+        kvs = doc.get("kvs") or []
+        if not kvs:
+            return None
+        return (json.loads(_unb64(kvs[0].get("value"))), _int(kvs[0].get("lease")),
+                _int(kvs[0].get("mod_revision")))
+
+    async def _read_set(self, lease_id: str) -> tuple[dict[str, Any], int, int, list[_Held]]:
+        """The lease record and its lock keys still held by it; ``LeaseLost`` if none is."""
+        record = await self._read_lease(lease_id)
+        if record is None:
+            raise LeaseLost("no live multi-lock lease with that id")
+        value, etcd_lease, _ = record
+        doc = await self._txn([], [{"request_range": {"key": _b64(self._lock_key(n))}}
+                                   for n in value["locks"]], [])
+        held = [h for i, name in enumerate(value["locks"])
+                if (kv := self._range_kv(doc, i)) is not None
+                and (h := _Held.parse(name, kv)).lease_id == lease_id]
+        return value, etcd_lease, record[2], held
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
+        """Keep the set's etcd lease alive (or move every key to a new one for a new TTL)."""
+        for _ in range(3):
+            value, etcd_lease, lease_rev, held = await self._read_set(lease_id)
+            names = value["locks"]
+            if len(held) != len(names):
+                raise LeaseLost("a lock of the multi-lock lease is no longer held by it")
+            new_ttl = int(value.get("ttl_ms") or 0) if ttl_ms is None else ttl_ms
+            granted = await self._keepalive(etcd_lease)
+            if granted <= 0:
+                raise LeaseLost("the multi-lock lease expired")
+            fences = {h.name: h.fence for h in held}
+            owner = value.get("owner", "")
+            if _secs(new_ttl) == int(value.get("ttl_s") or 0):
+                return MultiGrant(lease_id, fences, granted * 1000, owner)
+            new_lease, new_granted = await self._grant(_secs(new_ttl))
+            lease_key = _b64(self._lease_key(lease_id))
+            compare = [{"key": lease_key, "target": "MOD", "mod_revision": str(lease_rev)}]
+            success = [{"request_put": {"key": lease_key, "lease": str(new_lease), "value": _b64(
+                json.dumps({**value, "ttl_ms": new_ttl, "ttl_s": _secs(new_ttl)},
+                           separators=(",", ":")).encode())}}]
+            for h in held:
+                key = _b64(self._lock_key(h.name))
+                compare.append({"key": key, "target": "MOD", "mod_revision": str(h.mod_revision)})
+                success.append({"request_put": {"key": key, "lease": str(new_lease), "value":
+                                                _value(lease_id, h.owner, None, new_ttl)}})
+            moved = False
+            try:
+                doc = await self._txn(compare, success, [{"request_range": {"key": lease_key}}])
+                kv = None if doc.get("succeeded") else self._range_kv(doc)
+                moved = bool(doc.get("succeeded")) or (
+                    kv is not None and _int(kv.get("lease")) == new_lease)
+            finally:
+                if not moved:
+                    self._revoke_soon(new_lease)
+            if moved:
+                self._revoke_soon(etcd_lease)
+                return MultiGrant(lease_id, fences, new_granted * 1000, owner)
+        raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
+
+    async def release_many(self, lease_id: str) -> tuple[str, ...]:
+        """Revoke the set's etcd lease: every key of it goes in one atomic step."""
+        value, etcd_lease, _, held = await self._read_set(lease_id)
+        try:
+            await self._post("/v3/lease/revoke", {"ID": str(etcd_lease)})
+        except _EtcdError as exc:  # not found: expired meanwhile (or our replayed revoke)
+            log.debug("revoke of a multi-lock lease: %s", exc)
+        if len(held) != len(value["locks"]):
+            raise LeaseLost("a lock of the multi-lock lease was no longer held by it")
+        return tuple(h.name for h in held)
+
     async def _extend(self, held: _Held, ttl_ms: int | None) -> Grant:
         """Push ``held``'s expiry to ``ttl_ms`` from now (``None``: its own TTL); same fence.
 
@@ -554,7 +708,8 @@ class EtcdStore:
                 [{"request_delete_range": {"key": key}}],
                 [{"request_range": {"key": key}}])
             if doc.get("succeeded"):
-                self._revoke_soon(held.etcd_lease)
+                if not held.lease_id.startswith(MULTI_PREFIX):  # a set's etcd lease is shared
+                    self._revoke_soon(held.etcd_lease)
                 return Holder(lock, held.owner, remaining, held.fence)
             if self._range_kv(doc) is None:
                 return None  # released or expired meanwhile

@@ -91,7 +91,7 @@ from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
+from lockd.server.store.base import Grant, Holder, LockState, MultiGrant, ReleaseListener
 
 __all__ = ["PostgresStore", "CHANNEL", "libpq_url"]
 
@@ -104,6 +104,7 @@ _SCHEMA_LOCK_KEY = 0x6C6F636B64  # "lockd": serializes schema creation across pr
 _CATCH_UP_MARGIN = dt.timedelta(seconds=5)
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
 _ACQUIRE_ATTEMPTS = 4
+_LEASE_SWEEP_EVERY = 64  # multi-lock grants between two deletes of expired lease rows
 
 _TTL = "COALESCE(GREATEST(0, ceil(extract(epoch FROM (expires_at - now())) * 1000)), 0)::bigint"
 _LIVE = "(expires_at > now()) IS TRUE"
@@ -123,6 +124,78 @@ CREATE TABLE IF NOT EXISTS lockd.locks (
 ) WITH (fillfactor = 70);
 COMMENT ON TABLE lockd.locks IS
     'lockd leases: one row per lock name ever acquired; never delete rows (fence counter)';
+CREATE TABLE IF NOT EXISTS lockd.leases (
+    lease_id    text PRIMARY KEY,
+    locks       text[] NOT NULL,
+    owner       text NOT NULL DEFAULT '',
+    client_id   text,
+    expires_at  timestamptz NOT NULL,
+    ttl_ms      integer NOT NULL
+);
+COMMENT ON TABLE lockd.leases IS
+    'lockd multi-lock leases: the locks each one holds (its lock rows carry its lease_id)';
+"""
+
+# Multi-lock grant, inside one transaction: every row is locked in name order ("C" collation:
+# every transaction that locks several lock rows does it in this one order, so two never
+# deadlock). A live row refuses the update (but stays locked); fewer rows than names come back
+# and the transaction is rolled back: nothing granted, no fence raised.
+_SQL_ACQUIRE_MANY = f"""
+WITH up AS (
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
+    SELECT n, 1, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int
+      FROM unnest(%(names)s::text[]) AS n ORDER BY n COLLATE "C"
+    ON CONFLICT (name) DO UPDATE SET
+        fence = l.fence + 1, lease_id = excluded.lease_id, owner = excluded.owner,
+        client_id = NULL, expires_at = excluded.expires_at, ttl_ms = excluded.ttl_ms,
+        released_at = NULL
+    WHERE (l.expires_at > now()) IS NOT TRUE
+    RETURNING name, fence, {_TTL} AS ttl
+), lease AS (
+    INSERT INTO lockd.leases (lease_id, locks, owner, client_id, expires_at, ttl_ms)
+    SELECT %(lease_id)s, %(names)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s
+     WHERE (SELECT count(*) FROM up) = cardinality(%(names)s::text[])
+    ON CONFLICT (lease_id) DO NOTHING
+)
+SELECT name, fence, ttl FROM up
+"""
+
+_SQL_HOLDERS = f"""
+SELECT name, fence, owner, {_TTL}, lease_id FROM lockd.locks
+ WHERE name = ANY(%(names)s::text[]) AND {_LIVE} ORDER BY name
+"""
+
+# The lease's live lock rows, locked in name order.
+_SQL_LOCK_SET = """
+SELECT name FROM lockd.locks
+ WHERE name = ANY(%(names)s::text[]) AND lease_id = %(lease_id)s AND expires_at > now()
+ ORDER BY name COLLATE "C" FOR UPDATE
+"""
+
+_SQL_RENEW_SET = f"""
+WITH sel AS ({_SQL_LOCK_SET})
+UPDATE lockd.locks l
+   SET expires_at = now() + %(ttl_ms)s::int * interval '1 millisecond', ttl_ms = %(ttl_ms)s::int
+  FROM sel WHERE l.name = sel.name
+RETURNING l.name, l.fence
+"""
+
+# One statement: the lease row (deleted first: the same order as a renew), then the set's live
+# lock rows in name order; every freed lock NOTIFYs with the commit.
+_SQL_RELEASE_MANY = f"""
+WITH lease AS (
+    DELETE FROM lockd.leases WHERE lease_id = %(lease_id)s RETURNING locks
+), sel AS (
+    SELECT name FROM lockd.locks
+     WHERE name = ANY((SELECT locks FROM lease)::text[]) AND lease_id = %(lease_id)s
+       AND expires_at > now()
+     ORDER BY name COLLATE "C" FOR UPDATE
+), r AS (
+    UPDATE lockd.locks l SET expires_at = NULL, released_at = now()
+      FROM sel WHERE l.name = sel.name
+    RETURNING l.name, pg_notify('{CHANNEL}', l.name)
+)
+SELECT (SELECT cardinality(locks) FROM lease), (SELECT array_agg(name) FROM r)
 """
 
 _SQL_ACQUIRE = f"""
@@ -247,6 +320,10 @@ def _param(own: dict[str, str], name: str, default: T, kind: Callable[[str], T])
         raise ValueError(f"PostgreSQL store URL: {name}={own[name]!r} is not {what}") from None
 
 
+class _Refused(Exception):
+    """Internal: a lock of a multi-lock grant is held; roll the transaction back."""
+
+
 class _ConnectionLost(Exception):
     """Internal: the statement failed because its connection broke; the outcome is unknown."""
 
@@ -307,6 +384,7 @@ class PostgresStore:
         if "application_name" not in present:
             self._conn_kwargs["application_name"] = "lockd"
         self._listeners: list[ReleaseListener] = []
+        self._grants = 0
         self._pool: AsyncConnectionPool | None = None
         self._listen_task: asyncio.Task[None] | None = None
         self._listening: asyncio.Event | None = None
@@ -401,7 +479,9 @@ class PostgresStore:
     async def _create_schema(conn: psycopg.AsyncConnection, retried: bool) -> None:
         cur = await conn.execute("SELECT to_regclass('lockd.locks') IS NOT NULL")
         row = await cur.fetchone()
-        if row and row[0]:
+        cur = await conn.execute("SELECT to_regclass('lockd.leases') IS NOT NULL")
+        leases = await cur.fetchone()
+        if row and row[0] and leases and leases[0]:
             return  # nothing to do (and no CREATE privilege needed)
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", [_SCHEMA_LOCK_KEY])
@@ -525,6 +605,106 @@ class PostgresStore:
             raise LeaseLost(f"lease on {lock!r} is not live", lock=lock)
 
         await self._run(op, retry=True)
+
+    async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
+                           owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+        """See ``Store.acquire_many``: one transaction that upserts every lock row (in name
+        order) and the lease row, or rolls back. A deadlock (with a hand-written transaction
+        locking rows in another order) is retried."""
+        params = {"names": list(locks), "lease_id": lease_id, "ttl_ms": int(ttl_ms),
+                  "owner": owner or "", "client_id": client_id or None}
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> MultiGrant | list[Holder]:
+            for _ in range(_ACQUIRE_ATTEMPTS):
+                try:
+                    async with conn.transaction():
+                        cur = await conn.execute(_SQL_ACQUIRE_MANY, params)
+                        rows = await cur.fetchall()
+                        if len(rows) != len(locks):
+                            raise _Refused  # roll back: nothing granted, no fence raised
+                except _Refused:
+                    pass
+                except psycopg.errors.DeadlockDetected:
+                    continue
+                else:
+                    self._grants += 1
+                    if self._grants % _LEASE_SWEEP_EVERY == 0:  # lease rows of expired sets
+                        await conn.execute("DELETE FROM lockd.leases WHERE expires_at < now()")
+                    fences = {r[0]: r[1] for r in rows}
+                    return MultiGrant(lease_id, {n: fences[n] for n in locks}, rows[0][2],
+                                      owner or "")
+                cur = await conn.execute(_SQL_HOLDERS, params)
+                live = await cur.fetchall()
+                if not live:
+                    continue  # freed in between: try again
+                if client_id and len(live) == len(locks) and len({r[4] for r in live}) == 1:
+                    cur = await conn.execute(
+                        "SELECT client_id, locks FROM lockd.leases WHERE lease_id = %s",
+                        [live[0][4]])
+                    lease = await cur.fetchone()
+                    if lease is not None and lease[0] == client_id and lease[1] == list(locks):
+                        try:
+                            return await self._renew_many(conn, live[0][4], ttl_ms)
+                        except LeaseLost:
+                            continue
+                if len(live) == len(locks) and all(r[4] == lease_id for r in live):
+                    # A retry after a lost answer: our first attempt committed the grant.
+                    return MultiGrant(lease_id, {r[0]: r[1] for r in live},
+                                      min(r[3] for r in live), owner or "")
+                return [Holder(lock=r[0], owner=r[2], ttl_ms=max(1, r[3]), fence=r[1])
+                        for r in live]
+            raise StoreUnavailable("PostgreSQL store: the locks kept changing hands; try again")
+
+        return await self._run(op, retry=True)
+
+    @staticmethod
+    async def _renew_many(conn: psycopg.AsyncConnection, lease_id: str,
+                          ttl_ms: int | None) -> MultiGrant:
+        async with conn.transaction():
+            cur = await conn.execute(
+                "SELECT locks, owner, ttl_ms FROM lockd.leases WHERE lease_id = %s FOR UPDATE",
+                [lease_id])
+            lease = await cur.fetchone()
+            if lease is None:
+                raise LeaseLost("the multi-lock lease is not live")
+            names, owner, own_ttl = lease
+            ttl = int(own_ttl if ttl_ms is None else ttl_ms)
+            params = {"names": names, "lease_id": lease_id, "ttl_ms": ttl}
+            cur = await conn.execute(_SQL_RENEW_SET, params)
+            fences = dict(await cur.fetchall())
+            if len(fences) != len(names):
+                raise LeaseLost("the multi-lock lease is not live")  # rolls back
+            await conn.execute(
+                "UPDATE lockd.leases SET expires_at = now() + %(ttl_ms)s::int"
+                " * interval '1 millisecond', ttl_ms = %(ttl_ms)s WHERE lease_id = %(lease_id)s",
+                params)
+        return MultiGrant(lease_id, {n: fences[n] for n in names}, ttl, owner)
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
+        """See ``Store.renew_many``: one transaction (lease row, then lock rows in name order)."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> MultiGrant:
+            return await self._renew_many(conn, lease_id, ttl_ms)
+
+        return await self._run(op, retry=True)
+
+    async def release_many(self, lease_id: str) -> tuple[str, ...]:
+        """See ``Store.release_many``: one statement that deletes the lease row and frees its
+        live lock rows (a NOTIFY for each, sent by the commit)."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> tuple[tuple[str, ...], bool]:
+            cur = await conn.execute(_SQL_RELEASE_MANY, {"lease_id": lease_id})
+            row = await cur.fetchone()
+            total, names = row if row is not None else (None, None)
+            if total is None:
+                return (), retried  # a retry: our first attempt's commit deleted the lease row
+            freed = tuple(sorted(names or ()))
+            return freed, len(freed) == total
+
+        freed, whole = await self._run(op, retry=True)
+        if not whole:
+            raise LeaseLost("the multi-lock lease is not live")
+        return freed
 
     async def get(self, lock: str) -> LockState:
         """See ``Store.get``."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import queue
@@ -40,7 +41,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, LockState, ReleaseListener
+from lockd.server.store.base import Grant, Holder, LockState, MultiGrant, ReleaseListener
 
 __all__ = ["SqliteStore"]
 
@@ -55,6 +56,17 @@ CREATE TABLE IF NOT EXISTS locks (
     client_id  TEXT,
     expires_ms INTEGER NOT NULL DEFAULT 0,
     ttl_ms     INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID
+"""
+# Multi-lock leases: the set of locks each one holds (its lock rows carry its lease_id).
+_SCHEMA_LEASES = """
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id   TEXT PRIMARY KEY,
+    locks      TEXT NOT NULL,
+    owner      TEXT NOT NULL DEFAULT '',
+    client_id  TEXT,
+    expires_ms INTEGER NOT NULL,
+    ttl_ms     INTEGER NOT NULL
 ) WITHOUT ROWID
 """
 _MAX_BATCH = 256
@@ -124,6 +136,84 @@ def _force_release(conn: sqlite3.Connection, now: int, lock: str) -> Holder | No
         " WHERE name = ?", (lock,)
     )
     return Holder(lock, row[1], row[2] - now, row[0])
+
+
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _acquire_many(conn: sqlite3.Connection, now: int, locks: tuple[str, ...], lease_id: str,
+                  ttl_ms: int, owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+    # Reads first, writes only once every lock is known to be free: nothing to undo.
+    rows = {r[0]: r[1:] for r in conn.execute(
+        f"SELECT name, fence, lease_id, owner, expires_ms FROM locks WHERE name IN"
+        f" ({_marks(len(locks))})", locks)}
+    live = sorted((n, r) for n, r in rows.items() if r[1] is not None and r[3] > now)
+    if live:
+        if client_id and len(live) == len(locks) and len({r[1] for _, r in live}) == 1:
+            held_id = live[0][1][1]
+            lease = conn.execute("SELECT client_id, locks FROM leases WHERE lease_id = ?",
+                                 (held_id,)).fetchone()
+            if lease is not None and lease[0] == client_id and json.loads(lease[1]) == list(locks):
+                return _renew_many(conn, now, held_id, ttl_ms)
+        return [Holder(n, r[2], r[3] - now, r[0]) for n, r in live]
+    conn.execute("DELETE FROM leases WHERE expires_ms <= ?", (now,))
+    fences: dict[str, int] = {}
+    for name in locks:
+        fence = (rows[name][0] if name in rows else 0) + 1
+        conn.execute(
+            "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms)"
+            " VALUES (?, ?, ?, ?, NULL, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+            " fence = excluded.fence, lease_id = excluded.lease_id, owner = excluded.owner,"
+            " client_id = NULL, expires_ms = excluded.expires_ms, ttl_ms = excluded.ttl_ms",
+            (name, fence, lease_id, owner, now + ttl_ms, ttl_ms),
+        )
+        fences[name] = fence
+    conn.execute(
+        "INSERT INTO leases (lease_id, locks, owner, client_id, expires_ms, ttl_ms)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (lease_id, json.dumps(list(locks)), owner, client_id, now + ttl_ms, ttl_ms),
+    )
+    return MultiGrant(lease_id, fences, ttl_ms, owner)
+
+
+def _lease_row(conn: sqlite3.Connection, lease_id: str) -> tuple[list[str], str, int]:
+    row = conn.execute("SELECT locks, owner, ttl_ms FROM leases WHERE lease_id = ?",
+                       (lease_id,)).fetchone()
+    if row is None:
+        raise LeaseLost("the lease is not live (expired, released or unknown)")
+    return json.loads(row[0]), row[1], row[2]
+
+
+def _renew_many(conn: sqlite3.Connection, now: int, lease_id: str,
+                ttl_ms: int | None) -> MultiGrant:
+    names, owner, own_ttl = _lease_row(conn, lease_id)
+    ttl = own_ttl if ttl_ms is None else ttl_ms
+    fences = dict(conn.execute(
+        f"SELECT name, fence FROM locks WHERE name IN ({_marks(len(names))})"
+        " AND lease_id = ? AND expires_ms > ?", (*names, lease_id, now)).fetchall())
+    if len(fences) != len(names):  # checked before writing: nothing to undo
+        raise LeaseLost("the lease is not live (expired, released or unknown)")
+    conn.execute(f"UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name IN"
+                 f" ({_marks(len(names))})", (now + ttl, ttl, *names))
+    conn.execute("UPDATE leases SET expires_ms = ?, ttl_ms = ? WHERE lease_id = ?",
+                 (now + ttl, ttl, lease_id))
+    return MultiGrant(lease_id, {n: fences[n] for n in names}, ttl, owner)
+
+
+def _release_many(conn: sqlite3.Connection, now: int,
+                  lease_id: str) -> tuple[tuple[str, ...], bool]:
+    """(names freed, whether the whole set was live)."""
+    row = conn.execute("SELECT locks FROM leases WHERE lease_id = ?", (lease_id,)).fetchone()
+    if row is None:
+        return (), False
+    names = json.loads(row[0])
+    freed = conn.execute(
+        "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
+        f" WHERE name IN ({_marks(len(names))}) AND lease_id = ? AND expires_ms > ?"
+        " RETURNING name", (*names, lease_id, now)).fetchall()
+    conn.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
+    return tuple(sorted(r[0] for r in freed)), len(freed) == len(names)
 
 
 def _state(now: int, name: str, fence: int, lease_id: str | None, owner: str,
@@ -210,6 +300,7 @@ class SqliteStore:
                         raise sqlite3.OperationalError(f"cannot switch to WAL (journal_mode={mode})")
                 conn.execute("PRAGMA synchronous = FULL")
                 conn.execute(_SCHEMA)
+                conn.execute(_SCHEMA_LEASES)
             except BaseException:
                 conn.close()
                 raise
@@ -322,12 +413,31 @@ class SqliteStore:
         """See ``Store.force_release``."""
         ended = await self._call(_force_release, lock)
         if ended is not None:
-            for listener in self._listeners:
-                try:
-                    listener(lock)
-                except Exception:
-                    log.exception("release listener failed")
+            self._notify(lock)
         return ended
+
+    async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
+                           owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+        """See ``Store.acquire_many``: one operation of one group-commit transaction."""
+        return await self._call(_acquire_many, locks, lease_id, ttl_ms, owner, client_id)
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
+        return await self._call(_renew_many, lease_id, ttl_ms)
+
+    async def release_many(self, lease_id: str) -> tuple[str, ...]:
+        freed, whole = await self._call(_release_many, lease_id)
+        for lock in freed:
+            self._notify(lock)
+        if not whole:
+            raise LeaseLost("the lease is not live (expired, released or unknown)")
+        return freed
+
+    def _notify(self, lock: str) -> None:
+        for listener in self._listeners:
+            try:
+                listener(lock)
+            except Exception:  # a listener's bug must not fail a committed release
+                log.exception("release listener failed")
 
     async def clock_offset(self) -> float:
         """0.0: expiry is judged by lockd's own clock."""
