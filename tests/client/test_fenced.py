@@ -189,3 +189,30 @@ def test_proxy_validation_errors_are_typed(api, proxy):
         db.insert("items", {"id": rid, "no_such_column": 1})
     assert info.value.status == 422
     api.release(lease)
+
+
+def test_a_real_multi_lock_lease_fences_a_two_row_batch_end_to_end(shared_lockd, proxy):
+    """Issue 14 end to end: lockd grants a multi-lock lease, FencedSession claims both locks and
+    writes a two-row batch; after a newer single-lock holder of one row wrote, the old set's batch
+    is refused as a whole (409 listing the stale lock) and neither row changes."""
+    from lockd import FencedSession, LockClient, StaleTokenError
+
+    a, b = _row_id(), _row_id()
+    with LockClient(shared_lockd.url) as client:
+        lease = client.acquire_many([f"items/{a}", f"items/{b}"], ttl=5)
+        with FencedSession(proxy.url, lease) as db:
+            db.batch([{"op": "upsert", "table": "items", "key": a, "row": {"owner": "set", "n": 1}},
+                      {"op": "upsert", "table": "items", "key": b, "row": {"owner": "set", "n": 1}}])
+            assert db.highests == lease.fences
+        lease.release()  # the set ends; its token stays signed, but a newer grant outranks it
+        newer = client.acquire(f"items/{b}", ttl=5)
+        with FencedSession(proxy.url, newer) as db:
+            db.upsert("items", b, {"owner": "newer", "n": 2})
+        with FencedSession(proxy.url, lease) as stale, pytest.raises(StaleTokenError) as info:
+            stale.batch([{"op": "update", "table": "items", "key": a, "row": {"n": 9}},
+                         {"op": "update", "table": "items", "key": b, "row": {"n": 9}}])
+        assert [s["lock"] for s in info.value.problem["stale"]] == [f"items/{b}"]
+        assert lease.lost, "a stale answer marks the lease lost"
+        newer.release()
+    rows = {row[0]: row for row in proxy.rows("items")}
+    assert rows[a][1:] == ("set", 1) and rows[b][1:] == ("newer", 2)
