@@ -169,4 +169,4 @@ def test_logs_load_with_a_torn_last_line(tmp_path):
     assert len(events) == 5
     ops = collect_ops(events)
     assert ops["a"].outcome == "ack" and ops["a"].fence == 1 and ops["a"].write == {
-        "fence": 1, "read": 0, "wrote": 1}
+        "fence": 1, "read": 0, "wrote": 1, "up": 100.0}
