@@ -6,7 +6,23 @@ Fault kinds (``FAULT_KINDS``):
 ``pause``       SIGSTOP a worker right after its read (it holds the lock and is thinking) for
                 more than its TTL, then SIGCONT it at a moment another worker is between its own
                 read and write: the frozen holder's write then races the new holder's, the exact
-                window fencing must close (and the control modes leave open). See ``_pause``.
+                window fencing must close (and the control modes leave open). Variants ``race``,
+                ``late`` and ``edge`` (thawed right around the TTL edge). See ``_pause``.
+``pause_grant`` SIGSTOP a worker right after its grant, before any claim (a blind writer, or a
+                reader about to claim), past its TTL; thaw it while another worker holds the lock.
+``pause_write`` SIGSTOP a worker whose write is in flight (logged within 20 ms), past its TTL.
+``handoff``     combined: freeze A after its read or grant; once A's lease ran out and B was
+                granted, freeze B before its claim, thaw A (its stale write now arrives while
+                the proxy's highest is still A's fence), thaw B 0..40 ms after A's write left,
+                with the database slowed (``db_delay``) when it is PostgreSQL: a proxy that
+                checks and writes in two steps lets B's claim land between them.
+``kill_after_read`` combined: freeze A after its read; once B has claimed and read, SIGKILL B
+                (it never writes), thaw A: A's write must be refused although nothing newer
+                was written (the blind-spot history of issue 20).
+``stop_proxy``  SIGSTOP the proxy while a write is in flight, past a TTL, then SIGCONT it: the
+                frozen requests proceed beside the new holders'.
+``db_delay``    the proxy's database connection (``chaos.relay``) holds each chunk 30..250 ms
+                for 2..5 s: every check-then-act window in the proxy stays open that long.
 ``kill_worker`` SIGKILL a worker (one whose write is in flight, when the nemesis catches one),
                 restart it 0.1..1 s later (a new incarnation).
 ``kill_lockd``  SIGKILL lockd, restart it 0.3..1.5 s later on the same port, store and keys.
@@ -41,13 +57,18 @@ from typing import Any
 
 from chaos.pool import WorkerPool
 from chaos.services import Services
+from chaos.workload import uptime
 
-__all__ = ["FAULT_KINDS", "Planned", "kinds_for", "make_schedule", "skew_env", "Nemesis"]
+__all__ = ["FAULT_KINDS", "PAUSE_KINDS", "Planned", "kinds_for", "make_schedule", "skew_env", "Nemesis"]
 
-FAULT_KINDS = ("pause", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd", "skew_wall",
-               "skew_all")
-_WEIGHTS = {"pause": 6, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1, "kill_etcd": 1,
-            "skew_wall": 1, "skew_all": 1}
+FAULT_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read",
+               "stop_proxy", "db_delay", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd",
+               "skew_wall", "skew_all")
+PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read")
+"""The faults that freeze a worker holding a lease (their records feed the revived-write count)."""
+_WEIGHTS = {"pause": 4, "pause_grant": 2, "pause_write": 2, "handoff": 3, "kill_after_read": 2,
+            "stop_proxy": 1, "db_delay": 1, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1,
+            "kill_etcd": 1, "skew_wall": 1, "skew_all": 1}
 _WALL_OFFSETS = (-3600, -600, -30, 30, 600, 3600)
 _WALL_RATES = ("1", "1", "0.5", "2")
 _ALL_OFFSETS = (-600, -30, 0, 30, 600)
@@ -56,7 +77,10 @@ _ALL_RATES = ("0.5", "0.7", "1.5")
 
 def kinds_for(store: str, resource: str, *, faketime: bool) -> tuple[str, ...]:
     """The fault kinds that apply to a run on ``store`` with the protected ``resource``."""
-    out = ["pause", "kill_worker", "kill_lockd"]
+    out = ["pause", "pause_grant", "pause_write", "handoff", "kill_after_read", "stop_proxy",
+           "kill_worker", "kill_lockd"]
+    if resource == "postgres":
+        out.append("db_delay")
     if store == "postgres" or resource == "postgres":
         out.append("crash_pg")
     if store == "etcd":
@@ -80,8 +104,12 @@ class Planned:
 
 
 def _duration(kind: str, rng: random.Random, ttl: float) -> float:
-    if kind == "pause":
+    if kind in PAUSE_KINDS:
         return 2 * ttl + rng.uniform(0.3, 1.0)
+    if kind == "stop_proxy":
+        return ttl + rng.uniform(0.1, 0.8)
+    if kind == "db_delay":
+        return rng.uniform(2.0, 5.0)
     if kind == "kill_worker":
         return rng.uniform(0.1, 1.0)
     if kind in ("kill_lockd", "crash_pg"):
@@ -91,7 +119,8 @@ def _duration(kind: str, rng: random.Random, ttl: float) -> float:
     return rng.uniform(3.0, 8.0)  # skews
 
 
-_BUSY_EXTRA = {"pause": 0.5, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
+_BUSY_EXTRA = {"pause": 0.5, "pause_grant": 0.5, "pause_write": 0.5, "handoff": 1.0,
+               "kill_after_read": 1.0, "stop_proxy": 0.5, "db_delay": 0.0, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
                "kill_etcd": 1.0}
 
 
@@ -204,6 +233,12 @@ class Nemesis(threading.Thread):
                 self.pool.resume(slot.index)
         self._guard(self.services.heal)
 
+    def pauses(self) -> list[dict[str, Any]]:
+        """Every freeze of a worker (``{worker, incarnation, frozen_up, resumed_up, kind,
+        variant}``), for ``checker.revived_writes``."""
+        return [dict(f, kind=r["kind"], variant=r.get("variant"))
+                for r in self.records if not r.get("skipped") for f in r.get("freezes", ())]
+
     def counts(self) -> dict[str, int]:
         return dict(Counter(r["kind"] for r in self.records if not r.get("skipped")))
 
@@ -218,16 +253,37 @@ class Nemesis(threading.Thread):
     def _pick(self, candidates: list[int], f: Planned) -> int:
         return candidates[f.pick % len(candidates)]
 
+    def _freeze(self, i: int) -> dict[str, Any]:
+        slot = self.pool.slots[i]
+        self.pool.pause(i)
+        return {"worker": slot.name, "incarnation": slot.incarnation, "frozen_up": uptime(),
+                "t": time.monotonic()}
+
+    def _thaw(self, i: int, freeze: dict[str, Any]) -> dict[str, Any]:
+        self.pool.resume(i)
+        t = freeze.pop("t")
+        freeze["resumed_up"] = uptime()
+        freeze["frozen_s"] = round(time.monotonic() - t, 3)
+        return freeze
+
+    def _fresh(self, state: str | tuple[str, ...], fresh: float, timeout: float,
+               exclude: tuple[int, ...] = ()) -> list[int]:
+        states = (state,) if isinstance(state, str) else state
+        return self._wait_until(lambda: [i for st in states for i in
+                                         self.pool.candidates(st, exclude=exclude, fresh=fresh)],
+                                timeout=timeout) or []
+
     def _pause(self, f: Planned) -> None:
         """Freeze a worker that has just read (within 50 ms, so before its first renewal, its
         lease runs out about one TTL later), keep it frozen more than a TTL, then resume it
         while another worker sits between its read and its write. ``race`` variant: resume as
         soon as that is possible, racing the first holder after it (nobody else has committed
         yet). ``late`` variant: frozen 2 x TTL + 0.3..1 s, several holders may have come and
-        gone. Pauses take ``pause_variants`` in turn (the runner: race, late, race, ...; only race
+        gone. ``edge``: thawed TTL -150..+150 ms after the freeze, whoever holds the lock.
+        Pauses take ``pause_variants`` in turn (the runner: race, late, edge, ...; only race
         for ``unfenced-read``, whose window only the first holder after the frozen one opens)."""
         start = self._now()
-        fresh = self._wait_until(lambda: self.pool.candidates("read", fresh=0.05), timeout=3.0)
+        fresh = self._fresh("read", 0.05, 3.0)
         candidates = fresh or self.pool.candidates()
         if not candidates:
             self._record("pause", start, None, skipped=True)
@@ -235,18 +291,122 @@ class Nemesis(threading.Thread):
         i = self._pick(candidates, f)
         variant = self.pause_variants[self._pauses % len(self.pause_variants)]
         self._pauses += 1
-        self.pool.pause(i)
-        frozen_at = time.monotonic()
+        freeze = self._freeze(i)
         acks_before = self.pool.acks(exclude=[i])
-        self._halt.wait(self.ttl + 0.05 if variant == "race" else f.duration)
-        other = self._wait_until(lambda: self.pool.candidates("read", exclude=[i]),
-                                 timeout=2 * self.ttl + 2.0)
+        other = None
+        if variant == "edge":
+            self._halt.wait(max(0.0, self.ttl + (f.pick % 300 - 150) / 1000))
+        else:
+            self._halt.wait(self.ttl + 0.05 if variant == "race" else f.duration)
+            other = self._wait_until(lambda: self.pool.candidates("read", exclude=[i]),
+                                     timeout=2 * self.ttl + 2.0)
         committed_meanwhile = self.pool.acks(exclude=[i]) - acks_before
-        self.pool.resume(i)
-        self._record("pause", frozen_at - self.t0, self.pool.slots[i].name, variant=variant,
-                     frozen_s=round(time.monotonic() - frozen_at, 3), after_read=bool(fresh),
-                     resumed_while_other_read=bool(other),
-                     others_committed_meanwhile=committed_meanwhile)
+        self._record("pause", start, self.pool.slots[i].name, variant=variant,
+                     after_read=bool(fresh), resumed_while_other_read=bool(other),
+                     others_committed_meanwhile=committed_meanwhile,
+                     freezes=[self._thaw(i, freeze)])
+
+    def _pause_grant(self, f: Planned) -> None:
+        """Freeze a worker right after its grant (before any claim) past its TTL; thaw it once
+        another worker was granted (or after 2 x TTL + 2 s)."""
+        start = self._now()
+        found = self._fresh(("acquired", "blind"), 0.03, 3.0)
+        if not found:
+            self._record("pause_grant", start, None, skipped=True)
+            return
+        i = self._pick(found, f)
+        freeze = self._freeze(i)
+        self._halt.wait(self.ttl + 0.05)
+        other = self._fresh(("acquired", "blind", "read"), 0.5, 2 * self.ttl + 2.0, exclude=(i,))
+        self._record("pause_grant", start, self.pool.slots[i].name,
+                     resumed_while_other_held=bool(other), freezes=[self._thaw(i, freeze)])
+
+    def _pause_write(self, f: Planned) -> None:
+        """Freeze a worker whose write request is in flight (logged within 20 ms)."""
+        start = self._now()
+        found = self._fresh("write", 0.02, 3.0)
+        if not found:
+            self._record("pause_write", start, None, skipped=True)
+            return
+        i = self._pick(found, f)
+        freeze = self._freeze(i)
+        self._halt.wait(f.duration)
+        self._record("pause_write", start, self.pool.slots[i].name,
+                     freezes=[self._thaw(i, freeze)])
+
+    def _handoff(self, f: Planned) -> None:
+        """Freeze A (after its read or grant); once its lease ran out and B was granted, freeze
+        B before its claim, thaw A, and thaw B 0..40 ms after A's write left (the database
+        slowed meanwhile when it can be)."""
+        start = self._now()
+        found = self._fresh(("read", "blind"), 0.05, 3.0)
+        if not found:
+            self._record("handoff", start, None, skipped=True)
+            return
+        a = self._pick(found, f)
+        fa = self._freeze(a)
+        self._halt.wait(self.ttl + 0.05)
+        granted = self._fresh("acquired", 0.03, 2 * self.ttl + 2.0, exclude=(a,))
+        if not granted:
+            self._record("handoff", start, self.pool.slots[a].name, partner=None,
+                         freezes=[self._thaw(a, fa)])
+            return
+        b = granted[0]
+        fb = self._freeze(b)
+        delay = 0.03 + (f.pick % 220) / 1000
+        slowed = self.services.set_db_delay(delay)
+        thawed_a = self._thaw(a, fa)
+        wrote = self._fresh("write", 1.0, 1.5 + 4 * delay, exclude=(b,))
+        self._halt.wait((f.pick % 40) / 1000)
+        thawed_b = self._thaw(b, fb)
+        self._halt.wait(4 * delay if slowed else 0.0)
+        self.services.set_db_delay(0.0)
+        self._record("handoff", start, self.pool.slots[a].name,
+                     partner=self.pool.slots[b].name, a_wrote=a in wrote,
+                     db_delay=delay if slowed else None, freezes=[thawed_a, thawed_b])
+
+    def _kill_after_read(self, f: Planned) -> None:
+        """Freeze A after its read; once B (granted after A's lease ran out) has claimed and
+        read, SIGKILL B before it writes; thaw A; restart B."""
+        start = self._now()
+        found = self._fresh("read", 0.05, 3.0)
+        if not found:
+            self._record("kill_after_read", start, None, skipped=True)
+            return
+        a = self._pick(found, f)
+        fa = self._freeze(a)
+        self._halt.wait(self.ttl + 0.05)
+        reader = self._fresh("read", 0.05, 2 * self.ttl + 2.0, exclude=(a,))
+        b = reader[0] if reader else None
+        if b is not None:
+            self.pool.kill(b)
+        thawed = self._thaw(a, fa)
+        self._halt.wait(0.3)
+        if b is not None:
+            self.pool.respawn(b)
+        self._record("kill_after_read", start, self.pool.slots[a].name,
+                     killed=self.pool.slots[b].name if b is not None else None,
+                     freezes=[thawed])
+
+    def _stop_proxy(self, f: Planned) -> None:
+        """SIGSTOP the proxy with a write in flight (when one is caught), past a TTL."""
+        start = self._now()
+        writing = self._fresh("write", 0.02, 2.0)
+        self.services.stop_proxy()
+        self._halt.wait(f.duration)
+        self.services.cont_proxy()
+        self._record("stop_proxy", start, "proxy", write_in_flight=bool(writing),
+                     stopped_s=round(self._now() - start, 3))
+
+    def _db_delay(self, f: Planned) -> None:
+        start = self._now()
+        delay = 0.03 + (f.pick % 220) / 1000
+        if not self.services.set_db_delay(delay):
+            self._record("db_delay", start, None, skipped=True)
+            return
+        self._halt.wait(f.duration)
+        self.services.set_db_delay(0.0)
+        self._record("db_delay", start, "relay", delay_s=delay)
 
     def _kill_worker(self, f: Planned) -> None:
         """SIGKILL a worker, preferably one whose write is in flight (logged within 20 ms): its
