@@ -9,13 +9,18 @@ Fault kinds (``FAULT_KINDS``):
                 window fencing must close (and the control modes leave open). Variants ``race``,
                 ``late`` and ``edge`` (thawed right around the TTL edge). See ``_pause``.
 ``pause_grant`` SIGSTOP a worker right after its grant, before any claim (a blind writer, or a
-                reader about to claim), past its TTL; thaw it while another worker holds the lock.
+                reader about to claim), past its TTL; thaw it within 30 ms of a newer holder's
+                blind batch being acknowledged (nothing but that batch raised the highest past
+                the frozen fence, if the proxy raised it at all).
 ``pause_write`` SIGSTOP a worker whose write is in flight (logged within 20 ms), past its TTL.
-``handoff``     combined: freeze A after its read or grant; once A's lease ran out and B was
-                granted, freeze B before its claim, thaw A (its stale write now arrives while
-                the proxy's highest is still A's fence), thaw B 0..40 ms after A's write left,
-                with the database slowed (``db_delay``) when it is PostgreSQL: a proxy that
-                checks and writes in two steps lets B's claim land between them.
+``handoff``     combined: freeze A after its read or grant, about to send a batch (the write
+                that takes several statements); once A's lease ran out and B was granted
+                (caught within 30 ms), freeze B before its claim, thaw A (its stale write now arrives while
+                the proxy's highest is still A's fence), thaw B when A's fence check has reached
+                the database but A's write has not committed: the database is slowed
+                (``db_delay``, 30..250 ms a chunk) and B thawed 2.5 x that after A's write left
+                (0..40 ms without a relay). A proxy that checks and writes in two steps lets
+                B's claim land between them; a correct one makes B's claim wait for A's COMMIT.
 ``kill_after_read`` combined: freeze A after its read; once B has claimed and read, SIGKILL B
                 (it never writes), thaw A: A's write must be refused although nothing newer
                 was written (the blind-spot history of issue 20).
@@ -307,19 +312,26 @@ class Nemesis(threading.Thread):
                      freezes=[self._thaw(i, freeze)])
 
     def _pause_grant(self, f: Planned) -> None:
-        """Freeze a worker right after its grant (before any claim) past its TTL; thaw it once
-        another worker was granted (or after 2 x TTL + 2 s)."""
+        """Freeze a worker right after its grant (before any claim; a blind writer preferred:
+        its think time has passed when it wakes, so it writes at once) past its TTL; thaw it
+        within 30 ms of another worker's acknowledged blind batch (or after 2 x TTL + 4 s)."""
         start = self._now()
-        found = self._fresh(("acquired", "blind"), 0.03, 3.0)
+        found = self._fresh("blind", 0.03, 3.0) or self._fresh("acquired", 0.03, 1.0)
         if not found:
             self._record("pause_grant", start, None, skipped=True)
             return
         i = self._pick(found, f)
         freeze = self._freeze(i)
         self._halt.wait(self.ttl + 0.05)
-        other = self._fresh(("acquired", "blind", "read"), 0.5, 2 * self.ttl + 2.0, exclude=(i,))
+
+        def blind_batch_acked() -> list[int]:
+            return [j for j in self.pool.candidates("ack", exclude=[i], fresh=0.03)
+                    if (self.pool.slots[j].last_rec or {}).get("via") == "batch"
+                    and "mark" in (self.pool.slots[j].last_rec or {})]
+
+        other = self._wait_until(blind_batch_acked, timeout=2 * self.ttl + 4.0)
         self._record("pause_grant", start, self.pool.slots[i].name,
-                     resumed_while_other_held=bool(other), freezes=[self._thaw(i, freeze)])
+                     resumed_after_other_ack=bool(other), freezes=[self._thaw(i, freeze)])
 
     def _pause_write(self, f: Planned) -> None:
         """Freeze a worker whose write request is in flight (logged within 20 ms)."""
@@ -335,18 +347,24 @@ class Nemesis(threading.Thread):
                      freezes=[self._thaw(i, freeze)])
 
     def _handoff(self, f: Planned) -> None:
-        """Freeze A (after its read or grant); once its lease ran out and B was granted, freeze
-        B before its claim, thaw A, and thaw B 0..40 ms after A's write left (the database
-        slowed meanwhile when it can be)."""
+        """Freeze A (after its read or grant, about to send a batch); once its lease ran out
+        and B was granted, freeze B before its claim (or blind write), thaw A, and thaw B
+        2.5 x the database delay after A's write left (0..40 ms with no relay)."""
         start = self._now()
-        found = self._fresh(("read", "blind"), 0.05, 3.0)
+
+        def about_to_batch() -> list[int]:  # only a multi-statement write has two steps
+            return [i for st in ("read", "blind")
+                    for i in self.pool.candidates(st, fresh=0.05)
+                    if (self.pool.slots[i].last_rec or {}).get("via") == "batch"]
+
+        found = self._wait_until(about_to_batch, timeout=5.0)
         if not found:
             self._record("handoff", start, None, skipped=True)
             return
         a = self._pick(found, f)
         fa = self._freeze(a)
-        self._halt.wait(self.ttl + 0.05)
-        granted = self._fresh("acquired", 0.03, 2 * self.ttl + 2.0, exclude=(a,))
+        # the first grant after A's lease ran out (caught within 30 ms, before its claim)
+        granted = self._fresh(("acquired", "blind"), 0.03, 2 * self.ttl + 2.0, exclude=(a,))
         if not granted:
             self._record("handoff", start, self.pool.slots[a].name, partner=None,
                          freezes=[self._thaw(a, fa)])
@@ -357,7 +375,9 @@ class Nemesis(threading.Thread):
         slowed = self.services.set_db_delay(delay)
         thawed_a = self._thaw(a, fa)
         wrote = self._fresh("write", 1.0, 1.5 + 4 * delay, exclude=(b,))
-        self._halt.wait((f.pick % 40) / 1000)
+        # B's claim should reach the database after A's fence check (one round trip, 2 x delay)
+        # and before A's write commits (three more): thaw B about 2.5 x delay after A's send.
+        self._halt.wait(2.5 * delay if slowed else (f.pick % 40) / 1000)
         thawed_b = self._thaw(b, fb)
         self._halt.wait(4 * delay if slowed else 0.0)
         self.services.set_db_delay(0.0)

@@ -79,7 +79,7 @@ __all__ = ["MODES", "WORKLOADS", "main", "uptime"]
 MODES = ("fenced", "unfenced-read", "nofence")
 WORKLOADS = ("counter",)
 RMW_VIAS = ("batch", "batch", "patch", "put")
-MARK_VIAS = ("post", "batch", "put", "delete", "delete")
+MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 _DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
 
 
@@ -214,15 +214,17 @@ class Worker:
 
     def _rmw(self, op: str, lease: Lease) -> None:
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
+        _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
         try:
             value = self._read(lease, session)
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "read", exc, lease.fence)
             return
-        self.log("read", op=op, fence=lease.fence, value=value, fenced=self.a.mode == "fenced")
+        via = self.rng.choice(RMW_VIAS) if self.a.mode == "fenced" else "batch"
+        self.log("read", op=op, fence=lease.fence, value=value, fenced=self.a.mode == "fenced",
+                 via=via)
         _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
         wrote = value + 1
-        via = self.rng.choice(RMW_VIAS) if self.a.mode == "fenced" else "batch"
         self.log("write", op=op, fence=lease.fence, read=value, wrote=wrote, via=via)
         try:
             self._write(op, lease, session, value, wrote, via)
@@ -236,8 +238,6 @@ class Worker:
     def _blind(self, op: str, lease: Lease) -> None:
         """A write with no claim and no read before it: POST/PUT/batch a mark, or DELETE the
         last mark this worker saw committed (a POST when there is none)."""
-        self.log("blind", op=op, fence=lease.fence)  # the moment the nemesis may freeze us
-        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
         via = self.rng.choice(MARK_VIAS)
         mark = op
         if via == "delete":
@@ -245,6 +245,8 @@ class Worker:
                 via = "post"
             else:
                 mark = self._last_mark
+        self.log("blind", op=op, fence=lease.fence, via=via)  # the nemesis may freeze us here
+        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
         row = {"id": op, "worker": self.a.worker, "fence": lease.fence}
         self.log("write", op=op, fence=lease.fence, via=via, mark=mark)
         try:
@@ -348,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
     p.add_argument("--seed", default="0")
     p.add_argument("--workload", choices=WORKLOADS, default="counter")
-    p.add_argument("--blind", type=float, default=0.3,
+    p.add_argument("--blind", type=float, default=0.35,
                    help="share of operations that write a mark with no claim (fenced mode)")
     p.add_argument("--peek", type=float, default=0.05,
                    help="share of iterations that are a plain read without lock or token")

@@ -155,6 +155,8 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
                 "--seed", str(seed), "--results-dir", str(results)]
         if faults:
             argv += ["--faults", faults]
+        if keep:
+            argv.append("--keep")
         env = {**os.environ, "PYTHONPATH": str(root)}
         proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
                               timeout=seconds + 300)
