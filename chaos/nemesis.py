@@ -71,7 +71,7 @@ FAULT_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_rea
                "skew_wall", "skew_all")
 PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read")
 """The faults that freeze a worker holding a lease (their records feed the revived-write count)."""
-_WEIGHTS = {"pause": 4, "pause_grant": 2, "pause_write": 2, "handoff": 3, "kill_after_read": 2,
+_WEIGHTS = {"pause": 3, "pause_grant": 3, "pause_write": 2, "handoff": 4, "kill_after_read": 3,
             "stop_proxy": 1, "db_delay": 1, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1,
             "kill_etcd": 1, "skew_wall": 1, "skew_all": 1}
 _WALL_OFFSETS = (-3600, -600, -30, 30, 600, 3600)
@@ -395,7 +395,7 @@ class Nemesis(threading.Thread):
             return
         a = self._pick(found, f)
         fa = self._freeze(a)
-        self._halt.wait(self.ttl + 0.05)
+        # the first reader after A's lease ran out: B holds the fence right above A's
         reader = self._fresh("read", 0.05, 2 * self.ttl + 2.0, exclude=(a,))
         b = reader[0] if reader else None
         if b is not None:

@@ -24,7 +24,10 @@ The table (issue 20's audit, plus ``single_write_unchecked``):
 ===========================  ==================================================================
 
 The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store: mutant runs
-use lockd on SQLite and a PostgreSQL protected database.
+use lockd on SQLite and a PostgreSQL protected database. Each run injects every fault kind,
+except the two check-then-act mutants, whose runs inject only the faults that hold such a
+window open while a stale write arrives (``_WINDOW_FAULTS``: handoff, proxy SIGSTOP, database
+latency, pauses), so that 40 s reliably see several handoffs.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class Mutant:
     caught_by: str
     """How the suite catches it (the README's table)."""
     edits: tuple[Edit, ...]
+    faults: str | None = None
+    """Fault kinds of its chaos run (None: every kind that applies)."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -91,6 +96,9 @@ _OWN_TX = ("            async with self._connection() as fconn:\n"
            "                cur = await fconn.execute(self.sql.d.fence_upsert,\n"
            "                                          {\"lock\": fence.lock, \"fence\": fence.fence})\n"
            "                (highest,) = await cur.fetchone()  # type: ignore[misc]\n")
+
+_WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
+"""The faults that hold a check-then-act window open while a stale write arrives."""
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
@@ -120,10 +128,11 @@ MUTANTS: tuple[Mutant, ...] = (
                  "            highest = max(found[0] if found else 0, fence.fence)\n"),)),
     Mutant("check_then_act", "the fence committed in its own transaction, then the write",
            "stale_commit by the database's commit order (handoff + db_delay, stop_proxy)",
-           (Edit(_PG, _BATCH_UPSERT, _OWN_TX),)),
+           (Edit(_PG, _BATCH_UPSERT, _OWN_TX),), _WINDOW_FAULTS),
     Mutant("check_then_act_stall", "the same, with a 300 ms stall between check and write",
            "stale_commit by the database's commit order, interleaving, lost_update",
-           (Edit(_PG, _BATCH_UPSERT, _OWN_TX + "            await asyncio.sleep(0.3)\n"),)),
+           (Edit(_PG, _BATCH_UPSERT, _OWN_TX + "            await asyncio.sleep(0.3)\n"),),
+           _WINDOW_FAULTS),
     Mutant("lockd_early_expiry", "lockd treats a lease with < 800 ms left as expired",
            "lease_overlap (renewals logged with their send time)",
            (Edit(_LOCKD, "    if row is not None and row[1] is not None and row[4] > now:\n",
@@ -153,6 +162,7 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
         results = base / "results"
         argv = [sys.executable, "-m", "chaos", "--store", store, "--seconds", str(seconds),
                 "--seed", str(seed), "--results-dir", str(results)]
+        faults = faults or mutant.faults
         if faults:
             argv += ["--faults", faults]
         if keep:
