@@ -24,10 +24,11 @@ The table (issue 20's audit, plus ``single_write_unchecked``):
 ===========================  ==================================================================
 
 The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store: mutant runs
-use lockd on SQLite and a PostgreSQL protected database. Each run injects every fault kind,
-except the two check-then-act mutants, whose runs inject only the faults that hold such a
-window open while a stale write arrives (``_WINDOW_FAULTS``: handoff, proxy SIGSTOP, database
-latency, pauses), so that 40 s reliably see several handoffs.
+use lockd on SQLite and a PostgreSQL protected database. The runs of lockd's mutants inject
+every fault kind; those of the proxy's inject the faults that make frozen holders send stale
+writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
+latency), and the two check-then-act mutants only those that hold such a window open while a
+stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
 """
 
 from __future__ import annotations
@@ -99,22 +100,24 @@ _OWN_TX = ("            async with self._connection() as fconn:\n"
 
 _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 """The faults that hold a check-then-act window open while a stale write arrives."""
+_STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
+"""Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
            "stale_commit, fence_decrease (a thawed holder's write lands after a newer claim)",
            (Edit(_FENCING, _CHECK, "    if highest not in (fence.fence, fence.fence + 1):\n"),
-            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {")))),
+            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _STALE_FAULTS),
     Mutant("upsert_never_raises", "the fence upsert never raises the highest",
            "stale_commit, fence_decrease, interleaving",
            (Edit(_SQL, "highest = {greatest}(f.highest, excluded.highest) RETURNING highest",
                  "highest = f.highest RETURNING highest"),
             Edit(_FENCING, _CHECK, "    if highest > fence.fence:\n"),
-            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= {")))),
+            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= {"))), _STALE_FAULTS),
     Mutant("batch_unchecked", "no fence check for batch writes",
            "stale_commit, fence_decrease, interleaving",
            (Edit(_PG, "            try:\n                check(fence, highest)\n            except ProxyError",
-                 "            try:\n                pass\n            except ProxyError"),)),
+                 "            try:\n                pass\n            except ProxyError"),), _STALE_FAULTS),
     Mutant("lockd_same_fence", "lockd keeps the same fence on a re-grant after expiry",
            "fence_reused, lease_overlap",
            (Edit(_LOCKD, "    fence = (row[0] if row is not None else 0) + 1\n",
@@ -125,7 +128,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_PG, _BATCH_UPSERT,
                  "            cur = await conn.execute(self.sql.d.fence_select, {\"lock\": fence.lock})\n"
                  "            found = await cur.fetchone()\n"
-                 "            highest = max(found[0] if found else 0, fence.fence)\n"),)),
+                 "            highest = max(found[0] if found else 0, fence.fence)\n"),), _STALE_FAULTS),
     Mutant("check_then_act", "the fence committed in its own transaction, then the write",
            "stale_commit by the database's commit order (handoff + db_delay, stop_proxy)",
            (Edit(_PG, _BATCH_UPSERT, _OWN_TX),), _WINDOW_FAULTS),
@@ -139,7 +142,8 @@ MUTANTS: tuple[Mutant, ...] = (
                  "    if row is not None and row[1] is not None and row[4] > now + 800:\n"),)),
     Mutant("single_write_unchecked", "single-row writes skip the fence comparison",
            "stale_commit, fence_decrease (PATCH/PUT/POST/DELETE run in chaos)",
-           (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),)),
+           (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),), _STALE_FAULTS),
+
 )
 
 
