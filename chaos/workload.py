@@ -80,6 +80,8 @@ MODES = ("fenced", "unfenced-read", "nofence")
 WORKLOADS = ("counter",)
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
+BLIND_PHASE_S = 4.0
+"""Length of the blind phases (s), one in every three (``Worker._op_counter``)."""
 _DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
 
 
@@ -206,9 +208,14 @@ class Worker:
             self.log("rejected", op=op, phase=phase, fence=fence, **_error_fields(exc))
 
     def _op_counter(self, op: str, lease: Lease) -> None:
-        """The ``counter`` workload: a read-modify-write of the counter, or a blind mark write."""
-        if self.a.mode == "fenced" and self.rng.random() < self.a.blind:
-            self._blind(op, lease)
+        """The ``counter`` workload: a read-modify-write of the counter, or a blind mark write.
+        Every ``BLIND_PHASE_S`` x 3 seconds of real time, all workers spend ``BLIND_PHASE_S`` in a
+        blind phase (85 % blind batches): a frozen holder's successor then often writes a blind
+        batch, the one write that alone must raise the highest past the frozen fence."""
+        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
+        share = 0.85 if blind_phase else self.a.blind
+        if self.a.mode == "fenced" and self.rng.random() < share:
+            self._blind(op, lease, ("batch",) if blind_phase else MARK_VIAS)
         else:
             self._rmw(op, lease)
 
@@ -235,10 +242,10 @@ class Worker:
             self._last_mark = op
         self.log("ack", op=op, fence=lease.fence, read=value, wrote=wrote)
 
-    def _blind(self, op: str, lease: Lease) -> None:
+    def _blind(self, op: str, lease: Lease, vias: tuple[str, ...] = MARK_VIAS) -> None:
         """A write with no claim and no read before it: POST/PUT/batch a mark, or DELETE the
         last mark this worker saw committed (a POST when there is none)."""
-        via = self.rng.choice(MARK_VIAS)
+        via = self.rng.choice(vias)
         mark = op
         if via == "delete":
             if self._last_mark is None:

@@ -27,8 +27,9 @@ The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store:
 use lockd on SQLite and a PostgreSQL protected database. The runs of lockd's mutants inject
 every fault kind; those of the proxy's inject the faults that make frozen holders send stale
 writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
-latency), and the two check-then-act mutants only those that hold such a window open while a
-stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
+latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``), and the two
+check-then-act mutants the faults that hold such a window open while a stale write arrives
+(``_WINDOW_FAULTS``), so that 40 s see each of them several times.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Edit", "Mutant", "MUTANTS", "MutantNoLongerApplies", "copy_tree", "run_mutant"]
+__all__ = ["Edit", "Mutant", "MUTANTS", "REPO_ROOT", "MutantNoLongerApplies", "copy_tree", "run_mutant"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "__pycache__", "*.egg-info",
@@ -102,6 +103,8 @@ _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 """The faults that hold a check-then-act window open while a stale write arrives."""
 _STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
 """Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
+_GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
+"""Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
@@ -128,7 +131,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_PG, _BATCH_UPSERT,
                  "            cur = await conn.execute(self.sql.d.fence_select, {\"lock\": fence.lock})\n"
                  "            found = await cur.fetchone()\n"
-                 "            highest = max(found[0] if found else 0, fence.fence)\n"),), _STALE_FAULTS),
+                 "            highest = max(found[0] if found else 0, fence.fence)\n"),), _GRANT_FAULTS),
     Mutant("check_then_act", "the fence committed in its own transaction, then the write",
            "stale_commit by the database's commit order (handoff + db_delay, stop_proxy)",
            (Edit(_PG, _BATCH_UPSERT, _OWN_TX),), _WINDOW_FAULTS),

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.mutants import MUTANTS, MutantNoLongerApplies, copy_tree, run_mutant
+from chaos.mutants import MUTANTS, REPO_ROOT, MutantNoLongerApplies, copy_tree, run_mutant
 
 
 def test_every_mutant_still_applies_to_the_product_code(tmp_path):
     for mutant in MUTANTS:
         root = copy_tree(tmp_path / mutant.name)
         mutant.apply_to(root)  # raises MutantNoLongerApplies naming the mutant if code drifted
-        changed = {e.path for e in mutant.edits}
-        for path in changed:
-            assert (root / path).read_text() != (copy_tree.__globals__["REPO_ROOT"] / path
-                                                 ).read_text(), mutant.name
+        for path in {e.path for e in mutant.edits}:
+            assert (root / path).read_text() != (REPO_ROOT / path).read_text(), mutant.name
 
 
 def test_a_mutant_whose_snippet_is_gone_fails_loudly(tmp_path):
