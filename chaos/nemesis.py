@@ -43,10 +43,10 @@ Fault kinds (``FAULT_KINDS``):
 ==============  ==================================================================================
 
 The schedule (``make_schedule``) is a pure function of the seed: a first round with every
-applicable kind once, in shuffled order (so a 30 s run sees each kind), then weighted draws
-(the freezes and the handoff most often: they are the faults that test the fence). Faults run one at a time in the
-nemesis thread; a skew's restore runs in a helper thread after its hold time. A fault that finds no target is
-recorded as skipped, not counted.
+applicable kind once, in shuffled order (so a 45 s run sees each kind), then weighted draws
+(the freezes and the handoff most often: they are the faults that test the fence). Faults run
+one at a time in the nemesis thread; a skew's restore runs in a helper thread after its hold
+time. A fault that finds no target is recorded as skipped, not counted.
 """
 
 from __future__ import annotations
