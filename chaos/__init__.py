@@ -2,14 +2,18 @@
 
 A run (``python -m chaos``, ``make chaos``) starts lockd on one store (SQLite, PostgreSQL or a
 3-member etcd cluster), the fencing proxy in front of a protected database (a throwaway
-PostgreSQL cluster by default), and N worker processes that loop: acquire lock L, read a counter
-through the proxy with the lease's token (a fenced read), think, then write counter + 1 and a
-history row in one batch. A nemesis injects faults from a seeded schedule; at the end a checker
-compares the final database with the workers' own logs and reports every violation.
+PostgreSQL cluster by default, reached through a latency relay), and N worker processes that
+loop under lock L: read-modify-write a counter through the proxy (claim + fenced read, think,
+write counter + 1 by batch, PATCH or PUT), or write a mark blind (no claim). The database logs
+every committed write itself, in commit order. A nemesis injects faults from a seeded schedule;
+at the end a checker compares the database's log with the workers' own logs and reports every
+violation, and the run counts the writes frozen holders sent once thawed.
 
 Modules: ``workload`` (the worker process), ``nemesis`` (the fault schedule and its injector),
-``services`` (lockd, proxy, databases as real processes), ``db`` (the protected tables),
-``checker`` (the history checker), ``runner`` (one run, its report), ``__main__`` (the CLI).
+``services`` (lockd, proxy, databases as real processes), ``relay`` (the TCP relay with injected
+latency), ``db`` (the protected tables and their triggers), ``checker`` (the history checker),
+``runner`` (one run, its report), ``__main__`` (the CLI), ``mutants`` (plant a bug in a copy of
+the tree and check that a chaos run catches it: ``make mutants``).
 
 Two control modes must make the checker fail, proof that it can: ``nofence`` (the lock alone,
 reads and writes straight to the database) and ``unfenced-read`` (fenced writes, reads without

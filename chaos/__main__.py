@@ -4,6 +4,7 @@
 
     python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
                     [--mode fenced|unfenced-read|nofence] [--workers 4] [--resource postgres|sqlite]
+                    [--workload counter] [--faults pause,handoff,...]
                     [--results-dir chaos/results] [--keep]
 
 Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and
@@ -24,7 +25,7 @@ from typing import Any
 
 from chaos.runner import REPO_ROOT, RunConfig, format_summary, run
 from chaos.services import RESOURCES, STORES
-from chaos.workload import MODES
+from chaos.workload import MODES, WORKLOADS
 
 __all__ = ["main"]
 
@@ -38,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
                    if os.environ.get("CHAOS_SEED") else None)
     p.add_argument("--mode", choices=MODES, default="fenced")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--faults", default="",
+                   help="comma-separated fault kinds to inject (default: every kind that applies)")
+    p.add_argument("--workload", choices=WORKLOADS, default="counter",
+                   help="what the workers do (default counter)")
     p.add_argument("--resource", choices=RESOURCES, default="postgres",
                    help="the protected database behind the proxy (default postgres)")
     p.add_argument("--results-dir", type=Path, default=REPO_ROOT / "chaos" / "results")
@@ -60,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
                                workers=args.workers, resource=args.resource,
+                               workload=args.workload,
+                               kinds=tuple(args.faults.split(",")) if args.faults else None,
                                results_dir=args.results_dir, keep=args.keep))
         print(format_summary(report), flush=True)
         if report["workdir"]:

@@ -2,9 +2,11 @@
 
 Inputs:
 
-- ``history``: the protected ``history`` table in id order. Each committed increment inserted one
-  row ``(op, worker, fence, read_value, wrote_value)`` in the same transaction as its counter
-  write, so the table is the truth of *what committed*.
+- ``history``: the protected ``history`` table, written by the database's own triggers in the
+  transaction of each write (``chaos.db``), so it is the truth of *what committed*: ``counter``
+  rows (one per committed increment: op, fence, value read, value written), ``mark_ins`` /
+  ``mark_del`` rows (blind writes), and ``fence`` rows (each change of the proxy's fence table:
+  the highest fence honoured). ``seq`` is the commit order the database stamped at COMMIT.
 - ``counter``: the final counter value (it started at ``initial``).
 - ``events``: every worker's JSON lines (``workload`` writes them): ``attempt``, ``acquired``
   (fence), ``read``, ``write`` (sent), then one outcome: ``ack``, ``stale`` (a 409 with
@@ -12,13 +14,10 @@ Inputs:
   committed), ``rejected`` (any other definite refusal). A worker killed mid-operation leaves
   no outcome: if its ``write`` was logged, the outcome is unknown.
 
-Why history id order is commit order (for one lock, which is all the workload uses): the proxy's
-fence upsert (PostgreSQL) takes the lock's fence row lock *before* the history insert draws its
-id from the sequence, and holds it until COMMIT. Two writers of the lock are therefore serialized:
-the second cannot draw an id before the first committed or rolled back, so among committed rows
-a larger id committed later (rolled-back ids only leave gaps). SQLite allows one writer at a time
-(``BEGIN IMMEDIATE``) and AUTOINCREMENT ids only grow, so the same holds. The ``nofence`` control
-writes ``UPDATE counter`` first, whose row lock plays the same role.
+Commit order is ``seq``, not the id: on PostgreSQL a deferred constraint trigger draws it at
+COMMIT, so it does not rely on the proxy's fence row lock (the very thing under test: a proxy
+that checks the fence in one transaction and writes in another draws ids in the wrong order).
+On SQLite, one writer at a time, the id is the commit order.
 
 Violations (``Violation.kind``):
 
@@ -36,7 +35,22 @@ Violations (``Violation.kind``):
 ``fence_reused``       two operations were granted the same fence (invariant 1)
 ``fence_order``        an operation that started asking after another's grant had
                        completed got a lower fence (invariant 1, in real time)
+``stale_commit``       a committed write whose fence is below one the proxy had already
+                       honoured before the write was sent (a claim + fenced read, or an
+                       acknowledged write, answered before the ``write`` event), or below a
+                       highest the database had committed before the write committed (``fence``
+                       rows, in ``seq`` order). Blames the stale writer.
+``lease_overlap``      a grant to another holder while the previous lease was provably live
+                       (see ``_check_leases``)
 =====================  ===============================================================
+
+Lease exclusivity, judged only on times that cannot raise a false alarm when a process is
+starved of CPU: a lease A is provably live from its grant until ``max(attempt, renewal sends) +
+ttl`` (lockd handled each request after it was sent, and set the expiry ``ttl`` after that),
+cut at A's release send. A later fence B (granted after A) was granted at the latest when B
+logged ``acquired``. B's grant inside A's live window, by more than ``LEASE_SLACK_S``, is a
+violation. Starvation only delays the *logging* of ``acquired`` (B looks later: no alarm) and
+the actual *sending* of renewals and releases (A really lived longer: no alarm).
 
 What a 409 can be checked against: ``highest`` is not always a *committed* fence, since a claim
 (fenced read) raises it without writing, so "highest <= the max fence committed so far" does not
@@ -47,6 +61,7 @@ machine's real uptime (``/proc/uptime``, which libfaketime does not fake; 10 ms 
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -61,6 +76,8 @@ __all__ = [
     "CheckResult",
     "VIOLATION_KINDS",
     "UP_SLACK_S",
+    "LEASE_SLACK_S",
+    "revived_writes",
     "load_events",
     "collect_ops",
     "check",
@@ -78,7 +95,12 @@ VIOLATION_KINDS = (
     "bogus_stale",
     "fence_reused",
     "fence_order",
+    "stale_commit",
+    "lease_overlap",
 )
+
+LEASE_SLACK_S = 0.1
+"""Clock slack of the lease check (s): lockd's clock vs ``/proc/uptime``, and its 10 ms steps."""
 
 UP_SLACK_S = 0.02
 """Tolerance of the uptime comparison: two readings of ``/proc/uptime`` 10 ms apart may tie."""
@@ -96,6 +118,10 @@ class HistoryRow:
     fence: int
     read: int
     wrote: int
+    kind: str = "counter"
+    """``counter``, ``mark_ins``, ``mark_del`` (``op`` = the mark's id) or ``fence``."""
+    seq: int | None = None
+    """Commit order stamped by the database (None: use the id)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +142,16 @@ class OpRecord:
     granted_up: float | None = None
     attempt_up: float | None = None
     read: int | None = None
-    write: dict[str, int] | None = None
-    """``{fence, read, wrote}`` of the write, once it was sent."""
+    write: dict[str, Any] | None = None
+    """``{fence, read, wrote}`` of a counter write (``{fence, mark, via}`` of a blind mark
+    write), once it was sent; ``up`` when it was sent."""
+    read_up: float | None = None
+    """When the fenced read (after its claim) was answered: the fence was honoured by then."""
+    acked_up: float | None = None
+    renewals: list[float] = field(default_factory=list)
+    """Send times (uptime) of this lease's successful renewals."""
+    release_up: float | None = None
+    fenced_read: bool = True
     outcome: str = "none"
     """``ack``/``stale``/``unknown``/``rejected``/``not_acquired``, or ``none`` (interrupted)."""
     phase: str | None = None
@@ -189,9 +223,23 @@ def collect_ops(events: Iterable[Mapping[str, Any]]) -> dict[str, OpRecord]:
             rec.granted_up = e.get("up")
         elif kind == "read":
             rec.read = int(e["value"])
+            rec.read_up = e.get("up")
+            rec.fenced_read = bool(e.get("fenced", True))
         elif kind == "write":
-            rec.write = {"fence": int(e["fence"]), "read": int(e["read"]), "wrote": int(e["wrote"])}
+            if "mark" in e:
+                rec.write = {"fence": int(e["fence"]), "mark": str(e["mark"]),
+                             "via": e.get("via"), "up": e.get("up")}
+            else:
+                rec.write = {"fence": int(e["fence"]), "read": int(e["read"]),
+                             "wrote": int(e["wrote"]), "up": e.get("up")}
+        elif kind == "renewed":
+            if isinstance(e.get("sent"), int | float):
+                rec.renewals.append(float(e["sent"]))
+        elif kind == "release":
+            rec.release_up = e.get("up")
         elif kind in _OUTCOMES:
+            if kind == "ack":
+                rec.acked_up = e.get("up")
             rec.outcome = kind
             rec.phase = e.get("phase") or ("write" if kind == "ack" else None)
             rec.status = e.get("status")
@@ -242,20 +290,118 @@ def _check_grant_order(grants: list[OpRecord], add) -> None:
                                          f"{best[0]}", op_id))
 
 
+def _check_stale_commits(ordered: Sequence[HistoryRow],
+                         writes: Sequence[tuple[HistoryRow, OpRecord | None, int]],
+                         ops: Mapping[str, OpRecord], add) -> None:
+    """``stale_commit``, blaming the stale writer (once per write):
+
+    - by the logs: a fence ``h`` was honoured (a claim + fenced read, or an acknowledged write,
+      answered) before the write was sent (its ``write`` event, ``UP_SLACK_S`` earlier), yet the
+      write committed with a fence below ``h``;
+    - by the database: the proxy's fence table had committed a highest above the write's fence
+      before the write committed (``fence`` rows earlier in ``seq`` order)."""
+    honoured = sorted(
+        [(r.read_up, r.fence, r.op) for r in ops.values()
+         if r.fenced_read and isinstance(r.read_up, int | float) and r.fence is not None]
+        + [(r.acked_up, int(r.write["fence"]), r.op) for r in ops.values()
+           if r.write is not None and isinstance(r.acked_up, int | float)])
+    ups = [h[0] for h in honoured]
+    prefix: list[tuple[float, int, str]] = []
+    for h in honoured:
+        prefix.append(h if not prefix or h[1] > prefix[-1][1] else prefix[-1])
+    blamed: set[str] = set()
+    for row, rec, fence in writes:
+        if rec is None or rec.write is None or not isinstance(rec.write.get("up"), int | float):
+            continue
+        sent = rec.write["up"]
+        i = bisect.bisect_left(ups, sent - UP_SLACK_S)
+        best = prefix[i - 1] if i else None
+        if best is not None and best[1] > fence and rec.op not in blamed:
+            blamed.add(rec.op)
+            add(Violation("stale_commit", f"{row.kind} write with fence {fence} sent at uptime "
+                                          f"{sent:.2f} committed, though {best[2]} had fence "
+                                          f"{best[1]} honoured at {best[0]:.2f}", rec.op))
+    high = 0
+    by_row = {id(row): (rec, fence) for row, rec, fence in writes}
+    for row in ordered:
+        if row.kind == "fence":
+            high = max(high, row.fence)
+            continue
+        found = by_row.get(id(row))
+        if found is None:
+            continue
+        rec, fence = found
+        op_id = rec.op if rec is not None else row.op
+        if fence < high and op_id not in blamed:
+            blamed.add(op_id)
+            add(Violation("stale_commit", f"{row.kind} write with fence {fence} committed (seq "
+                                          f"{row.seq}) after the database had recorded highest "
+                                          f"{high}", op_id))
+
+
+def _check_leases(grants: list[OpRecord], ttl: float, add) -> None:
+    """``lease_overlap``: a grant inside a lower fence's provably live window (module docstring)."""
+    by_fence = sorted((r for r in grants if isinstance(r.granted_up, int | float)),
+                      key=lambda r: r.fence or 0)
+    live: tuple[float, OpRecord] | None = None  # the latest provable end among lower fences
+    for rec in by_fence:
+        if live is not None and rec.granted_up + LEASE_SLACK_S < live[0]:
+            add(Violation("lease_overlap", f"fence {rec.fence} granted by uptime "
+                                           f"{rec.granted_up:.2f}, while {live[1].op} (fence "
+                                           f"{live[1].fence}) was live until at least "
+                                           f"{live[0]:.2f}", rec.op))
+        starts = [rec.attempt_up] if isinstance(rec.attempt_up, int | float) else []
+        end = max(starts + rec.renewals, default=None)
+        if end is None:
+            continue
+        end += ttl
+        if isinstance(rec.release_up, int | float):
+            end = min(end, rec.release_up)
+        if live is None or end > live[0]:
+            live = (end, rec)
+
+
+def _writes(ordered: Sequence[HistoryRow], ops: Mapping[str, OpRecord],
+            deleters: Mapping[str, OpRecord], add) -> list[tuple[HistoryRow, OpRecord | None, int]]:
+    """Every committed data write in commit order: (row, the op that sent it, its fence)."""
+    out = []
+    for row in ordered:
+        if row.kind == "mark_del":
+            rec = deleters.get(row.op)
+            if rec is None:
+                add(Violation("phantom", f"history row {row.id}: mark {row.op} was deleted by "
+                                         "no DELETE a worker sent", row.op))
+                continue
+            assert rec.write is not None
+            out.append((row, rec, int(rec.write["fence"])))
+        elif row.kind in ("counter", "mark_ins"):
+            out.append((row, ops.get(row.op), row.fence))
+    return out
+
+
 def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[str, Any]], *,
-          initial: int = 0) -> CheckResult:
-    """Check the run; see the module docstring for what each violation means."""
-    rows = sorted(history, key=lambda r: r.id)
+          initial: int = 0, ttl: float | None = None) -> CheckResult:
+    """Check the run; see the module docstring for what each violation means. ``ttl``: the
+    lease TTL in seconds (None: no lease-exclusivity check)."""
+    ordered = sorted(history, key=lambda r: (r.seq if r.seq is not None else r.id, r.id))
+    rows = [r for r in ordered if r.kind == "counter"]
     ops = collect_ops(events)
     out = CheckResult()
     add = out.violations.append
+    deleters = {rec.write["mark"]: rec for rec in ops.values()
+                if rec.write is not None and rec.write.get("via") == "delete"}
+    writes = _writes(ordered, ops, deleters, add)
 
     # 1. Commit order: fences never decrease; each write read its predecessor's value.
+    prev_w: tuple[HistoryRow, int] | None = None
+    for row, _rec, fence in writes:
+        if prev_w is not None and fence < prev_w[1]:
+            add(Violation("fence_decrease", f"{row.kind} row {row.id} committed fence {fence} "
+                                            f"after {prev_w[0].kind} row {prev_w[0].id} with "
+                                            f"fence {prev_w[1]}", row.op))
+        prev_w = (row, fence)
     prev: HistoryRow | None = None
     for row in rows:
-        if prev is not None and row.fence < prev.fence:
-            add(Violation("fence_decrease", f"row {row.id} committed fence {row.fence} after "
-                                            f"row {prev.id} with fence {prev.fence}", row.op))
         expected = initial if prev is None else prev.wrote
         if row.read != expected:
             add(Violation("interleaving", f"row {row.id} (fence {row.fence}) read {row.read} but "
@@ -272,13 +418,19 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
 
     # 3. Acknowledged writes are there, rejected ones are not, and nothing else is.
     by_op = {row.op: row for row in rows}
+    inserted = {row.op: row for row in ordered if row.kind == "mark_ins"}
+    deleted = {row.op: row for row in ordered if row.kind == "mark_del"}
     for rec in ops.values():
-        row = by_op.get(rec.op)
+        if rec.write is not None and "mark" in rec.write:  # a blind mark write
+            table = deleted if rec.write.get("via") == "delete" else inserted
+            row = table.get(rec.write["mark"])
+        else:
+            row = by_op.get(rec.op)
         if rec.outcome == "ack":
             if row is None:
                 add(Violation("acked_missing", f"acknowledged write (fence {rec.fence}) is not "
                                                "in the history", rec.op))
-            elif rec.write and (row.fence, row.read, row.wrote) != (
+            elif rec.write and "read" in rec.write and (row.fence, row.read, row.wrote) != (
                     rec.write["fence"], rec.write["read"], rec.write["wrote"]):
                 add(Violation("ack_mismatch", f"acknowledged {rec.write}, history has fence "
                                               f"{row.fence} read {row.read} wrote {row.wrote}",
@@ -287,7 +439,7 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
             add(Violation("rejected_committed", f"write answered {rec.outcome} "
                                                 f"(status {rec.status}) is in the history as row "
                                                 f"{row.id}", rec.op))
-    for row in rows:
+    for row in rows + list(inserted.values()):
         rec = ops.get(row.op)
         if rec is None or rec.write is None:
             add(Violation("phantom", f"history row {row.id} (fence {row.fence}) matches no write "
@@ -295,6 +447,9 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
         elif rec.fence is not None and rec.fence != row.fence:
             add(Violation("ack_mismatch", f"row {row.id} has fence {row.fence}, the operation "
                                           f"was granted {rec.fence}", row.op))
+
+    # 3b. No stale commit: by the workers' clocks and by the database's own commit order.
+    _check_stale_commits(ordered, writes, ops, add)
 
     # 4. Fences are granted once; every 409 names a fence someone really holds.
     granted: dict[int, OpRecord] = {}
@@ -308,6 +463,8 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
         else:
             granted[rec.fence] = rec
     _check_grant_order(list(granted.values()), add)
+    if ttl is not None:
+        _check_leases(list(granted.values()), ttl, add)
     for rec in ops.values():
         if rec.outcome != "stale" or rec.stale is None:
             continue
@@ -330,7 +487,51 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
         if problem:
             add(Violation("bogus_stale", problem, rec.op))
 
-    out.stats = _stats(ops, set(by_op))
+    out.stats = _stats(ops, set(by_op) | {r.op for r in inserted.values()}
+                       | {rec.op for m, rec in deleters.items() if m in deleted})
     out.stats["history_rows"] = len(rows)
     out.stats["counter"] = counter
     return out
+
+
+def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[HistoryRow],
+                   pauses: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What the frozen holders did once thawed, linked to the pause that froze them.
+
+    ``pauses``: ``{worker, incarnation, frozen_up, resumed_up, ...}`` per pause (uptimes). A
+    *revived write* is a write of an operation granted before the freeze and sent after it (or
+    in flight across it: logged at most 50 ms before). Its outcome: ``refused`` (409 or another
+    definite refusal), ``committed`` (in the history), else ``unknown`` (no commit, no refusal).
+    Returns totals and, per pause, its revived writes."""
+    ops = collect_ops(events)
+    committed = {r.op for r in history if r.kind in ("counter", "mark_ins")}
+    deleted = {r.op for r in history if r.kind == "mark_del"}
+    totals = {"pauses": len(pauses), "attempted": 0, "refused": 0, "committed": 0, "unknown": 0}
+    per_pause = []
+    for n, pause in enumerate(pauses):
+        prefix = f"{pause['worker']}.{pause['incarnation']}."
+        found = []
+        for rec in ops.values():
+            if not rec.op.startswith(prefix) or rec.write is None \
+                    or not isinstance(rec.granted_up, int | float) \
+                    or rec.granted_up > pause["frozen_up"] \
+                    or not isinstance(rec.write.get("up"), int | float) \
+                    or rec.write["up"] < pause["frozen_up"] - 0.05:
+                continue
+            if rec.write.get("via") == "delete":
+                done = rec.write["mark"] in deleted
+            else:
+                done = rec.op in committed
+            if done:
+                outcome = "committed"
+            elif rec.phase == "write" and rec.outcome in ("stale", "rejected"):
+                outcome = "refused"
+            else:
+                outcome = "unknown"
+            totals["attempted"] += 1
+            totals[outcome] += 1
+            found.append({"op": rec.op, "fence": rec.fence, "outcome": outcome,
+                          "answer": rec.outcome})
+        per_pause.append({"pause": n, "worker": pause["worker"],
+                          "variant": pause.get("variant"), "writes": found})
+    return {**totals, "per_pause": per_pause}

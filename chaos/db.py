@@ -2,14 +2,27 @@
 
 ::
 
-    counter (id integer PRIMARY KEY, value bigint NOT NULL)     -- one row, id 1, starts at 0
-    history (id bigserial PRIMARY KEY, op text UNIQUE, worker text,
-             fence bigint, read_value bigint, wrote_value bigint)
+    counter (id integer PRIMARY KEY, value bigint NOT NULL,          -- one row, id 1, starts at 0
+             op text, worker text, fence bigint, read_value bigint)  -- who wrote it last
+    marks   (id text PRIMARY KEY, worker text, fence bigint)         -- blind writes (no claim)
+    history (id, kind, op, worker, fence, read_value, wrote_value, commit_seq)   -- not served
 
-The proxy serves both tables (it reflects them at start, so ``create_schema`` runs first). The
-``nofence`` control mode bypasses the proxy with ``Direct``: it reads and writes these tables
-itself, in one transaction per increment, ``UPDATE counter`` first (its row lock, or SQLite's
-single writer, keeps history id order equal to commit order; see ``checker``).
+The proxy serves ``counter`` and ``marks`` (it reflects them at start, so ``create_schema`` runs
+first); ``history`` is written by the database itself, by triggers, never through the proxy:
+
+- ``kind = 'counter'``: every update of the counter row that names a new ``op`` (a batch, a
+  PATCH or a PUT) logs the op, its fence, the value it read and the value it wrote.
+- ``kind = 'mark_ins'`` / ``'mark_del'``: every insert / delete of a mark (``op`` = the mark's id).
+- ``kind = 'fence'``: every change of the proxy's own fence table (``watch_fences``, installed
+  once the proxy created it): the highest fence the proxy honoured, as the database committed it.
+
+Commit order without trusting the locks under test: on PostgreSQL a deferred constraint trigger
+stamps each history row with ``nextval('chaos_commit_seq')`` at COMMIT (after every statement
+of the transaction, with its row locks still held, so two transactions that touch a common row
+are stamped in the order they commit; a transaction that rolls back stamps nothing). SQLite has
+one writer at a time, so its AUTOINCREMENT id is the commit order (``commit_seq = id``).
+
+The ``nofence`` control mode bypasses the proxy with ``Direct``: one transaction per increment.
 """
 
 from __future__ import annotations
@@ -22,26 +35,92 @@ import psycopg
 
 from chaos.checker import HistoryRow
 
-__all__ = ["COUNTER_TABLE", "HISTORY_TABLE", "ResourceDB", "Direct"]
+__all__ = ["COUNTER_TABLE", "MARKS_TABLE", "HISTORY_TABLE", "ResourceDB", "Direct"]
 
 COUNTER_TABLE = "counter"
+MARKS_TABLE = "marks"
 HISTORY_TABLE = "history"
 
 _PG_SCHEMA = """
-CREATE TABLE IF NOT EXISTS counter (id integer PRIMARY KEY, value bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS counter (id integer PRIMARY KEY, value bigint NOT NULL, op text,
+    worker text, fence bigint, read_value bigint);
+CREATE TABLE IF NOT EXISTS marks (id text PRIMARY KEY, worker text NOT NULL, fence bigint NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS chaos_commit_seq;
 CREATE TABLE IF NOT EXISTS history (
-    id bigserial PRIMARY KEY, op text NOT NULL UNIQUE, worker text NOT NULL,
-    fence bigint NOT NULL, read_value bigint NOT NULL, wrote_value bigint NOT NULL);
+    id bigserial PRIMARY KEY, kind text NOT NULL, op text, worker text, fence bigint,
+    read_value bigint, wrote_value bigint, commit_seq bigint);
+CREATE UNIQUE INDEX IF NOT EXISTS history_counter_op ON history (op) WHERE kind = 'counter';
 INSERT INTO counter (id, value) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION chaos_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE history SET commit_seq = nextval('chaos_commit_seq') WHERE id = NEW.id;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_stamp ON history;
+CREATE CONSTRAINT TRIGGER chaos_stamp AFTER INSERT ON history
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION chaos_stamp();
+
+CREATE OR REPLACE FUNCTION chaos_log_counter() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
+    VALUES ('counter', NEW.op, NEW.worker, NEW.fence, NEW.read_value, NEW.value);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_counter ON counter;
+CREATE TRIGGER chaos_log_counter AFTER UPDATE ON counter FOR EACH ROW
+    WHEN (NEW.op IS DISTINCT FROM OLD.op) EXECUTE FUNCTION chaos_log_counter();
+
+CREATE OR REPLACE FUNCTION chaos_log_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO history (kind, op, worker, fence) VALUES ('mark_ins', NEW.id, NEW.worker, NEW.fence);
+    ELSE
+        INSERT INTO history (kind, op, worker, fence) VALUES ('mark_del', OLD.id, OLD.worker, OLD.fence);
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_mark ON marks;
+CREATE TRIGGER chaos_log_mark AFTER INSERT OR DELETE ON marks FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_mark();
 """
+_PG_FENCES = """
+CREATE OR REPLACE FUNCTION chaos_log_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO history (kind, op, fence) VALUES ('fence', NEW.lock, NEW.highest);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_fence ON resource_proxy.fences;
+CREATE TRIGGER chaos_log_fence AFTER INSERT OR UPDATE ON resource_proxy.fences FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_fence();
+"""
+
 _SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS counter (id INTEGER PRIMARY KEY, value INTEGER NOT NULL, op TEXT,
+    worker TEXT, fence INTEGER, read_value INTEGER);
+CREATE TABLE IF NOT EXISTS marks (id TEXT PRIMARY KEY, worker TEXT NOT NULL, fence INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS history (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, op TEXT NOT NULL UNIQUE, worker TEXT NOT NULL,
-    fence INTEGER NOT NULL, read_value INTEGER NOT NULL, wrote_value INTEGER NOT NULL);
+    id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, op TEXT, worker TEXT,
+    fence INTEGER, read_value INTEGER, wrote_value INTEGER, commit_seq INTEGER);
+CREATE UNIQUE INDEX IF NOT EXISTS history_counter_op ON history (op) WHERE kind = 'counter';
 INSERT OR IGNORE INTO counter (id, value) VALUES (1, 0);
+CREATE TRIGGER IF NOT EXISTS chaos_log_counter AFTER UPDATE ON counter FOR EACH ROW
+    WHEN NEW.op IS NOT OLD.op
+    BEGIN INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
+          VALUES ('counter', NEW.op, NEW.worker, NEW.fence, NEW.read_value, NEW.value); END;
+CREATE TRIGGER IF NOT EXISTS chaos_log_mark_ins AFTER INSERT ON marks FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence) VALUES ('mark_ins', NEW.id, NEW.worker, NEW.fence); END;
+CREATE TRIGGER IF NOT EXISTS chaos_log_mark_del AFTER DELETE ON marks FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence) VALUES ('mark_del', OLD.id, OLD.worker, OLD.fence); END;
 """
-_HISTORY = "SELECT id, op, worker, fence, read_value, wrote_value FROM history ORDER BY id"
+_SQLITE_FENCES = """
+CREATE TRIGGER IF NOT EXISTS chaos_log_fence_ins AFTER INSERT ON resource_proxy_fences FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, fence) VALUES ('fence', NEW.lock, NEW.highest); END;
+CREATE TRIGGER IF NOT EXISTS chaos_log_fence_upd AFTER UPDATE ON resource_proxy_fences FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, fence) VALUES ('fence', NEW.lock, NEW.highest); END;
+"""
+_HISTORY = ("SELECT id, kind, op, worker, fence, read_value, wrote_value, commit_seq FROM history"
+            " ORDER BY id")
 
 
 class ResourceDB:
@@ -59,23 +138,33 @@ class ResourceDB:
             return conn
         return psycopg.connect(self.url, autocommit=True, connect_timeout=5)
 
-    def create_schema(self) -> None:
+    def _script(self, pg: str, lite: str) -> None:
         conn = self._connect()
         try:
             if self.is_sqlite:
-                conn.executescript(_SQLITE_SCHEMA)
+                conn.executescript(lite)
             else:
-                conn.execute(_PG_SCHEMA)
+                conn.execute(pg)
         finally:
             conn.close()
 
+    def create_schema(self) -> None:
+        self._script(_PG_SCHEMA, _SQLITE_SCHEMA)
+
+    def watch_fences(self) -> None:
+        """Log every change of the proxy's fence table into ``history`` (``kind = 'fence'``).
+        Call once the proxy has created its table (after it started)."""
+        self._script(_PG_FENCES, _SQLITE_FENCES)
+
     def final_state(self) -> tuple[int, list[HistoryRow]]:
-        """The counter's value and the history in id order."""
+        """The counter's value and every history row (all kinds), in commit order."""
         conn = self._connect()
         try:
             (value,) = conn.execute("SELECT value FROM counter WHERE id = 1").fetchone()
-            rows = [HistoryRow(int(i), str(op), str(w), int(f), int(r), int(v))
-                    for i, op, w, f, r, v in conn.execute(_HISTORY).fetchall()]
+            rows = [HistoryRow(int(i), str(op or ""), str(w or ""), int(f or 0), int(r or 0),
+                               int(v or 0), kind=str(k),
+                               seq=int(s) if s is not None else (int(i) if self.is_sqlite else None))
+                    for i, k, op, w, f, r, v, s in conn.execute(_HISTORY).fetchall()]
         finally:
             conn.close()
         return int(value), rows
@@ -108,25 +197,12 @@ class Direct:
             raise
 
     def write(self, op: str, worker: str, fence: int, read: int, wrote: int) -> None:
-        """``UPDATE counter`` + ``INSERT history`` in one transaction."""
+        """``UPDATE counter`` (its trigger logs the history row), one statement."""
         conn = self._c()
+        ph = "?" if self.db.is_sqlite else "%s"
         try:
-            if self.db.is_sqlite:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.execute("UPDATE counter SET value = ? WHERE id = 1", (wrote,))
-                    conn.execute("INSERT INTO history (op, worker, fence, read_value, wrote_value)"
-                                 " VALUES (?, ?, ?, ?, ?)", (op, worker, fence, read, wrote))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            else:
-                with conn.transaction():
-                    conn.execute("UPDATE counter SET value = %s WHERE id = 1", (wrote,))
-                    conn.execute("INSERT INTO history (op, worker, fence, read_value, wrote_value)"
-                                 " VALUES (%s, %s, %s, %s, %s)", (op, worker, fence, read, wrote))
+            conn.execute(f"UPDATE counter SET value = {ph}, op = {ph}, worker = {ph}, fence = {ph},"
+                         f" read_value = {ph} WHERE id = 1", (wrote, op, worker, fence, read))
         except (psycopg.Error, sqlite3.Error, OSError):
             self._drop()
             raise

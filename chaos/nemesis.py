@@ -6,7 +6,28 @@ Fault kinds (``FAULT_KINDS``):
 ``pause``       SIGSTOP a worker right after its read (it holds the lock and is thinking) for
                 more than its TTL, then SIGCONT it at a moment another worker is between its own
                 read and write: the frozen holder's write then races the new holder's, the exact
-                window fencing must close (and the control modes leave open). See ``_pause``.
+                window fencing must close (and the control modes leave open). Variants ``race``,
+                ``late`` and ``edge`` (thawed right around the TTL edge). See ``_pause``.
+``pause_grant`` SIGSTOP a worker right after its grant, before any claim (a blind writer, or a
+                reader about to claim), past its TTL; thaw it within 30 ms of a newer holder's
+                blind batch being acknowledged (nothing but that batch raised the highest past
+                the frozen fence, if the proxy raised it at all).
+``pause_write`` SIGSTOP a worker whose write is in flight (logged within 20 ms), past its TTL.
+``handoff``     combined: freeze A after its read or grant, about to send a batch (the write
+                that takes several statements); once A's lease ran out and B was granted
+                (caught within 30 ms), freeze B before its claim, thaw A (its stale write now arrives while
+                the proxy's highest is still A's fence), thaw B when A's fence check has reached
+                the database but A's write has not committed: the database is slowed
+                (``db_delay``, 30..250 ms a chunk) and B thawed 2.5 x that after A's write left
+                (0..40 ms without a relay). A proxy that checks and writes in two steps lets
+                B's claim land between them; a correct one makes B's claim wait for A's COMMIT.
+``kill_after_read`` combined: freeze A after its read; once B has claimed and read, SIGKILL B
+                (it never writes), thaw A: A's write must be refused although nothing newer
+                was written (the blind-spot history of issue 20).
+``stop_proxy``  SIGSTOP the proxy while a write is in flight, past a TTL, then SIGCONT it: the
+                frozen requests proceed beside the new holders'.
+``db_delay``    the proxy's database connection (``chaos.relay``) holds each chunk 30..250 ms
+                for 2..5 s: every check-then-act window in the proxy stays open that long.
 ``kill_worker`` SIGKILL a worker (one whose write is in flight, when the nemesis catches one),
                 restart it 0.1..1 s later (a new incarnation).
 ``kill_lockd``  SIGKILL lockd, restart it 0.3..1.5 s later on the same port, store and keys.
@@ -22,10 +43,10 @@ Fault kinds (``FAULT_KINDS``):
 ==============  ==================================================================================
 
 The schedule (``make_schedule``) is a pure function of the seed: a first round with every
-applicable kind once, in shuffled order (so a 30 s run sees each kind), then weighted draws
-(``pause`` most often: it is the fault that tests the fence). Faults run one at a time in the
-nemesis thread; a skew's restore runs in a helper thread after its hold time. A fault that finds no target is
-recorded as skipped, not counted.
+applicable kind once, in shuffled order (so a 45 s run sees each kind), then weighted draws
+(the freezes and the handoff most often: they are the faults that test the fence). Faults run
+one at a time in the nemesis thread; a skew's restore runs in a helper thread after its hold
+time. A fault that finds no target is recorded as skipped, not counted.
 """
 
 from __future__ import annotations
@@ -41,13 +62,18 @@ from typing import Any
 
 from chaos.pool import WorkerPool
 from chaos.services import Services
+from chaos.workload import uptime
 
-__all__ = ["FAULT_KINDS", "Planned", "kinds_for", "make_schedule", "skew_env", "Nemesis"]
+__all__ = ["FAULT_KINDS", "PAUSE_KINDS", "Planned", "kinds_for", "make_schedule", "skew_env", "Nemesis"]
 
-FAULT_KINDS = ("pause", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd", "skew_wall",
-               "skew_all")
-_WEIGHTS = {"pause": 6, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1, "kill_etcd": 1,
-            "skew_wall": 1, "skew_all": 1}
+FAULT_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read",
+               "stop_proxy", "db_delay", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd",
+               "skew_wall", "skew_all")
+PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read")
+"""The faults that freeze a worker holding a lease (their records feed the revived-write count)."""
+_WEIGHTS = {"pause": 3, "pause_grant": 3, "pause_write": 2, "handoff": 4, "kill_after_read": 3,
+            "stop_proxy": 1, "db_delay": 1, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1,
+            "kill_etcd": 1, "skew_wall": 1, "skew_all": 1}
 _WALL_OFFSETS = (-3600, -600, -30, 30, 600, 3600)
 _WALL_RATES = ("1", "1", "0.5", "2")
 _ALL_OFFSETS = (-600, -30, 0, 30, 600)
@@ -56,7 +82,10 @@ _ALL_RATES = ("0.5", "0.7", "1.5")
 
 def kinds_for(store: str, resource: str, *, faketime: bool) -> tuple[str, ...]:
     """The fault kinds that apply to a run on ``store`` with the protected ``resource``."""
-    out = ["pause", "kill_worker", "kill_lockd"]
+    out = ["pause", "pause_grant", "pause_write", "handoff", "kill_after_read", "stop_proxy",
+           "kill_worker", "kill_lockd"]
+    if resource == "postgres":
+        out.append("db_delay")
     if store == "postgres" or resource == "postgres":
         out.append("crash_pg")
     if store == "etcd":
@@ -80,8 +109,12 @@ class Planned:
 
 
 def _duration(kind: str, rng: random.Random, ttl: float) -> float:
-    if kind == "pause":
+    if kind in PAUSE_KINDS:
         return 2 * ttl + rng.uniform(0.3, 1.0)
+    if kind == "stop_proxy":
+        return ttl + rng.uniform(0.1, 0.8)
+    if kind == "db_delay":
+        return rng.uniform(2.0, 5.0)
     if kind == "kill_worker":
         return rng.uniform(0.1, 1.0)
     if kind in ("kill_lockd", "crash_pg"):
@@ -91,7 +124,8 @@ def _duration(kind: str, rng: random.Random, ttl: float) -> float:
     return rng.uniform(3.0, 8.0)  # skews
 
 
-_BUSY_EXTRA = {"pause": 0.5, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
+_BUSY_EXTRA = {"pause": 0.5, "pause_grant": 0.5, "pause_write": 0.5, "handoff": 1.0,
+               "kill_after_read": 1.0, "stop_proxy": 0.5, "db_delay": 0.0, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
                "kill_etcd": 1.0}
 
 
@@ -204,6 +238,12 @@ class Nemesis(threading.Thread):
                 self.pool.resume(slot.index)
         self._guard(self.services.heal)
 
+    def pauses(self) -> list[dict[str, Any]]:
+        """Every freeze of a worker (``{worker, incarnation, frozen_up, resumed_up, kind,
+        variant}``), for ``checker.revived_writes``."""
+        return [dict(f, kind=r["kind"], variant=r.get("variant"))
+                for r in self.records if not r.get("skipped") for f in r.get("freezes", ())]
+
     def counts(self) -> dict[str, int]:
         return dict(Counter(r["kind"] for r in self.records if not r.get("skipped")))
 
@@ -218,16 +258,37 @@ class Nemesis(threading.Thread):
     def _pick(self, candidates: list[int], f: Planned) -> int:
         return candidates[f.pick % len(candidates)]
 
+    def _freeze(self, i: int) -> dict[str, Any]:
+        slot = self.pool.slots[i]
+        self.pool.pause(i)
+        return {"worker": slot.name, "incarnation": slot.incarnation, "frozen_up": uptime(),
+                "t": time.monotonic()}
+
+    def _thaw(self, i: int, freeze: dict[str, Any]) -> dict[str, Any]:
+        self.pool.resume(i)
+        t = freeze.pop("t")
+        freeze["resumed_up"] = uptime()
+        freeze["frozen_s"] = round(time.monotonic() - t, 3)
+        return freeze
+
+    def _fresh(self, state: str | tuple[str, ...], fresh: float, timeout: float,
+               exclude: tuple[int, ...] = ()) -> list[int]:
+        states = (state,) if isinstance(state, str) else state
+        return self._wait_until(lambda: [i for st in states for i in
+                                         self.pool.candidates(st, exclude=exclude, fresh=fresh)],
+                                timeout=timeout) or []
+
     def _pause(self, f: Planned) -> None:
         """Freeze a worker that has just read (within 50 ms, so before its first renewal, its
         lease runs out about one TTL later), keep it frozen more than a TTL, then resume it
         while another worker sits between its read and its write. ``race`` variant: resume as
         soon as that is possible, racing the first holder after it (nobody else has committed
         yet). ``late`` variant: frozen 2 x TTL + 0.3..1 s, several holders may have come and
-        gone. Pauses take ``pause_variants`` in turn (the runner: race, late, race, ...; only race
+        gone. ``edge``: thawed TTL -150..+150 ms after the freeze, whoever holds the lock.
+        Pauses take ``pause_variants`` in turn (the runner: race, late, edge, ...; only race
         for ``unfenced-read``, whose window only the first holder after the frozen one opens)."""
         start = self._now()
-        fresh = self._wait_until(lambda: self.pool.candidates("read", fresh=0.05), timeout=3.0)
+        fresh = self._fresh("read", 0.05, 3.0)
         candidates = fresh or self.pool.candidates()
         if not candidates:
             self._record("pause", start, None, skipped=True)
@@ -235,18 +296,137 @@ class Nemesis(threading.Thread):
         i = self._pick(candidates, f)
         variant = self.pause_variants[self._pauses % len(self.pause_variants)]
         self._pauses += 1
-        self.pool.pause(i)
-        frozen_at = time.monotonic()
+        freeze = self._freeze(i)
         acks_before = self.pool.acks(exclude=[i])
-        self._halt.wait(self.ttl + 0.05 if variant == "race" else f.duration)
-        other = self._wait_until(lambda: self.pool.candidates("read", exclude=[i]),
-                                 timeout=2 * self.ttl + 2.0)
+        other = None
+        if variant == "edge":
+            self._halt.wait(max(0.0, self.ttl + (f.pick % 300 - 150) / 1000))
+        else:
+            self._halt.wait(self.ttl + 0.05 if variant == "race" else f.duration)
+            other = self._wait_until(lambda: self.pool.candidates("read", exclude=[i]),
+                                     timeout=2 * self.ttl + 2.0)
         committed_meanwhile = self.pool.acks(exclude=[i]) - acks_before
-        self.pool.resume(i)
-        self._record("pause", frozen_at - self.t0, self.pool.slots[i].name, variant=variant,
-                     frozen_s=round(time.monotonic() - frozen_at, 3), after_read=bool(fresh),
-                     resumed_while_other_read=bool(other),
-                     others_committed_meanwhile=committed_meanwhile)
+        self._record("pause", start, self.pool.slots[i].name, variant=variant,
+                     after_read=bool(fresh), resumed_while_other_read=bool(other),
+                     others_committed_meanwhile=committed_meanwhile,
+                     freezes=[self._thaw(i, freeze)])
+
+    def _pause_grant(self, f: Planned) -> None:
+        """Freeze a worker right after its grant (before any claim; a blind writer preferred:
+        its think time has passed when it wakes, so it writes at once) past its TTL; thaw it
+        within 30 ms of another worker's acknowledged blind batch (or after 2 x TTL + 4 s)."""
+        start = self._now()
+        found = self._fresh("blind", 0.03, 3.0) or self._fresh("acquired", 0.03, 1.0)
+        if not found:
+            self._record("pause_grant", start, None, skipped=True)
+            return
+        i = self._pick(found, f)
+        freeze = self._freeze(i)
+        self._halt.wait(self.ttl + 0.05)
+
+        def blind_batch_acked() -> list[int]:
+            return [j for j in self.pool.candidates("ack", exclude=[i], fresh=0.03)
+                    if (self.pool.slots[j].last_rec or {}).get("via") == "batch"
+                    and "mark" in (self.pool.slots[j].last_rec or {})]
+
+        other = self._wait_until(blind_batch_acked, timeout=2 * self.ttl + 4.0)
+        self._record("pause_grant", start, self.pool.slots[i].name,
+                     resumed_after_other_ack=bool(other), freezes=[self._thaw(i, freeze)])
+
+    def _pause_write(self, f: Planned) -> None:
+        """Freeze a worker whose write request is in flight (logged within 20 ms)."""
+        start = self._now()
+        found = self._fresh("write", 0.02, 3.0)
+        if not found:
+            self._record("pause_write", start, None, skipped=True)
+            return
+        i = self._pick(found, f)
+        freeze = self._freeze(i)
+        self._halt.wait(f.duration)
+        self._record("pause_write", start, self.pool.slots[i].name,
+                     freezes=[self._thaw(i, freeze)])
+
+    def _handoff(self, f: Planned) -> None:
+        """Freeze A (after its read or grant, about to send a batch); once its lease ran out
+        and B was granted, freeze B before its claim (or blind write), thaw A, and thaw B
+        2.5 x the database delay after A's write left (0..40 ms with no relay)."""
+        start = self._now()
+
+        def about_to_batch() -> list[int]:  # only a multi-statement write has two steps
+            return [i for st in ("read", "blind")
+                    for i in self.pool.candidates(st, fresh=0.05)
+                    if (self.pool.slots[i].last_rec or {}).get("via") == "batch"]
+
+        found = self._wait_until(about_to_batch, timeout=5.0)
+        if not found:
+            self._record("handoff", start, None, skipped=True)
+            return
+        a = self._pick(found, f)
+        fa = self._freeze(a)
+        # the first grant after A's lease ran out (caught within 30 ms, before its claim)
+        granted = self._fresh(("acquired", "blind"), 0.03, 2 * self.ttl + 2.0, exclude=(a,))
+        if not granted:
+            self._record("handoff", start, self.pool.slots[a].name, partner=None,
+                         freezes=[self._thaw(a, fa)])
+            return
+        b = granted[0]
+        fb = self._freeze(b)
+        delay = 0.03 + (f.pick % 220) / 1000
+        slowed = self.services.set_db_delay(delay)
+        thawed_a = self._thaw(a, fa)
+        wrote = self._fresh("write", 1.0, 1.5 + 4 * delay, exclude=(b,))
+        # B's claim should reach the database after A's fence check (one round trip, 2 x delay)
+        # and before A's write commits (three more): thaw B about 2.5 x delay after A's send.
+        self._halt.wait(2.5 * delay if slowed else (f.pick % 40) / 1000)
+        thawed_b = self._thaw(b, fb)
+        self._halt.wait(4 * delay if slowed else 0.0)
+        self.services.set_db_delay(0.0)
+        self._record("handoff", start, self.pool.slots[a].name,
+                     partner=self.pool.slots[b].name, a_wrote=a in wrote,
+                     db_delay=delay if slowed else None, freezes=[thawed_a, thawed_b])
+
+    def _kill_after_read(self, f: Planned) -> None:
+        """Freeze A after its read; once B (granted after A's lease ran out) has claimed and
+        read, SIGKILL B before it writes; thaw A; restart B."""
+        start = self._now()
+        found = self._fresh("read", 0.05, 3.0)
+        if not found:
+            self._record("kill_after_read", start, None, skipped=True)
+            return
+        a = self._pick(found, f)
+        fa = self._freeze(a)
+        # the first reader after A's lease ran out: B holds the fence right above A's
+        reader = self._fresh("read", 0.05, 2 * self.ttl + 2.0, exclude=(a,))
+        b = reader[0] if reader else None
+        if b is not None:
+            self.pool.kill(b)
+        thawed = self._thaw(a, fa)
+        self._halt.wait(0.3)
+        if b is not None:
+            self.pool.respawn(b)
+        self._record("kill_after_read", start, self.pool.slots[a].name,
+                     killed=self.pool.slots[b].name if b is not None else None,
+                     freezes=[thawed])
+
+    def _stop_proxy(self, f: Planned) -> None:
+        """SIGSTOP the proxy with a write in flight (when one is caught), past a TTL."""
+        start = self._now()
+        writing = self._fresh("write", 0.02, 2.0)
+        self.services.stop_proxy()
+        self._halt.wait(f.duration)
+        self.services.cont_proxy()
+        self._record("stop_proxy", start, "proxy", write_in_flight=bool(writing),
+                     stopped_s=round(self._now() - start, 3))
+
+    def _db_delay(self, f: Planned) -> None:
+        start = self._now()
+        delay = 0.03 + (f.pick % 220) / 1000
+        if not self.services.set_db_delay(delay):
+            self._record("db_delay", start, None, skipped=True)
+            return
+        self._halt.wait(f.duration)
+        self.services.set_db_delay(0.0)
+        self._record("db_delay", start, "relay", delay_s=delay)
 
     def _kill_worker(self, f: Planned) -> None:
         """SIGKILL a worker, preferably one whose write is in flight (logged within 20 ms): its

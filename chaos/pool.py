@@ -53,6 +53,8 @@ class Slot:
     offset: int = 0
     pending: bytes = b""
     last: str | None = None
+    last_rec: dict | None = None
+    """The last event in full (e.g. an ``ack``'s ``via``)."""
     last_seen: float = 0.0
     """``time.monotonic()`` when the pool first saw ``last``."""
     acks: int = 0
@@ -212,7 +214,8 @@ class WorkerPool:
             slot.pending = lines.pop()
             for line in lines:
                 with contextlib.suppress(ValueError):
-                    slot.last = json.loads(line).get("ev")
+                    slot.last_rec = json.loads(line)
+                    slot.last = slot.last_rec.get("ev")
                     slot.last_seen = time.monotonic()
                     slot.acks += slot.last == "ack"
         return slot.last

@@ -7,10 +7,12 @@ given: ``<store>-<seed>.json``, or ``<store>-<mode>-<seed>.json`` for a control 
      "ops": {"attempted", "acknowledged", "stale", "unknown", ...},
      "faults": {kind: count}, "fault_log": [...], "schedule": [...],
      "violation_count", "violations_by_kind", "violations": [...],
+     "revived": {"pauses", "attempted", "refused", "committed", "unknown", "per_pause": [...]},
      "worker_crashes": [...], "nemesis_errors": [...], "expect_violations", "passed", "workdir"}
 
 ``passed`` is the run's verdict against its expectation: no violation in ``fenced`` mode, at
-least one in the control modes. Timeline: services start, workers start, the nemesis begins
+least one in the control modes; and a run that froze holders must have seen at least one of
+them write after it was thawed (``revived.attempted`` > 0), or its pauses proved nothing. Timeline: services start, workers start, the nemesis begins
 1.5 s in; at ``seconds`` the nemesis stops and heals everything, workers get SIGTERM (they finish
 their operation, SIGKILL after 8 s), and the checker reads the database and every log.
 """
@@ -26,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.checker import check, load_events
+from chaos.checker import check, load_events, revived_writes
 from chaos.db import ResourceDB
 from chaos.nemesis import Nemesis, kinds_for, make_schedule
 from chaos.pool import WorkerPool, faketime_lib
 from chaos.services import LOCK, Services
-from chaos.workload import MODES
+from chaos.workload import MODES, WORKLOADS
 from lockd.client.fenced import FencedSession
 from tests.support import ThrowawayPostgres
 
@@ -52,6 +54,7 @@ class RunConfig:
     mode: str = "fenced"
     resource: str = "postgres"
     ttl: float | None = None
+    workload: str = "counter"
     think: tuple[float, float] = (0.05, 0.4)
     kinds: tuple[str, ...] | None = None
     """Fault kinds to inject (default: every kind that applies; the control modes: pauses)."""
@@ -72,13 +75,16 @@ def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
     return [sys.executable, "-m", "chaos.workload", "--lockd", services.lockd_url,
             "--proxy", services.proxy_url, "--db", services.db_url, "--mode", cfg.mode,
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
-            "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed)]
+            "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
+            "--workload", cfg.workload]
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
     """Run ``cfg`` to the end and return its report (see the module docstring)."""
     if cfg.mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}")
+    if cfg.workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}")
     workdir = cfg.workdir or Path(tempfile.mkdtemp(prefix=f"chaos-{cfg.store}-"))
     workdir.mkdir(parents=True, exist_ok=True)
     lib = faketime_lib()
@@ -89,7 +95,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     lock = LOCK  # what the proxy names for table counter; checked once it runs
     services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg)
     pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
-    variants = ("race",) if cfg.mode == "unfenced-read" else ("race", "late")
+    variants = {"unfenced-read": ("race",), "nofence": ("race", "late")}.get(
+        cfg.mode, ("race", "late", "edge"))
     nemesis = Nemesis(schedule, services, pool, ttl=ttl, faketime=lib, pause_variants=variants)
     started = time.monotonic()
     try:
@@ -116,18 +123,22 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         counter, history = ResourceDB(services.db_url).final_state()
     finally:
         services.close()
-    result = check(history, counter, load_events(pool.log_paths()))
+    events = load_events(pool.log_paths())
+    result = check(history, counter, events, ttl=ttl)
+    revived = revived_writes(events, history, nemesis.pauses())
     expect = cfg.mode != "fenced"
+    idle_pauses = revived["pauses"] > 0 and revived["attempted"] == 0
     report: dict[str, Any] = {
         "store": cfg.store, "resource": cfg.resource, "mode": cfg.mode, "seed": cfg.seed,
         "seconds": cfg.seconds, "workers": cfg.workers, "ttl": ttl, "lock": lock,
         "elapsed_s": round(time.monotonic() - started, 1),
         "ops": result.stats, "faults": nemesis.counts(), "fault_kinds": list(kinds),
-        **result.as_dict(),
+        **result.as_dict(), "revived": revived, "workload": cfg.workload,
+        "pauses_without_revived_write": idle_pauses,
         "worker_crashes": pool.crashes, "nemesis_errors": nemesis.errors,
         "fault_log": nemesis.records, "schedule": nemesis.planned(),
         "faketime": lib, "expect_violations": expect,
-        "passed": (result.violations != []) == expect,
+        "passed": (result.violations != []) == expect and not idle_pauses,
         "workdir": str(workdir), **cfg.extra,
     }
     if cfg.results_dir is not None:
@@ -159,6 +170,11 @@ def format_summary(report: dict[str, Any]) -> str:
         f"not acquired {ops['not_acquired']}, failed before write {ops['failed_before_write']}",
         f"  history rows {ops['history_rows']}, counter {ops['counter']}",
         f"  faults: {faults}",
+        f"  pauses {report['revived']['pauses']}: revived writes attempted "
+        f"{report['revived']['attempted']}, refused {report['revived']['refused']}, committed "
+        f"{report['revived']['committed']}, unknown {report['revived']['unknown']}"
+        + (" (FAIL: no frozen holder wrote after its thaw)"
+           if report["pauses_without_revived_write"] else ""),
         f"  violations: {report['violation_count']}"
         + (f" ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})" if kinds else ""),
     ]

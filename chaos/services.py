@@ -10,19 +10,25 @@
 lockd keeps its signing keys in the run's directory, so a restarted lockd signs with the same
 key and the proxy keeps verifying. Faults: ``kill_lockd``/``start_lockd`` (SIGKILL, restart on
 the same port and store), ``crash_pg``/``start_pg`` (``pg_ctl -m immediate``: a power cut,
-recovery at the next start), ``kill_etcd``/``restart_etcd`` (SIGKILL of one member).
+recovery at the next start), ``kill_etcd``/``restart_etcd`` (SIGKILL of one member),
+``stop_proxy``/``cont_proxy`` (SIGSTOP/SIGCONT of the proxy, requests in flight), and
+``db_delay`` (the proxy reaches a PostgreSQL protected database through ``chaos.relay.Relay``,
+whose per-chunk latency the nemesis raises for a while).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import threading
 import uuid
 from pathlib import Path
 
 import psycopg
 
-from chaos.db import ResourceDB
+from chaos.db import MARKS_TABLE, ResourceDB
+from chaos.relay import Relay
 from tests.etcd_support import EtcdCluster
 from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 
@@ -30,8 +36,8 @@ __all__ = ["STORES", "RESOURCES", "LOCK", "Services"]
 
 STORES = ("sqlite", "postgres", "etcd")
 RESOURCES = ("postgres", "sqlite")
-# The one lock the proxy binds the counter and history tables to (a literal template: a batch
-# writes the counter row and a history row, so both tables are governed by the same lock).
+# The one lock the proxy binds the counter and marks tables to (a literal template: a batch
+# writes the counter row and a mark row, so both tables are governed by the same lock).
 LOCK = "chaos/counter"
 
 
@@ -59,6 +65,8 @@ class Services:
         self.db_url = ""
         self.lockd_store = ""
         self._pg_mutex = threading.Lock()
+        self.relay: Relay | None = None
+        self.proxy_stopped = False
 
     @property
     def lockd_url(self) -> str:
@@ -87,6 +95,12 @@ class Services:
         else:
             self.db_url = f"sqlite:///{(self.dir / 'resource.db').resolve()}"
         ResourceDB(self.db_url).create_schema()
+        proxy_db = self.db_url
+        if self.resource == "postgres":
+            assert self.pg is not None
+            self.relay = Relay("127.0.0.1", self.pg.port).start()
+            proxy_db = self.db_url.replace(f"127.0.0.1:{self.pg.port}/",
+                                           f"127.0.0.1:{self.relay.port}/", 1)
         if self.store == "sqlite":
             self.lockd_store = f"sqlite:///{(self.dir / 'lockd.db').resolve()}"
         elif self.store == "postgres":
@@ -101,18 +115,21 @@ class Services:
              "--log-level", "warning"],
             ready_url=self.lockd_url + "/healthz", log_path=self.dir / "lockd.log")
         self.lockd.start(timeout=30)
-        policy = self.dir / "policy.yaml"  # one lock writes the counter AND its history rows
-        policy.write_text(f"tables: {{counter: {LOCK}, history: {LOCK}}}\n")
+        policy = self.dir / "policy.yaml"  # one lock writes the counter AND the marks
+        policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}}}\n")
         self.proxy = ServiceProcess(
-            [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", self.db_url,
-             "--lockd-url", self.lockd_url, "--tables", "counter,history",
+            [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
+             "--lockd-url", self.lockd_url, "--tables", f"counter,{MARKS_TABLE}",
              "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning"],
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")
         self.proxy.start(timeout=30)
+        ResourceDB(self.db_url).watch_fences()  # the proxy created its fence table by now
         return self
 
     def heal(self) -> None:
         """Bring back whatever a fault left down (PostgreSQL first: lockd may need it)."""
+        self.set_db_delay(0.0)
+        self.cont_proxy()
         self.start_pg()
         if self.etcd is not None:
             for i, member in enumerate(self.etcd.members):
@@ -124,11 +141,14 @@ class Services:
             self.start_lockd()
 
     def close(self) -> None:
+        self.cont_proxy()
         for svc in (self.proxy, self.lockd):
             if svc is not None:
                 svc.stop()
         if self.etcd is not None:
             self.etcd.stop()
+        if self.relay is not None:
+            self.relay.close()
         if self._own_pg and self.pg is not None:
             self.pg.destroy()
 
@@ -180,3 +200,22 @@ class Services:
     def restart_etcd(self, i: int) -> None:
         assert self.etcd is not None
         self.etcd.restart_member(i)
+
+    def stop_proxy(self) -> None:
+        """SIGSTOP the proxy: requests in flight freeze mid-way (between check and write too)."""
+        if self.proxy is not None and self.proxy.proc is not None and self.proxy.proc.poll() is None:
+            os.kill(self.proxy.proc.pid, signal.SIGSTOP)
+            self.proxy_stopped = True
+
+    def cont_proxy(self) -> None:
+        if self.proxy_stopped and self.proxy is not None and self.proxy.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proxy.proc.pid, signal.SIGCONT)
+        self.proxy_stopped = False
+
+    def set_db_delay(self, seconds: float) -> bool:
+        """Latency of each chunk between proxy and protected database; False without a relay."""
+        if self.relay is None:
+            return False
+        self.relay.delay = seconds
+        return True

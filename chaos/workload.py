@@ -1,20 +1,28 @@
 """One chaos worker: a real process looping read-modify-write under lock L, logging what it sees.
 
 ``python -m chaos.workload --worker w1 --incarnation 0 --lockd URL --proxy URL --db URL
---log FILE [--mode fenced|unfenced-read|nofence] …``. Each iteration (an *operation*, id
-``<worker>.<incarnation>.<n>``)::
+--log FILE [--mode fenced|unfenced-read|nofence] [--workload counter] …``. Each iteration (an
+*operation*, id ``<worker>.<incarnation>.<n>``) of the ``counter`` workload (``WORKLOADS``; a
+second workload plugs in as another ``Worker._op_<name>`` method and a ``--workload`` choice)::
 
-    attempt -> acquire L (LockClient, background renewal)          -> acquired {fence}
-            -> read the counter                                     -> read {value}
-            -> think a random while (the nemesis likes to freeze us here)
-            -> write counter = value + 1 and a history row, one batch -> write (sent)
+    attempt -> acquire L (no auto-renewal: the worker's own renewal  -> acquired {fence}
+               thread logs each success as renewed {sent})
+            -> rmw (most ops): read the counter (fenced: claim first)  -> read {value}
+               think a random while (the nemesis likes to freeze us here)
+               write counter = value + 1, naming the op, by one of    -> write {via} (sent)
+               batch (+ a mark row) / PATCH / PUT
+            -> or blind (no claim, no read): POST / PUT / batch a mark
+               row, or DELETE this worker's last mark                  -> write {via, mark}
             -> ack | stale {presented, highest} | unknown | rejected
-            -> release L
+            -> release {up = when sent} L
+    (some iterations are a peek instead: a plain read without any lock or token)
 
-The read and write go, by ``--mode``:
+Every write is logged by the database itself (``chaos.db``: triggers into ``history``), so a
+committed write is known whatever the worker heard. The read and write go, by ``--mode``:
 
 - ``fenced`` (the real thing): ``FencedSession.get`` (claims the fence, then a fenced read) and
-  ``FencedSession.batch``.
+  ``FencedSession.batch``/``update``/``upsert``; blind mark writes go as plain HTTP with the
+  token and no claim (so a write path that forgets to raise the highest is not hidden by one).
 - ``unfenced-read`` (control): a plain GET without the token (no claim), then the batch with
   the token: the lost-update window of invariant 7 stays open.
 - ``nofence`` (control): the lock alone; read and write straight to the database.
@@ -47,15 +55,17 @@ import select
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from typing import Any
 
 import httpx
 import psycopg
 
-from lockd.client import Lease, LockClient
+from lockd.client import Lease, LeaseRef, LockClient
 from lockd.client.errors import (
     AcquireTimeout,
+    LeaseLostError,
     LockClientError,
     ServiceUnavailable,
     StaleTokenError,
@@ -64,9 +74,14 @@ from lockd.client.errors import (
 )
 from lockd.client.fenced import FencedSession
 
-__all__ = ["MODES", "main", "uptime"]
+__all__ = ["MODES", "WORKLOADS", "main", "uptime"]
 
 MODES = ("fenced", "unfenced-read", "nofence")
+WORKLOADS = ("counter",)
+RMW_VIAS = ("batch", "batch", "patch", "put")
+MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
+BLIND_PHASE_S = 4.0
+"""Length of the blind phases (s), one in every three (``Worker._op_counter``)."""
 _DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
 
 
@@ -131,6 +146,8 @@ class Worker:
 
             self.direct = Direct(args.db)
         self.stopping = False
+        self._last_mark: str | None = None
+        """The last mark this worker saw committed (the target of its next DELETE)."""
 
     # -- the three ways to read and write -------------------------------------------------
 
@@ -147,24 +164,36 @@ class Worker:
         assert self.direct is not None
         return self.direct.read()
 
-    def _write(self, op: str, lease: Lease, session: FencedSession, read: int, wrote: int) -> None:
-        history = {"op": op, "worker": self.a.worker, "fence": lease.fence,
-                   "read_value": read, "wrote_value": wrote}
+    def _write(self, op: str, lease: Lease, session: FencedSession, read: int, wrote: int,
+               via: str = "batch") -> None:
+        row = {"value": wrote, "op": op, "worker": self.a.worker, "fence": lease.fence,
+               "read_value": read}
         if self.a.mode == "nofence":
             assert self.direct is not None
             self.direct.write(op, self.a.worker, lease.fence, read, wrote)
             return
-        ops = [{"op": "update", "table": "counter", "key": 1, "row": {"value": wrote}},
-               {"op": "insert", "table": "history", "row": history}]
+        ops = [{"op": "update", "table": "counter", "key": 1, "row": row},
+               {"op": "insert", "table": "marks",
+                "row": {"id": op, "worker": self.a.worker, "fence": lease.fence}}]
         if self.a.mode == "fenced":
-            session.batch(ops)
+            if via == "patch":
+                session.update("counter", 1, row)
+            elif via == "put":
+                session.upsert("counter", 1, {"id": 1, **row})
+            else:
+                session.batch(ops)
             return
         # unfenced-read: the batch carries the token, but nothing was claimed before the read.
-        with translate_transport_errors("POST /v1/batch"):
-            response = self.http.post(self.a.proxy + "/v1/batch", json={"ops": ops},
-                                      headers={"Fencing-Token": lease.token})
-        if response.status_code != 200:
+        self._plain("POST", "/v1/batch", lease, {"ops": ops})
+
+    def _plain(self, method: str, path: str, lease: Lease | None, body: Any = None) -> Any:
+        """One request with the lease's token (if any) and no claim, no retry."""
+        headers = {"Fencing-Token": lease.token} if lease is not None else {}
+        with translate_transport_errors(f"{method} {path}"):
+            response = self.http.request(method, self.a.proxy + path, json=body, headers=headers)
+        if response.status_code >= 300:
             raise error_from_response(response)
+        return response.json() if response.content else None
 
     # -- one operation --------------------------------------------------------------------
 
@@ -178,23 +207,97 @@ class Worker:
         else:
             self.log("rejected", op=op, phase=phase, fence=fence, **_error_fields(exc))
 
-    def _attempt(self, op: str, lease: Lease) -> None:
+    def _op_counter(self, op: str, lease: Lease) -> None:
+        """The ``counter`` workload: a read-modify-write of the counter, or a blind mark write.
+        Every ``BLIND_PHASE_S`` x 3 seconds of real time, all workers spend ``BLIND_PHASE_S`` in a
+        blind phase (85 % blind batches): a frozen holder's successor then often writes a blind
+        batch, the one write that alone must raise the highest past the frozen fence."""
+        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
+        share = 0.85 if blind_phase else self.a.blind
+        if self.a.mode == "fenced" and self.rng.random() < share:
+            self._blind(op, lease, ("batch",) if blind_phase else MARK_VIAS)
+        else:
+            self._rmw(op, lease)
+
+    def _rmw(self, op: str, lease: Lease) -> None:
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
+        _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
         try:
             value = self._read(lease, session)
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "read", exc, lease.fence)
             return
-        self.log("read", op=op, fence=lease.fence, value=value)
+        via = self.rng.choice(RMW_VIAS) if self.a.mode == "fenced" else "batch"
+        self.log("read", op=op, fence=lease.fence, value=value, fenced=self.a.mode == "fenced",
+                 via=via)
         _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
         wrote = value + 1
-        self.log("write", op=op, fence=lease.fence, read=value, wrote=wrote)
+        self.log("write", op=op, fence=lease.fence, read=value, wrote=wrote, via=via)
         try:
-            self._write(op, lease, session, value, wrote)
+            self._write(op, lease, session, value, wrote, via)
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "write", exc, lease.fence)
             return
+        if via == "batch":
+            self._last_mark = op
         self.log("ack", op=op, fence=lease.fence, read=value, wrote=wrote)
+
+    def _blind(self, op: str, lease: Lease, vias: tuple[str, ...] = MARK_VIAS) -> None:
+        """A write with no claim and no read before it: POST/PUT/batch a mark, or DELETE the
+        last mark this worker saw committed (a POST when there is none)."""
+        via = self.rng.choice(vias)
+        mark = op
+        if via == "delete":
+            if self._last_mark is None:
+                via = "post"
+            else:
+                mark = self._last_mark
+        self.log("blind", op=op, fence=lease.fence, via=via)  # the nemesis may freeze us here
+        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
+        row = {"id": op, "worker": self.a.worker, "fence": lease.fence}
+        self.log("write", op=op, fence=lease.fence, via=via, mark=mark)
+        try:
+            if via == "post":
+                self._plain("POST", "/v1/tables/marks/rows", lease, row)
+            elif via == "put":
+                self._plain("PUT", f"/v1/tables/marks/rows/{op}", lease, row)
+            elif via == "batch":
+                self._plain("POST", "/v1/batch", lease,
+                            {"ops": [{"op": "insert", "table": "marks", "row": row}]})
+            else:
+                self._plain("DELETE", f"/v1/tables/marks/rows/{mark}", lease)
+        except LockClientError as exc:
+            if via == "delete" and exc.status == 404:
+                self._last_mark = None
+            self._outcome(op, "write", exc, lease.fence)
+            return
+        self._last_mark = None if via == "delete" else op
+        self.log("ack", op=op, fence=lease.fence, via=via, mark=mark)
+
+    def _peek(self, op: str) -> None:
+        """A read with no lock and no token: allowed, never fenced, never raises the highest."""
+        try:
+            body = self._plain("GET", "/v1/tables/counter/rows/1", None)
+        except LockClientError as exc:
+            self.log("rejected", op=op, phase="peek", **_error_fields(exc))
+            return
+        self.log("peek", op=op, value=int(body["value"]))
+
+    def _renew_loop(self, op: str, lease: Lease, stop: threading.Event) -> None:
+        """Renew every ttl/3 (own thread), logging ``renewed {sent}`` (uptime when the request
+        left) for each success: lockd then set the expiry to at least ``sent + ttl``."""
+        ref = LeaseRef(lease.lock, lease.lease_id)
+        while not stop.wait(self.a.ttl / 3):
+            sent = uptime()
+            try:
+                self.client.renew(ref, ttl=self.a.ttl)
+            except LeaseLostError:
+                self.log("renew_lost", op=op, fence=lease.fence, sent=sent)
+                return
+            except LockClientError as exc:
+                self.log("renew_failed", op=op, fence=lease.fence, sent=sent, **_error_fields(exc))
+                continue
+            self.log("renewed", op=op, fence=lease.fence, sent=sent)
 
     def run(self) -> None:
         seq = 0
@@ -202,8 +305,12 @@ class Worker:
             seq += 1
             op = f"{self.a.worker}.{self.a.incarnation}.{seq}"
             self.log("attempt", op=op)
+            if self.a.mode == "fenced" and self.rng.random() < self.a.peek:
+                self._peek(op)
+                continue
             try:
-                lease = self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait)
+                lease = self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
+                                            auto_renew=False)
             except AcquireTimeout:
                 self.log("not_acquired", op=op, phase="acquire", code="timeout")
                 continue
@@ -212,11 +319,17 @@ class Worker:
                 _sleep(0.1)
                 continue
             self.log("acquired", op=op, fence=lease.fence)
+            stop = threading.Event()
+            renewer = threading.Thread(target=self._renew_loop, args=(op, lease, stop),
+                                       daemon=True)
+            renewer.start()
             try:
-                self._attempt(op, lease)
+                getattr(self, "_op_" + self.a.workload)(op, lease)
             finally:
+                stop.set()
+                self.log("release", op=op, fence=lease.fence)
                 try:
-                    self.client.release(lease)
+                    self.client.release(LeaseRef(lease.lock, lease.lease_id))
                 except LockClientError:
                     pass  # lost or lockd unavailable: the TTL frees the lock
 
@@ -243,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--acquire-wait", type=float, default=2.0, help="seconds")
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
     p.add_argument("--seed", default="0")
+    p.add_argument("--workload", choices=WORKLOADS, default="counter")
+    p.add_argument("--blind", type=float, default=0.35,
+                   help="share of operations that write a mark with no claim (fenced mode)")
+    p.add_argument("--peek", type=float, default=0.05,
+                   help="share of iterations that are a plain read without lock or token")
     return p
 
 

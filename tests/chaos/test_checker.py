@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from chaos.checker import HistoryRow, check, collect_ops, load_events
+from chaos.checker import HistoryRow, check, collect_ops, load_events, revived_writes
 
 
 def op(op_id: str, fence: int, read: int | None = None, *, outcome: str = "ack",
@@ -169,4 +169,141 @@ def test_logs_load_with_a_torn_last_line(tmp_path):
     assert len(events) == 5
     ops = collect_ops(events)
     assert ops["a"].outcome == "ack" and ops["a"].fence == 1 and ops["a"].write == {
-        "fence": 1, "read": 0, "wrote": 1}
+        "fence": 1, "read": 0, "wrote": 1, "up": 100.0}
+
+
+# -- issue 20: stale commits, commit order by the database, lease exclusivity, blind writes ------
+
+def ev(kind: str, op_id: str, up: float, worker: str = "w1", **fields) -> dict:
+    return {"ev": kind, "op": op_id, "w": worker, "i": 0, "up": up, **fields}
+
+
+def test_the_blind_spot_history_of_issue_20_is_a_stale_commit():
+    """A (fence 1) reads 0 and freezes; B (fence 2) claims, reads 0 and is killed before
+    writing; A wakes and its write of 1 is accepted; C (fence 3) reads 1 and writes 2. The
+    read chain, the counter and the fence order are all fine: only the direct check sees that
+    the proxy took fence 1 after honouring fence 2, and it blames A, not C."""
+    events = [
+        ev("attempt", "a", 0.0), ev("acquired", "a", 0.0, fence=1),
+        ev("read", "a", 0.1, fence=1, value=0),
+        ev("attempt", "b", 1.5, "w2"), ev("acquired", "b", 1.6, "w2", fence=2),
+        ev("read", "b", 1.7, "w2", fence=2, value=0),  # claimed + read, then SIGKILL
+        ev("write", "a", 3.0, fence=1, read=0, wrote=1),
+        ev("ack", "a", 3.1, fence=1, read=0, wrote=1),
+        ev("attempt", "c", 3.2, "w3"), ev("acquired", "c", 3.3, "w3", fence=3),
+        ev("read", "c", 3.4, "w3", fence=3, value=1),
+        ev("write", "c", 3.5, "w3", fence=3, read=1, wrote=2),
+        ev("ack", "c", 3.6, "w3", fence=3, read=1, wrote=2),
+    ]
+    history = [row(1, "a", 1, 0), row(2, "c", 3, 1)]
+    result = check(history, 2, events)
+    assert kinds(result) == ["stale_commit"]
+    assert result.violations[0].op == "a"
+    assert "fence 2 honoured" in result.violations[0].detail
+    # the same history where A's write was refused passes
+    events[7] = ev("stale", "a", 3.1, fence=1, phase="write", presented=1, highest=2)
+    assert check([row(2, "c", 3, 0)], 1, [e for e in events if e["op"] != "c" or e["ev"] not in
+                                          ("read", "write", "ack")] + [
+        ev("read", "c", 3.4, "w3", fence=3, value=0),
+        ev("write", "c", 3.5, "w3", fence=3, read=0, wrote=1),
+        ev("ack", "c", 3.6, "w3", fence=3, read=0, wrote=1)]).ok
+
+
+def test_a_write_committed_after_the_database_recorded_a_higher_fence_is_a_stale_commit():
+    """Check-then-act in the proxy: B's claim (fence 2) committed between A's fence check and
+    A's write; by the clocks A sent first, but the database's commit order convicts A."""
+    events = (op("a", 1, 0, up=5.0) + op("b", 2, outcome="not_acquired", phase="read"))
+    fence_row = lambda i, f, seq: HistoryRow(i, "chaos/counter", "", f, 0, 0, kind="fence",  # noqa: E731
+                                             seq=seq)
+    committed_a = HistoryRow(3, "a", "w", 1, 0, 1, kind="counter", seq=3)
+    history = [fence_row(1, 1, 1), fence_row(2, 2, 2), committed_a]
+    result = check(history, 1, events)
+    assert kinds(result) == ["stale_commit"]
+    assert "after the database had recorded highest 2" in result.violations[0].detail
+    # the commit order comes from seq, not id: the same rows stamped A-first pass
+    history = [fence_row(1, 1, 1), fence_row(2, 2, 4), committed_a]
+    assert check(history, 1, events).ok
+
+
+def test_commit_order_is_the_database_seq_not_the_id():
+    events = op("a", 1, 0) + op("b", 2, 1)
+    history = [HistoryRow(1, "b", "w", 2, 1, 2, seq=2), HistoryRow(2, "a", "w", 1, 0, 1, seq=1)]
+    assert check(history, 2, events).ok
+    history = [HistoryRow(1, "a", "w", 1, 0, 1, seq=2), HistoryRow(2, "b", "w", 2, 1, 2, seq=1)]
+    assert "fence_decrease" in kinds(check(history, 2, events))
+
+
+def lease(op_id: str, fence: int, asked: float, granted: float, worker: str, *,
+          renewed: tuple[float, ...] = (), released: float | None = None) -> list[dict]:
+    out = [ev("attempt", op_id, asked, worker), ev("acquired", op_id, granted, worker, fence=fence)]
+    out += [ev("renewed", op_id, s + 0.01, worker, fence=fence, sent=s) for s in renewed]
+    if released is not None:
+        out.append(ev("release", op_id, released, worker, fence=fence))
+    return out + [ev("not_acquired", op_id, granted + 5, worker, phase="read")]
+
+
+def test_a_grant_while_the_previous_lease_was_provably_live_is_a_lease_overlap():
+    # a renewed at 10.3 (live until >= 11.3 with ttl 1); b's grant came back at 10.9
+    events = lease("a", 1, 10.0, 10.05, "w1", renewed=(10.3,)) + lease("b", 2, 10.5, 10.9, "w2")
+    result = check([], 0, events, ttl=1.0)
+    assert kinds(result) == ["lease_overlap"]
+    assert result.violations[0].op == "b"
+    # no ttl given: no lease check
+    assert check([], 0, events).ok
+    # a grant after the provable end (within the slack, or later) is fine
+    later = lease("a", 1, 10.0, 10.05, "w1", renewed=(10.3,)) + lease("b", 2, 10.5, 11.25, "w2")
+    assert check([], 0, later, ttl=1.0).ok
+    # a release ends the lease at the moment it was sent
+    released = lease("a", 1, 10.0, 10.05, "w1", renewed=(10.3,), released=10.6) + lease(
+        "b", 2, 10.5, 10.9, "w2")
+    assert check([], 0, released, ttl=1.0).ok
+
+
+def test_blind_mark_writes_are_checked_like_counter_writes():
+    def mark(op_id: str, fence: int, up: float, via: str, outcome: str, mark_id: str | None = None,
+             worker: str = "w1") -> list[dict]:
+        m = mark_id or op_id
+        return [ev("attempt", op_id, up - 0.2, worker), ev("acquired", op_id, up - 0.1, worker,
+                                                          fence=fence),
+                ev("write", op_id, up, worker, fence=fence, via=via, mark=m),
+                ev(outcome, op_id, up + 0.05, worker, fence=fence, via=via, mark=m,
+                   phase="write", **({"presented": fence, "highest": fence + 1}
+                                     if outcome == "stale" else {}))]
+
+    events = mark("m1", 1, 1.0, "post", "ack") + mark("m2", 2, 2.0, "delete", "ack", "m1")
+    history = [HistoryRow(1, "m1", "w1", 1, 0, 0, kind="mark_ins"),
+               HistoryRow(2, "m1", "w1", 1, 0, 0, kind="mark_del")]
+    assert check(history, 0, events).ok
+    # the delete is acknowledged but the mark is still there
+    assert kinds(check(history[:1], 0, events)) == ["acked_missing"]
+    # a mark refused with 409 that committed anyway, with a fence below one honoured before
+    events += op("r", 4, 0, up=2.5, granted=2.4, worker="w3") + mark(
+        "m3", 3, 3.0, "put", "stale", worker="w2")
+    history += [row(3, "r", 4, 0), HistoryRow(4, "m3", "w2", 3, 0, 0, kind="mark_ins")]
+    # (m3 also asked after r's grant and got a lower fence: fence_order)
+    assert kinds(check(history, 1, events)) == ["fence_decrease", "fence_order",
+                                                "rejected_committed", "stale_commit"]
+    # a mark deleted by no DELETE any worker sent
+    stray = [HistoryRow(1, "zz", "w9", 1, 0, 0, kind="mark_del")]
+    assert kinds(check(stray, 0, [])) == ["phantom"]
+
+
+def test_revived_writes_are_linked_to_the_pause_that_froze_their_writer():
+    events = (lease("w1.0.3", 5, 4.0, 4.1, "w1")[:2]
+              + [ev("read", "w1.0.3", 4.2, fence=5, value=3),
+                 ev("write", "w1.0.3", 8.1, fence=5, read=3, wrote=4),
+                 ev("stale", "w1.0.3", 8.2, fence=5, phase="write", presented=5, highest=6)]
+              + lease("w1.0.4", 7, 8.3, 8.4, "w1")[:2]
+              + [ev("write", "w1.0.4", 8.5, fence=7, via="post", mark="w1.0.4"),
+                 ev("ack", "w1.0.4", 8.6, fence=7, via="post", mark="w1.0.4")])
+    pauses = [{"worker": "w1", "incarnation": 0, "frozen_up": 4.5, "resumed_up": 8.0,
+               "kind": "pause", "variant": "race"},
+              {"worker": "w2", "incarnation": 0, "frozen_up": 9.0, "resumed_up": 11.0,
+               "kind": "pause_grant", "variant": None}]
+    out = revived_writes(events, [HistoryRow(1, "w1.0.4", "w1", 7, 0, 0, kind="mark_ins")],
+                         pauses)
+    assert {k: out[k] for k in ("pauses", "attempted", "refused", "committed", "unknown")} == {
+        "pauses": 2, "attempted": 1, "refused": 1, "committed": 0, "unknown": 0}
+    assert out["per_pause"][0]["writes"] == [{"op": "w1.0.3", "fence": 5, "outcome": "refused",
+                                              "answer": "stale"}]
+    assert out["per_pause"][1]["writes"] == []

@@ -1,0 +1,192 @@
+"""Mutation testing of the chaos suite: plant one realistic bug at a time, see the checker bite.
+
+Each ``Mutant`` is a list of ``Edit``s (file, a small stable snippet of product code, its
+replacement). ``apply_to(root)`` edits a *copy* of the tree (``copy_tree``) and raises
+``MutantNoLongerApplies`` naming the mutant and the file when a snippet is not found exactly
+once, so drift in the product code fails loudly instead of silently testing nothing.
+``run_mutant`` copies the tree, plants the mutant and runs a short chaos run from the copy
+(its own ``PYTHONPATH``, so lockd, the proxy and the workers all import the mutated code);
+the mutant is *detected* when the checker reports at least one violation. ``python -m
+chaos.mutants`` (``make mutants``) runs them all.
+
+The table (issue 20's audit, plus ``single_write_unchecked``):
+
+===========================  ==================================================================
+``off_by_one``               the proxy accepts a fence one below the highest
+``upsert_never_raises``      the fence upsert never raises the highest (a fence >= it passes)
+``batch_unchecked``          no fence check for batch writes
+``lockd_same_fence``         lockd keeps the same fence on a re-grant after expiry
+``batch_no_raise``           batches check the fence but do not raise the highest (claims do)
+``check_then_act``           the fence committed in its own transaction, then the batch's write
+``check_then_act_stall``     the same, with a 300 ms stall between check and write
+``lockd_early_expiry``       lockd treats a lease with < 800 ms left as expired
+``single_write_unchecked``   single-row writes (POST/PUT/PATCH/DELETE) skip the fence comparison
+===========================  ==================================================================
+
+The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store: mutant runs
+use lockd on SQLite and a PostgreSQL protected database. The runs of lockd's mutants inject
+every fault kind; those of the proxy's inject the faults that make frozen holders send stale
+writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
+latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``), and the two
+check-then-act mutants the faults that hold such a window open while a stale write arrives
+(``_WINDOW_FAULTS``), so that 40 s see each of them several times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Edit", "Mutant", "MUTANTS", "REPO_ROOT", "MutantNoLongerApplies", "copy_tree", "run_mutant"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_IGNORE = shutil.ignore_patterns(".venv", ".git", "results", "__pycache__", "*.egg-info",
+                                 ".pytest_cache", "node_modules", ".ruff_cache")
+
+
+class MutantNoLongerApplies(RuntimeError):
+    """A mutant's snippet is not in the product code exactly once (the code drifted)."""
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    bug: str
+    caught_by: str
+    """How the suite catches it (the README's table)."""
+    edits: tuple[Edit, ...]
+    faults: str | None = None
+    """Fault kinds of its chaos run (None: every kind that applies)."""
+
+    def apply_to(self, root: Path) -> None:
+        for edit in self.edits:
+            path = root / edit.path
+            text = path.read_text() if path.exists() else ""
+            found = text.count(edit.old)
+            if found != 1:
+                raise MutantNoLongerApplies(
+                    f"mutant {self.name} no longer applies: {edit.path} has its snippet "
+                    f"{found} times, not once: {edit.old.strip()[:80]!r}")
+            path.write_text(text.replace(edit.old, edit.new))
+
+
+_PG = "resource_proxy/store/postgres.py"
+_SQL = "resource_proxy/store/sql.py"
+_FENCING = "resource_proxy/fencing.py"
+_LOCKD = "lockd/server/store/sqlite.py"
+_GATE = "gate = f\"EXISTS (SELECT 1 FROM fence WHERE highest = {d.p('fence', 'bigint')})\""
+_CHECK = "    if highest != fence.fence:\n"
+_BATCH_UPSERT = ("            cur = await conn.execute(self.sql.d.fence_upsert,\n"
+                 "                                     {\"lock\": fence.lock, \"fence\": fence.fence})\n"
+                 "            (highest,) = await cur.fetchone()  # type: ignore[misc]\n")
+_OWN_TX = ("            async with self._connection() as fconn:\n"
+           "                cur = await fconn.execute(self.sql.d.fence_upsert,\n"
+           "                                          {\"lock\": fence.lock, \"fence\": fence.fence})\n"
+           "                (highest,) = await cur.fetchone()  # type: ignore[misc]\n")
+
+_WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
+"""The faults that hold a check-then-act window open while a stale write arrives."""
+_STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
+"""Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
+_GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
+"""Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant("off_by_one", "the proxy accepts a fence one below the highest",
+           "stale_commit, fence_decrease (a thawed holder's write lands after a newer claim)",
+           (Edit(_FENCING, _CHECK, "    if highest not in (fence.fence, fence.fence + 1):\n"),
+            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _STALE_FAULTS),
+    Mutant("upsert_never_raises", "the fence upsert never raises the highest",
+           "stale_commit, fence_decrease, interleaving",
+           (Edit(_SQL, "highest = {greatest}(f.highest, excluded.highest) RETURNING highest",
+                 "highest = f.highest RETURNING highest"),
+            Edit(_FENCING, _CHECK, "    if highest > fence.fence:\n"),
+            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= {"))), _STALE_FAULTS),
+    Mutant("batch_unchecked", "no fence check for batch writes",
+           "stale_commit, fence_decrease, interleaving",
+           (Edit(_PG, "            try:\n                check(fence, highest)\n            except ProxyError",
+                 "            try:\n                pass\n            except ProxyError"),), _STALE_FAULTS),
+    Mutant("lockd_same_fence", "lockd keeps the same fence on a re-grant after expiry",
+           "fence_reused, lease_overlap",
+           (Edit(_LOCKD, "    fence = (row[0] if row is not None else 0) + 1\n",
+                 "    fence = (row[0] if row is not None else 0) + (\n"
+                 "        0 if row is not None and row[1] is not None else 1)\n"),)),
+    Mutant("batch_no_raise", "batch checks the fence but does not raise the highest (claims do)",
+           "stale_commit, fence_decrease (blind batch writes: no claim hides the bug)",
+           (Edit(_PG, _BATCH_UPSERT,
+                 "            cur = await conn.execute(self.sql.d.fence_select, {\"lock\": fence.lock})\n"
+                 "            found = await cur.fetchone()\n"
+                 "            highest = max(found[0] if found else 0, fence.fence)\n"),), _GRANT_FAULTS),
+    Mutant("check_then_act", "the fence committed in its own transaction, then the write",
+           "stale_commit by the database's commit order (handoff + db_delay, stop_proxy)",
+           (Edit(_PG, _BATCH_UPSERT, _OWN_TX),), _WINDOW_FAULTS),
+    Mutant("check_then_act_stall", "the same, with a 300 ms stall between check and write",
+           "stale_commit by the database's commit order, interleaving, lost_update",
+           (Edit(_PG, _BATCH_UPSERT, _OWN_TX + "            await asyncio.sleep(0.3)\n"),),
+           _WINDOW_FAULTS),
+    Mutant("lockd_early_expiry", "lockd treats a lease with < 800 ms left as expired",
+           "lease_overlap (renewals logged with their send time)",
+           (Edit(_LOCKD, "    if row is not None and row[1] is not None and row[4] > now:\n",
+                 "    if row is not None and row[1] is not None and row[4] > now + 800:\n"),)),
+    Mutant("single_write_unchecked", "single-row writes skip the fence comparison",
+           "stale_commit, fence_decrease (PATCH/PUT/POST/DELETE run in chaos)",
+           (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),), _STALE_FAULTS),
+
+)
+
+
+def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
+    """A copy of the source tree (no venv, git or results) at ``dst``."""
+    shutil.copytree(src, dst, ignore=_IGNORE)
+    return dst
+
+
+def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store: str = "sqlite",
+               faults: str | None = None, keep: bool = False) -> dict[str, Any]:
+    """Plant ``mutant`` in a copy of the tree and run chaos there (fenced mode). Returns
+    ``{name, detected, kinds, violations, elapsed_s, report}``; ``MutantNoLongerApplies`` if
+    a snippet is gone. The venv's python runs the copy (``PYTHONPATH`` puts it first)."""
+    started = time.monotonic()
+    base = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.name}-"))
+    try:
+        root = copy_tree(base / "tree")
+        mutant.apply_to(root)
+        results = base / "results"
+        argv = [sys.executable, "-m", "chaos", "--store", store, "--seconds", str(seconds),
+                "--seed", str(seed), "--results-dir", str(results)]
+        faults = faults or mutant.faults
+        if faults:
+            argv += ["--faults", faults]
+        if keep:
+            argv.append("--keep")
+        env = {**os.environ, "PYTHONPATH": str(root)}
+        proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
+                              timeout=seconds + 300)
+        reports = sorted(results.glob("*.json"))
+        if not reports:
+            raise RuntimeError(f"mutant {mutant.name}: the chaos run left no report "
+                               f"(exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                               f"{proc.stderr[-3000:]}")
+        report = json.loads(reports[-1].read_text())
+        kinds = report["violations_by_kind"]
+        return {"name": mutant.name, "detected": report["violation_count"] > 0,
+                "kinds": kinds, "violations": report["violation_count"],
+                "elapsed_s": round(time.monotonic() - started, 1), "report": report}
+    finally:
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
