@@ -41,6 +41,7 @@ from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
+from resource_proxy.workers import default_workers, run_workers
 
 __all__ = ["main"]
 
@@ -113,6 +114,9 @@ def _parser() -> argparse.ArgumentParser:
                        "(env PROXY_POLICY; default: table T is written under lock T)")
     serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
+    serve.add_argument("--workers", type=int, help="worker processes serving the port (env "
+                       "PROXY_WORKERS; default: the number of CPUs on PostgreSQL, 1 on SQLite, "
+                       "which allows only 1)")
     serve.add_argument("--log-level", help="debug, info, warning, error (env PROXY_LOG_LEVEL; "
                        "default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
@@ -168,20 +172,48 @@ def main(argv: list[str] | None = None) -> int:
     if settings.jwks_file is not None and not _usable_keys(settings.jwks_file):
         log.error("resource-proxy cannot start: no usable Ed25519 key in %s", settings.jwks_file)
         return 1
+    workers = settings.workers or (1 if settings.is_sqlite else default_workers())
+    if workers > 1 and settings.is_sqlite:
+        print("resource-proxy: --workers: the SQLite store serves from one process "
+              "(use --workers 1, or PostgreSQL)", file=sys.stderr)
+        return 2
     try:
         app = create_app(settings, policy=policy, binding=binding)
     except (OSError, ValueError) as exc:  # an unreadable API key file, a too short key
         log.error("resource-proxy cannot start: %s", exc)
         return 1
+    if workers == 1:
+        return _serve(app, settings)
+    config = _config(app, settings)
+    try:
+        sock = config.bind_socket()
+    except SystemExit:  # uvicorn logged why (address in use, ...)
+        return 1
+    log.info("resource-proxy starting %d workers", workers)
+
+    def serve(listening: socket.socket) -> int:
+        # each worker builds its own app: it reflects the tables and loads the key set itself
+        return _serve(create_app(settings, policy=policy), settings, listening)
+
+    return run_workers(workers, sock, serve)
+
+
+def _config(app, settings: Settings) -> uvicorn.Config:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on",
                             log_config=None, **uvicorn_tls_options(settings))
     warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
     if warning:
         log.warning("resource-proxy: %s", warning)
-    server = _Server(config)
+    return config
+
+
+def _serve(app, settings: Settings, sock: socket.socket | None = None) -> int:
+    """Run one server process until SIGTERM/SIGINT: 0 after a clean stop, 1 if it did not
+    start. ``sock``: an already listening socket (a worker's)."""
+    server = _Server(_config(app, settings))
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
-        server.run()
+        server.run(sockets=[sock] if sock is not None else None)
     return 0 if server.started else 1
 
 
