@@ -37,6 +37,7 @@ from lockd.common.options import (
 )
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
+from resource_proxy.coalesce import coalescing_protocol
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
@@ -203,6 +204,7 @@ def _config(app, settings: Settings) -> uvicorn.Config:
                             log_level=settings.log_level.lower(), lifespan="on",
                             log_config=None, **uvicorn_tls_options(settings))
     warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
+    config.http = coalescing_protocol(config.http)  # one send per response
     if warning:
         log.warning("resource-proxy: %s", warning)
     return config
