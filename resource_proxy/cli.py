@@ -42,7 +42,7 @@ from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
-from resource_proxy.workers import default_workers, run_workers
+from resource_proxy.workers import default_workers, listening_sockets, run_workers
 
 __all__ = ["main"]
 
@@ -185,10 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if workers == 1:
         return _serve(app, settings)
-    config = _config(app, settings)
     try:
-        sock = config.bind_socket()
-    except SystemExit:  # uvicorn logged why (address in use, ...)
+        sockets = listening_sockets(settings.host, settings.port, workers)
+    except OSError as exc:
+        log.error("resource-proxy cannot start: %s:%d: %s", settings.host, settings.port, exc)
         return 1
     log.info("resource-proxy starting %d workers", workers)
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         # each worker builds its own app: it reflects the tables and loads the key set itself
         return _serve(create_app(settings, policy=policy), settings, listening)
 
-    return run_workers(workers, sock, serve)
+    return run_workers(sockets, serve)
 
 
 def _config(app, settings: Settings) -> uvicorn.Config:

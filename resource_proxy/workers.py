@@ -5,10 +5,13 @@ new token's Ed25519 verification) is CPU-bound; the proxy keeps no state between
 the database does not hold (fence rows, Idempotency-Key records), so N processes behave as N
 proxies on one port. The fence check stays in the database transaction, as for several proxies.
 
-How: the parent binds the socket, then forks N workers *before* any event loop, thread, pool or
-key set exists. Each worker builds its own app: it reflects the tables, opens its own pool
-(``pool_size`` connections each: N × ``pool_size`` in all), loads the JWKS itself, and accepts on
-the shared socket (the kernel hands each new connection to one worker).
+How: the parent opens N listening sockets on the port with ``SO_REUSEPORT`` (a port another
+process holds fails the start here), then forks N workers *before* any event loop, thread,
+pool or key set exists; worker i keeps socket i. The kernel spreads new connections over the N
+sockets by their address hash. (One shared socket would not: the worker that wakes first
+accepts every connection waiting, so 8 keep-alive clients measured all on one worker.) Each
+worker builds its own app: it reflects the tables, opens its own pool (``pool_size``
+connections each: N × ``pool_size`` in all) and loads the JWKS itself.
 
 Lifecycle: SIGTERM/SIGINT to the parent is passed to every worker, each finishes its in-flight
 requests (uvicorn's graceful shutdown), and the parent exits 0 when they all did. A worker that
@@ -29,7 +32,7 @@ import socket
 import sys
 from collections.abc import Callable
 
-__all__ = ["default_workers", "run_workers"]
+__all__ = ["default_workers", "listening_sockets", "run_workers"]
 
 log = logging.getLogger("resource_proxy")
 
@@ -42,19 +45,46 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def listening_sockets(host: str, port: int, count: int, backlog: int = 2048) -> list[socket.socket]:
+    """``count`` sockets listening on ``host``:``port`` with ``SO_REUSEPORT`` (port 0: the one
+    the first got). Raises ``OSError`` if the address cannot be had."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            address = sock.getsockname()  # port 0: every socket on the port the first got
+            sock.listen(backlog)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def run_workers(count: int, sock: socket.socket, serve: Callable[[socket.socket], int]) -> int:
-    """Fork ``count`` workers, each running ``serve(sock)`` (its exit status), and supervise
-    them; returns the parent's exit status (0 after a clean stop, 1 if a worker failed)."""
+def run_workers(sockets: list[socket.socket], serve: Callable[[socket.socket], int]) -> int:
+    """Fork one worker per socket, each running ``serve(its socket)`` (its exit status), and
+    supervise them; returns the parent's exit status (0 after a clean stop, 1 if a worker
+    failed)."""
     children: dict[int, int] = {}
-    for index in range(count):
+    for index, sock in enumerate(sockets):
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1
             try:
+                for other in sockets:
+                    if other is not sock:
+                        other.close()
                 code = serve(sock)
             except BaseException:  # noqa: BLE001 - a worker must never return into the parent's loop
                 log.exception("resource-proxy worker %d failed", index)
@@ -64,7 +94,8 @@ def run_workers(count: int, sock: socket.socket, serve: Callable[[socket.socket]
                 sys.stderr.flush()
                 os._exit(code)
         children[pid] = index
-    sock.close()
+    for sock in sockets:
+        sock.close()
     stopping = False
 
     def stop(signum: int | None = None, frame: object = None) -> None:

@@ -31,6 +31,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _established(pid: int, port: int) -> int:
+    """TCP connections of process ``pid`` accepted on ``port`` (from /proc, no tools needed)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            if local_port == port and fields[3] == "01" and fields[9] in inodes:
+                count += 1
+    return count
+
+
 def _start(pg_dsn: str, tmp_path: Path, ring: KeyRing, workers: int = 2) -> tuple[str, ServiceProcess]:
     port = free_port()
     proc = ServiceProcess(proxy_argv(pg_dsn, port, "--jwks-file", str(write_jwks(tmp_path, ring)),
@@ -56,6 +76,18 @@ def test_workers_serve_one_port_with_their_own_pools_and_one_fence(pg_dsn, tmp_p
         assert len(workers) == 2 and all(map(_alive, workers)), proxy.log()
         # each worker opened its own pool of 2 (PROXY_POOL_SIZE): 4 connections in all
         wait_for(lambda: _backends(pg_dsn) == 4, timeout=10, what="both workers' pools")
+        # SO_REUSEPORT: the kernel spreads connections over both workers (16 keep-alive
+        # clients all on one worker: odds 2 in 65536)
+        port = int(url.rsplit(":", 1)[1])
+        clients = [httpx.Client(base_url=url) for _ in range(16)]
+        try:
+            for client in clients:
+                assert client.get("/healthz").status_code == 200
+            spread = [_established(pid, port) for pid in workers]
+            assert sum(spread) == 16 and min(spread) > 0, spread
+        finally:
+            for client in clients:
+                client.close()
         # a fresh connection per request: the kernel spreads them over both workers, and the
         # fence raised through one is honoured by the other (it lives in the database)
         for n in range(1, 11):
@@ -63,7 +95,7 @@ def test_workers_serve_one_port_with_their_own_pools_and_one_fence(pg_dsn, tmp_p
                 ok = client.put(f"/v1/tables/items/rows/k{n}", json={"v": "x"},
                                 headers={"Fencing-Token": ring.sign("items", 5)})
                 assert ok.status_code == 200, ok.text
-        for n in range(10):
+        for _ in range(10):
             with httpx.Client(base_url=url) as client:
                 stale = client.put("/v1/tables/items/rows/k1", json={"v": "old"},
                                    headers={"Fencing-Token": ring.sign("items", 4)})
