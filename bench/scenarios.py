@@ -413,6 +413,8 @@ def proxy(bench: Bench) -> Section:
         f"through the proxy, --workers {cpus}, a new token every write": {
             "workload": "proxy_write", **pooled.addr(), "table": "bench_rows",
             "fresh_tokens": None},
+        "do-nothing FastAPI, one process (HTTP stack ceiling)": {
+            "workload": "noop", **bench.server("noop-fastapi").addr(), "requests_per_cycle": 1},
         f"through the proxy, batches of {s.batch} upserts": {
             "workload": "proxy_batch", **server.addr(), "tokens": batch_tokens,
             "table": "bench_batch", "batch": s.batch, "grouped": True},
@@ -475,7 +477,9 @@ def proxy(bench: Bench) -> Section:
                          "lease's token (its first write).")
     section.notes.append(f"'--workers {cpus}': the same proxy as {cpus} processes on one port "
                          "(the default: one per CPU); the other proxy rows are one process "
-                         "(--workers 1). The 'PostgreSQL limit' rows are the database's own "
+                         "(--workers 1), whose ceiling is the do-nothing FastAPI row: the same "
+                         "HTTP stack answering GET /noop with no work at all. The 'PostgreSQL "
+                         "limit' rows are the database's own "
                          f"commit rate for the same single-row statements with {limit_c} "
                          "psycopg clients from the same generator: what no proxy can exceed "
                          "on this machine.")

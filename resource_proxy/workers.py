@@ -14,7 +14,8 @@ worker builds its own app: it reflects the tables, opens its own pool (``pool_si
 connections each: N × ``pool_size`` in all) and loads the JWKS itself.
 
 Lifecycle: SIGTERM/SIGINT to the parent is passed to every worker, each finishes its in-flight
-requests (uvicorn's graceful shutdown), and the parent exits 0 when they all did. A worker that
+requests (uvicorn's graceful shutdown), and the parent exits 0 when they all did. A parent
+killed outright (SIGKILL) takes its workers with it (Linux ``PR_SET_PDEATHSIG``). A worker that
 fails to start or exits on its own makes the parent stop the others and exit 1 (fail-stop: the
 service manager restarts the whole proxy; no half-sized proxy keeps running unnoticed).
 
@@ -68,6 +69,19 @@ def listening_sockets(host: str, port: int, count: int, backlog: int = 2048) -> 
     return sockets
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to SIGTERM this worker when the parent dies (``PR_SET_PDEATHSIG``): a parent
+    killed with SIGKILL must not leave workers serving the port unsupervised."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the parent's SIGTERM handling still applies
+        return
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _exit_code(status: int) -> int:
     return os.waitstatus_to_exitcode(status)
 
@@ -77,11 +91,13 @@ def run_workers(sockets: list[socket.socket], serve: Callable[[socket.socket], i
     supervise them; returns the parent's exit status (0 after a clean stop, 1 if a worker
     failed)."""
     children: dict[int, int] = {}
+    parent = os.getpid()
     for index, sock in enumerate(sockets):
         pid = os.fork()
         if pid == 0:  # the worker
             code = 1
             try:
+                _die_with_parent(parent)
                 for other in sockets:
                     if other is not sock:
                         other.close()

@@ -127,6 +127,19 @@ def test_a_worker_that_dies_stops_the_proxy(pg_dsn, tmp_path):
     assert "exited" in proxy.log()
 
 
+def test_workers_do_not_outlive_a_killed_parent(pg_dsn, tmp_path):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(PG_SCHEMA)
+    _, proxy = _start(pg_dsn, tmp_path, KeyRing.generate())
+    workers = _children(proxy.pid)
+    assert len(workers) == 2
+    proxy.kill()  # SIGKILL: the parent gets no chance to stop them
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(map(_alive, workers)), "orphaned workers would keep serving the port"
+
+
 def test_sqlite_serves_from_one_process(tmp_path):
     db = tmp_path / "r.db"
     with sqlite3.connect(db) as conn:
