@@ -11,6 +11,13 @@ the other tree, then alternates closed-loop rounds of lock cycles between them (
 a drift in the machine's load hits both alike). Prints the median cycles/s of each, lockd's CPU
 time per cycle (read from ``/proc``, less sensitive to other load than throughput), and the
 after/before ratios.
+
+``--workload proxy`` (or ``proxy-fresh``: a token the proxy has not seen on every write) does
+the same for ``resource-proxy serve``: two proxies, each on its own fresh PostgreSQL database,
+fenced single-row PUTs (``bench.loadgen``'s ``proxy_write``); CPU is the proxy's whole process
+tree (its workers too). ``--after-args "--workers 2"`` passes flags to the "after" proxy only::
+
+    python -m bench.compare --before /tmp/before --workload proxy --clients 8
 """
 
 from __future__ import annotations
@@ -27,8 +34,48 @@ __all__ = ["main"]
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of ``pid`` and its live descendants (uvicorn workers)."""
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += _cpu_seconds(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
+
+
+def _proxy_servers(ws: Workspace, before_tree: Path, after_args: list[str], clients: int):
+    """Two proxies (before/after) on fresh databases, and the load spec of each."""
+    import psycopg
+
+    from lockd.tokens import KeyRing
+
+    ring = KeyRing.generate()
+    servers, specs = {}, {}
+    for key in ("before", "after"):
+        dsn = ws.database()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v bigint NOT NULL)")
+            conn.execute("INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 99999) g")
+        env = {"PYTHONPATH": str(before_tree)} if key == "before" else None
+        args = tuple(after_args) if key == "after" else ()
+        servers[key] = ws.proxy(dsn, ring.jwks(), "tables: {bench_rows: 'cmp/{key}'}\n",
+                                f"proxy-{key}", env=env, args=args)
+        specs[key] = {"workload": "proxy_write", **servers[key].addr(), "table": "bench_rows",
+                      "tokens": [ring.sign(f"cmp/{i}", 1) for i in range(clients)]}
+    return servers, specs, ring
+
+
+def _fresh(spec: dict, ring, round_: int, clients: int, seconds: float) -> dict:
+    """``spec`` with a new token (new row, so new lock) for every write of this round."""
+    per_client = int(400 * (seconds + 0.5)) + 100  # more than a client can send
+    base = 1000 + round_ * 100 * clients  # new rows, so new locks: fences 1, 2, 3, ...
+    return {**spec, "row_base": base, "fresh_tokens": [
+        [ring.sign(f"cmp/{base + i}", f) for f in range(1, per_client + 1)]
+        for i in range(clients)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,12 +85,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--workload", default="lockd", choices=["lockd", "proxy", "proxy-fresh"])
+    parser.add_argument("--after-args", default="", help="more flags for the 'after' server "
+                        "(proxy workloads), e.g. '--workers 2'")
     args = parser.parse_args(argv)
     before_tree = Path(args.before).resolve()
     if not (before_tree / "lockd" / "__init__.py").exists():
         parser.error(f"{before_tree} holds no lockd package")
     ws = Workspace()
     try:
+        if args.workload != "lockd":
+            return _compare_proxy(args, ws, before_tree)
         if args.store == "etcd":
             url = ws.etcd().extra["url"]
             urls = {"before": url, "after": url + "-after"}
@@ -80,6 +132,38 @@ def main(argv: list[str] | None = None) -> int:
               f"({args.store}, {args.clients} clients, {args.rounds} rounds × {args.seconds:g} s)")
     finally:
         ws.close()
+    return 0
+
+
+def _compare_proxy(args, ws: Workspace, before_tree: Path) -> int:
+    servers, specs, ring = _proxy_servers(ws, before_tree, args.after_args.split(),
+                                          args.clients)
+    rates: dict[str, list[float]] = {k: [] for k in servers}
+    cpu: dict[str, list[float]] = {k: [] for k in servers}
+    for r in range(args.rounds):
+        order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+        for key in order:
+            spec = specs[key]
+            if args.workload == "proxy-fresh":
+                spec = _fresh(spec, ring, r, args.clients, args.seconds)
+            c0 = _cpu_seconds(servers[key].pid)
+            out = loadgen.run_closed({**spec, "warmup": 0.5, "seconds": args.seconds},
+                                     args.clients)
+            writes = out["cycles"] * (args.seconds + 0.5) / args.seconds  # warm-up too
+            rates[key].append(out["cycles"] / args.seconds)
+            cpu[key].append((_cpu_seconds(servers[key].pid) - c0) * 1000 / max(1.0, writes))
+            if out["errors"]:
+                print(f"{key}: {out['errors']} errors, first: {out['first_error']}")
+    for key in servers:
+        print(f"{key:6s}  {statistics.median(rates[key]):7.0f} writes/s (rounds "
+              f"{', '.join(f'{x:.0f}' for x in rates[key])}); proxy CPU "
+              f"{statistics.median(cpu[key]):.3f} ms/write")
+    print(f"after/before: throughput "
+          f"{statistics.median(rates['after']) / statistics.median(rates['before']):.2f}×, "
+          f"proxy CPU per write "
+          f"{statistics.median(cpu['after']) / statistics.median(cpu['before']):.2f}×  "
+          f"({args.workload}, {args.clients} clients, {args.rounds} rounds × {args.seconds:g} s"
+          f"{', after: ' + args.after_args if args.after_args else ''})")
     return 0
 
 

@@ -224,7 +224,10 @@ class Workspace:
         self.servers.append(server)
         return server
 
-    def proxy(self, dsn: str, jwks: dict, policy: str, name: str = "proxy") -> Server:
+    def proxy(self, dsn: str, jwks: dict, policy: str, name: str = "proxy",
+              env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Server:
+        """``resource-proxy serve`` on ``dsn``; ``args``: more flags (``--workers 2``);
+        ``env``: e.g. ``PYTHONPATH`` of another source tree (``bench.compare``)."""
         jwks_path = self.dir / f"{name}-jwks.json"
         jwks_path.write_text(json.dumps(jwks))
         policy_path = self.dir / f"{name}-policy.yaml"
@@ -232,8 +235,8 @@ class Workspace:
         port = free_port()
         argv = [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", dsn,
                 "--jwks-file", str(jwks_path), "--policy", str(policy_path),
-                "--port", str(port), "--log-level", "warning"]
-        proc = ServiceProcess(argv, ready_url=f"http://127.0.0.1:{port}/healthz",
+                "--port", str(port), "--log-level", "warning", *args]
+        proc = ServiceProcess(argv, ready_url=f"http://127.0.0.1:{port}/healthz", env=env,
                               log_path=self.dir / f"{name}.log").start(timeout=60)
         server = Server(name, "127.0.0.1", port, proc)
         self.servers.append(server)

@@ -371,6 +371,7 @@ def proxy(bench: Bench) -> Section:
     from resource_proxy.policy import load_policy
     from resource_proxy.store import prepare
     from resource_proxy.store.sql import POSTGRES, SqlBuilder
+    from resource_proxy.workers import default_workers
 
     s = bench.settings
     dsn = bench.ws.database()
@@ -388,11 +389,15 @@ def proxy(bench: Bench) -> Section:
     policy_file.write_text(policy)
     tokens = [ring.sign(f"bench5/{i}", 1) for i in range(most)]
     batch_tokens = [ring.sign(f"bench5b/{i}", 1) for i in range(most)]
-    server = bench.ws.proxy(dsn, ring.jwks(), policy)
+    server = bench.ws.proxy(dsn, ring.jwks(), policy, args=("--workers", "1"))
+    cpus = default_workers()
+    pooled = bench.ws.proxy(dsn, ring.jwks(), policy, "proxy-workers",
+                            args=("--workers", str(cpus)))
+    limit_c = 4 * most  # the physical-limit rows: enough clients to saturate PostgreSQL
     table = prepare(dsn, ["bench_rows", "bench_batch"], load_policy(policy_file)).catalog["bench_rows"]
     builder = SqlBuilder(POSTGRES)
     fenced_sql, fenced_params = [], []
-    for i in range(most):
+    for i in range(limit_c):
         op = build_op("upsert", table, (i,), {"v": 0}, 1)
         sql, params = builder.write(op, Fence(f"bench5/{i}", 1))
         fenced_sql.append(sql)
@@ -407,21 +412,39 @@ def proxy(bench: Bench) -> Section:
         "direct plain UPDATE, no fence, psycopg": {
             "workload": "direct_sql", "dsn": dsn,
             "sql": "UPDATE bench_rows SET v = %(v)s WHERE id = %(id)s RETURNING id",
-            "params": [{"v": 0, "id": i} for i in range(most)], "counter": "v"},
+            "params": [{"v": 0, "id": i} for i in range(limit_c)], "counter": "v"},
+        f"through the proxy, --workers {cpus} (PUT, fenced)": {
+            "workload": "proxy_write", **pooled.addr(), "tokens": tokens, "table": "bench_rows"},
         "through the proxy, a new token every write": {
             "workload": "proxy_write", **server.addr(), "table": "bench_rows",
             "fresh_tokens": None},
+        f"through the proxy, --workers {cpus}, a new token every write": {
+            "workload": "proxy_write", **pooled.addr(), "table": "bench_rows",
+            "fresh_tokens": None},
+        "do-nothing FastAPI, one process (HTTP stack ceiling)": {
+            "workload": "noop", **bench.server("noop-fastapi").addr(), "requests_per_cycle": 1},
         f"through the proxy, batches of {s.batch} upserts": {
             "workload": "proxy_batch", **server.addr(), "tokens": batch_tokens,
             "table": "bench_batch", "batch": s.batch, "grouped": True},
     }
+    # the physical limit: PostgreSQL's own commit rate for the same single-row statements, from
+    # the same generator with limit_c clients (a pgbench-like run: enough to saturate it)
+    limits = {f"PostgreSQL limit: fenced statement, psycopg, {limit_c} clients":
+              cases["direct fenced statement, psycopg (baseline)"],
+              f"PostgreSQL limit: plain UPDATE, psycopg, {limit_c} clients":
+              cases["direct plain UPDATE, no fence, psycopg"]}
     per_client = int(300 * (s.warmup + s.seconds)) + 100  # more than a client can send
     res: dict[tuple[str, int], list[dict]] = {}
     for r in range(s.rounds):
+        for name, spec in limits.items():
+            out = loadgen.run_closed({**spec, "check_first": None, "warmup": s.warmup,
+                                      "seconds": s.seconds}, limit_c, s.procs)
+            res.setdefault((name, limit_c), []).append(out)
         for c in s.proxy_clients:
             for name, spec in cases.items():
                 if "fresh_tokens" in spec:  # new rows (so new locks) each run: fences 1, 2, 3, ...
-                    base = 10_000 * (1 + r * len(s.proxy_clients) + s.proxy_clients.index(c))
+                    base = 10_000 * (1 + r * 2 * len(s.proxy_clients) + 2 * s.proxy_clients.index(c)
+                                     + ("--workers" in name))
                     spec = {**spec, "row_base": base, "fresh_tokens": [
                         [ring.sign(f"bench5/{base + i}", f) for f in range(1, per_client + 1)]
                         for i in range(c)]}
@@ -447,11 +470,27 @@ def proxy(bench: Bench) -> Section:
             section.data[f"{name} @{c}"] = {
                 "rows_per_s": [x["cycles"] * per / x["seconds"] for x in runs],
                 "first_error": next((x["first_error"] for x in runs if x["first_error"]), None)}
+        for name in limits:
+            runs = res[(name, limit_c)]
+            rows = median([x["cycles"] / x["seconds"] for x in runs])
+            lat = [v for x in runs for v in x["lat_ms"]]
+            section.rows.append([name, limit_c, rows, ratio(rows, base), pct(lat, 50),
+                                 pct(lat, 99), sum(x["errors"] for x in runs)])
+            section.data[f"{name} @{limit_c}"] = {
+                "rows_per_s": [x["cycles"] / x["seconds"] for x in runs]}
     section.notes.append("Each client owns one lock (a token with fence 1) and one row; the "
                          "batch clients write their own 100 rows (one group of bench_batch, one lock) per request. Latency of a batch "
                          "row is the whole batch's. The proxy caches verified tokens, so the "
                          "'new token every write' row shows the cost of verifying each new "
                          "lease's token (its first write).")
+    section.notes.append(f"'--workers {cpus}': the same proxy as {cpus} processes on one port "
+                         "(the default: one per CPU); the other proxy rows are one process "
+                         "(--workers 1), whose ceiling is the do-nothing FastAPI row: the same "
+                         "HTTP stack answering GET /noop with no work at all. The 'PostgreSQL "
+                         "limit' rows are the database's own "
+                         f"commit rate for the same single-row statements with {limit_c} "
+                         "psycopg clients from the same generator: what no proxy can exceed "
+                         "on this machine.")
     return section
 
 

@@ -120,7 +120,8 @@ class Services:
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
              "--lockd-url", self.lockd_url, "--tables", f"counter,{MARKS_TABLE}",
-             "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning"],
+             "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning",
+             "--workers", "1"],  # one process: the nemesis SIGSTOPs the proxy by its pid
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")
         self.proxy.start(timeout=30)
         ResourceDB(self.db_url).watch_fences()  # the proxy created its fence table by now

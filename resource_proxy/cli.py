@@ -38,10 +38,12 @@ from lockd.common.options import (
 )
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
+from resource_proxy.coalesce import coalescing_protocol
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
+from resource_proxy.workers import default_workers, listening_sockets, run_workers
 
 __all__ = ["main"]
 
@@ -114,6 +116,9 @@ def _parser() -> argparse.ArgumentParser:
                        "(env PROXY_POLICY; default: table T is written under lock T)")
     serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
+    serve.add_argument("--workers", type=int, help="worker processes serving the port (env "
+                       "PROXY_WORKERS; default: the number of CPUs on PostgreSQL, 1 on SQLite, "
+                       "which allows only 1)")
     serve.add_argument("--log-level", help="debug, info, warning, error (env PROXY_LOG_LEVEL; "
                        "default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
@@ -152,10 +157,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"resource-proxy: cannot use the TLS files for lockd: {exc}", file=sys.stderr)
             return 2
     configure_logging(settings.log_level, settings.log_format)
-    try:
-        listener = bind_listener(settings.host, settings.port)  # the socket closes on exit
-    except ListenError as exc:
-        log.error("resource-proxy cannot start: %s", exc)
+    workers = settings.workers or (1 if settings.is_sqlite else default_workers())
+    if workers > 1 and settings.is_sqlite:
+        print("resource-proxy: --workers: the SQLite store serves from one process "
+              "(use --workers 1, or PostgreSQL)", file=sys.stderr)
+        return 2
+    try:  # bound before anything else starts: a port in use is one line, exit 1
+        if workers == 1:
+            sockets = [bind_listener(settings.host, settings.port)]
+        else:
+            sockets = listening_sockets(settings.host, settings.port, workers)
+    except OSError as exc:
+        reason = str(exc) if isinstance(exc, ListenError) else (
+            f"cannot listen on {settings.host}:{settings.port}: "
+            f"{(exc.strerror or str(exc)).lower()}")
+        log.error("resource-proxy cannot start: %s", reason)
         return 1
     try:
         policy = load_policy(settings.policy)
@@ -179,15 +195,34 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:  # an unreadable API key file, a too short key
         log.error("resource-proxy cannot start: %s", exc)
         return 1
+    if workers == 1:
+        return _serve(app, settings, sockets[0])
+    log.info("resource-proxy starting %d workers", workers)
+
+    def serve(listening: socket.socket) -> int:
+        # each worker builds its own app: it reflects the tables and loads the key set itself
+        return _serve(create_app(settings, policy=policy), settings, listening)
+
+    return run_workers(sockets, serve)
+
+
+def _config(app, settings: Settings) -> uvicorn.Config:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
                             log_level=settings.log_level.lower(), lifespan="on",
                             log_config=None, **uvicorn_tls_options(settings))
     warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
+    config.http = coalescing_protocol(config.http)  # one send per response
     if warning:
         log.warning("resource-proxy: %s", warning)
-    server = _Server(config)
+    return config
+
+
+def _serve(app, settings: Settings, sock: socket.socket) -> int:
+    """Run one server process on the bound socket ``sock`` until SIGTERM/SIGINT: 0 after a
+    clean stop, 1 if it did not start."""
+    server = _Server(_config(app, settings))
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
-        server.run(sockets=[listener])
+        server.run(sockets=[sock])
     return 0 if server.started else 1
 
 

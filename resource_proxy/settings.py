@@ -46,6 +46,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1_048_576, ge=1024)
     max_batch_ops: int = Field(1000, ge=1)
     pool_size: int = Field(10, ge=1, le=1000)
+    # Worker processes (``workers``); None: the number of CPUs (PostgreSQL), 1 (SQLite).
+    workers: int | None = Field(None, ge=1, le=256)
     # How long a request waits for a database connection (and a connect attempt) before 503.
     db_timeout_ms: int = Field(3000, ge=100)
     jwks_refetch_interval_ms: int = Field(1000, ge=0)

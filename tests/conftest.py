@@ -15,6 +15,10 @@ from tests.support import (
     sqlalchemy_url,
 )
 
+# The suites read one process's counters (/metrics, /v1/activity): every resource-proxy they
+# start serves from one process unless the test asks for more (tests/proxy/test_workers.py).
+os.environ.setdefault("PROXY_WORKERS", "1")
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 

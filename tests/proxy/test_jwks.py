@@ -128,3 +128,40 @@ def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, 
                          headers={"Fencing-Token": ring.sign("items", 1)})
         assert put.status_code == 200, put.text
         assert client.get("/healthz").json() == {"status": "ok", "jwks": "ok"}
+
+
+def test_verified_tokens_are_cached_lru_and_verified_once(monkeypatch):
+    """A token's first use pays the Ed25519 check, later uses none; when the cache is full the
+    least recently used token is evicted (not the hot ones); a rotation clears it."""
+    import asyncio
+
+    from resource_proxy import jwks as jwks_module
+    from resource_proxy.jwks import KeySource
+
+    ring = KeyRing.generate()
+    monkeypatch.setattr(jwks_module, "_CACHE_MAX", 2)
+
+    async def load():
+        return ring.jwks()
+
+    async def run() -> list[str]:
+        keys = KeySource(load)
+        await keys.reload(force=True)
+        checked: list[str] = []
+        real = keys._verifier.verify
+
+        def counting(token: str):
+            checked.append(token)
+            return real(token)
+
+        keys._verifier.verify = counting  # type: ignore[method-assign]
+        a, b, c = (ring.sign(f"lru/{n}", 1) for n in "abc")
+        for token in (a, a, b, a, c):  # c evicts b (least recent), not a
+            await keys.verify(token)
+        assert checked == [a, b, c]
+        assert keys.peek(a) is not None and keys.peek(b) is None
+        await keys.verify(a)
+        await keys.verify(b)
+        return [t[-6:] for t in checked]
+
+    assert len(asyncio.run(run())) == 4
