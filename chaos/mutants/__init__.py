@@ -24,7 +24,9 @@ The table (issue 20's audit, plus ``single_write_unchecked``):
 ===========================  ==================================================================
 
 The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store: mutant runs
-use lockd on SQLite and a PostgreSQL protected database. The runs of lockd's mutants inject
+use lockd on SQLite and a PostgreSQL protected database. A mutant about batches edits the one path
+that serves batches of one lock and of several (``_batch_on``), and lockd's mutants edit the
+single-lock and the multi-lock grant alike. The runs of lockd's mutants inject
 every fault kind; those of the proxy's inject the faults that make frozen holders send stale
 writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
 latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``), and the two
@@ -90,14 +92,27 @@ _SQL = "resource_proxy/store/sql.py"
 _FENCING = "resource_proxy/fencing.py"
 _LOCKD = "lockd/server/store/sqlite.py"
 _GATE = "gate = f\"EXISTS (SELECT 1 FROM fence WHERE highest = {d.p('fence', 'bigint')})\""
-_CHECK = "    if highest != fence.fence:\n"
-_BATCH_UPSERT = ("            cur = await conn.execute(self.sql.d.fence_upsert,\n"
-                 "                                     {\"lock\": fence.lock, \"fence\": fence.fence})\n"
-                 "            (highest,) = await cur.fetchone()  # type: ignore[misc]\n")
-_OWN_TX = ("            async with self._connection() as fconn:\n"
-           "                cur = await fconn.execute(self.sql.d.fence_upsert,\n"
-           "                                          {\"lock\": fence.lock, \"fence\": fence.fence})\n"
-           "                (highest,) = await cur.fetchone()  # type: ignore[misc]\n")
+_CHECK = "zip(fences, highests, strict=True) if h != f.fence]"
+"""``fencing.check_all``: every fence comparison (single writes, reads, claims, batches of one
+lock or several)."""
+_UPSERT = "highest = {greatest}(f.highest, excluded.highest) RETURNING highest"
+_UPSERT_MANY = "'highest = GREATEST(f.highest, excluded.highest) RETURNING \"lock\", highest'"
+_BATCH_RAISE = ("            highest = await self._raise_fences(conn, fences)\n"
+                "            try:\n")
+"""The batch's fence upsert (one lock or several, ``_batch_on``); claims use their own."""
+_BATCH_SELECT = (
+    "            highest = []\n"
+    "            for f in fences:\n"
+    "                cur = await conn.execute(self.sql.d.fence_select, {\"lock\": f.lock})\n"
+    "                found = await cur.fetchone()\n"
+    "                highest.append(max(found[0] if found else 0, f.fence))\n"
+    "            try:\n")
+_OWN_TX = ("            async with self._connection() as fconn:  # autocommit: its own transaction\n"
+           "                highest = await self._raise_fences(fconn, fences)\n")
+_LOCKD_FENCE = "    fence = (row[0] if row is not None else 0) + 1\n"
+_LOCKD_FENCE_MANY = "        fence = (rows[name][0] if name in rows else 0) + 1\n"
+_LOCKD_LIVE = "    if row is not None and row[1] is not None and row[4] > now:\n"
+_LOCKD_LIVE_MANY = "if r[1] is not None and r[3] > now)"
 
 _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 """The faults that hold a check-then-act window open while a stale write arrives."""
@@ -109,46 +124,48 @@ _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
            "stale_commit, fence_decrease (a thawed holder's write lands after a newer claim)",
-           (Edit(_FENCING, _CHECK, "    if highest not in (fence.fence, fence.fence + 1):\n"),
+           (Edit(_FENCING, _CHECK, _CHECK.replace("h != f.fence", "h not in (f.fence, f.fence + 1)")),
             Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _STALE_FAULTS),
     Mutant("upsert_never_raises", "the fence upsert never raises the highest",
            "stale_commit, fence_decrease, interleaving",
-           (Edit(_SQL, "highest = {greatest}(f.highest, excluded.highest) RETURNING highest",
-                 "highest = f.highest RETURNING highest"),
-            Edit(_FENCING, _CHECK, "    if highest > fence.fence:\n"),
+           (Edit(_SQL, _UPSERT, "highest = f.highest RETURNING highest"),
+            Edit(_SQL, _UPSERT_MANY, "'highest = f.highest RETURNING \"lock\", highest'"),
+            Edit(_FENCING, _CHECK, _CHECK.replace("h != f.fence", "h > f.fence")),
             Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= {"))), _STALE_FAULTS),
     Mutant("batch_unchecked", "no fence check for batch writes",
            "stale_commit, fence_decrease, interleaving",
-           (Edit(_PG, "            try:\n                check(fence, highest)\n            except ProxyError",
-                 "            try:\n                pass\n            except ProxyError"),), _STALE_FAULTS),
+           (Edit(_PG, "            try:\n                check_all(fences, highest)\n"
+                      "            except ProxyError",
+                 "            try:\n                pass\n            except ProxyError"),),
+           _STALE_FAULTS),
     Mutant("lockd_same_fence", "lockd keeps the same fence on a re-grant after expiry",
            "fence_reused, lease_overlap",
-           (Edit(_LOCKD, "    fence = (row[0] if row is not None else 0) + 1\n",
+           (Edit(_LOCKD, _LOCKD_FENCE,
                  "    fence = (row[0] if row is not None else 0) + (\n"
-                 "        0 if row is not None and row[1] is not None else 1)\n"),)),
+                 "        0 if row is not None and row[1] is not None else 1)\n"),
+            Edit(_LOCKD, _LOCKD_FENCE_MANY,
+                 "        fence = (rows[name][0] if name in rows else 0) + (\n"
+                 "            0 if name in rows and rows[name][1] is not None else 1)\n"))),
     Mutant("batch_no_raise", "batch checks the fence but does not raise the highest (claims do)",
            "stale_commit, fence_decrease (blind batch writes: no claim hides the bug)",
-           (Edit(_PG, _BATCH_UPSERT,
-                 "            cur = await conn.execute(self.sql.d.fence_select, {\"lock\": fence.lock})\n"
-                 "            found = await cur.fetchone()\n"
-                 "            highest = max(found[0] if found else 0, fence.fence)\n"),), _GRANT_FAULTS),
+           (Edit(_PG, _BATCH_RAISE, _BATCH_SELECT),), _GRANT_FAULTS),
     Mutant("check_then_act", "the fence committed in its own transaction, then the write",
            "stale_commit by the database's commit order (handoff + db_delay, stop_proxy)",
-           (Edit(_PG, _BATCH_UPSERT, _OWN_TX),), _WINDOW_FAULTS),
+           (Edit(_PG, _BATCH_RAISE, _OWN_TX + "            try:\n"),), _WINDOW_FAULTS),
     Mutant("check_then_act_stall", "the same, with a 300 ms stall between check and write",
            "stale_commit by the database's commit order, interleaving, lost_update",
-           (Edit(_PG, _BATCH_UPSERT, _OWN_TX + "            await asyncio.sleep(0.3)\n"),),
+           (Edit(_PG, _BATCH_RAISE,
+                 _OWN_TX + "            await asyncio.sleep(0.3)\n            try:\n"),),
            _WINDOW_FAULTS),
     Mutant("lockd_early_expiry", "lockd treats a lease with < 800 ms left as expired",
            "lease_overlap (renewals logged with their send time)",
-           (Edit(_LOCKD, "    if row is not None and row[1] is not None and row[4] > now:\n",
-                 "    if row is not None and row[1] is not None and row[4] > now + 800:\n"),)),
+           (Edit(_LOCKD, _LOCKD_LIVE, _LOCKD_LIVE.replace("row[4] > now", "row[4] > now + 800")),
+            Edit(_LOCKD, _LOCKD_LIVE_MANY, _LOCKD_LIVE_MANY.replace("> now", "> now + 800")))),
     Mutant("single_write_unchecked", "single-row writes skip the fence comparison",
            "stale_commit, fence_decrease (PATCH/PUT/POST/DELETE run in chaos)",
-           (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),), _STALE_FAULTS),
-
+           (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
+           _STALE_FAULTS),
 )
-
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
     """A copy of the source tree (no venv, git or results) at ``dst``."""
