@@ -44,13 +44,16 @@ bench: install
 
 ## Fault injection + history checker (issue 9): one run per store, summary on stdout, JSON report
 ## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
-## store (default 600), CHAOS_SEED (default random). Exit 1 if the checker found a violation.
-CHAOS_STORE   ?= all
-CHAOS_SECONDS ?= 600
-CHAOS_SEED    ?=
+## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer (default
+## counter; transfer: two-account transfers through multi-lock leases, issue 14).
+## Exit 1 if the checker found a violation.
+CHAOS_STORE    ?= all
+CHAOS_WORKLOAD ?= counter
+CHAOS_SECONDS  ?= 600
+CHAOS_SEED     ?=
 .PHONY: chaos
 chaos: install
-	$(BIN)/python -m chaos --store $(CHAOS_STORE) --seconds $(CHAOS_SECONDS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+	$(BIN)/python -m chaos --store $(CHAOS_STORE) --seconds $(CHAOS_SECONDS) --workload $(CHAOS_WORKLOAD) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 ## Mutation testing of the chaos suite (issue 20): plant each bug of chaos/mutants in a copy of
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40), one line per mutant, then

@@ -504,7 +504,7 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
     definite refusal), ``committed`` (in the history), else ``unknown`` (no commit, no refusal).
     Returns totals and, per pause, its revived writes."""
     ops = collect_ops(events)
-    committed = {r.op for r in history if r.kind in ("counter", "mark_ins")}
+    committed = {r.op for r in history if r.kind in ("counter", "mark_ins", "account")}
     deleted = {r.op for r in history if r.kind == "mark_del"}
     totals = {"pauses": len(pauses), "attempted": 0, "refused": 0, "committed": 0, "unknown": 0}
     per_pause = []

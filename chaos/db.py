@@ -5,6 +5,8 @@
     counter (id integer PRIMARY KEY, value bigint NOT NULL,          -- one row, id 1, starts at 0
              op text, worker text, fence bigint, read_value bigint)  -- who wrote it last
     marks   (id text PRIMARY KEY, worker text, fence bigint)         -- blind writes (no claim)
+    accounts (id integer PRIMARY KEY, balance bigint NOT NULL,       -- ACCOUNTS rows, 1..N, each
+              op text, fence bigint, read_balance bigint)            -- starts at INITIAL_BALANCE
     history (id, kind, op, worker, fence, read_value, wrote_value, commit_seq)   -- not served
 
 The proxy serves ``counter`` and ``marks`` (it reflects them at start, so ``create_schema`` runs
@@ -13,6 +15,9 @@ first); ``history`` is written by the database itself, by triggers, never throug
 - ``kind = 'counter'``: every update of the counter row that names a new ``op`` (a batch, a
   PATCH or a PUT) logs the op, its fence, the value it read and the value it wrote.
 - ``kind = 'mark_ins'`` / ``'mark_del'``: every insert / delete of a mark (``op`` = the mark's id).
+- ``kind = 'account'``: EVERY update of an account row (the ``transfer`` workload): the transfer
+  id (``op``), the account (``worker`` = its id), the fence of its lock, the balance the
+  transfer read and the one it wrote. Every update, so a transfer applied twice shows twice.
 - ``kind = 'fence'``: every change of the proxy's own fence table (``watch_fences``, installed
   once the proxy created it): the highest fence the proxy honoured, as the database committed it.
 
@@ -35,11 +40,16 @@ import psycopg
 
 from chaos.checker import HistoryRow
 
-__all__ = ["COUNTER_TABLE", "MARKS_TABLE", "HISTORY_TABLE", "ResourceDB", "Direct"]
+__all__ = ["COUNTER_TABLE", "MARKS_TABLE", "ACCOUNTS_TABLE", "HISTORY_TABLE", "ACCOUNTS",
+           "INITIAL_BALANCE", "ResourceDB", "Direct"]
 
 COUNTER_TABLE = "counter"
 MARKS_TABLE = "marks"
+ACCOUNTS_TABLE = "accounts"
 HISTORY_TABLE = "history"
+ACCOUNTS = 8
+"""Account rows of the ``transfer`` workload (ids 1..ACCOUNTS)."""
+INITIAL_BALANCE = 1000
 
 _PG_SCHEMA = """
 CREATE TABLE IF NOT EXISTS counter (id integer PRIMARY KEY, value bigint NOT NULL, op text,
@@ -51,6 +61,20 @@ CREATE TABLE IF NOT EXISTS history (
     read_value bigint, wrote_value bigint, commit_seq bigint);
 CREATE UNIQUE INDEX IF NOT EXISTS history_counter_op ON history (op) WHERE kind = 'counter';
 INSERT INTO counter (id, value) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+CREATE TABLE IF NOT EXISTS accounts (id integer PRIMARY KEY, balance bigint NOT NULL, op text,
+    fence bigint, read_balance bigint);
+INSERT INTO accounts (id, balance) SELECT g, {initial} FROM generate_series(1, {accounts}) AS g
+    ON CONFLICT (id) DO NOTHING;
+
+CREATE OR REPLACE FUNCTION chaos_log_account() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
+    VALUES ('account', NEW.op, NEW.id::text, NEW.fence, NEW.read_balance, NEW.balance);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_account ON accounts;
+CREATE TRIGGER chaos_log_account AFTER UPDATE ON accounts FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_account();
 
 CREATE OR REPLACE FUNCTION chaos_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -104,6 +128,14 @@ CREATE TABLE IF NOT EXISTS history (
     fence INTEGER, read_value INTEGER, wrote_value INTEGER, commit_seq INTEGER);
 CREATE UNIQUE INDEX IF NOT EXISTS history_counter_op ON history (op) WHERE kind = 'counter';
 INSERT OR IGNORE INTO counter (id, value) VALUES (1, 0);
+CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, op TEXT,
+    fence INTEGER, read_balance INTEGER);
+WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {accounts})
+    INSERT OR IGNORE INTO accounts (id, balance) SELECT n, {initial} FROM g;
+CREATE TRIGGER IF NOT EXISTS chaos_log_account AFTER UPDATE ON accounts FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
+          VALUES ('account', NEW.op, CAST(NEW.id AS TEXT), NEW.fence, NEW.read_balance,
+                  NEW.balance); END;
 CREATE TRIGGER IF NOT EXISTS chaos_log_counter AFTER UPDATE ON counter FOR EACH ROW
     WHEN NEW.op IS NOT OLD.op
     BEGIN INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
@@ -148,8 +180,13 @@ class ResourceDB:
         finally:
             conn.close()
 
-    def create_schema(self) -> None:
-        self._script(_PG_SCHEMA, _SQLITE_SCHEMA)
+    def create_schema(self, accounts: int = ACCOUNTS) -> None:
+        """The tables, triggers and first rows (``accounts`` account rows)."""
+        fill = {"accounts": int(accounts), "initial": INITIAL_BALANCE}
+        self._script(_PG_SCHEMA.replace("{accounts}", str(fill["accounts"]))
+                     .replace("{initial}", str(fill["initial"])),
+                     _SQLITE_SCHEMA.replace("{accounts}", str(fill["accounts"]))
+                     .replace("{initial}", str(fill["initial"])))
 
     def watch_fences(self) -> None:
         """Log every change of the proxy's fence table into ``history`` (``kind = 'fence'``).
@@ -168,6 +205,15 @@ class ResourceDB:
         finally:
             conn.close()
         return int(value), rows
+
+    def balances(self) -> dict[int, int]:
+        """Every account's balance now (``transfer`` workload)."""
+        conn = self._connect()
+        try:
+            return {int(i): int(b) for i, b in
+                    conn.execute("SELECT id, balance FROM accounts ORDER BY id").fetchall()}
+        finally:
+            conn.close()
 
 
 class Direct:
@@ -203,6 +249,36 @@ class Direct:
         try:
             conn.execute(f"UPDATE counter SET value = {ph}, op = {ph}, worker = {ph}, fence = {ph},"
                          f" read_value = {ph} WHERE id = 1", (wrote, op, worker, fence, read))
+        except (psycopg.Error, sqlite3.Error, OSError):
+            self._drop()
+            raise
+
+    def read_balance(self, account: int) -> int:
+        try:
+            ph = "?" if self.db.is_sqlite else "%s"
+            (value,) = self._c().execute(f"SELECT balance FROM accounts WHERE id = {ph}",
+                                         (account,)).fetchone()
+            return int(value)
+        except (psycopg.Error, sqlite3.Error, OSError):
+            self._drop()
+            raise
+
+    def transfer(self, op: str, rows: list[tuple[int, int, int, int]]) -> None:
+        """Update each ``(account, balance, fence, read_balance)`` in ONE transaction."""
+        conn = self._c()
+        ph = "?" if self.db.is_sqlite else "%s"
+        sql = (f"UPDATE accounts SET balance = {ph}, op = {ph}, fence = {ph}, read_balance = {ph}"
+               f" WHERE id = {ph}")
+        try:
+            if self.db.is_sqlite:
+                conn.execute("BEGIN IMMEDIATE")
+                for account, balance, fence, read in rows:
+                    conn.execute(sql, (balance, op, fence, read, account))
+                conn.execute("COMMIT")
+            else:
+                with conn.transaction():
+                    for account, balance, fence, read in rows:
+                        conn.execute(sql, (balance, op, fence, read, account))
         except (psycopg.Error, sqlite3.Error, OSError):
             self._drop()
             raise

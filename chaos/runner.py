@@ -1,7 +1,8 @@
 """One chaos run: services up, workers looping, nemesis injecting, then the checker's verdict.
 
 ``run(RunConfig(...))`` returns the report (a dict, also written as JSON when ``results_dir`` is
-given: ``<store>-<seed>.json``, or ``<store>-<mode>-<seed>.json`` for a control mode)::
+given: ``<store>-<seed>.json``, or ``<store>-<mode>-<seed>.json`` for a control mode, with
+``-<workload>`` after the mode for a workload other than ``counter``)::
 
     {"store", "resource", "mode", "seed", "seconds", "workers", "ttl", "elapsed_s",
      "ops": {"attempted", "acknowledged", "stale", "unknown", ...},
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from chaos.checker import check, load_events, revived_writes
-from chaos.db import ResourceDB
+from chaos.db import ACCOUNTS, INITIAL_BALANCE, ResourceDB
 from chaos.nemesis import Nemesis, kinds_for, make_schedule
 from chaos.pool import WorkerPool, faketime_lib
-from chaos.services import LOCK, Services
+from chaos.services import ACCOUNT_LOCKS, LOCK, Services
+from chaos.transfers import check_transfers
 from chaos.workload import MODES, WORKLOADS
 from lockd.client.fenced import FencedSession
 from tests.support import ThrowawayPostgres
@@ -56,6 +58,8 @@ class RunConfig:
     ttl: float | None = None
     workload: str = "counter"
     think: tuple[float, float] = (0.05, 0.4)
+    accounts: int = ACCOUNTS
+    """Account rows (``transfer`` workload; each transfer takes two of their locks)."""
     kinds: tuple[str, ...] | None = None
     """Fault kinds to inject (default: every kind that applies; the control modes: pauses)."""
     workdir: Path | None = None
@@ -76,7 +80,7 @@ def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
             "--proxy", services.proxy_url, "--db", services.db_url, "--mode", cfg.mode,
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
-            "--workload", cfg.workload]
+            "--workload", cfg.workload, "--accounts", str(cfg.accounts)]
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
@@ -93,7 +97,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     ttl = cfg.effective_ttl
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
     lock = LOCK  # what the proxy names for table counter; checked once it runs
-    services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg)
+    services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg, accounts=cfg.accounts)
     pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
     variants = {"unfenced-read": ("race",), "nofence": ("race", "late")}.get(
         cfg.mode, ("race", "late", "edge"))
@@ -104,9 +108,12 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             services.start()
             with FencedSession(services.proxy_url) as proxy:
                 named = proxy.lock_for("counter")  # the proxy decides the lock, never by hand
+                account = proxy.lock_for("accounts", 1)
             if named is None:
                 raise RuntimeError("the proxy writes the counter unfenced")
-            lock = named
+            if account != ACCOUNT_LOCKS.replace("{key}", "1"):
+                raise RuntimeError(f"the proxy binds account 1 to {account!r}")
+            lock = named if cfg.workload == "counter" else ACCOUNT_LOCKS
             pool.argv = _worker_argv(cfg, services, lock)
             pool.start_all()
             nemesis.start()
@@ -121,10 +128,14 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             finally:
                 pool.stop_all()
         counter, history = ResourceDB(services.db_url).final_state()
+        balances = ResourceDB(services.db_url).balances()
     finally:
         services.close()
     events = load_events(pool.log_paths())
-    result = check(history, counter, events, ttl=ttl)
+    if cfg.workload == "transfer":
+        result = check_transfers(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
+    else:
+        result = check(history, counter, events, ttl=ttl)
     revived = revived_writes(events, history, nemesis.pauses())
     expect = cfg.mode != "fenced"
     idle_pauses = revived["pauses"] > 0 and revived["attempted"] == 0
@@ -144,6 +155,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     if cfg.results_dir is not None:
         cfg.results_dir.mkdir(parents=True, exist_ok=True)
         name = cfg.store if cfg.mode == "fenced" else f"{cfg.store}-{cfg.mode}"
+        if cfg.workload != "counter":
+            name = f"{name}-{cfg.workload}"
         path = cfg.results_dir / f"{name}-{cfg.seed}.json"
         path.write_text(json.dumps(report, indent=2) + "\n")
         report["report_path"] = str(path)
@@ -168,7 +181,9 @@ def format_summary(report: dict[str, Any]) -> str:
         f"stale {ops['stale']} (read {ops['stale_at_read']}, write {ops['stale_at_write']}), "
         f"unknown {ops['unknown']} ({ops['unknown_committed']} committed), "
         f"not acquired {ops['not_acquired']}, failed before write {ops['failed_before_write']}",
-        f"  history rows {ops['history_rows']}, counter {ops['counter']}",
+        (f"  transfers committed {ops['transfers_committed']} ({ops['history_rows']} account "
+         f"updates), total balance {ops['counter']}" if "transfers_committed" in ops else
+         f"  history rows {ops['history_rows']}, counter {ops['counter']}"),
         f"  faults: {faults}",
         f"  pauses {report['revived']['pauses']}: revived writes attempted "
         f"{report['revived']['attempted']}, refused {report['revived']['refused']}, committed "

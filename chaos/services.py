@@ -27,18 +27,20 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.db import MARKS_TABLE, ResourceDB
+from chaos.db import ACCOUNTS, ACCOUNTS_TABLE, MARKS_TABLE, ResourceDB
 from chaos.relay import Relay
 from tests.etcd_support import EtcdCluster
 from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 
-__all__ = ["STORES", "RESOURCES", "LOCK", "Services"]
+__all__ = ["STORES", "RESOURCES", "LOCK", "ACCOUNT_LOCKS", "Services"]
 
 STORES = ("sqlite", "postgres", "etcd")
 RESOURCES = ("postgres", "sqlite")
 # The one lock the proxy binds the counter and marks tables to (a literal template: a batch
 # writes the counter row and a mark row, so both tables are governed by the same lock).
 LOCK = "chaos/counter"
+ACCOUNT_LOCKS = "accounts/{key}"
+"""The ``transfer`` workload: one lock per account row (row 3 is written under accounts/3)."""
 
 
 class Services:
@@ -49,10 +51,11 @@ class Services:
     """
 
     def __init__(self, store: str, resource: str, workdir: Path, *,
-                 pg: ThrowawayPostgres | None = None):
+                 pg: ThrowawayPostgres | None = None, accounts: int = ACCOUNTS):
         if store not in STORES or resource not in RESOURCES:
             raise ValueError(f"store must be one of {STORES}, resource one of {RESOURCES}")
         self.store, self.resource, self.dir = store, resource, workdir
+        self.accounts = accounts
         self.needs_pg = store == "postgres" or resource == "postgres"
         self.pg = pg
         self._own_pg = pg is None and self.needs_pg
@@ -94,7 +97,7 @@ class Services:
             self.db_url = self._pg_database("chaos_resource")
         else:
             self.db_url = f"sqlite:///{(self.dir / 'resource.db').resolve()}"
-        ResourceDB(self.db_url).create_schema()
+        ResourceDB(self.db_url).create_schema(self.accounts)
         proxy_db = self.db_url
         if self.resource == "postgres":
             assert self.pg is not None
@@ -116,10 +119,11 @@ class Services:
             ready_url=self.lockd_url + "/healthz", log_path=self.dir / "lockd.log")
         self.lockd.start(timeout=30)
         policy = self.dir / "policy.yaml"  # one lock writes the counter AND the marks
-        policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}}}\n")
+        policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}, "
+                          f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\"}}\n")
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
-             "--lockd-url", self.lockd_url, "--tables", f"counter,{MARKS_TABLE}",
+             "--lockd-url", self.lockd_url, "--tables", f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE}",
              "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning",
              "--workers", "1"],  # one process: the nemesis SIGSTOPs the proxy by its pid
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")

@@ -17,6 +17,12 @@ second workload plugs in as another ``Worker._op_<name>`` method and a ``--workl
             -> release {up = when sent} L
     (some iterations are a peek instead: a plain read without any lock or token)
 
+The ``transfer`` workload (``_op_transfer``): acquire_many of two random account locks
+(``accounts/<a>``, ``accounts/<b>``: one grant, one token, a fence per lock), read both balances
+fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
+names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
+the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
+
 Every write is logged by the database itself (``chaos.db``: triggers into ``history``), so a
 committed write is known whatever the worker heard. The read and write go, by ``--mode``:
 
@@ -77,7 +83,7 @@ from lockd.client.fenced import FencedSession
 __all__ = ["MODES", "WORKLOADS", "main", "uptime"]
 
 MODES = ("fenced", "unfenced-read", "nofence")
-WORKLOADS = ("counter",)
+WORKLOADS = ("counter", "transfer")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_S = 4.0
@@ -274,6 +280,88 @@ class Worker:
         self._last_mark = None if via == "delete" else op
         self.log("ack", op=op, fence=lease.fence, via=via, mark=mark)
 
+    def _op_transfer(self, op: str, lease: Lease) -> None:
+        """The ``transfer`` workload: move 1..50 from one account of the lease to the other,
+        by a fenced read of both balances and one batch writing both (``nofence``: straight to
+        the database in one transaction; ``unfenced-read``: plain reads, the batch with the
+        token). The amount may exceed the balance: balances may go negative, only the sum and
+        each row's history matter."""
+        fences = dict(getattr(lease, "fences", {}))
+        accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
+        src, dst = (accounts if self.rng.random() < 0.5 else accounts[::-1])
+        session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
+        _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
+        reads: dict[int, int] = {}
+        try:
+            for account in (src, dst):
+                if self.a.mode == "fenced":
+                    reads[account] = int(session.get("accounts", account)["balance"])
+                elif self.a.mode == "unfenced-read":
+                    body = self._plain("GET", f"/v1/tables/accounts/rows/{account}", None)
+                    reads[account] = int(body["balance"])
+                else:
+                    assert self.direct is not None
+                    reads[account] = self.direct.read_balance(account)
+        except (LockClientError, *_DIRECT_ERRORS) as exc:
+            self._outcome(op, "read", exc, lease.fence)
+            return
+        self.log("read", op=op, fence=lease.fence, value=reads[src], fenced=self.a.mode == "fenced",
+                 via="batch", balances={str(k): v for k, v in reads.items()})
+        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
+        amount = self.rng.randint(1, 50)
+        new = {src: reads[src] - amount, dst: reads[dst] + amount}
+        self.log("write", op=op, fence=lease.fence, read=reads[src], wrote=new[src], via="batch",
+                 src=src, dst=dst, amount=amount, reads={str(k): v for k, v in reads.items()})
+        rows = [(account, new[account], fences[f"accounts/{account}"], reads[account])
+                for account in (src, dst)]
+        try:
+            if self.a.mode == "nofence":
+                assert self.direct is not None
+                self.direct.transfer(op, rows)
+            else:
+                ops = [{"op": "update", "table": "accounts", "key": account,
+                        "row": {"balance": balance, "op": op, "fence": fence,
+                                "read_balance": read}}
+                       for account, balance, fence, read in rows]
+                if self.a.mode == "fenced":
+                    session.batch(ops)
+                else:
+                    self._plain("POST", "/v1/batch", lease, {"ops": ops})
+        except (LockClientError, *_DIRECT_ERRORS) as exc:
+            self._outcome(op, "write", exc, lease.fence)
+            return
+        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src])
+
+    def _acquire(self) -> Lease:
+        """The lease of one operation: lock L, or (``transfer``) two random account locks."""
+        if self.a.workload != "transfer":
+            return self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
+                                       auto_renew=False)
+        pair = self.rng.sample(range(1, self.a.accounts + 1), 2)
+        return self.client.acquire_many([f"accounts/{n}" for n in pair], self.a.ttl,
+                                        wait=self.a.acquire_wait, auto_renew=False)
+
+    def _lockd(self, path: str, body: dict[str, Any]) -> Any:
+        """A plain POST to lockd (the multi-lock lease endpoints, by lease id)."""
+        with translate_transport_errors(f"POST {path}"):
+            response = self.http.post(self.a.lockd.rstrip("/") + path, json=body)
+        if response.status_code >= 300:
+            raise error_from_response(response)
+        return response.json() if response.content else None
+
+    def _renew_once(self, lease: Lease) -> None:
+        if hasattr(lease, "fences"):
+            self._lockd("/v1/leases/renew", {"lease_id": lease.lease_id,
+                                             "ttl_ms": round(self.a.ttl * 1000)})
+        else:
+            self.client.renew(LeaseRef(lease.lock, lease.lease_id), ttl=self.a.ttl)
+
+    def _release(self, lease: Lease) -> None:
+        if hasattr(lease, "fences"):
+            self._lockd("/v1/leases/release", {"lease_id": lease.lease_id})
+        else:
+            self.client.release(LeaseRef(lease.lock, lease.lease_id))
+
     def _peek(self, op: str) -> None:
         """A read with no lock and no token: allowed, never fenced, never raises the highest."""
         try:
@@ -286,11 +374,10 @@ class Worker:
     def _renew_loop(self, op: str, lease: Lease, stop: threading.Event) -> None:
         """Renew every ttl/3 (own thread), logging ``renewed {sent}`` (uptime when the request
         left) for each success: lockd then set the expiry to at least ``sent + ttl``."""
-        ref = LeaseRef(lease.lock, lease.lease_id)
         while not stop.wait(self.a.ttl / 3):
             sent = uptime()
             try:
-                self.client.renew(ref, ttl=self.a.ttl)
+                self._renew_once(lease)
             except LeaseLostError:
                 self.log("renew_lost", op=op, fence=lease.fence, sent=sent)
                 return
@@ -305,12 +392,12 @@ class Worker:
             seq += 1
             op = f"{self.a.worker}.{self.a.incarnation}.{seq}"
             self.log("attempt", op=op)
-            if self.a.mode == "fenced" and self.rng.random() < self.a.peek:
+            if self.a.mode == "fenced" and self.a.workload == "counter" \
+                    and self.rng.random() < self.a.peek:
                 self._peek(op)
                 continue
             try:
-                lease = self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
-                                            auto_renew=False)
+                lease = self._acquire()
             except AcquireTimeout:
                 self.log("not_acquired", op=op, phase="acquire", code="timeout")
                 continue
@@ -318,7 +405,9 @@ class Worker:
                 self.log("not_acquired", op=op, phase="acquire", **_error_fields(exc))
                 _sleep(0.1)
                 continue
-            self.log("acquired", op=op, fence=lease.fence)
+            fences = getattr(lease, "fences", None)
+            self.log("acquired", op=op, fence=lease.fence,
+                     **({"fences": dict(fences)} if fences else {}))
             stop = threading.Event()
             renewer = threading.Thread(target=self._renew_loop, args=(op, lease, stop),
                                        daemon=True)
@@ -329,7 +418,7 @@ class Worker:
                 stop.set()
                 self.log("release", op=op, fence=lease.fence)
                 try:
-                    self.client.release(LeaseRef(lease.lock, lease.lease_id))
+                    self._release(lease)
                 except LockClientError:
                     pass  # lost or lockd unavailable: the TTL frees the lock
 
@@ -357,6 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="per-request timeout, seconds")
     p.add_argument("--seed", default="0")
     p.add_argument("--workload", choices=WORKLOADS, default="counter")
+    p.add_argument("--accounts", type=int, default=8, help="account rows (transfer workload)")
     p.add_argument("--blind", type=float, default=0.35,
                    help="share of operations that write a mark with no claim (fenced mode)")
     p.add_argument("--peek", type=float, default=0.05,
