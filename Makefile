@@ -58,11 +58,13 @@ chaos: install
 ## Mutation testing of the chaos suite (issue 20): plant each bug of chaos/mutants in a copy of
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40), one line per mutant, then
 ## "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some. About 8 minutes.
-MUTANT_SECONDS ?= 40
-MUTANT_ONLY    ?=
+## MUTANT_WORKLOAD=transfer runs them under the transfer workload (multi-lock leases and batches).
+MUTANT_SECONDS  ?= 40
+MUTANT_ONLY     ?=
+MUTANT_WORKLOAD ?= counter
 .PHONY: mutants
 mutants: install
-	$(BIN)/python -m chaos.mutants --seconds $(MUTANT_SECONDS) $(if $(MUTANT_ONLY),--only $(MUTANT_ONLY))
+	$(BIN)/python -m chaos.mutants --seconds $(MUTANT_SECONDS) --workload $(MUTANT_WORKLOAD) $(if $(MUTANT_ONLY),--only $(MUTANT_ONLY))
 
 test: install node-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -174,8 +174,11 @@ def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
 
 
 def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store: str = "sqlite",
-               faults: str | None = None, keep: bool = False) -> dict[str, Any]:
-    """Plant ``mutant`` in a copy of the tree and run chaos there (fenced mode). Returns
+               faults: str | None = None, keep: bool = False,
+               workload: str = "counter") -> dict[str, Any]:
+    """Plant ``mutant`` in a copy of the tree and run chaos there (fenced mode, ``workload``:
+    ``counter`` exercises single-lock batches and writes, ``transfer`` multi-lock leases and
+    batches). Returns
     ``{name, detected, kinds, violations, elapsed_s, report}``; ``MutantNoLongerApplies`` if
     a snippet is gone. The venv's python runs the copy (``PYTHONPATH`` puts it first)."""
     started = time.monotonic()
@@ -185,7 +188,7 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
         mutant.apply_to(root)
         results = base / "results"
         argv = [sys.executable, "-m", "chaos", "--store", store, "--seconds", str(seconds),
-                "--seed", str(seed), "--results-dir", str(results)]
+                "--seed", str(seed), "--results-dir", str(results), "--workload", workload]
         faults = faults or mutant.faults
         if faults:
             argv += ["--faults", faults]

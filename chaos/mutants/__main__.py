@@ -3,6 +3,7 @@
 ::
 
     python -m chaos.mutants [--seconds 40] [--seed 4242] [--only name,name] [--keep]
+                            [--workload counter|transfer]
 
 Prints one line per mutant, ``<name>: detected (<violation kinds>)`` or ``<name>: UNDETECTED``,
 then ``undetected: N``. Exit 1 when N > 0 or when a mutant no longer applies (its line says
@@ -26,13 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=4242)
     p.add_argument("--only", default="", help="comma-separated mutant names")
     p.add_argument("--keep", action="store_true", help="keep each mutant's tree and logs")
+    p.add_argument("--workload", choices=("counter", "transfer"), default="counter",
+                   help="the chaos workload of each run (transfer: multi-lock leases and batches)")
     args = p.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
     undetected = 0
     started = time.monotonic()
     for mutant in chosen:
         try:
-            out = run_mutant(mutant, seconds=args.seconds, seed=args.seed, keep=args.keep)
+            out = run_mutant(mutant, seconds=args.seconds, seed=args.seed, keep=args.keep,
+                             workload=args.workload)
         except MutantNoLongerApplies as exc:
             undetected += 1
             print(f"{mutant.name}: NO LONGER APPLIES ({exc})", flush=True)
