@@ -11,7 +11,9 @@ violation, and the run counts the writes frozen holders sent once thawed.
 
 Modules: ``workload`` (the worker process), ``nemesis`` (the fault schedule and its injector),
 ``services`` (lockd, proxy, databases as real processes), ``relay`` (the TCP relay with injected
-latency), ``db`` (the protected tables and their triggers), ``checker`` (the history checker),
+latency), ``db`` (the protected tables and their triggers), ``checker`` (the history checker;
+``transfers``: its twin for the ``transfer`` workload of issue 14, two-account transfers through
+multi-lock leases),
 ``runner`` (one run, its report), ``__main__`` (the CLI), ``mutants`` (plant a bug in a copy of
 the tree and check that a chaos run catches it: ``make mutants``).
 
