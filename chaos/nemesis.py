@@ -42,6 +42,10 @@ Fault kinds (``FAULT_KINDS``):
                 (and, a libfaketime quirk, its renewal thread never wakes: see ``workload``).
 ==============  ==================================================================================
 
+Under the ``transfer`` workload the combined faults and the pause's "another worker between
+read and write" pick a newer holder of one of the frozen transfer's accounts (``_overlaps``):
+a holder of two other accounts races nothing.
+
 The schedule (``make_schedule``) is a pure function of the seed: a first round with every
 applicable kind once, in shuffled order (so a 45 s run sees each kind), then weighted draws
 (the freezes and the handoff most often: they are the faults that test the fence). Faults run
@@ -272,11 +276,32 @@ class Nemesis(threading.Thread):
         return freeze
 
     def _fresh(self, state: str | tuple[str, ...], fresh: float, timeout: float,
-               exclude: tuple[int, ...] = ()) -> list[int]:
+               exclude: tuple[int, ...] = (), near: set[str] | None = None) -> list[int]:
+        """Workers whose last event is one of ``state``, logged within ``fresh`` s (waiting up
+        to ``timeout``); with ``near``, only those whose accounts overlap it (``_accounts``)."""
         states = (state,) if isinstance(state, str) else state
         return self._wait_until(lambda: [i for st in states for i in
-                                         self.pool.candidates(st, exclude=exclude, fresh=fresh)],
+                                         self.pool.candidates(st, exclude=exclude, fresh=fresh)
+                                         if self._overlaps(i, near)],
                                 timeout=timeout) or []
+
+    def _accounts(self, i: int) -> set[str] | None:
+        """The accounts worker ``i`` holds (``transfer`` workload: from the ``fences`` of its
+        grant or the ``balances`` of its read), None when its last event names none."""
+        rec = self.pool.slots[i].last_rec or {}
+        if isinstance(rec.get("balances"), dict):
+            return set(rec["balances"])
+        if isinstance(rec.get("fences"), dict):
+            return {name.rsplit("/", 1)[-1] for name in rec["fences"]}
+        return None
+
+    def _overlaps(self, i: int, near: set[str] | None) -> bool:
+        """Whether worker ``i`` may write what ``near`` names: the combined faults pair a
+        frozen transfer with a newer holder of one of ITS accounts (else nothing races)."""
+        if near is None:
+            return True
+        mine = self._accounts(i)
+        return mine is None or bool(mine & near)
 
     def _pause(self, f: Planned) -> None:
         """Freeze a worker that has just read (within 50 ms, so before its first renewal, its
@@ -303,7 +328,9 @@ class Nemesis(threading.Thread):
             self._halt.wait(max(0.0, self.ttl + (f.pick % 300 - 150) / 1000))
         else:
             self._halt.wait(self.ttl + 0.05 if variant == "race" else f.duration)
-            other = self._wait_until(lambda: self.pool.candidates("read", exclude=[i]),
+            near = self._accounts(i)
+            other = self._wait_until(lambda: [j for j in self.pool.candidates("read", exclude=[i])
+                                              if self._overlaps(j, near)],
                                      timeout=2 * self.ttl + 2.0)
         committed_meanwhile = self.pool.acks(exclude=[i]) - acks_before
         self._record("pause", start, self.pool.slots[i].name, variant=variant,
@@ -364,7 +391,8 @@ class Nemesis(threading.Thread):
         a = self._pick(found, f)
         fa = self._freeze(a)
         # the first grant after A's lease ran out (caught within 30 ms, before its claim)
-        granted = self._fresh(("acquired", "blind"), 0.03, 2 * self.ttl + 2.0, exclude=(a,))
+        granted = self._fresh(("acquired", "blind"), 0.03, 2 * self.ttl + 2.0, exclude=(a,),
+                              near=self._accounts(a))
         if not granted:
             self._record("handoff", start, self.pool.slots[a].name, partner=None,
                          freezes=[self._thaw(a, fa)])
@@ -396,7 +424,8 @@ class Nemesis(threading.Thread):
         a = self._pick(found, f)
         fa = self._freeze(a)
         # the first reader after A's lease ran out: B holds the fence right above A's
-        reader = self._fresh("read", 0.05, 2 * self.ttl + 2.0, exclude=(a,))
+        reader = self._fresh("read", 0.05, 2 * self.ttl + 2.0, exclude=(a,),
+                             near=self._accounts(a))
         b = reader[0] if reader else None
         if b is not None:
             self.pool.kill(b)
