@@ -361,6 +361,24 @@ def _check_leases(grants: list[OpRecord], ttl: float, add) -> None:
             live = (end, rec)
 
 
+def _deleters(ops: Mapping[str, OpRecord]) -> dict[str, OpRecord]:
+    """Mark id -> the one operation its ``mark_del`` row is attributed to.
+
+    A mark may be the target of several DELETEs: a worker whose DELETE was refused (409) deletes
+    the same mark again in its next operation, under a newer fence. The row the database records
+    is the old mark's, so it does not say which DELETE removed it: attribute it to an
+    acknowledged DELETE if there is one, else to one whose outcome is unknown, and only when
+    every DELETE of that mark was refused to a refused one (then ``rejected_committed``).
+    Ties go to the first sent."""
+    rank = {"ack": 0, "stale": 2, "rejected": 2}
+    candidates: dict[str, list[OpRecord]] = {}
+    for rec in ops.values():
+        if rec.write is not None and rec.write.get("via") == "delete":
+            candidates.setdefault(rec.write["mark"], []).append(rec)
+    return {mark: min(recs, key=lambda r: (rank.get(r.outcome or "", 1), r.write["up"]))
+            for mark, recs in candidates.items()}
+
+
 def _writes(ordered: Sequence[HistoryRow], ops: Mapping[str, OpRecord],
             deleters: Mapping[str, OpRecord], add) -> list[tuple[HistoryRow, OpRecord | None, int]]:
     """Every committed data write in commit order: (row, the op that sent it, its fence)."""
@@ -388,8 +406,7 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
     ops = collect_ops(events)
     out = CheckResult()
     add = out.violations.append
-    deleters = {rec.write["mark"]: rec for rec in ops.values()
-                if rec.write is not None and rec.write.get("via") == "delete"}
+    deleters = _deleters(ops)
     writes = _writes(ordered, ops, deleters, add)
 
     # 1. Commit order: fences never decrease; each write read its predecessor's value.
@@ -422,8 +439,11 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
     deleted = {row.op: row for row in ordered if row.kind == "mark_del"}
     for rec in ops.values():
         if rec.write is not None and "mark" in rec.write:  # a blind mark write
-            table = deleted if rec.write.get("via") == "delete" else inserted
-            row = table.get(rec.write["mark"])
+            if rec.write.get("via") == "delete":  # the mark's deletion, if this op made it
+                row = deleted.get(rec.write["mark"]) if deleters.get(
+                    rec.write["mark"]) is rec else None
+            else:
+                row = inserted.get(rec.write["mark"])
         else:
             row = by_op.get(rec.op)
         if rec.outcome == "ack":
@@ -505,7 +525,8 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
     Returns totals and, per pause, its revived writes."""
     ops = collect_ops(events)
     committed = {r.op for r in history if r.kind in ("counter", "mark_ins", "account")}
-    deleted = {r.op for r in history if r.kind == "mark_del"}
+    deleters = _deleters(ops)
+    deleted = {deleters[r.op].op for r in history if r.kind == "mark_del" and r.op in deleters}
     totals = {"pauses": len(pauses), "attempted": 0, "refused": 0, "committed": 0, "unknown": 0}
     per_pause = []
     for n, pause in enumerate(pauses):
@@ -519,7 +540,7 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
                     or rec.write["up"] < pause["frozen_up"] - 0.05:
                 continue
             if rec.write.get("via") == "delete":
-                done = rec.write["mark"] in deleted
+                done = rec.op in deleted
             else:
                 done = rec.op in committed
             if done:

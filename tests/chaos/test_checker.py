@@ -307,3 +307,38 @@ def test_revived_writes_are_linked_to_the_pause_that_froze_their_writer():
     assert out["per_pause"][0]["writes"] == [{"op": "w1.0.3", "fence": 5, "outcome": "refused",
                                               "answer": "stale"}]
     assert out["per_pause"][1]["writes"] == []
+
+
+def test_a_mark_deleted_by_a_later_retry_is_not_blamed_on_the_refused_delete():
+    """make chaos on SQLite (seed 1403) reported rejected_committed falsely: w2's DELETE of mark
+    w2.12.48 was refused (409), and w2's NEXT operation deleted the same mark with a newer fence
+    and was acknowledged. The history's one mark_del row is the acknowledged delete's, not the
+    refused one's. A refused delete is still flagged when no other delete of that mark could
+    have committed."""
+    def ev(kind: str, op_id: str, up: float, **extra) -> dict:
+        return {"ev": kind, "op": op_id, "w": "w2", "up": up, **extra}
+
+    def delete(op_id: str, fence: int, granted: float, up: float, outcome: str) -> list[dict]:
+        extra = {"presented": fence, "highest": 22} if outcome == "stale" else {}
+        return [ev("attempt", op_id, granted - 0.1), ev("acquired", op_id, granted, fence=fence),
+                ev("write", op_id, up, fence=fence, via="delete", mark="w2.0.0"),
+                ev(outcome, op_id, up + 0.05, fence=fence, via="delete", mark="w2.0.0",
+                   phase="write", **extra)]
+
+    inserted = [ev("attempt", "w2.0.0", 0.8), ev("acquired", "w2.0.0", 0.9, fence=1),
+                ev("write", "w2.0.0", 1.0, fence=1, via="post", mark="w2.0.0"),
+                ev("ack", "w2.0.0", 1.05, fence=1, via="post", mark="w2.0.0", phase="write")]
+    inserted += op("w3.0.1", 22, 0, up=1.6, granted=1.5, worker="w3")  # the newer holder
+    history = [HistoryRow(1, "w2.0.0", "w2", 1, 0, 0, kind="mark_ins"), row(2, "w3.0.1", 22, 0),
+               HistoryRow(3, "w2.0.0", "w2", 1, 0, 0, kind="mark_del")]
+    refused_then_retried = inserted + delete("w2.0.1", 2, 1.2, 2.0, "stale") + \
+        delete("w2.0.2", 30, 2.9, 3.0, "ack")
+    assert check(history, 1, refused_then_retried).ok, kinds(check(history, 1, refused_then_retried))
+    revived = revived_writes(refused_then_retried, history, [
+        {"worker": "w2", "incarnation": 0, "frozen_up": 1.95, "resumed_up": 2.0}])
+    assert (revived["attempted"], revived["refused"], revived["committed"]) == (1, 1, 0)
+    only_refused = inserted + delete("w2.0.1", 2, 1.2, 2.0, "stale")
+    # the refused delete (fence 2) is the only one that could have removed the mark, after
+    # fence 22 was committed: refused yet committed, and stale
+    assert kinds(check(history, 1, only_refused)) == ["fence_decrease", "rejected_committed",
+                                                      "stale_commit"]
