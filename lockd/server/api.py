@@ -261,13 +261,19 @@ async def _acquire(request: Request, name: str) -> Response:
     body = await read_body(request, AcquireRequest)
     call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms, owner=body.owner,
                            client_id=bound_client_id(request.scope, body.client_id))
-    if body.wait_ms == 0:
+    return await _lease_answer(request, call, body.wait_ms, f"lock {name!r}")
+
+
+async def _lease_answer(request: Request, call, wait_ms: int, what: str) -> Response:
+    """The lease ``call`` grants, as the answer. With ``wait_ms`` > 0 the wait ends early if the
+    client goes away: 499, nothing granted (``what`` names the lock(s) in the log line)."""
+    if wait_ms == 0:
         lease = await call
     else:
         try:
             lease = await until_disconnect(request, call)
         except _ClientGone:
-            log.info("client went away while waiting for lock %r", name)
+            log.info("client went away while waiting for %s", what)
             return Response(status_code=499)
     return JSONResponse(lease.body())
 
@@ -293,15 +299,8 @@ async def _acquire_many(request: Request) -> Response:
     call = service.acquire_many(body.locks, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms,
                                 owner=body.owner,
                                 client_id=bound_client_id(request.scope, body.client_id))
-    if body.wait_ms == 0:
-        lease = await call
-    else:
-        try:
-            lease = await until_disconnect(request, call)
-        except _ClientGone:
-            log.info("client went away while waiting for locks %s", ", ".join(body.locks[:8]))
-            return Response(status_code=499)
-    return JSONResponse(lease.body())
+    return await _lease_answer(request, call, body.wait_ms,
+                               f"locks {', '.join(body.locks[:8])}")
 
 
 async def _renew_many(request: Request) -> Response:

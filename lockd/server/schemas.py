@@ -82,33 +82,19 @@ class ReleaseRequest(_Request):
     lease_id: _LeaseId
 
 
-class AcquireManyRequest(_Request):
+class AcquireManyRequest(AcquireRequest):
     """``POST /v1/leases/acquire``: ``locks`` are 1-64 distinct lock names, granted all at once
     or not at all; the other fields as for a single acquire."""
 
     locks: list[str]
-    ttl_ms: StrictInt
-    wait_ms: StrictInt = 0
-    owner: _Label = ""
-    client_id: _ClientId | None = None
-
-    @field_validator("client_id", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return value or None
 
 
-class RenewManyRequest(_Request):
+class RenewManyRequest(RenewRequest):
     """``POST /v1/leases/renew``: every lock of the set; without ``ttl_ms`` it keeps its own."""
 
-    lease_id: _LeaseId
-    ttl_ms: StrictInt | None = None
 
-
-class ReleaseManyRequest(_Request):
+class ReleaseManyRequest(ReleaseRequest):
     """``POST /v1/leases/release``: every lock of the set."""
-
-    lease_id: _LeaseId
 
 
 class LockFence(BaseModel):
