@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import chart, report
+from bench import chart, goals, report
 from bench.scenarios import SCENARIOS, Bench, Settings
 
 __all__ = ["main", "settings_from_env"]
@@ -94,6 +94,9 @@ def main() -> int:
             sections.append(section)
     finally:
         bench.ws.close()
+    goal_section = goals.goals(sections)
+    if goal_section is not None:
+        sections.insert(0, goal_section)
     info["load_after"] = report.loadavg()
     info["total_s"] = round(time.monotonic() - started, 1)
     text = report.render_text(sections, info)

@@ -322,6 +322,34 @@ async def _direct_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable
     return cycle, conn.close
 
 
+async def _lockd_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """lockd's own grant and release statements (``lockd.server.store.postgres``) sent straight
+    to PostgreSQL with psycopg on this client's own lock row: the database's limit for what
+    one lockd cycle asks of it (2 autocommit statements, prepared after the first use)."""
+    import psycopg
+
+    from lockd.server.store import postgres as pg
+
+    conn = await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True,
+                                                 prepare_threshold=1)
+    lock = f"{spec.get('prefix', 'bench')}/c{i}"
+    n = 0
+
+    async def cycle() -> None:
+        nonlocal n
+        n += 1
+        lease_id = f"c{i}.{n}"
+        cur = await conn.execute(pg._SQL_ACQUIRE, {
+            "lock": lock, "lease_id": lease_id, "owner": f"c{i}", "client_id": None,
+            "ttl_ms": 30_000})
+        row = await cur.fetchone()
+        if row is None or not row[0]:
+            raise HttpError(409, f"grant refused: {row}".encode())
+        await conn.execute(pg._SQL_RELEASE, {"lock": lock, "lease_id": lease_id})
+
+    return cycle, conn.close
+
+
 WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], Awaitable[None]]]]]] = {
     "noop": _noop,
     "lockd": _lockd,
@@ -332,6 +360,7 @@ WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], A
     "proxy_write": _proxy_write,
     "proxy_batch": _proxy_batch,
     "direct_sql": _direct_sql,
+    "lockd_sql": _lockd_sql,
 }
 
 from bench.transfer import WORKLOADS as _TRANSFER_WORKLOADS  # noqa: E402 - section 8 (issue 14)

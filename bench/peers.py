@@ -194,9 +194,10 @@ class Workspace:
         return server
 
     def lockd(self, store: str, name: str, env: dict[str, str] | None = None,
-              tls: bool = False) -> Server:
+              tls: bool = False, args: tuple[str, ...] = ()) -> Server:
         """``lockd serve`` on ``store``: ``sqlite``, ``postgres``, ``etcd`` or a store URL.
-        ``tls``: https with a certificate made now (``extra["tls_ca"]``: the CA file to trust)."""
+        ``tls``: https with a certificate made now (``extra["tls_ca"]``: the CA file to trust);
+        ``args``: more flags (``--workers 2``)."""
         if store == "sqlite":
             url = f"sqlite:///{self.dir / f'{name}.db'}"
         elif store == "postgres":
@@ -207,7 +208,7 @@ class Workspace:
             url = store
         port = free_port()
         argv = [str(VENV_BIN / "lockd"), "serve", "--store", url, "--port", str(port),
-                "--key-dir", str(self.dir / "keys"), "--log-level", "warning"]
+                "--key-dir", str(self.dir / "keys"), "--log-level", "warning", *args]
         if tls:
             certs = make_demo_tls(self.dir / f"{name}-tls")
             argv += ["--tls-cert", str(certs.server_cert), "--tls-key", str(certs.server_key)]

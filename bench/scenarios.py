@@ -23,6 +23,7 @@ __all__ = ["Bench", "Settings", "SCENARIOS"]
 
 LOCKD_STORES = {"lockd · SQLite": "sqlite", "lockd · PostgreSQL": "postgres",
                 "lockd · etcd": "etcd"}
+LOCKD_WORKERS = 2  # ``lockd serve --workers`` of the "--workers" rows (PostgreSQL and etcd stores)
 
 
 @dataclass
@@ -70,6 +71,10 @@ class Bench:
             elif name == "lockd-etcd":
                 url = self.server("etcd").extra["url"]
                 server = self.ws.lockd(url, name)
+            elif name in ("lockd-postgres-workers", "lockd-etcd-workers"):
+                store = name.split("-")[1]
+                url = self.server("etcd").extra["url"] if store == "etcd" else store
+                server = self.ws.lockd(url, name, args=("--workers", str(LOCKD_WORKERS)))
             elif name.startswith("lockd-"):
                 server = self.ws.lockd(name.split("-", 1)[1], name)
             else:
@@ -84,6 +89,15 @@ class Bench:
 
 def _lockd_server(bench: Bench, label: str) -> Server:
     return bench.server(f"lockd-{LOCKD_STORES[label]}")
+
+
+def _lockd_schema(dsn: str) -> str:
+    """``dsn`` with lockd's PostgreSQL schema created in it (for the physical-limit row)."""
+    from lockd.server.store import postgres as pg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(pg._DDL)
+    return dsn
 
 
 def _tls_spec(bench: Bench, prefix: str) -> dict[str, Any]:
@@ -127,6 +141,14 @@ def lock_cycles(bench: Bench) -> Section:
         "lockd · SQLite, new connection each cycle": lambda: ("lockd", {
             **_lockd_server(bench, "lockd · SQLite").addr(), "prefix": "bench1r",
             "reconnect": True}),
+        f"lockd · PostgreSQL · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
+            **bench.server("lockd-postgres-workers").addr(), "prefix": "bench1w"}),
+        f"lockd · etcd · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
+            **bench.server("lockd-etcd-workers").addr(), "prefix": "bench1w"}),
+        # The physical limit (issue 16): lockd's own grant + release statements sent by psycopg
+        # from the generator, no HTTP and no lockd: what PostgreSQL can do for one lock cycle.
+        "PostgreSQL limit: lockd's grant + release statements, psycopg": lambda: (
+            "lockd_sql", {"dsn": _lockd_schema(bench.ws.database()), "prefix": "bench1s"}),
         "redis-py Lock": lambda: ("redis", {"prefix": bench.ws.redis_prefix + "/1"}),
         "PostgreSQL advisory lock": lambda: ("pgadv", {"dsn": bench.ws.database()}),
         "do-nothing HTTP (generator ceiling)": lambda: ("noop", {
@@ -177,6 +199,11 @@ def lock_cycles(bench: Bench) -> Section:
         "'N locks/lease' rows: one multi-lock lease of N locks of the client's own "
         "(POST /v1/leases/acquire, then /v1/leases/release): 2 HTTP requests a cycle, every "
         "lock granted and released in one atomic store step.")
+    section.notes.append(
+        f"'--workers {LOCKD_WORKERS}' rows: `lockd serve --workers {LOCKD_WORKERS}`, that many "
+        "processes on one port (SO_REUSEPORT); the 'PostgreSQL limit' row sends lockd's own "
+        "grant and release statements straight from the generator with psycopg (2 autocommit "
+        "statements a cycle, no HTTP): the database's own rate for one lock cycle here.")
     section.notes.append(
         "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
         "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")
