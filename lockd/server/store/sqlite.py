@@ -7,8 +7,15 @@ Design:
   strictly increase per lock across release, expiry and restarts (invariant 1), and
   ``GET /v1/locks/{name}`` can show the last fence of a free lock. (A store-wide counter would
   let idle rows be deleted; rows are ~100 bytes, so keeping them is the simpler guarantee.)
-- **Durable grants.** WAL journal with ``synchronous=FULL``: every commit is fsynced before the
-  caller hears of it, so a fence once handed out survives a crash (``kill -9``, power loss).
+- **Durable grants.** WAL journal with ``synchronous=FULL``: every commit that grants or renews
+  is fsynced before the caller hears of it, so a fence once handed out, and an expiry once
+  promised, survive a crash (``kill -9``, power loss). A batch of nothing but releases and reads
+  commits with ``synchronous=NORMAL`` (no fsync of its own): the release is committed and seen
+  by every later operation, survives ``kill -9`` (the WAL is in the OS's cache), and is made
+  durable by the next fsynced commit (the WAL is one file written in order, so that fsync
+  covers every frame before it). A power loss before then can undo a release; the lease then
+  runs to its expiry, which delays the lock's next grant but never repeats a fence. Measured:
+  this halves the fsyncs of a single client's acquire + release cycle.
 - **One node.** An exclusive ``fcntl.flock`` on ``<db>.lock`` is held while the store is open, so
   a second lockd on the same file fails at start with a clear message instead of both granting
   the same lock from their own memory of waiters and clocks.
@@ -299,6 +306,7 @@ class SqliteStore:
                     if str(mode).lower() != "wal":
                         raise sqlite3.OperationalError(f"cannot switch to WAL (journal_mode={mode})")
                 conn.execute("PRAGMA synchronous = FULL")
+                _SYNC_MODE[id(conn)] = "FULL"
                 conn.execute(_SCHEMA)
                 conn.execute(_SCHEMA_LEASES)
             except BaseException:
@@ -324,6 +332,7 @@ class SqliteStore:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
         if self._conn is not None:
+            _SYNC_MODE.pop(id(self._conn), None)
             self._conn.close()
             self._conn = None
         self._drop_file_lock()
@@ -470,11 +479,26 @@ class _Outcome:
         return self.value
 
 
+# Operations whose commit need not be fsynced before the caller hears of it (see the module
+# docstring, "Durable grants"): undoing one by a power loss only delays a lock's next grant.
+_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping})
+_SYNC_MODE: dict[int, str] = {}  # id(connection) -> the synchronous mode last set on it
+
+
+def _set_sync(conn: sqlite3.Connection, mode: str) -> None:
+    """``PRAGMA synchronous = mode`` (``FULL``/``NORMAL``) unless it is already set."""
+    if _SYNC_MODE.get(id(conn)) != mode:
+        conn.execute(f"PRAGMA synchronous = {mode}")
+        _SYNC_MODE[id(conn)] = mode
+
+
 def _run_batch(conn: sqlite3.Connection, clock: Callable[[], float],
                batch: list[Any]) -> list[_Outcome]:
-    """Run ``batch`` in one transaction (one fsync). A SQLite error fails the whole batch."""
+    """Run ``batch`` in one transaction (one fsync, none if it only releases and reads). A
+    SQLite error fails the whole batch."""
     outcomes: list[_Outcome] = []
     try:
+        _set_sync(conn, "NORMAL" if all(op in _LAZY_OPS for op, _, _ in batch) else "FULL")
         conn.execute("BEGIN IMMEDIATE")
         for op, args, _ in batch:
             try:
