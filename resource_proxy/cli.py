@@ -38,7 +38,7 @@ from lockd.common.options import (
 )
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
-from resource_proxy.coalesce import coalescing_protocol
+from lockd.common.coalesce import coalescing_protocol
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings

@@ -4,7 +4,7 @@ uvicorn writes a response's status line and headers, then its body, as two ``tra
 calls, so two ``send`` syscalls and two TCP segments per response. On loopback (a proxy beside
 its clients, the bench) the kernel delivers each segment inside the sender's syscall and wakes
 the reader for each: the profile of the proxy under load showed ~13% of its samples in those
-writes. ``coalescing_protocol(base)`` gives the protocol a transport that collects the writes
+writes (lockd's: ~11%). ``coalescing_protocol(base)`` gives the protocol a transport that collects the writes
 made during one step of the event loop and sends them as one at the end of it
 (``loop.call_soon``), which is before the loop polls for I/O again, so no latency is added.
 Closing the transport sends what was collected first; ``abort`` discards it (as it would

@@ -134,3 +134,15 @@ def test_port_in_use_is_one_line_and_exit_1_for_both_servers(tmp_path):
             assert proc.returncode == 1, lines
             assert len(lines) == 1 and lines[0].endswith(
                 f"{name} cannot start: cannot listen on 127.0.0.1:{port}: address already in use"), lines
+
+
+def test_lockd_sends_each_response_in_one_write(tmp_path):
+    """Issue 16: lockd's HTTP protocol writes through the coalescing transport (head and body
+    of a response leave in one ``send``), on top of the connection bounds."""
+    from fastapi import FastAPI
+
+    from lockd.server.cli import uvicorn_config
+    from lockd.server.settings import Settings
+
+    config = uvicorn_config(FastAPI(), Settings(store=f"sqlite:///{tmp_path}/c.db"))
+    assert config.http.__name__.startswith("Coalescing")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from resource_proxy.coalesce import _CoalescingTransport, coalescing_protocol
+from lockd.common.coalesce import _CoalescingTransport, coalescing_protocol
 
 
 class _Recorder:
