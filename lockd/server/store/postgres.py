@@ -2,8 +2,8 @@
 
 URL: ``postgresql://…`` or ``postgresql+psycopg://…`` (the ``+psycopg`` is stripped for libpq).
 Query parameters the store takes for itself (removed before libpq sees the URL):
-``pool_min`` (default 1), ``pool_max`` (10), ``pool_timeout`` (seconds to wait for a pooled
-connection, 5), ``op_timeout`` (seconds for a whole call, retry included, 10),
+``pool_min`` (default 1), ``pool_max`` (32: see "Pool size" below), ``pool_timeout`` (seconds
+to wait for a pooled connection, 5), ``op_timeout`` (seconds for a whole call, retry included, 10),
 ``prepare_threshold`` (psycopg's, 5; ``none`` disables server-side prepared statements, e.g.
 behind a transaction-mode pgbouncer). Constructor keyword arguments override the URL.
 
@@ -55,6 +55,15 @@ SQLAlchemy's async layer roughly doubles the per-cycle CPU (≈1.1–1.5 ms agai
 the raw driver) and cut measured throughput to about half; an explicit transaction (BEGIN … COMMIT)
 adds round trips too. So the statements above go through a psycopg 3 ``AsyncConnectionPool`` of
 autocommit connections, one statement each, and the schema DDL (cold) is plain SQL as well.
+
+Pool size: every lock call holds a pooled connection only for its one statement, but a call that
+finds the pool empty queues in psycopg_pool, and that wait costs CPU on lockd's one event loop (a
+waiter object and an ``asyncio.wait_for`` task per call) besides the wait itself. With the old
+default of 10, 32 clients queued on every call: 32 by default measured 1.55× the cycles/s at 32
+clients with 0.78× lockd's CPU per cycle (bench/notes/postgres.md). The pool grows only under
+load (one connection at a time, from ``pool_min``), so a quiet lockd still holds one connection
+(plus the LISTEN one). Each ``--workers`` process has its own pool: N × ``pool_max`` + N
+connections at most; keep that under the server's ``max_connections`` (100 by default).
 
 Retries: a call whose connection broke (e.g. PostgreSQL restarted and the pool still held the
 old connections) checks the pool and runs once more, which is safe because every statement is
@@ -336,7 +345,7 @@ class PostgresStore:
     """The ``Store`` protocol on PostgreSQL (see the module docstring for the design).
 
     ``url``: ``postgresql[+psycopg]://user:pass@host:port/db?…``. Keyword arguments (``None``:
-    take the URL's query parameter, else the default): ``pool_min`` 1, ``pool_max`` 10,
+    take the URL's query parameter, else the default): ``pool_min`` 1, ``pool_max`` 32,
     ``pool_timeout`` 5.0 s, ``op_timeout`` 10.0 s, ``prepare_threshold`` 5, ``heartbeat`` 5.0 s
     (LISTEN connection liveness check).
     """
@@ -359,7 +368,7 @@ class PostgresStore:
             raise ValueError("PostgreSQL store URL: " + " ".join(str(exc).split())) from None
         self._conninfo = conninfo
         self._pool_min = pool_min if pool_min is not None else _param(own, "pool_min", 1, int)
-        self._pool_max = pool_max if pool_max is not None else _param(own, "pool_max", 10, int)
+        self._pool_max = pool_max if pool_max is not None else _param(own, "pool_max", 32, int)
         self._pool_max = max(self._pool_max, self._pool_min, 1)
         self._pool_timeout = (
             pool_timeout if pool_timeout is not None
