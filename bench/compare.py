@@ -15,9 +15,11 @@ after/before ratios.
 ``--workload proxy`` (or ``proxy-fresh``: a token the proxy has not seen on every write) does
 the same for ``resource-proxy serve``: two proxies, each on its own fresh PostgreSQL database,
 fenced single-row PUTs (``bench.loadgen``'s ``proxy_write``); CPU is the proxy's whole process
-tree (its workers too). ``--after-args "--workers 2"`` passes flags to the "after" proxy only::
+tree (its workers too). ``--after-args "--workers 2"`` passes flags to the "after" server
+only, for either workload (lockd's CPU is then its whole process tree as well)::
 
     python -m bench.compare --before /tmp/before --workload proxy --clients 8
+    python -m bench.compare --before /tmp/before --store postgres --after-args "--workers 2"
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import statistics
 from pathlib import Path
 
 from bench import loadgen
-from bench.peers import Workspace
+from bench.peers import Server, Workspace
+from tests.support import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
 
 __all__ = ["main"]
 
@@ -45,6 +48,28 @@ def _cpu_seconds(pid: int) -> float:
     except (FileNotFoundError, ProcessLookupError):
         pass
     return total
+
+
+def lockd_server(ws: Workspace, store: str, name: str, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> Server:
+    """``lockd serve`` on ``store`` (``sqlite``, ``postgres`` or a store URL) with more flags
+    ``args`` (``--workers 2``); ``Workspace.lockd`` without TLS, plus the flags."""
+    if not args:
+        return ws.lockd(store, name, env=env)
+    if store == "sqlite":
+        url = f"sqlite:///{ws.dir / f'{name}.db'}"
+    elif store == "postgres":
+        url = sqlalchemy_url(ws.database())
+    else:
+        url = store
+    port = free_port()
+    argv = [str(VENV_BIN / "lockd"), "serve", "--store", url, "--port", str(port),
+            "--key-dir", str(ws.dir / "keys"), "--log-level", "warning", *args]
+    proc = ServiceProcess(argv, ready_url=f"http://127.0.0.1:{port}/healthz", env=env,
+                          log_path=ws.dir / f"{name}.log").start(timeout=60)
+    server = Server(name, "127.0.0.1", port, proc, {"store": url})
+    ws.servers.append(server)
+    return server
 
 
 def _proxy_servers(ws: Workspace, before_tree: Path, after_args: list[str], clients: int):
@@ -87,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--workload", default="lockd", choices=["lockd", "proxy", "proxy-fresh"])
     parser.add_argument("--after-args", default="", help="more flags for the 'after' server "
-                        "(proxy workloads), e.g. '--workers 2'")
+                        "(lockd or proxy), e.g. '--workers 2'")
     args = parser.parse_args(argv)
     before_tree = Path(args.before).resolve()
     if not (before_tree / "lockd" / "__init__.py").exists():
@@ -104,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         servers = {
             "before": ws.lockd(urls["before"], "lockd-before",
                                env={"PYTHONPATH": str(before_tree)}),
-            "after": ws.lockd(urls["after"], "lockd-after"),
+            "after": lockd_server(ws, urls["after"], "lockd-after",
+                                  args=tuple(args.after_args.split())),
         }
         rates: dict[str, list[float]] = {k: [] for k in servers}
         cpu: dict[str, list[float]] = {k: [] for k in servers}
@@ -129,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(rates['after']) / statistics.median(rates['before']):.2f}×, "
               f"lockd CPU per cycle "
               f"{statistics.median(cpu['after']) / statistics.median(cpu['before']):.2f}×  "
-              f"({args.store}, {args.clients} clients, {args.rounds} rounds × {args.seconds:g} s)")
+              f"({args.store}, {args.clients} clients, {args.rounds} rounds × {args.seconds:g} s"
+              f"{', after: ' + args.after_args if args.after_args else ''})")
     finally:
         ws.close()
     return 0

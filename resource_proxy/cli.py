@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         # each worker builds its own app: it reflects the tables and loads the key set itself
         return _serve(create_app(settings, policy=policy), settings, listening)
 
-    return run_workers(sockets, serve)
+    return run_workers(sockets, serve, name="resource-proxy")
 
 
 def _config(app, settings: Settings) -> uvicorn.Config:

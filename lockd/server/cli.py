@@ -3,7 +3,7 @@
 ::
 
     lockd serve [--store URL] [--host 127.0.0.1] [--port 7070] [--key-dir DIR] [--log-level L]
-                [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+                [--workers N] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
 
 Flags override ``LOCKD_*`` environment variables (see ``lockd.server.settings``). Start-up opens the
 key directory and the store *before* the HTTP server, so a problem (a SQLite file in use by
@@ -13,6 +13,19 @@ exit status 1; unusable TLS files (``--tls-cert/--tls-key/--tls-client-ca``, see
 When ready it logs ``lockd listening on http[s]://HOST:PORT (store URL)`` with any
 password in the URL redacted. SIGTERM or SIGINT: queued acquires are answered 503 at once,
 in-flight requests finish, the store closes, exit status 0.
+
+``--workers N`` (PostgreSQL and etcd stores; default 1): N processes serve the one port
+(``lockd.common.workers``: ``SO_REUSEPORT`` sockets bound by the parent, then a fork per worker
+before any event loop; the key directory is read once, by the parent). Each worker opens its own
+store (its own pool and LISTEN connection / etcd watch) and is, to the store, one more lockd
+replica; the kernel spreads client connections over the workers. What that promises is
+``WORKERS_PROMISE``: mutual exclusion, strictly increasing fences and expiry by the store's
+clock hold as for one process, because the store decides every grant; the FIFO order of
+waiters holds only among the waiters queued on the same worker (waiters are per process, like
+separate replicas: a release on one worker wakes the waiters on the others through the store's
+release notification, and they then race for the lock). ``/metrics``, ``/v1/events`` streams
+(event ids are per process) and the status page describe the worker that answered. The
+embedded SQLite store is single-process: ``--workers`` above 1 with it is refused (exit 2).
 """
 
 from __future__ import annotations
@@ -21,7 +34,9 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Generator, Sequence
@@ -35,6 +50,7 @@ from lockd import __version__
 from lockd.common.coalesce import coalescing_protocol
 from lockd.common.httpkit import configure_logging
 from lockd.common.listen import ListenError, bind_listener
+from lockd.common.workers import listening_sockets, run_workers
 from lockd.common.options import (
     add_bound_arguments,
     add_tls_arguments,
@@ -45,14 +61,21 @@ from lockd.common.options import (
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
-from lockd.server.store import open_store, redact_url
+from lockd.server.store import is_sqlite_url, open_store, redact_url
 from lockd.tokens import KeyRing
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "WORKERS_PROMISE"]
 
 log = logging.getLogger("lockd")
 
 _GRACEFUL_SHUTDOWN_S = 10
+
+WORKERS_PROMISE = (
+    "worker processes serving the port (env LOCKD_WORKERS; default 1; PostgreSQL and etcd "
+    "stores only). Mutual exclusion, fences and expiry hold as with one process (the store "
+    "decides); FIFO order holds only among waiters on the same worker (a release on one worker "
+    "wakes the others' waiters through the store's notifications, and they race)."
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="log level (env LOCKD_LOG_LEVEL; default info)")
     serve.add_argument("--log-format", choices=["text", "json"],
                        help="log line format (env LOCKD_LOG_FORMAT; default text)")
+    serve.add_argument("--workers", type=int, help=WORKERS_PROMISE)
     add_bound_arguments(serve, "LOCKD")
     serve.add_argument("--max-event-streams", type=int,
                        help="event streams beyond this get 503 (env LOCKD_MAX_EVENT_STREAMS; "
@@ -95,10 +119,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if tls_files:
         print(f"lockd: {tls_files}", file=sys.stderr)
         return 2
+    if settings.workers > 1 and is_sqlite_url(settings.store):
+        print("lockd: --workers: the SQLite store serves from one process (use --workers 1, "
+              "or a PostgreSQL or etcd store)", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
+    if settings.workers == 1:
+        return _run(serve(settings))
+    return _serve_workers(settings)
+
+
+def _run(main_coro) -> int:
     loop_factory = uvicorn.Config(app=FastAPI(), loop="auto", log_config=None).get_loop_factory()
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        return runner.run(serve(settings))
+        return runner.run(main_coro)
 
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
@@ -117,18 +151,48 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
     return config
 
 
-async def serve(settings: Settings) -> int:
-    """Open keys and store, serve until SIGTERM/SIGINT, close the store. Returns exit status."""
+def _serve_workers(settings: Settings) -> int:
+    """``--workers N`` > 1: bind N ``SO_REUSEPORT`` sockets and read the keys here (a port in
+    use or a bad key directory: one line, exit 1, nothing forked), then fork the workers, each
+    running ``serve`` on its socket; exit 0 after a clean stop, 1 if a worker failed."""
     try:
-        listener = bind_listener(settings.host, settings.port)
-    except ListenError as exc:
-        log.error("lockd cannot start: %s", exc)
+        sockets = listening_sockets(settings.host, settings.port, settings.workers)
+    except OSError as exc:
+        shown = f"[{settings.host}]" if ":" in settings.host else settings.host
+        log.error("lockd cannot start: cannot listen on %s:%d: %s", shown, settings.port,
+                  (exc.strerror or str(exc)).lower())
         return 1
     try:
-        store = open_store(settings.store, clock=time.time)
-        keyring = KeyRing.load_or_create(settings.key_dir)
+        keyring = KeyRing.load_or_create(settings.key_dir)  # once: workers do not race for it
     except (OSError, ValueError) as exc:
         log.error("lockd cannot start: %s", exc)
+        for sock in sockets:
+            sock.close()
+        return 1
+    log.info("lockd starting %d workers", settings.workers)
+    return run_workers(sockets, lambda sock: _run(serve(settings, sock, keyring)), name="lockd")
+
+
+async def serve(settings: Settings, listener: socket.socket | None = None,
+                keyring: KeyRing | None = None) -> int:
+    """Open keys and store, serve until SIGTERM/SIGINT, close the store. Returns exit status.
+
+    ``listener``: an already listening socket (a worker's); None: bind ``settings.host:port``
+    here. ``keyring``: the keys already loaded (by the workers' parent); None: load them here.
+    """
+    if listener is None:
+        try:
+            listener = bind_listener(settings.host, settings.port)
+        except ListenError as exc:
+            log.error("lockd cannot start: %s", exc)
+            return 1
+    try:
+        store = open_store(settings.store, clock=time.time)
+        if keyring is None:
+            keyring = KeyRing.load_or_create(settings.key_dir)
+    except (OSError, ValueError) as exc:
+        log.error("lockd cannot start: %s", exc)
+        listener.close()
         return 1
     try:
         await store.open()
@@ -170,8 +234,9 @@ class _Server(uvicorn.Server):
             port = self.servers[0].sockets[0].getsockname()[1]
             host = self._settings.host
             shown = f"[{host}]" if ":" in host else host
-            log.info("lockd listening on %s://%s:%d (store %s)", self._settings.scheme, shown,
-                     port, redact_url(self._settings.store))
+            worker = f" [worker pid {os.getpid()}]" if self._settings.workers > 1 else ""
+            log.info("lockd listening on %s://%s:%d (store %s)%s", self._settings.scheme, shown,
+                     port, redact_url(self._settings.store), worker)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:

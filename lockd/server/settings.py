@@ -12,6 +12,7 @@ setting                environment               default, meaning
 ``max_wait_ms``        ``LOCKD_MAX_WAIT_MS``     ``300000`` (5 min): longest ``wait_ms`` of an acquire
 ``max_body_bytes``     ``LOCKD_MAX_BODY_BYTES``  ``65536``: larger request bodies get 413
 ``log_level``          ``LOCKD_LOG_LEVEL``       ``info``
+``workers``            ``LOCKD_WORKERS``         ``1``: processes serving the port (not with SQLite)
 =====================  ========================  ======================================================
 
 Operations (``LOCKD_`` + the upper-case name): ``log_format`` ``text`` (default) or ``json``
@@ -71,6 +72,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(65_536, ge=1024, le=16 * 1024 * 1024)
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = "text"
+    workers: int = Field(1, ge=1, le=64)
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     api_keys_file: Path | None = None
     admin_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()

@@ -169,3 +169,97 @@ async def _answers(store: PostgresStore) -> bool:
     except StoreUnavailable:
         return False
     return True
+
+
+def _wal_syncs(dsn: str) -> int:
+    """WAL flushes (``pg_stat_wal.wal_sync``) of the whole cluster, once no lockd backend is left
+    (a backend reports its WAL statistics when it exits)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deadline = time.monotonic() + 20
+        while conn.execute("SELECT count(*) FROM pg_stat_activity"
+                           " WHERE application_name = 'lockd'").fetchone()[0]:
+            assert time.monotonic() < deadline, "lockd backends did not exit"
+            time.sleep(0.05)
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
+
+
+def test_release_commits_without_waiting_for_its_flush_and_a_crash_keeps_fences(throwaway_pg):
+    """Issue 16: a release's commit does not wait for its WAL flush (with the NOTIFY, a synchronous
+    release held PostgreSQL's notify queue lock across an fsync: releases serialized on the disk).
+    Safe, because every later grant commits synchronously and so flushes the release before it is
+    acknowledged: a crash can lose a release only together with every grant that followed it.
+    Checked: the releases add (almost) no WAL flushes of their own where grants add one each, and
+    a crash right after a release never loses an acknowledged grant nor lowers a fence."""
+    url = sqlalchemy_url(throwaway_pg.dsn) + "?pool_max=1&pool_timeout=2&op_timeout=6"
+    locks = [f"flush/{i}" for i in range(40)]
+
+    async def grants() -> list[Grant]:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            return [await store.acquire(n, lease_id=lease_id(), ttl_ms=120_000, owner="w",
+                                        client_id=None) for n in locks]
+        finally:
+            await store.close()
+
+    async def releases(leases: list[Grant]) -> None:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            for g in leases:
+                await store.release(g.lock, g.lease_id)
+        finally:
+            await store.close()
+
+    asyncio.run(releases(asyncio.run(grants())))  # rows exist: the measured calls only update
+    leases = asyncio.run(grants())
+    before = _wal_syncs(throwaway_pg.dsn)
+    asyncio.run(releases(leases))
+    after_releases = _wal_syncs(throwaway_pg.dsn)
+    regrants = asyncio.run(grants())
+    after_grants = _wal_syncs(throwaway_pg.dsn)
+    assert after_grants - after_releases >= len(locks)  # each grant waited for its own flush
+    assert after_releases - before < len(locks) // 2, (before, after_releases, after_grants)
+    assert all(g.fence == 3 for g in regrants)
+
+    # A release, a grant that follows it, another release, then a crash (no clean shutdown).
+    async def release_grant_release_crash() -> tuple[Grant, Grant]:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            await store.release(regrants[0].lock, regrants[0].lease_id)
+            second = await store.acquire(locks[0], lease_id=lease_id(), ttl_ms=500, owner="b",
+                                         client_id=None)
+            assert isinstance(second, Grant) and second.fence == 4
+            await store.release(second.lock, second.lease_id)
+            throwaway_pg.stop("immediate")
+            return regrants[0], second
+        finally:
+            await store.close()
+
+    first, second = asyncio.run(release_grant_release_crash())
+    throwaway_pg.start()
+
+    async def after_crash() -> Grant:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            state = await store.get(locks[0])
+            assert state.fence == 4  # the acknowledged grant survived (and so did the release before it)
+            if state.held:  # its release was lost: held by that lease until its expiry, no longer
+                assert state.owner == "b" and state.ttl_ms <= 500
+            with pytest.raises(LeaseLost):
+                await store.renew(locks[0], first.lease_id, None)  # released for good
+            deadline = time.monotonic() + 10
+            while True:
+                got = await store.acquire(locks[0], lease_id=lease_id(), ttl_ms=5000, owner="c",
+                                          client_id=None)
+                if isinstance(got, Grant):
+                    return got
+                assert time.monotonic() < deadline, got
+                await asyncio.sleep(0.1)
+        finally:
+            await store.close()
+
+    assert asyncio.run(after_crash()).fence == 5

@@ -337,6 +337,33 @@ def test_url_forms_and_pool_parameters():
     assert (store._pool_min, store._pool_max, store._pool_timeout) == (2, 6, 1.5)
 
 
+def test_default_pool_serves_32_concurrent_calls_without_queueing(pg_url, pg_dsn):
+    """32 clients need 32 connections: with the old default of 10, calls queued in the pool
+    (issue 16: measured as the limit at 32 clients). The pool grows to what the load needs."""
+
+    async def main():
+        async with opened(pg_url) as store:
+            assert store._pool is not None
+            release = asyncio.Event()
+
+            async def hold(conn, retried):  # one call holding its connection, like a slow one
+                await release.wait()
+
+            calls = [asyncio.create_task(store._run(hold, retry=False)) for _ in range(32)]
+            stats = store._pool.get_stats
+            # every call got a connection of its own: none is left waiting in the pool's queue
+            for _ in range(500):
+                if stats().get("pool_size", 0) == 32 and stats().get("requests_waiting") == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert stats().get("pool_size") == 32, stats()
+            assert stats().get("requests_waiting", 0) == 0, stats()
+            release.set()
+            await asyncio.gather(*calls)
+
+    asyncio.run(main())
+
+
 def test_pooled_connections_never_run_with_synchronous_commit_off(pg_url, pg_dsn):
     """An acknowledged grant must be durable, or a crash could hand its fence out again."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

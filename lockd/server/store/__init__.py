@@ -40,6 +40,7 @@ __all__ = [
     "ReleaseListener",
     "Store",
     "check_store_url",
+    "is_sqlite_url",
     "open_store",
     "redact_url",
     "sqlite_path",
@@ -88,6 +89,11 @@ def check_store_url(url: str) -> str:
     if _scheme(url) == "sqlite":
         sqlite_path(url)
     return url
+
+
+def is_sqlite_url(url: str) -> bool:
+    """Whether ``url`` names the embedded SQLite store (single-process: no ``--workers``)."""
+    return _scheme(url) == "sqlite"
 
 
 def open_store(url: str, *, clock: Callable[[], float]) -> Store:

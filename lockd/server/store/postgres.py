@@ -2,8 +2,8 @@
 
 URL: ``postgresql://…`` or ``postgresql+psycopg://…`` (the ``+psycopg`` is stripped for libpq).
 Query parameters the store takes for itself (removed before libpq sees the URL):
-``pool_min`` (default 1), ``pool_max`` (10), ``pool_timeout`` (seconds to wait for a pooled
-connection, 5), ``op_timeout`` (seconds for a whole call, retry included, 10),
+``pool_min`` (default 1), ``pool_max`` (32: see "Pool size" below), ``pool_timeout`` (seconds
+to wait for a pooled connection, 5), ``op_timeout`` (seconds for a whole call, retry included, 10),
 ``prepare_threshold`` (psycopg's, 5; ``none`` disables server-side prepared statements, e.g.
 behind a transaction-mode pgbouncer). Constructor keyword arguments override the URL.
 
@@ -45,7 +45,7 @@ uses):
   keeps the lease's own (``ttl_ms``: the last one granted or renewed with).
 - release: ``WITH r AS (UPDATE … SET expires_at = NULL, released_at = now() WHERE <live and
   ours> RETURNING name) SELECT pg_notify('lockd_release', name) FROM r``: the NOTIFY is sent by
-  the same commit that frees the lock.
+  the same commit that frees the lock, which does not wait for its WAL flush (below).
 - force_release (an operator's override, cold): the release statement without the lease id
   check, returning the ended lease's fence, owner and remaining TTL; NOTIFYs the same way.
 
@@ -55,6 +55,29 @@ SQLAlchemy's async layer roughly doubles the per-cycle CPU (≈1.1–1.5 ms agai
 the raw driver) and cut measured throughput to about half; an explicit transaction (BEGIN … COMMIT)
 adds round trips too. So the statements above go through a psycopg 3 ``AsyncConnectionPool`` of
 autocommit connections, one statement each, and the schema DDL (cold) is plain SQL as well.
+
+Release commits: a release sets ``synchronous_commit = off`` for its own transaction only
+(``set_config(…, true)`` in the statement). Why: a transaction that NOTIFYs holds PostgreSQL's
+notify queue lock from before its commit record until after it, so with a synchronous commit
+every release in the database waited in line for one WAL flush after another. pgbench with the
+acquire + release statements at 32 clients on the 2-core bench machine: 2,200 cycles/s with the
+synchronous release, 7,300 without the NOTIFY, 7,600 with the NOTIFY and this asynchronous
+release (bench/notes/postgres.md). Why it is safe: a release only gives something up. The next
+grant of that lock commits synchronously, and a WAL flush covers every record before it, so no
+grant that depends on the release is acknowledged before the release is on disk. A crash can
+lose an acknowledged release only together with every later grant of the lock: the lease is then
+live again until its own expiry (the lock is busy longer, as if the release never came), its
+fence stays the highest issued, and nothing acknowledged is lost. Grants, renewals (a lost renewal
+would shorten a lease its holder was told it has) and force-release stay synchronous.
+
+Pool size: every lock call holds a pooled connection only for its one statement, but a call that
+finds the pool empty queues in psycopg_pool, and that wait costs CPU on lockd's one event loop (a
+waiter object and an ``asyncio.wait_for`` task per call) besides the wait itself. With the old
+default of 10, 32 clients queued on every call: 32 by default measured 1.55× the cycles/s at 32
+clients with 0.78× lockd's CPU per cycle (bench/notes/postgres.md). The pool grows only under
+load (one connection at a time, from ``pool_min``), so a quiet lockd still holds one connection
+(plus the LISTEN one). Each ``--workers`` process has its own pool: N × ``pool_max`` + N
+connections at most; keep that under the server's ``max_connections`` (100 by default).
 
 Retries: a call whose connection broke (e.g. PostgreSQL restarted and the pool still held the
 old connections) checks the pool and runs once more, which is safe because every statement is
@@ -234,13 +257,17 @@ UPDATE lockd.locks AS l
 RETURNING fence, owner, {_TTL}
 """
 
+# The release's commit does not wait for its WAL flush (see "Release commits" in the module
+# docstring): ``set_config(…, true)`` lasts for this statement's own transaction only.
+_ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+
 _SQL_RELEASE = f"""
 WITH r AS (
     UPDATE lockd.locks SET expires_at = NULL, released_at = now()
      WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
     RETURNING name
-)
-SELECT pg_notify('{CHANNEL}', name) FROM r
+), async_commit AS ({_ASYNC_COMMIT})
+SELECT pg_notify('{CHANNEL}', name) FROM r, async_commit
 """
 
 # An operator's force-release: end whatever lease is live, keep the fence, NOTIFY like a release.
@@ -336,7 +363,7 @@ class PostgresStore:
     """The ``Store`` protocol on PostgreSQL (see the module docstring for the design).
 
     ``url``: ``postgresql[+psycopg]://user:pass@host:port/db?…``. Keyword arguments (``None``:
-    take the URL's query parameter, else the default): ``pool_min`` 1, ``pool_max`` 10,
+    take the URL's query parameter, else the default): ``pool_min`` 1, ``pool_max`` 32,
     ``pool_timeout`` 5.0 s, ``op_timeout`` 10.0 s, ``prepare_threshold`` 5, ``heartbeat`` 5.0 s
     (LISTEN connection liveness check).
     """
@@ -359,7 +386,7 @@ class PostgresStore:
             raise ValueError("PostgreSQL store URL: " + " ".join(str(exc).split())) from None
         self._conninfo = conninfo
         self._pool_min = pool_min if pool_min is not None else _param(own, "pool_min", 1, int)
-        self._pool_max = pool_max if pool_max is not None else _param(own, "pool_max", 10, int)
+        self._pool_max = pool_max if pool_max is not None else _param(own, "pool_max", 32, int)
         self._pool_max = max(self._pool_max, self._pool_min, 1)
         self._pool_timeout = (
             pool_timeout if pool_timeout is not None
