@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 
 from bench import loadgen
-from bench.peers import Server, Workspace, rss_mb
+from bench.peers import Server, Workspace, rss_mb, sqlalchemy_url
 from bench.report import Section, fmt, median, pct, ratio
 from bench.transfer import transfers
 
@@ -24,6 +24,9 @@ __all__ = ["Bench", "Settings", "SCENARIOS"]
 LOCKD_STORES = {"lockd · SQLite": "sqlite", "lockd · PostgreSQL": "postgres",
                 "lockd · etcd": "etcd"}
 LOCKD_WORKERS = 2  # ``lockd serve --workers`` of the "--workers" rows (PostgreSQL and etcd stores)
+# Each PostgreSQL worker's pool_max in those rows: the single-process lockd keeps its default
+# 32, the limit rows open 32 more, and PostgreSQL here allows 100 connections in all.
+WORKERS_POOL_MAX = 8
 
 
 @dataclass
@@ -73,7 +76,10 @@ class Bench:
                 server = self.ws.lockd(url, name)
             elif name in ("lockd-postgres-workers", "lockd-etcd-workers"):
                 store = name.split("-")[1]
-                url = self.server("etcd").extra["url"] if store == "etcd" else store
+                if store == "etcd":
+                    url = self.server("etcd").extra["url"]
+                else:  # N × pool_max connections in all: see section 1's notes
+                    url = sqlalchemy_url(self.ws.database()) + f"?pool_max={WORKERS_POOL_MAX}"
                 server = self.ws.lockd(url, name, args=("--workers", str(LOCKD_WORKERS)))
             elif name.startswith("lockd-"):
                 server = self.ws.lockd(name.split("-", 1)[1], name)
@@ -201,7 +207,9 @@ def lock_cycles(bench: Bench) -> Section:
         "lock granted and released in one atomic store step.")
     section.notes.append(
         f"'--workers {LOCKD_WORKERS}' rows: `lockd serve --workers {LOCKD_WORKERS}`, that many "
-        "processes on one port (SO_REUSEPORT); the 'PostgreSQL limit' row sends lockd's own "
+        "processes on one port (SO_REUSEPORT); on PostgreSQL each worker has "
+        f"pool_max={WORKERS_POOL_MAX} ({LOCKD_WORKERS * WORKERS_POOL_MAX} connections in all: "
+        "with the single process's 32 and the limit rows' 32, PostgreSQL's 100 are near); the 'PostgreSQL limit' row sends lockd's own "
         "grant and release statements straight from the generator with psycopg (2 autocommit "
         "statements a cycle, no HTTP): the database's own rate for one lock cycle here.")
     section.notes.append(
