@@ -50,7 +50,6 @@ from lockd import __version__
 from lockd.common.coalesce import coalescing_protocol
 from lockd.common.httpkit import configure_logging
 from lockd.common.listen import ListenError, bind_listener
-from lockd.common.workers import listening_sockets, run_workers
 from lockd.common.options import (
     add_bound_arguments,
     add_tls_arguments,
@@ -58,6 +57,7 @@ from lockd.common.options import (
     tls_files_problem,
     uvicorn_tls_options,
 )
+from lockd.common.workers import listening_sockets, run_workers
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
