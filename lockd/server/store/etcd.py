@@ -38,22 +38,29 @@ atomically (the watch sees a delete per lock); expiry does the same.
 
 How each operation maps onto etcd:
 
-* **acquire**: grant an etcd lease, then ONE transaction ``if create_revision(lock key) == 0:
-  put lock key (bound to that lease) and put fence key; else range lock key``. The fence is the
+* **acquire** (2 calls, like etcd's own lock API: grant + lock): grant an etcd lease, then ONE
+  transaction ``if create_revision(lock key) == 0: put lock key (bound to that lease) and put
+  fence key; else range lock key``. The fence is the
   transaction's revision (= the key's ``create_revision``): etcd's store-wide revision only ever
   grows, across leader changes and restarts, so every grant of a lock gets a higher fence than
   any earlier one (invariant 1) even though the lock key is deleted on release. A refused
   acquire revokes its unused etcd lease (in the background). Same non-empty ``client_id`` as the holder: the
   holder's lease is renewed and returned.
-* **renew**: read the lock key, check it holds this ``lease_id``, then keep the etcd lease alive
-  (etcd refuses to keep an expired lease alive, even one not yet reaped: invariant 3). etcd cannot
-  change a lease's TTL, so a renew with a NEW ``ttl_ms`` keeps the old lease alive, grants a new
-  one and moves the key to it with a put guarded on the key's ``mod_revision`` (a put keeps
-  ``create_revision``, hence the fence), then revokes the old one. A renew without ``ttl_ms``
-  keeps the lease's own TTL (``ttl_ms`` in the value: the last one granted or renewed with), so
-  it is a plain keep-alive.
-* **release**: read, check ``lease_id``, delete the key guarded on its ``mod_revision``, revoke
-  the etcd lease.
+* **renew**: keep the etcd lease alive (etcd refuses to keep an expired lease alive, even one not
+  yet reaped: invariant 3). Which etcd lease: the per-process lease cache
+  (``lockd.server.store.etcd_cache``) knows it for a lease this process granted, moved or renewed
+  before, so that renew is ONE keep-alive; otherwise (or if that keep-alive fails) read the lock
+  key and check it holds this ``lease_id`` first. etcd cannot change a lease's TTL, so a renew
+  with a NEW ``ttl_ms`` keeps the old lease alive, grants a new one and moves the key to it with
+  a put guarded on the key's ``mod_revision`` (a put keeps ``create_revision``, hence the fence),
+  then revokes the old one before it answers. A renew without ``ttl_ms`` keeps the lease's own
+  TTL (``ttl_ms`` in the value: the last one granted or renewed with), so it is a plain
+  keep-alive.
+* **release**: revoke the etcd lease that holds the key (ONE call with a cache hit; a read of the
+  key and a check of ``lease_id`` first otherwise): the key goes in the same step. An etcd lease
+  holds one lease's key and nothing else, and every path that takes the key off an etcd lease
+  revokes that etcd lease before it answers, which is what makes a cached keep-alive or revoke
+  trustworthy: see ``etcd_cache``.
 * **expiry** is etcd's own lease expiry (its leader's clock; checked about every 500 ms).
 * **subscribe**: ONE watch stream per store on the lock-key prefix, delete events only (release
   and expiry both delete the key). On errors it reconnects, to the next endpoint, resuming at the
@@ -103,9 +110,11 @@ from lockd.server.store.base import (
     MultiGrant,
     ReleaseListener,
 )
+from lockd.server.store.etcd_cache import DEFAULT_SIZE, CachedLease, LeaseCache
 from lockd.server.store.etcd_http import GatewayError, GatewayPool
 
-__all__ = ["EtcdStore", "etcd_tls", "parse_etcd_url", "DEFAULT_TIMEOUT_S", "DEFAULT_PREFIX"]
+__all__ = ["EtcdStore", "etcd_tls", "parse_etcd_url", "cache_size", "DEFAULT_TIMEOUT_S",
+           "DEFAULT_PREFIX"]
 
 log = logging.getLogger("lockd.server.store.etcd")
 
@@ -170,6 +179,21 @@ def parse_etcd_url(url: str) -> tuple[list[str], str, float]:
         if not 0.1 <= timeout <= 60:
             raise ValueError("etcd store URL: timeout must be within 0.1..60 seconds")
     return endpoints, prefix, timeout
+
+
+def cache_size(url: str) -> int:
+    """The URL's ``cache`` (entries of the lease cache, 0..10,000,000; 0 disables it), default
+    ``etcd_cache.DEFAULT_SIZE``. Raises ``ValueError`` for anything else."""
+    values = parse_qs(urlsplit(url).query).get("cache")
+    if not values:
+        return DEFAULT_SIZE
+    try:
+        size = int(values[0])
+    except ValueError:
+        raise ValueError(f"etcd store URL: bad cache size {values[0]!r}") from None
+    if not 0 <= size <= 10_000_000:
+        raise ValueError("etcd store URL: cache must be within 0..10000000 entries")
+    return size
 
 
 def _b64(data: bytes) -> str:
@@ -242,12 +266,14 @@ class _EtcdError(StoreUnavailable):
 class EtcdStore:
     """A lock ``Store`` on an etcd v3 cluster. See the module docstring for the mapping.
 
-    ``url``: ``etcd://host:port,host:port,…[/prefix][?timeout=seconds]``. ``timeout`` bounds
-    every store call (all endpoint retries included) before ``StoreUnavailable``.
+    ``url``: ``etcd://host:port,host:port,…[/prefix][?timeout=seconds][&cache=entries]``.
+    ``timeout`` bounds every store call (all endpoint retries included) before
+    ``StoreUnavailable``; ``cache`` sizes the lease cache (``etcd_cache``; 0 turns it off).
     """
 
     def __init__(self, url: str, *, timeout: float | None = None):
         self._endpoints, self._prefix, url_timeout = parse_etcd_url(url)
+        self._cache = LeaseCache(cache_size(url))
         self._ssl = etcd_tls(url)  # None: plain http
         self._timeout = timeout if timeout is not None else url_timeout
         # One attempt may hang when etcd dropped the request with its leader (a follower's
@@ -311,11 +337,12 @@ class EtcdStore:
         """POST to the current endpoint; on failure move on to the next, within ``timeout``.
 
         Replaying is safe for every request this store sends, which is why a request whose
-        answer was lost is retried elsewhere: reads, keep-alive and revoke are idempotent; a
-        replayed grant leaves an unused etcd lease that expires on its own; every write is a
-        transaction guarded on the lock key (``create_revision == 0`` or ``mod_revision``)
-        whose caller recognises its own earlier success when the guard fails (the key holds
-        the etcd lease it just granted, or it is gone while our etcd lease still lives).
+        answer was lost is retried elsewhere: reads and keep-alive are idempotent; a replayed
+        revoke finds nothing, and its caller reads the key (a lock it did free then answers
+        ``LeaseLost``: conservative, never a false success); a replayed grant leaves an unused
+        etcd lease that expires on its own; every other write is a transaction guarded on the
+        lock key (``create_revision == 0`` or ``mod_revision``) whose caller recognises its own
+        earlier success when the guard fails (the key holds the etcd lease it just granted).
         Raises ``StoreUnavailable`` when no member answered usefully in time, ``_EtcdError``
         for any other error answer.
         """
@@ -415,6 +442,18 @@ class EtcdStore:
         except StoreUnavailable as exc:  # not found, or unreachable: its TTL ends it
             log.debug("revoke of an etcd lease failed: %s", exc)
 
+    async def _revoke_now(self, etcd_lease: int) -> bool:
+        """Revoke an etcd lease (its keys are deleted in the same step) and wait for it: True,
+        or False if etcd has no such lease (expired, or revoked by someone else; also our own
+        revoke replayed after its answer was lost). Raises ``StoreUnavailable``."""
+        try:
+            await self._post("/v3/lease/revoke", {"ID": str(etcd_lease)})
+        except _EtcdError as exc:
+            if "lease not found" in str(exc.detail):
+                return False
+            raise
+        return True
+
     async def _remaining_ms(self, etcd_lease: int) -> int:
         """Upper bound of an etcd lease's time left (etcd reports truncated whole seconds):
         0 if it is gone."""
@@ -460,14 +499,17 @@ class EtcdStore:
                     [{"request_range": {"key": key}}])
                 if doc.get("succeeded"):
                     keep = True
-                    return Grant(lock, lease_id, _int(doc["header"]["revision"]),
-                                 granted * 1000, owner)
+                    fence = _int(doc["header"]["revision"])
+                    self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms, fence, owner))
+                    return Grant(lock, lease_id, fence, granted * 1000, owner)
                 kv = self._range_kv(doc)
                 if kv is None:
                     continue  # cannot happen (the range is in the same transaction); retry
                 holder = _Held.parse(lock, kv)
                 if holder.etcd_lease == etcd_lease:  # a replay of our own successful put
                     keep = True
+                    self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms, holder.fence,
+                                                          owner))
                     return Grant(lock, lease_id, holder.fence, granted * 1000, owner)
             finally:
                 if not keep:
@@ -601,20 +643,39 @@ class EtcdStore:
                 if not moved:
                     self._revoke_soon(new_lease)
             if moved:
-                self._revoke_soon(etcd_lease)
+                if not await self._old_lease_revoked(etcd_lease, new_lease):
+                    raise LeaseLost("the multi-lock lease was released while it was renewed")
                 return MultiGrant(lease_id, fences, new_granted * 1000, owner)
         raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
 
     async def release_many(self, lease_id: str) -> tuple[str, ...]:
-        """Revoke the set's etcd lease: every key of it goes in one atomic step."""
-        value, etcd_lease, _, held = await self._read_set(lease_id)
+        """Revoke the set's etcd lease: every key of it goes in one atomic step. If etcd no
+        longer has that etcd lease (it expired, or a concurrent renew moved the set to a new
+        one), read the set again: ``LeaseLost`` if it is gone."""
+        for _ in range(3):
+            value, etcd_lease, _, held = await self._read_set(lease_id)
+            if await self._revoke_now(etcd_lease):
+                if len(held) != len(value["locks"]):
+                    raise LeaseLost("a lock of the multi-lock lease was no longer held by it")
+                return tuple(h.name for h in held)
+        raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
+
+    async def _old_lease_revoked(self, old: int, new: int) -> bool:
+        """After a move of keys from etcd lease ``old`` to ``new``: revoke ``old`` before the
+        renew answers (the lease cache's invariant: see ``etcd_cache``). False if etcd no
+        longer had ``old``: a release (or force-release) revoked it after our keep-alive, and
+        that revoke missed the keys we had just moved, so finish that release by revoking
+        ``new`` (its keys go with it); the renew then answers ``LeaseLost``. (Also when ``old``
+        expired in between, or our revoke was replayed: a spurious 410, never a false success.)
+        """
         try:
-            await self._post("/v3/lease/revoke", {"ID": str(etcd_lease)})
-        except _EtcdError as exc:  # not found: expired meanwhile (or our replayed revoke)
-            log.debug("revoke of a multi-lock lease: %s", exc)
-        if len(held) != len(value["locks"]):
-            raise LeaseLost("a lock of the multi-lock lease was no longer held by it")
-        return tuple(h.name for h in held)
+            if await self._revoke_now(old):
+                return True
+        except StoreUnavailable:
+            self._revoke_soon(old)  # best effort; until then it lives at most its TTL
+            raise
+        await self._revoke_now(new)
+        return False
 
     async def _extend(self, held: _Held, ttl_ms: int | None) -> Grant:
         """Push ``held``'s expiry to ``ttl_ms`` from now (``None``: its own TTL); same fence.
@@ -628,6 +689,8 @@ class EtcdStore:
         if granted <= 0:
             raise LeaseLost(f"lease on {held.name!r} expired", lock=held.name)
         if ttl_s == held.ttl_s:  # (a new ttl_ms within the same second is not recorded)
+            self._cache.put(held.lease_id, CachedLease(held.name, held.etcd_lease, held.ttl_ms,
+                                                       held.fence, held.owner))
             return Grant(held.name, held.lease_id, held.fence, granted * 1000, held.owner)
         # A different TTL: etcd leases cannot change theirs. Move the key to a new lease; the
         # keep-alive above ensures the old one is live, so nothing lapsed is brought back.
@@ -647,17 +710,32 @@ class EtcdStore:
                 self._revoke_soon(new_lease)
         if not moved:
             raise _Moved
-        self._revoke_soon(held.etcd_lease)
+        if not await self._old_lease_revoked(held.etcd_lease, new_lease):
+            self._cache.drop(held.lease_id)
+            raise LeaseLost(f"lease on {held.name!r} was released while it was renewed",
+                            lock=held.name)
+        self._cache.put(held.lease_id, CachedLease(held.name, new_lease, ttl_ms, held.fence,
+                                                   held.owner))
         return Grant(held.name, held.lease_id, held.fence, new_granted * 1000, held.owner)
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
         """Keep this lease's etcd lease alive (or move it to a new TTL; ``None``: keep its own).
 
-        Raises ``LeaseLost``.
+        A lease this process granted, moved or renewed before (the lease cache) is ONE
+        keep-alive of its etcd lease when the TTL stays; a keep-alive that fails (the etcd lease
+        is gone: released, moved or expired elsewhere) or a miss reads the key. Raises
+        ``LeaseLost``.
         """
+        entry = self._cache.get(lease_id, lock)
+        if entry is not None and (ttl_ms is None or _secs(ttl_ms) == _secs(entry.ttl_ms)):
+            granted = await self._keepalive(entry.etcd_lease)
+            if granted > 0:
+                return Grant(lock, lease_id, entry.fence, granted * 1000, entry.owner)
+            self._cache.drop(lease_id, entry.etcd_lease)
         for _ in range(3):
             held = await self._read_lock(lock)
             if held is None or held.lease_id != lease_id:
+                self._cache.drop(lease_id)
                 raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
             try:
                 return await self._extend(held, ttl_ms)
@@ -672,44 +750,52 @@ class EtcdStore:
         raise StoreUnavailable(f"etcd: lease on {lock!r} kept changing; try again")
 
     async def release(self, lock: str, lease_id: str) -> None:
-        """Delete the lock key if it holds this lease, then revoke its etcd lease."""
+        """Revoke the etcd lease that holds the lock key for this lease (the key goes in the
+        same step): ONE call when the lease cache knows it, else a read of the key first.
+
+        The etcd lease holds nothing but this key (see ``etcd_cache``). If etcd no longer has
+        it, the key expired, was released, or moved to a new etcd lease by a renew: read the
+        key again. If a renew moved it after our read but before our revoke, that renew finds
+        its old etcd lease revoked and finishes the release (``_old_lease_revoked``). A revoke
+        replayed after its answer was lost finds nothing and answers ``LeaseLost`` (the lock
+        is free either way). Raises ``LeaseLost``.
+        """
+        entry = self._cache.get(lease_id, lock)
+        etcd_lease = entry.etcd_lease if entry is not None else None
+        self._cache.drop(lease_id)
         for _ in range(3):
-            held = await self._read_lock(lock)
-            if held is None or held.lease_id != lease_id:
-                raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
-            key = _b64(self._lock_key(lock))
-            doc = await self._txn(
-                [{"key": key, "target": "MOD", "mod_revision": str(held.mod_revision)}],
-                [{"request_delete_range": {"key": key}}],
-                [{"request_range": {"key": key}}])
-            kv = None if doc.get("succeeded") else self._range_kv(doc)
-            if kv is None and not doc.get("succeeded"):
-                # Gone. Our own replayed delete, if the etcd lease still lives (expiry and
-                # revoke take the lease with the key); else it lapsed before we got there.
-                if await self._remaining_ms(held.etcd_lease) == 0:
-                    raise LeaseLost(f"lease on {lock!r} expired", lock=lock)
-            elif kv is not None:
-                continue  # modified under us (moved by a renew): re-read and check again
-            self._revoke_soon(held.etcd_lease)
-            return
+            if etcd_lease is None:
+                held = await self._read_lock(lock)
+                if held is None or held.lease_id != lease_id:
+                    raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
+                etcd_lease = held.etcd_lease
+            if await self._revoke_now(etcd_lease):
+                return
+            etcd_lease = None  # gone (expired, released, moved): read the key again
         raise StoreUnavailable(f"etcd: lease on {lock!r} kept changing; try again")
 
     async def force_release(self, lock: str) -> Holder | None:
-        """Delete the lock key whoever holds it (guarded on its ``mod_revision``), revoke its
-        etcd lease; the watch tells every listener. ``None`` if the lock was not held."""
+        """Free the lock whoever holds it; the watch tells every listener. ``None`` if the lock
+        was not held. A single lease: revoke its etcd lease (the key goes with it; a keep-alive
+        from any replica's lease cache fails from then on), as ``release`` does. A lock of a
+        multi-lock lease: delete only its key (guarded on its ``mod_revision``; the set's etcd
+        lease is shared with the other locks, and its renew sees the missing key)."""
         for _ in range(3):
             held = await self._read_lock(lock)
             if held is None:
                 return None
             remaining = await self._remaining_ms(held.etcd_lease)
+            if not held.lease_id.startswith(MULTI_PREFIX):
+                self._cache.drop(held.lease_id)
+                if await self._revoke_now(held.etcd_lease):
+                    return Holder(lock, held.owner, remaining, held.fence)
+                continue  # gone meanwhile (expired, released, moved): read again
             key = _b64(self._lock_key(lock))
             doc = await self._txn(
                 [{"key": key, "target": "MOD", "mod_revision": str(held.mod_revision)}],
                 [{"request_delete_range": {"key": key}}],
                 [{"request_range": {"key": key}}])
             if doc.get("succeeded"):
-                if not held.lease_id.startswith(MULTI_PREFIX):  # a set's etcd lease is shared
-                    self._revoke_soon(held.etcd_lease)
                 return Holder(lock, held.owner, remaining, held.fence)
             if self._range_kv(doc) is None:
                 return None  # released or expired meanwhile

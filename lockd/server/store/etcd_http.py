@@ -4,7 +4,8 @@ Why not httpx here: every lock operation on etcd is two to four small POSTs, and
 2-core machine httpx (httpcore + anyio + h11) cost about 1 ms of lockd CPU per request and sent
 headers and body as two writes; lockd on etcd spent ~70 % of its time inside httpx. This client
 writes each request in ONE write on a pooled connection and parses the answer with a few bytes
-operations (``Content-Length`` or chunked). httpx is still used for the long-lived watch stream.
+operations (``Content-Length`` or chunked, trailer fields skipped: etcd's gateway sends one after
+an error answer's last chunk). httpx is still used for the long-lived watch stream.
 
 Failure model: any transport problem (refused, reset, closed mid-answer, malformed answer,
 timeout) raises ``GatewayError``; the connection is then dropped (its state is unknown). A pooled
@@ -64,10 +65,12 @@ class _Conn:
             parts = []
             while True:
                 size = int((await self.reader.readuntil(b"\r\n")).split(b";", 1)[0], 16)
-                chunk = await self.reader.readexactly(size + 2)
-                if size == 0:
+                if size == 0:  # the last chunk; then trailer fields (etcd sends one on a
+                    # gRPC error), then an empty line
+                    while len(await self.reader.readuntil(b"\r\n")) > 2:
+                        pass
                     break
-                parts.append(chunk[:-2])
+                parts.append((await self.reader.readexactly(size + 2))[:-2])
             return status, b"".join(parts), keep
         if length is None:  # body runs to the end of the connection
             return status, await self.reader.read(), False
