@@ -17,12 +17,14 @@ Level-triggered readiness while no one waits (a NOTICE, or the EOF of a connecti
 closed while idle in the pool) would wake the loop on every turn: the first such wake drops the
 registration and the next wait registers again. The watch is released (reader removed, dup
 closed) when the connection is closed, when a wait finds it broken, and when the connection
-object is collected. A wait with a ``timeout`` (psycopg's cancellation paths) takes psycopg's
-own path; a wait without one re-arms its registration every ``interval`` (0.1 s) until the
-server answers, as psycopg re-polls (``_Watch.run`` says why). The watch belongs to the loop of the connection's first wait: a pooled connection is
-only used on its pool's loop (on another, awaiting the watch's future raises ``RuntimeError``;
-not checked per wait, as ``get_running_loop`` costs a ``getpid`` system call on Python 3.11). Without a timeout psycopg's wait also waits as long as
-the server takes.
+object is collected.
+
+A wait with a ``timeout`` (psycopg's cancellation paths) takes psycopg's own path. A wait
+without one waits as long as the server takes, as psycopg's does, and re-arms its registration
+whenever its ``interval`` (0.1 s) passes unanswered (``_Watch.run`` says why). The watch belongs
+to the loop of the connection's first wait: a pooled connection is only used on its pool's loop
+(on another, awaiting the watch's future raises ``RuntimeError``; not checked per wait, as
+``asyncio.get_running_loop`` costs a ``getpid`` system call on Python 3.11).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ import weakref
 from typing import Any
 
 import psycopg
-from psycopg import pq
 from psycopg import errors as e
+from psycopg import pq
 from psycopg.waiting import READY_R as _READY_R
 from psycopg.waiting import READY_W as _READY_W
 from psycopg.waiting import WAIT_R as _WAIT_R

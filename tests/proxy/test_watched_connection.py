@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -210,7 +209,7 @@ def test_the_proxy_keeps_serving_while_its_backends_are_terminated_under_load(
             for backend in backends():
                 _terminate(pg_admin_dsn, backend)
             ok = statuses.count(200)
-            wait_for(lambda: statuses.count(200) >= ok + 50, timeout=30,
+            wait_for(lambda ok=ok: statuses.count(200) >= ok + 50, timeout=30,
                      what="writes succeeding again after the kill")
     finally:
         stop.set()
