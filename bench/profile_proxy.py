@@ -6,6 +6,9 @@ proxy's workers with ``py-spy record --format raw`` for ``--seconds``; prints th
 by own time and by cumulative time (share of samples)::
 
     python -m bench.profile_proxy [--clients 8] [--seconds 8] [--fresh] [--args "--workers 2"]
+
+``--tree DIR`` profiles the proxy of another source tree (e.g. ``git archive`` of main) instead;
+``--args`` does not reach it (set ``PROXY_WORKERS`` in the environment for its worker count).
 """
 
 from __future__ import annotations
@@ -53,17 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="a new token every write")
     parser.add_argument("--args", default="", help="more flags for the proxy")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--tree", default=None, help="source tree of the proxy (default: this)")
     args = parser.parse_args(argv)
     ws = Workspace()
     try:
-        here = Path(__file__).resolve().parents[1]
-        servers, specs, ring = _proxy_servers(ws, here, args.args.split(), args.clients)
-        spec = specs["after"]
+        tree = Path(args.tree or Path(__file__).resolve().parents[1]).resolve()
+        servers, specs, ring = _proxy_servers(ws, tree, args.args.split(), args.clients)
+        key = "before" if args.tree else "after"  # "before" runs with PYTHONPATH=tree
+        spec = specs[key]
         if args.fresh:
             spec = _fresh(spec, ring, 0, args.clients, args.seconds)
         raw = ws.dir / "profile.txt"
         spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
-                                str(servers["after"].pid), "--subprocesses", "--format", "raw",
+                                str(servers[key].pid), "--subprocesses", "--format", "raw",
                                 "--duration", str(int(args.seconds)), "--rate", "250",
                                 "--output", str(raw), "--nonblocking"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

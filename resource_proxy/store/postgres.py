@@ -55,6 +55,7 @@ from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Repl
 from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
+from resource_proxy.store.watched import WatchedConnection
 from resource_proxy.tables import Catalog, Table, decode_row, loads
 
 __all__ = ["PostgresStore", "libpq_dsn", "translate"]
@@ -151,6 +152,7 @@ class PostgresStore:
             libpq_dsn(url),
             min_size=pool_size,
             max_size=pool_size,
+            connection_class=WatchedConnection,
             kwargs={"autocommit": True, "connect_timeout": max(1, round(timeout_s))},
             configure=self._configure,
             timeout=timeout_s,
