@@ -30,6 +30,12 @@ in uvicorn's own protocol class (``httptools``), subclassed here and passed as
     ~200 KiB instead of megabytes.
 
 Closing for a bound is logged at DEBUG (any client can cause it).
+
+Disconnect watch: every request's scope carries ``scope[DISCONNECT_WATCH]``, a function
+``watch(callback)`` that arranges for ``callback()`` to be called (once, on the event loop) when
+the connection is lost, replacing any earlier callback; ``watch(None)`` stops watching. It
+returns ``False`` if the connection is already gone. A handler that waits (a queued acquire)
+uses it to learn of a client that went away without a task of its own polling ``receive()``.
 """
 
 from __future__ import annotations
@@ -45,11 +51,14 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from lockd.common.problems import problem_bytes
 
-__all__ = ["ConnectionBounds", "bounded_protocol", "descriptor_warning"]
+__all__ = ["DISCONNECT_WATCH", "ConnectionBounds", "bounded_protocol", "descriptor_warning"]
 
 log = logging.getLogger("lockd.http.connections")
 
 _REFUSE_GRACE_S = 1.0
+
+DISCONNECT_WATCH = "lockd.watch_disconnect"
+"""The scope key of a request's disconnect watch (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +88,32 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     bounds: ConnectionBounds = ConnectionBounds()
     _overloaded: bytes = b""
+    # Slots, not instance-dict entries: uvicorn's protocol already fills its instance dict to a
+    # resize threshold, and one more key there costs ~1.5 KB per connection (measured,
+    # bench/notes/waiters.md).
+    __slots__ = ("_deadline", "_stall", "_refused", "_on_lost", "_lost")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None
         self._refused = False
+        self._on_lost: Any = None  # the disconnect watch's callback
+        self._lost = False
+
+    # --- disconnect watch -------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[DISCONNECT_WATCH] = self._watch_lost  # type: ignore[literal-required]
+        if self._deadline is None:  # a pipelined request after a complete one: its own clock
+            self._arm(self.bounds.request_timeout_s)
+
+    def _watch_lost(self, callback: Any) -> bool:
+        if self._lost:
+            return False
+        self._on_lost = callback
+        return True
 
     # --- time to send a request -------------------------------------------------------------
 
@@ -127,11 +156,6 @@ class _BoundedProtocol(HttpToolsProtocol):
             return
         super().data_received(data)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._deadline is None:  # a pipelined request after a complete one: its own clock
-            self._arm(self.bounds.request_timeout_s)
-
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete:
@@ -151,6 +175,10 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._stall.cancel()
             self._stall = None
         super().connection_lost(exc)
+        self._lost = True
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
 
     # --- a client that does not read ------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lockd.common.connections import DISCONNECT_WATCH
 from lockd.common.httpkit import bounded_body, error_response, problem_response
 from lockd.common.problems import PROBLEM_JSON
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
@@ -207,7 +208,38 @@ async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> Non
 
 
 async def until_disconnect(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``)."""
+    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``).
+
+    On lockd's own HTTP protocol (``scope[DISCONNECT_WATCH]``) ``work`` runs in the request's
+    own task and the connection's loss cancels that task: a queued acquire costs no task, no
+    ``receive()`` poller and no ``asyncio.wait`` of its own. Elsewhere (another ASGI server)
+    a second task watches ``receive()`` for ``http.disconnect``."""
+    watch = request.scope.get(DISCONNECT_WATCH)
+    if watch is None:
+        return await _until_disconnect_polling(request, work)
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def lost() -> None:
+        nonlocal gone
+        gone = True
+        task.cancel()
+
+    if not watch(lost):
+        work.close()
+        raise _ClientGone
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:  # ours alone, not also a cancel from outside
+            raise _ClientGone from None
+        raise
+    finally:
+        watch(None)
+
+
+async def _until_disconnect_polling(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request.receive))
     try:
