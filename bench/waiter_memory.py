@@ -12,7 +12,9 @@ before lockd is imported, 12 frames; slows lockd, so its RSS is not comparable w
 without ``--trace``). Then it warms lockd up (one round of ``--warm`` waiters queued and served, so
 first-use costs: pools, caches, lazily built validators, are paid), takes report A,
 queues ``--waiters`` acquires over 10 locks (each on its own connection, confirmed queued),
-takes report B, and serves them. Prints B - A per waiter: RSS bytes, objects by type, and the
+takes report B, and serves them (``--idle``: instead opens ``--waiters`` connections that
+send nothing: the HTTP server's share of a waiter). Prints
+B - A per waiter: RSS bytes, objects by type, and the
 top allocation sites (``--trace``).
 
 Unlike section 7 (RSS queued - RSS of a fresh idle lockd), this separates what a waiter holds
@@ -76,7 +78,7 @@ sys.exit(main(sys.argv[1:]))
 
 async def _queue(host: str, port: int, prefix: str, waiters: int, locks: int,
                  on_queued) -> None:
-    from bench.loadgen import Http
+    from bench.loadgen import Http, HttpError
 
     admin = await Http(host, port).connect()
     gates = [(await admin.json("POST", f"/v1/locks/{prefix}/{j}/acquire",
@@ -109,11 +111,32 @@ async def _queue(host: str, port: int, prefix: str, waiters: int, locks: int,
             raise RuntimeError(f"waiter {k} never showed up queued")
     on_queued()
     for j, lease_id in enumerate(gates):
-        await admin.json("POST", f"/v1/locks/{prefix}/{j}/release", {"lease_id": lease_id})
+        for attempt in (1, 2):  # the admin connection may have idled out during a report
+            try:
+                await admin.json("POST", f"/v1/locks/{prefix}/{j}/release",
+                                 {"lease_id": lease_id})
+                break
+            except HttpError as exc:
+                if exc.status != 0 or attempt == 2:
+                    raise
     await asyncio.gather(*tasks)
     for c in conns:
         await c.close()
     await admin.close()
+
+
+async def _idle(host: str, port: int, count: int, on_open) -> None:
+    """``count`` connections opened and held without a request (lockd is started with a
+    request timeout of 600 s, so none is closed before the report)."""
+    from bench.loadgen import Http
+
+    conns = [Http(host, port) for _ in range(count)]
+    for lo in range(0, count, 200):
+        await asyncio.gather(*(c.connect() for c in conns[lo:lo + 200]))
+    await asyncio.sleep(0.5)  # every connection accepted
+    on_open()
+    for c in conns:
+        await c.close()
 
 
 def _report(pid: int, out: str, n: int) -> dict:
@@ -137,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                              "without raising the heap's high-water mark)")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--idle", action="store_true",
+                        help="measure open connections that sent nothing instead of queued "
+                             "acquires: the HTTP server's share of a waiter")
     args = parser.parse_args(argv)
 
     from bench.peers import VENV_BIN, Workspace
@@ -168,15 +194,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         asyncio.run(_queue(host, port, "warm", args.warm, args.locks, lambda: None))
         a = _report(pid, out, 1)
-        asyncio.run(_queue(host, port, "measure", args.waiters, args.locks,
-                           lambda: reports.append(_report(pid, out, 2))))
+        if args.idle:
+            asyncio.run(_idle(host, port, args.waiters,
+                              lambda: reports.append(_report(pid, out, 2))))
+        else:
+            asyncio.run(_queue(host, port, "measure", args.waiters, args.locks,
+                               lambda: reports.append(_report(pid, out, 2))))
     finally:
         server.stop()
         ws.close() if hasattr(ws, "close") else None
     b = reports[0]
     n = args.waiters
-    print(f"lockd tree: {args.tree or 'this'}; store {args.store}; {n} waiters over "
-          f"{args.locks} locks; tracemalloc {'on' if args.trace else 'off'}")
+    what = (f"{n} open connections that sent nothing" if args.idle
+            else f"{n} waiters over {args.locks} locks")
+    print(f"lockd tree: {args.tree or 'this'}; store {args.store}; {what}; "
+          f"tracemalloc {'on' if args.trace else 'off'}")
     print(f"RSS: warm idle {a['rss'] / 2**20:.1f} MiB, queued {b['rss'] / 2**20:.1f} MiB: "
           f"{(b['rss'] - a['rss']) / n:,.0f} bytes per waiter")
     diff = {k: b["types"].get(k, 0) - a["types"].get(k, 0)

@@ -206,6 +206,7 @@ class LockService:
         self._tokens: dict[tuple[str, int], str] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._ordered = bool(getattr(store, "ordered", False))
         store.subscribe(self._may_be_free)
 
     # --- checks ---------------------------------------------------------------------------------
@@ -394,10 +395,19 @@ class LockService:
         return self._lease(await self.store.renew(name, lease_id, ttl_ms))
 
     async def release(self, name: str, lease_id: str) -> None:
-        """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``."""
+        """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``.
+
+        On a store whose operations apply in call order (``ordered``: SQLite) the head is woken
+        before the release is sent: it runs only once this task waits for the store, so its
+        acquire is queued right behind the release, often into the same transaction (one fsync
+        per handoff, not two). If the release fails, the head's acquire just finds the lock held
+        and sleeps again: the store still decides every grant."""
         self.check_name(name)
         self._check_single(lease_id)
-        await self.store.release(name, lease_id)
+        released = self.store.release(name, lease_id)
+        if self._ordered:
+            self._may_be_free(name)
+        await released
         self._may_be_free(name)
 
     @staticmethod
