@@ -123,3 +123,28 @@ def test_a_queued_acquire_has_no_task_of_its_own_and_leaves_when_its_client_hang
         assert release(http, served.url, name, lease_id).status_code == 200
         wait_until(lambda: served.tasks() <= before, what="no task left behind")
         assert state(http, served.url, name)["waiters"] == 0
+
+
+def test_requests_pipelined_behind_a_waiting_acquire_are_answered_in_order(served):
+    name = "footprint/pipelined"
+    with httpx.Client(timeout=30) as http:
+        holder = acquire(http, served.url, name, owner="holder").json()
+        body = json.dumps({"ttl_ms": 10_000, "wait_ms": 60_000, "owner": "piped"}).encode()
+        with socket.create_connection(("127.0.0.1", served.port)) as sock:
+            sock.sendall(f"POST /v1/locks/{name}/acquire HTTP/1.1\r\nHost: t\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                         .encode() + body
+                         + f"GET /v1/locks/{name} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+                         + b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+            assert release(http, served.url, name, holder["lease_id"]).status_code == 200
+            sock.settimeout(20)
+            data = b""
+            while data.count(b"HTTP/1.1 200") < 3:
+                chunk = sock.recv(65536)
+                assert chunk, data
+                data += chunk
+        first, second, third = data.split(b"HTTP/1.1 200")[1:]
+        assert b'"owner":"piped"' in first and b'"lease_id"' in first
+        assert b'"held":true' in second and b'"owner":"piped"' in second
+        assert b'"status":"ok"' in third
