@@ -58,6 +58,23 @@ class _Served:
 
         return asyncio.run_coroutine_threadsafe(count(), loop).result(10)
 
+    def waiting_frames(self) -> list[list[str]]:
+        """For each task now inside ``LockService._wait``: its coroutines, outermost first."""
+        loop = self.app.state.service.store._loop
+
+        async def chains() -> list[list[str]]:
+            found = []
+            for task in asyncio.all_tasks():
+                chain, coro = [], task.get_coro()
+                while coro is not None and hasattr(coro, "cr_await"):
+                    chain.append(coro.__qualname__)
+                    coro = coro.cr_await
+                if "LockService._wait" in chain:
+                    found.append(chain)
+            return found
+
+        return asyncio.run_coroutine_threadsafe(chains(), loop).result(10)
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(20)
@@ -148,3 +165,22 @@ def test_requests_pipelined_behind_a_waiting_acquire_are_answered_in_order(serve
         assert b'"owner":"piped"' in first and b'"lease_id"' in first
         assert b'"held":true' in second and b'"owner":"piped"' in second
         assert b'"status":"ok"' in third
+
+
+def test_a_queued_acquire_waits_through_the_ops_middleware_only(served):
+    if served.server.config.http == "auto":
+        pytest.skip("plain uvicorn: the wait runs in a task of its own, without the middlewares")
+    name = "footprint/frames"
+    with httpx.Client(timeout=30) as http:
+        holder = acquire(http, served.url, name, owner="holder").json()
+        sock = _send_acquire(served.port, name, "w")
+        wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+        (chain,) = served.waiting_frames()
+        assert "OpsMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
+        skipped = {"Starlette.__call__", "ServerErrorMiddleware.__call__",
+                   "ExceptionTelemetryMiddleware.__call__", "AppBodyLimitMiddleware.__call__",
+                   "ExceptionMiddleware.__call__"}
+        assert not skipped & set(chain), chain
+        assert release(http, served.url, name, holder["lease_id"]).status_code == 200
+        assert _response(sock)["owner"] == "w"
+        sock.close()
