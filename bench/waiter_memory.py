@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                                lambda: reports.append(_report(pid, out, 2))))
     finally:
         server.stop()
-        ws.close() if hasattr(ws, "close") else None
+        ws.close()
     b = reports[0]
     n = args.waiters
     what = (f"{n} open connections that sent nothing" if args.idle
