@@ -596,7 +596,10 @@ def scale(bench: Bench, store: str = "postgres") -> Section:
 
 def load(bench: Bench, store: str = "postgres", baseline: Section | None = None) -> Section:
     s = bench.settings
-    server = bench.ws.lockd(store, f"lockd-load-{store}")
+    # Every waiter has its own connection, plus the admin one: above lockd's default cap of
+    # 1,000 open connections the last waiter would be refused with 503 (and counted an error).
+    server = bench.ws.lockd(store, f"lockd-load-{store}",
+                            env={"LOCKD_MAX_CONNECTIONS": str(s.load_waiters + 64)})
     idle = rss_mb(server.pid)
     mgr = loadgen.manager()
     queued = mgr.Event()

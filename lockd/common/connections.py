@@ -30,6 +30,12 @@ in uvicorn's own protocol class (``httptools``), subclassed here and passed as
     ~200 KiB instead of megabytes.
 
 Closing for a bound is logged at DEBUG (any client can cause it).
+
+Disconnect watch: every request's scope carries ``scope[DISCONNECT_WATCH]``, a function
+``watch(callback)`` that arranges for ``callback()`` to be called (once, on the event loop) when
+the connection is lost, replacing any earlier callback; ``watch(None)`` stops watching. It
+returns ``False`` if the connection is already gone. A handler that waits (a queued acquire)
+uses it to learn of a client that went away without a task of its own polling ``receive()``.
 """
 
 from __future__ import annotations
@@ -38,18 +44,22 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from lockd.common.problems import problem_bytes
 
-__all__ = ["ConnectionBounds", "bounded_protocol", "descriptor_warning"]
+__all__ = ["DISCONNECT_WATCH", "ConnectionBounds", "bounded_protocol", "descriptor_warning"]
 
 log = logging.getLogger("lockd.http.connections")
 
 _REFUSE_GRACE_S = 1.0
+
+DISCONNECT_WATCH = "lockd.watch_disconnect"
+"""The scope key of a request's disconnect watch (see the module docstring)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +89,40 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     bounds: ConnectionBounds = ConnectionBounds()
     _overloaded: bytes = b""
+    # Slots, not instance-dict entries: uvicorn's protocol already fills its instance dict to a
+    # resize threshold, and one more key there costs ~1.5 KB per connection (measured,
+    # bench/notes/waiters.md).
+    __slots__ = ("_deadline", "_stall", "_refused", "_on_lost", "_lost")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if isinstance(getattr(self, "pipeline", None), deque):
+            self.pipeline = _Pipeline()  # type: ignore[assignment]
         self._deadline: asyncio.TimerHandle | None = None
         self._stall: asyncio.TimerHandle | None = None
         self._refused = False
+        self._on_lost: Any = None  # the disconnect watch's callback
+        self._lost = False
+
+    # --- disconnect watch -------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope[DISCONNECT_WATCH] = self._watch_lost  # type: ignore[literal-required]
+        if self._deadline is None:  # a pipelined request after a complete one: its own clock
+            self._arm(self.bounds.request_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        before = self.cycle
+        super().on_headers_complete()
+        if self.cycle is not before:  # a new request's cycle; nothing waits on its event yet
+            _lighten(self.cycle, "message_event")
+
+    def _watch_lost(self, callback: Any) -> bool:
+        if self._lost:
+            return False
+        self._on_lost = callback
+        return True
 
     # --- time to send a request -------------------------------------------------------------
 
@@ -107,6 +145,7 @@ class _BoundedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         over = len(self.connections) >= self.bounds.max_connections
         super().connection_made(transport)
+        _lighten(getattr(self, "flow", None), "_is_writable_event")
         sock = transport.get_extra_info("socket")
         if sock is not None and self.bounds.send_buffer_bytes:
             with contextlib.suppress(OSError):
@@ -127,11 +166,6 @@ class _BoundedProtocol(HttpToolsProtocol):
             return
         super().data_received(data)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        if self._deadline is None:  # a pipelined request after a complete one: its own clock
-            self._arm(self.bounds.request_timeout_s)
-
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self.cycle is not None and self.cycle.response_complete:
@@ -151,6 +185,10 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._stall.cancel()
             self._stall = None
         super().connection_lost(exc)
+        self._lost = True
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
 
     # --- a client that does not read ------------------------------------------------------------
 
@@ -171,6 +209,42 @@ class _BoundedProtocol(HttpToolsProtocol):
             log.debug("dropping a connection from %s: it read nothing for %.1f s",
                       _peer(self.client), self.bounds.write_timeout_s)
             self.transport.abort()
+
+
+class _LeanEvent(asyncio.Event):
+    """An ``asyncio.Event`` whose list of waiters is made on the first ``wait()``: the deque
+    ``asyncio.Event`` makes up front is ~0.6 KB, and uvicorn keeps two events per connection
+    (flow control, the request cycle's) that are almost never waited on."""
+
+    def __init__(self) -> None:
+        self._waiters = ()  # type: ignore[assignment]
+        self._value = False
+
+    async def wait(self) -> Literal[True]:
+        if not self._value and not self._waiters:
+            self._waiters = []  # type: ignore[assignment]
+        return await super().wait()
+
+
+def _lighten(owner: Any, attribute: str) -> None:
+    """Replace ``owner.attribute``, a plain ``asyncio.Event`` nobody waits on yet, with a
+    ``_LeanEvent`` in the same state (nothing, if uvicorn's internals are not as expected)."""
+    event = getattr(owner, attribute, None)
+    if type(event) is asyncio.Event and not event._waiters:
+        lean = _LeanEvent()
+        if event.is_set():
+            lean.set()
+        setattr(owner, attribute, lean)
+
+
+class _Pipeline(list):  # type: ignore[type-arg]
+    """uvicorn's queue of pipelined requests (``appendleft``, ``pop``, truth) as a list: an
+    empty deque is ~0.6 KB per connection, an empty list 56 bytes."""
+
+    __slots__ = ()
+
+    def appendleft(self, item: Any) -> None:
+        self.insert(0, item)
 
 
 def _peer(client: tuple[str, int] | None) -> str:

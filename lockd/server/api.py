@@ -42,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lockd.common.connections import DISCONNECT_WATCH
 from lockd.common.httpkit import bounded_body, error_response, problem_response
 from lockd.common.problems import PROBLEM_JSON
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
@@ -62,7 +63,7 @@ from lockd.server.schemas import (
 from lockd.server.service import LockService
 from lockd.server.store.base import LockState
 
-__all__ = ["HotPathMiddleware", "create_router", "install_error_handlers"]
+__all__ = ["HotPathMiddleware", "create_router", "install_error_handlers", "is_hot_path"]
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,38 @@ async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> Non
 
 
 async def until_disconnect(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``)."""
+    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``).
+
+    On lockd's own HTTP protocol (``scope[DISCONNECT_WATCH]``) ``work`` runs in the request's
+    own task and the connection's loss cancels that task: a queued acquire costs no task, no
+    ``receive()`` poller and no ``asyncio.wait`` of its own. Elsewhere (another ASGI server)
+    a second task watches ``receive()`` for ``http.disconnect``."""
+    watch = request.scope.get(DISCONNECT_WATCH)
+    if watch is None:
+        return await _until_disconnect_polling(request, work)
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    def lost() -> None:
+        nonlocal gone
+        gone = True
+        task.cancel()
+
+    if not watch(lost):
+        work.close()
+        raise _ClientGone
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:  # ours alone, not also a cancel from outside
+            raise _ClientGone from None
+        raise
+    finally:
+        watch(None)
+
+
+async def _until_disconnect_polling(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(_disconnected(request.receive))
     try:
@@ -259,20 +291,25 @@ async def _acquire(request: Request, name: str) -> Response:
     service = _service(request)
     service.check_name(name)
     body = await read_body(request, AcquireRequest)
-    call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms, owner=body.owner,
+    wait_ms = body.wait_ms
+    call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=wait_ms, owner=body.owner,
                            client_id=bound_client_id(request.scope, body.client_id))
-    return await _lease_answer(request, call, body.wait_ms, f"lock {name!r}")
+    del body  # a queued acquire keeps this frame for its whole wait, not the parsed body too
+    return await _lease_answer(request, call, wait_ms, name)
 
 
-async def _lease_answer(request: Request, call, wait_ms: int, what: str) -> Response:
+async def _lease_answer(request: Request, call, wait_ms: int,
+                        locks: str | Sequence[str]) -> Response:
     """The lease ``call`` grants, as the answer. With ``wait_ms`` > 0 the wait ends early if the
-    client goes away: 499, nothing granted (``what`` names the lock(s) in the log line)."""
+    client goes away: 499, nothing granted (``locks``, one name or several, for the log line)."""
     if wait_ms == 0:
         lease = await call
     else:
         try:
             lease = await until_disconnect(request, call)
         except _ClientGone:
+            what = (f"lock {locks!r}" if isinstance(locks, str)
+                    else f"locks {', '.join(locks[:8])}")
             log.info("client went away while waiting for %s", what)
             return Response(status_code=499)
     return JSONResponse(lease.body())
@@ -296,11 +333,11 @@ async def _release(request: Request, name: str) -> Response:
 async def _acquire_many(request: Request) -> Response:
     service = _service(request)
     body = await read_body(request, AcquireManyRequest)
-    call = service.acquire_many(body.locks, ttl_ms=body.ttl_ms, wait_ms=body.wait_ms,
-                                owner=body.owner,
+    wait_ms, locks = body.wait_ms, body.locks
+    call = service.acquire_many(locks, ttl_ms=body.ttl_ms, wait_ms=wait_ms, owner=body.owner,
                                 client_id=bound_client_id(request.scope, body.client_id))
-    return await _lease_answer(request, call, body.wait_ms,
-                               f"locks {', '.join(body.locks[:8])}")
+    del body  # as in _acquire
+    return await _lease_answer(request, call, wait_ms, locks)
 
 
 async def _renew_many(request: Request) -> Response:
@@ -318,6 +355,12 @@ _HOT_HANDLERS = {"acquire": _acquire, "renew": _renew, "release": _release}
 _HOT_PATH = re.compile(r"/v1/locks/(.+)/(acquire|renew|release)")
 
 
+def is_hot_path(scope: Scope) -> bool:
+    """``POST /v1/locks/{name}/acquire|renew|release``: what ``HotPathMiddleware`` serves."""
+    return (scope["type"] == "http" and scope["method"] == "POST"
+            and _HOT_PATH.fullmatch(scope["path"]) is not None)
+
+
 class HotPathMiddleware:
     """Sends ``POST /v1/locks/{name}/acquire|renew|release`` straight to their handlers.
 
@@ -325,7 +368,9 @@ class HotPathMiddleware:
     resolution and per-route exception/exit-stack middlewares cost about a fifth of lockd's CPU
     per lock cycle; here the same handlers run with the same problem mapping (``_lockd_error``,
     ``_internal``), and the FastAPI routes stay for the OpenAPI document and as the fallback.
-    Installed inside FastAPI's outermost middlewares (server errors, body limit)."""
+    Served in front of FastAPI's middleware stack, inside lockd's ops middleware only (see
+    ``lockd.server.app``): every layer is a coroutine frame and objects that a queued acquire
+    keeps for as long as it waits."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -335,8 +380,10 @@ class HotPathMiddleware:
             match = _HOT_PATH.fullmatch(scope["path"])
             if match is not None:
                 request = Request(scope, receive, send)
+                handler, name = _HOT_HANDLERS[match[2]], match[1]
+                del match  # not kept for a queued acquire's whole wait
                 try:
-                    response = await _HOT_HANDLERS[match[2]](request, match[1])
+                    response = await handler(request, name)
                 except LockdError as exc:
                     response = _lockd_error(exc)
                 except ClientDisconnect:

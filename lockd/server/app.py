@@ -11,10 +11,17 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
 
 from fastapi import FastAPI
 
-from lockd.server.api import HotPathMiddleware, create_router, install_error_handlers
+from lockd.server.api import (
+    HotPathMiddleware,
+    create_router,
+    install_error_handlers,
+    is_hot_path,
+)
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
@@ -25,6 +32,33 @@ from lockd.server.store import Store, open_store
 from lockd.tokens import KeyRing
 
 __all__ = ["create_app"]
+
+
+class _LockdApp(FastAPI):
+    """FastAPI, with lockd's hot path (``POST /v1/locks/{name}/acquire|renew|release``) served
+    in front of FastAPI's middleware stack: ops middleware -> ``HotPathMiddleware`` -> handler.
+
+    The layers it skips (Starlette's app and server-error middleware, FastAPI's exception
+    telemetry and body-limit middlewares) do nothing for these routes (their handlers map
+    every exception to a problem themselves and bound the body while reading it) but cost a
+    coroutine frame and objects each, which a queued acquire keeps for its whole wait (about
+    2.5 KB per waiter, bench/notes/waiters.md). With FastAPI's native OpenTelemetry enabled,
+    every request takes the full stack, so none escapes the traces."""
+
+    _front: Callable[..., Any] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        front = self._front
+        if front is not None and is_hot_path(scope) and not _telemetry_on(self):
+            scope["app"] = self
+            await front(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _telemetry_on(app: FastAPI) -> bool:
+    native = getattr(app, "_native_telemetry", None)
+    return native is not None and native.enabled()
 
 
 def create_app(settings: Settings | None = None, *, clock: Callable[[], float] | None = None,
@@ -62,7 +96,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             if owned:
                 await the_store.close()
 
-    app = FastAPI(
+    app = _LockdApp(
         title="lockd",
         summary="Leases with fencing tokens",
         version="1",
@@ -75,6 +109,6 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     install_error_handlers(app)
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
-    app.add_middleware(HotPathMiddleware)
-    install_ops(app, settings, metrics)  # outermost middleware: keys, request ids
+    with_ops = install_ops(app, settings, metrics)  # outermost middleware: keys, request ids
+    app._front = with_ops(HotPathMiddleware(partial(FastAPI.__call__, app)))
     return app

@@ -33,6 +33,7 @@ client / admin key (see ``lockd.common.tls``). ``/healthz`` and
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -40,6 +41,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
+from starlette.types import ASGIApp
 
 from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
@@ -199,9 +201,12 @@ def _secrets(values: tuple[Any, ...]) -> list[str]:
     return [v.get_secret_value() if hasattr(v, "get_secret_value") else str(v) for v in values]
 
 
-def install_ops(app: FastAPI, settings: Settings, metrics: LockdMetrics) -> None:
+def install_ops(app: FastAPI, settings: Settings,
+                metrics: LockdMetrics) -> Callable[[ASGIApp], OpsMiddleware]:
     """Keys (read now: a missing key file fails the start), the outermost middleware, and the
-    OpenAPI post-processing. Call after every other middleware is added."""
+    OpenAPI post-processing. Call after every other middleware is added. Returns a function
+    that wraps another ASGI app in the same ops middleware (same keys, metrics), for an app
+    served in front of FastAPI's stack (``lockd.server.app``'s hot path)."""
     api_keys = KeySet(load_keys(_secrets(settings.api_keys), settings.api_keys_file))
     admin_keys = KeySet(load_keys(_secrets(settings.admin_keys), settings.admin_keys_file))
     app.state.admin_keys = admin_keys
@@ -215,11 +220,13 @@ def install_ops(app: FastAPI, settings: Settings, metrics: LockdMetrics) -> None
             counter.inc()
             histogram.observe(seconds)
 
-    app.add_middleware(OpsMiddleware, api_keys=api_keys, admin_keys=admin_keys,
-                       open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
-                       on_response=on_response, cert_roles=cert_roles,
-                       on_auth_failure=lambda reason: metrics.auth_failures[reason].inc())
+    options: dict[str, Any] = dict(
+        api_keys=api_keys, admin_keys=admin_keys, open_paths=OPEN_PATHS,
+        max_header_bytes=settings.max_header_bytes, on_response=on_response,
+        cert_roles=cert_roles, on_auth_failure=lambda reason: metrics.auth_failures[reason].inc())
+    app.add_middleware(OpsMiddleware, **options)
     _document_problems(app)
+    return partial(OpsMiddleware, **options)
 
 
 def operation_id(route: APIRoute) -> str:

@@ -1,7 +1,8 @@
 """The lock service: validation, lease ids, signed tokens, and the queue of waiters per lock.
 
 The store decides who holds a lock; this module decides who asks next. Waiters live here, in
-memory, as asyncio events: a waiting acquire holds no database connection and no thread.
+memory, as small objects (two flags; a future and a timer only while asleep): a waiting
+acquire holds no database connection, no thread and no task of its own.
 
 Waiting, step by step (one queue per lock name, first come first served within this process):
 
@@ -134,26 +135,58 @@ class MultiLease:
 
 
 class _Waiter:
-    """One queued acquire. ``turn``: it became the head; ``wake``: the lock may have freed."""
+    """One queued acquire. ``turn``: it became the head; ``wake``: the lock may have freed.
 
-    __slots__ = ("turn", "wake", "hint", "owner")
+    Two flags and, only while it sleeps, one future and one timer handle; not two
+    ``asyncio.Event``s (each an object and a deque, ~0.7 KB) nor an ``asyncio.timeout``: a
+    queued waiter lives as long as its wait, and thousands may be queued
+    (bench/notes/waiters.md)."""
+
+    __slots__ = ("owner", "hint", "turn", "wake", "_future", "_on")
 
     def __init__(self, owner: str = "") -> None:
         self.owner = owner  # shown by GET /v1/locks/{name} (waiting_owners)
-        self.turn = asyncio.Event()
-        self.wake = asyncio.Event()
         self.hint: Holder | None = None  # the new holder, passed on by a head that was granted
+        self.turn = False
+        self.wake = False
+        self._future: asyncio.Future[None] | None = None
+        self._on = ""  # the flag the sleeping waiter waits for: "turn" or "wake"
+
+    def set_turn(self) -> None:
+        self.turn = True
+        if self._on == "turn":
+            self._resolve()
+
+    def set_wake(self) -> None:
+        self.wake = True
+        if self._on == "wake":
+            self._resolve()
+
+    def _resolve(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def sleep(self, flag: str, seconds: float) -> None:
+        """Wait until ``flag`` (``"turn"`` or ``"wake"``) is set or ``seconds`` pass, on the
+        event loop's monotonic timer."""
+        if getattr(self, flag):
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        self._on = flag
+        timer = loop.call_later(seconds, _resolve_future, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+            self._on = ""
 
 
-async def _sleep(event: asyncio.Event, seconds: float) -> None:
-    """Wait until ``event`` is set or ``seconds`` pass, whichever is first."""
-    if event.is_set():
-        return
-    try:
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    except TimeoutError:
-        pass
+def _resolve_future(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class LockService:
@@ -173,6 +206,7 @@ class LockService:
         self._tokens: dict[tuple[str, int], str] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._closing = False
+        self._ordered = bool(getattr(store, "ordered", False))
         store.subscribe(self._may_be_free)
 
     # --- checks ---------------------------------------------------------------------------------
@@ -276,14 +310,14 @@ class LockService:
                     if remaining <= 0:
                         state = await self.store.get(name)
                         raise self._held(name, state.owner or "", state.ttl_ms)
-                    await _sleep(waiter.turn, remaining)
+                    await waiter.sleep("turn", remaining)
                     continue
                 # The head of the queue: the only waiter that talks to the store.
-                if holder is None and waiter.hint is not None and not waiter.wake.is_set():
+                if holder is None and waiter.hint is not None and not waiter.wake:
                     holder = waiter.hint
                 waiter.hint = None
                 if holder is None:
-                    waiter.wake.clear()
+                    waiter.wake = False
                     result = await self._store_acquire(name, lease_id, ttl_ms, owner, client_id)
                     if isinstance(result, Grant):
                         handoff = Holder(name, result.owner, result.ttl_ms, result.fence)
@@ -292,7 +326,7 @@ class LockService:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise self._held(name, holder.owner, holder.ttl_ms)
-                await _sleep(waiter.wake, min(remaining, max(holder.ttl_ms, 1) / 1000))
+                await waiter.sleep("wake", min(remaining, max(holder.ttl_ms, 1) / 1000))
                 holder = None
         finally:
             self._leave(name, queue, waiter, handoff)
@@ -308,7 +342,7 @@ class LockService:
         if was_head:
             head = next(iter(queue))
             head.hint = handoff
-            head.turn.set()
+            head.set_turn()
 
     async def _store_acquire(self, name: str, lease_id: str, ttl_ms: int, owner: str,
                              client_id: str | None) -> Grant | Holder:
@@ -346,7 +380,7 @@ class LockService:
         """Store listener and local hook: wake the head waiter of ``name``, if any."""
         queue = self._queues.get(name)
         if queue:
-            next(iter(queue)).wake.set()
+            next(iter(queue)).set_wake()
 
     async def renew(self, name: str, lease_id: str, ttl_ms: int | None = None) -> Lease:
         """Extend a live lease to ``ttl_ms`` from now (``None``: the lease's own TTL, the last
@@ -361,10 +395,19 @@ class LockService:
         return self._lease(await self.store.renew(name, lease_id, ttl_ms))
 
     async def release(self, name: str, lease_id: str) -> None:
-        """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``."""
+        """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``.
+
+        On a store whose operations apply in call order (``ordered``: SQLite) the head is woken
+        before the release is sent: it runs only once this task waits for the store, so its
+        acquire is queued right behind the release, often into the same transaction (one fsync
+        per handoff, not two). If the release fails, the head's acquire just finds the lock held
+        and sleeps again: the store still decides every grant."""
         self.check_name(name)
         self._check_single(lease_id)
-        await self.store.release(name, lease_id)
+        released = self.store.release(name, lease_id)
+        if self._ordered:
+            self._may_be_free(name)
+        await released
         self._may_be_free(name)
 
     @staticmethod
@@ -482,11 +525,11 @@ class LockService:
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         raise await self._held_many_behind_queue(locks)
-                    waiter.turn.clear()  # set again by _leave when an earlier waiter goes
-                    await _sleep(waiter.turn, remaining)
+                    waiter.turn = False  # set again by _leave when an earlier waiter goes
+                    await waiter.sleep("turn", remaining)
                     continue
                 # Heads every queue: the only local waiter for these locks that asks the store.
-                waiter.wake.clear()
+                waiter.wake = False
                 result = await self._store_acquire_many(locks, lease_id, ttl_ms, owner,
                                                         client_id)
                 if isinstance(result, MultiGrant):
@@ -496,7 +539,7 @@ class LockService:
                 if remaining <= 0:
                     raise self._held_many(holders)
                 soonest = min(max(h.ttl_ms, 1) for h in holders) if holders else 1
-                await _sleep(waiter.wake, min(remaining, soonest / 1000))
+                await waiter.sleep("wake", min(remaining, soonest / 1000))
         finally:
             for name, queue in zip(locks, queues, strict=True):
                 self._leave(name, queue, waiter, None)
@@ -593,5 +636,5 @@ class LockService:
         self._closing = True
         for queue in list(self._queues.values()):
             for waiter in queue:
-                waiter.turn.set()
-                waiter.wake.set()
+                waiter.set_turn()
+                waiter.set_wake()

@@ -9,6 +9,9 @@ Waiting is NOT the store's job: the service keeps waiters in memory and retries 
 the store reports that a lock may have freed (``subscribe``) or when the holder's lease runs out
 (``Holder.ttl_ms``).
 
+Optional: a store whose operations apply in call order (one queue; SQLite) says so with a class
+attribute ``ordered = True``; see ``LockService.release``.
+
 Errors: ``LeaseLost`` (renew/release of a lease that is not live) and ``StoreUnavailable`` (the
 store cannot answer; nothing was changed or the outcome is unknown). Nothing else escapes a store.
 """

@@ -271,6 +271,12 @@ class SqliteStore:
     loop, which then blocks for each fsync; kept for measurements).
     """
 
+    ordered = True
+    """Operations apply in the order they are called (one queue, one thread; or inline): an
+    acquire called after a release was called, even before the release completed, sees it.
+    The service uses this to queue the head waiter's acquire right behind a release, often
+    into the same group-commit transaction (one fsync per handoff instead of two)."""
+
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time,
                  executor: Literal["thread", "inline"] = "thread"):
         self.path = path

@@ -1,0 +1,91 @@
+"""Handoff on a store that applies operations in call order (SQLite): the head waiter's acquire
+is queued right behind the release, before the release has completed (issue 16, handoff).
+
+Order is observed at the store's own entry point; no timing is asserted (figures are in
+bench/notes/waiters.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from lockd.server.service import LockService
+from lockd.server.settings import Settings
+from lockd.server.store.base import Grant
+from lockd.server.store.sqlite import SqliteStore
+from lockd.tokens import KeyRing
+
+
+def _service(tmp_path: Path) -> tuple[LockService, SqliteStore, list[tuple[str, str]]]:
+    store = SqliteStore(str(tmp_path / "h.db"))
+    calls: list[tuple[str, str]] = []
+    real = store._call
+
+    async def recorded(op, *args):
+        calls.append(("sent", op.__name__))
+        try:
+            return await real(op, *args)
+        finally:
+            calls.append(("done", op.__name__))
+
+    store._call = recorded  # type: ignore[method-assign]
+    settings = Settings(store=f"sqlite:///{tmp_path / 'h.db'}", key_dir=tmp_path / "keys")
+    return LockService(store, KeyRing.generate(), settings), store, calls
+
+
+def test_the_head_acquire_is_queued_behind_the_release_before_it_completes(tmp_path):
+    async def main() -> None:
+        service, store, calls = _service(tmp_path)
+        await store.open()
+        try:
+            held = await service.acquire("h/1", ttl_ms=10_000)
+            waiting = asyncio.ensure_future(service.acquire("h/1", ttl_ms=10_000,
+                                                            wait_ms=10_000, owner="next"))
+            while service.waiters("h/1") != 1 or ("done", "_acquire") not in calls[2:]:
+                await asyncio.sleep(0.001)  # queued, and its first try was refused
+            del calls[:]
+            await service.release("h/1", held.lease_id)
+            granted = await waiting
+            assert granted.owner == "next" and granted.fence == held.fence + 1
+            assert calls[:3] == [("sent", "_release"), ("sent", "_acquire"),
+                                 ("done", "_release")], calls
+            assert [c for c in calls if c[0] == "sent"] == [("sent", "_release"),
+                                                             ("sent", "_acquire")], calls
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_release_does_not_hand_the_lock_over(tmp_path):
+    async def main() -> None:
+        service, store, calls = _service(tmp_path)
+        await store.open()
+        try:
+            held = await service.acquire("h/2", ttl_ms=10_000, owner="holder")
+            waiting = asyncio.ensure_future(service.acquire("h/2", ttl_ms=10_000,
+                                                            wait_ms=300, owner="next"))
+            while service.waiters("h/2") != 1:
+                await asyncio.sleep(0.001)
+            try:
+                await service.release("h/2", "not-the-lease-id-000000000000000")
+            except Exception as exc:  # LeaseLost: 410
+                assert type(exc).__name__ == "LeaseLost"
+            else:
+                raise AssertionError("a release with a wrong lease id succeeded")
+            try:
+                await waiting
+            except Exception as exc:  # LockHeld after its wait_ms: the holder kept it
+                assert type(exc).__name__ == "LockHeld"
+            else:
+                raise AssertionError("the waiter was granted a held lock")
+            state = await store.get("h/2")
+            assert state.owner == "holder" and state.fence == held.fence
+            late = await store.acquire("h/2", lease_id="x" * 32, ttl_ms=1000, owner="late",
+                                       client_id=None)
+            assert not isinstance(late, Grant)  # still held by the holder
+        finally:
+            await store.close()
+
+    asyncio.run(main())
