@@ -27,6 +27,7 @@ import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from lockd.common.coalesce import coalescing_protocol
 from lockd.common.httpkit import configure_logging
 from lockd.common.listen import ListenError, bind_listener
 from lockd.common.options import (
@@ -38,7 +39,6 @@ from lockd.common.options import (
 )
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
-from lockd.common.coalesce import coalescing_protocol
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
