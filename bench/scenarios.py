@@ -88,6 +88,13 @@ class Bench:
             self.servers[name] = server
         return self.servers[name]
 
+    def retire(self, prefix: str) -> None:
+        """Stop the servers whose name starts with ``prefix`` (``server()`` starts them again if
+        a later section asks): PostgreSQL here allows 100 connections, and an idle lockd keeps
+        the pool it grew under load."""
+        for name in [n for n in self.servers if n.startswith(prefix)]:
+            self.servers.pop(name).stop()
+
     def wanted(self, peer: str) -> bool:
         return not self.settings.peers or any(p.lower() in peer.lower()
                                               for p in self.settings.peers)
@@ -175,6 +182,8 @@ def lock_cycles(bench: Bench) -> Section:
                 spec = {**spec, "workload": workload, "warmup": s.warmup, "seconds": s.seconds}
                 res = loadgen.run_closed(spec, c, s.procs)
                 results.setdefault((name, c), []).append(res)
+    bench.retire("lockd-postgres-workers")
+    bench.retire("lockd-etcd-workers")
     section = Section(
         "1", "Lock cycles: acquire + release, each client its own lock",
         "etcd's lock API through its JSON gateway (lease grant + lock + unlock + revoke), same "
@@ -409,6 +418,7 @@ def proxy(bench: Bench) -> Section:
     from resource_proxy.workers import default_workers
 
     s = bench.settings
+    bench.retire("lockd-")  # sections 1-4's lockd servers and their pools: not used from here
     dsn = bench.ws.database()
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE bench_rows (id bigint PRIMARY KEY, v bigint NOT NULL)")
