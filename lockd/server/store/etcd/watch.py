@@ -10,7 +10,6 @@ is free, so waiters whose release fell into the gap retry. See docs/stores/etcd.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from typing import Any
@@ -21,6 +20,7 @@ from lockd.server.errors import StoreUnavailable
 from lockd.server.store.base import ReleaseListener
 from lockd.server.store.etcd.transport import Transport
 from lockd.server.store.etcd.wire import Keys, b64, prefix_end, to_int, unb64
+from lockd.server.store.listeners import ReleaseListeners, stop_task
 
 __all__ = ["Watch"]
 
@@ -37,14 +37,14 @@ class Watch:
     def __init__(self, transport: Transport, keys: Keys):
         self._transport = transport
         self._keys = keys
-        self._listeners: list[ReleaseListener] = []
+        self._listeners = ReleaseListeners(log)
         self._task: asyncio.Task | None = None
         self._created = asyncio.Event()  # the current stream is established
         self._gap = False  # resumed after compacted history: wake every free lock
         self._resume_at = 0  # the revision the watch resumes from after a break
 
     def subscribe(self, listener: ReleaseListener) -> None:
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     def start(self, revision: int) -> None:
         """Start watching from ``revision`` (events at or after it are delivered); idempotent."""
@@ -55,17 +55,7 @@ class Watch:
     async def stop(self) -> None:
         """Cancel the stream and wait for it to end; idempotent."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    def _notify(self, name: str) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(name)
-            except Exception:  # a listener's bug must not stop the watch
-                log.exception("release listener failed for %r", name)
+        await stop_task(task)
 
     async def _loop(self, start_revision: int) -> None:
         """Keep one watch stream open; deliver delete events; resume after errors."""
@@ -132,7 +122,7 @@ class Watch:
             return
         for lock in fenced:
             if lock not in held:
-                self._notify(lock)
+                self._listeners.notify(lock)
 
     def _on_message(self, msg: dict[str, Any]) -> None:
         """Handle one watch message; keep ``_resume_at``, the revision to resume from."""
@@ -155,6 +145,6 @@ class Watch:
             kv = event.get("kv", {})
             self._resume_at = max(self._resume_at, to_int(kv.get("mod_revision")) + 1)
             if event.get("type") == "DELETE":
-                self._notify(unb64(kv.get("key"))[len(self._keys.locks):].decode())
+                self._listeners.notify(unb64(kv.get("key"))[len(self._keys.locks):].decode())
         if not events and not result.get("created"):  # progress notification: all sent
             self._resume_at = max(self._resume_at, to_int(result["header"].get("revision")) + 1)

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from lockd.server.store.base import ReleaseListener
+from lockd.server.store.listeners import ReleaseListeners, stop_task
 from lockd.server.store.postgres import sql
 
 __all__ = ["Listener", "first_line"]
@@ -43,12 +44,12 @@ class Listener:
         self._conn_kwargs = conn_kwargs
         self._heartbeat = heartbeat
         self._connect_timeout = connect_timeout
-        self._listeners: list[ReleaseListener] = []
+        self._listeners = ReleaseListeners(log)
         self._task: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
 
     def subscribe(self, listener: ReleaseListener) -> None:
-        self._listeners.append(listener)
+        self._listeners.add(listener)
 
     async def start(self) -> None:
         """Start the loop and wait until it listens. Raises ``TimeoutError`` after
@@ -62,17 +63,7 @@ class Listener:
     async def stop(self) -> None:
         """Cancel the loop and close its connection; idempotent."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    def _dispatch(self, name: str) -> None:
-        for listener in list(self._listeners):
-            try:
-                listener(name)
-            except Exception:
-                log.exception("release listener failed for lock %r", name)
+        await stop_task(task)
 
     async def _forever(self) -> None:
         """Keep one ``LISTEN`` connection alive forever (see the module docstring)."""
@@ -99,10 +90,10 @@ class Listener:
                 self._listening.set()
                 delay = _RECONNECT_MIN
                 for name in missed:
-                    self._dispatch(name)
+                    self._listeners.notify(name)
                 while True:
                     async for notify in conn.notifies(timeout=self._heartbeat):
-                        self._dispatch(notify.payload)
+                        self._listeners.notify(notify.payload)
                     async with asyncio.timeout(self._heartbeat):
                         last_seen = await _server_now(conn)
             except asyncio.CancelledError:
