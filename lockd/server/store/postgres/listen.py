@@ -19,9 +19,9 @@ from typing import Any
 import psycopg
 from psycopg.rows import tuple_row
 
+import lockd.server.store.postgres.sql as sql
 from lockd.server.store.base import ReleaseListener
 from lockd.server.store.listeners import ReleaseListeners, stop_task
-from lockd.server.store.postgres import sql
 
 __all__ = ["Listener", "first_line"]
 

@@ -21,9 +21,9 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+import lockd.server.store.postgres.sql as sql
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Grant, Holder, LockState, MultiGrant, ReleaseListener
-from lockd.server.store.postgres import sql
 from lockd.server.store.postgres.listen import Listener, first_line
 from lockd.server.store.postgres.url import libpq_url, param
 
@@ -54,7 +54,6 @@ def _utf8(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
 
 
 class _Refused(Exception):
