@@ -323,12 +323,12 @@ async def _direct_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable
 
 
 async def _lockd_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
-    """lockd's own grant and release statements (``lockd.server.store.postgres``) sent straight
+    """lockd's own grant and release statements (``lockd.server.store.postgres.sql``) sent straight
     to PostgreSQL with psycopg on this client's own lock row: the database's limit for what
     one lockd cycle asks of it (2 autocommit statements, prepared after the first use)."""
     import psycopg
 
-    from lockd.server.store import postgres as pg
+    from lockd.server.store.postgres import sql as pg
 
     conn = await psycopg.AsyncConnection.connect(spec["dsn"], autocommit=True,
                                                  prepare_threshold=1)
@@ -339,13 +339,13 @@ async def _lockd_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[
         nonlocal n
         n += 1
         lease_id = f"c{i}.{n}"
-        cur = await conn.execute(pg._SQL_ACQUIRE, {
+        cur = await conn.execute(pg.ACQUIRE, {
             "lock": lock, "lease_id": lease_id, "owner": f"c{i}", "client_id": None,
             "ttl_ms": 30_000})
         row = await cur.fetchone()
         if row is None or not row[0]:
             raise HttpError(409, f"grant refused: {row}".encode())
-        await conn.execute(pg._SQL_RELEASE, {"lock": lock, "lease_id": lease_id})
+        await conn.execute(pg.RELEASE, {"lock": lock, "lease_id": lease_id})
 
     return cycle, conn.close
 

@@ -106,10 +106,10 @@ def _lockd_server(bench: Bench, label: str) -> Server:
 
 def _lockd_schema(dsn: str) -> str:
     """``dsn`` with lockd's PostgreSQL schema created in it (for the physical-limit row)."""
-    from lockd.server.store import postgres as pg
+    from lockd.server.store.postgres import sql as pg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(pg._DDL)
+        conn.execute(pg.DDL)
     return dsn
 
 

@@ -104,7 +104,7 @@ PLANTED = [
     ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
     ("lockd/server/store/sqlite.py", "from starlette.responses import Response\n", "3 stores"),
     ("lockd/server/store/base.py", "from lockd.common.httpkit import KeySet\n", "3 stores"),
-    ("lockd/server/store/etcd.py", "    from ..api import create_router\n", "3 stores"),
+    ("lockd/server/store/etcd/store.py", "    from ...api import create_router\n", "3 stores"),
     ("lockd/server/service.py", "from fastapi import Request\n", "4 service"),
     ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
     ("lockd/common/httpkit.py", "from resource_proxy.errors import ProxyError\n", "5 common"),

@@ -1,11 +1,11 @@
-"""The etcd store's lean gateway client (``lockd.server.store.etcd_http``) against real etcd."""
+"""The etcd store's lean gateway client (``lockd.server.store.etcd.gateway``) against real etcd."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-from lockd.server.store.etcd_http import GatewayPool
+from lockd.server.store.etcd.gateway import GatewayPool
 
 
 def test_an_error_answer_with_trailers_leaves_the_connection_usable(etcd_shared_cluster):

@@ -1,4 +1,4 @@
-"""The etcd store's lease cache (``lockd.server.store.etcd_cache``): a renew is one keep-alive
+"""The etcd store's lease cache (``lockd.server.store.etcd.cache``): a renew is one keep-alive
 and a release one revoke for a lease this process knows, and a stale entry never gives a false
 success. Two ``EtcdStore`` objects on one prefix play two lockd replicas (A grants, B is the
 other replica); real 3-member etcd cluster.
@@ -20,7 +20,7 @@ import pytest
 from lockd.server.errors import LeaseLost
 from lockd.server.store.base import Grant
 from lockd.server.store.etcd import EtcdStore, cache_size
-from lockd.server.store.etcd_cache import CachedLease, LeaseCache
+from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from tests.etcd.helpers import acquire, name, opened
 
 
@@ -41,17 +41,17 @@ def _key_lease(cluster, url: str, lock: str) -> int | None:
 
 
 class _Calls:
-    """Counts the etcd gateway calls a store makes, by path (wraps its ``_post``)."""
+    """Counts the etcd gateway calls a store makes, by path (wraps its transport's ``post``)."""
 
     def __init__(self, store: EtcdStore):
         self.paths: list[str] = []
-        inner = store._post
+        inner = store._transport.post
 
         async def post(path, body):
             self.paths.append(path)
             return await inner(path, body)
 
-        store._post = post  # type: ignore[method-assign]
+        store._transport.post = post  # type: ignore[method-assign]
 
 
 # -- the cache itself ---------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_ttl_change_then_release_at_the_same_replica_frees_the_lock(etcd_url):
 def _gate_revoke(store: EtcdStore, etcd_lease: int, gate: asyncio.Event,
                  reached: asyncio.Event) -> None:
     """Make ``store`` wait for ``gate`` before it revokes ``etcd_lease`` (setting ``reached``)."""
-    inner = store._revoke_now
+    inner = store._leases.revoke_now
 
     async def revoke(lease: int) -> bool:
         if lease == etcd_lease:
@@ -216,7 +216,7 @@ def _gate_revoke(store: EtcdStore, etcd_lease: int, gate: asyncio.Event,
             await gate.wait()
         return await inner(lease)
 
-    store._revoke_now = revoke  # type: ignore[method-assign]
+    store._leases.revoke_now = revoke  # type: ignore[method-assign]
 
 
 def test_release_racing_a_ttl_change_still_frees_the_lock(etcd_shared_cluster, etcd_url):

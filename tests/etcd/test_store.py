@@ -16,7 +16,7 @@ import pytest
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Grant, Holder, Store
 from lockd.server.store.etcd import EtcdStore, parse_etcd_url
-from tests.etcd.helpers import acquire, lease_id, name, opened
+from tests.etcd.helpers import acquire, lease_id, name, opened, watching
 from tests.support import free_port
 
 # -- URL -------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def test_mutual_exclusion_and_fences_under_contention(etcd_url):
 def test_release_on_one_store_notifies_another_promptly(etcd_url):
     async def body():
         async with opened(etcd_url) as a, opened(etcd_url) as b:
-            await b.wait_watching()
+            await watching(b, etcd_url)
             heard: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
             b.subscribe(lambda n: heard.put_nowait((n, time.monotonic())))
             lock = name("wake")
@@ -297,7 +297,7 @@ def test_release_on_one_store_notifies_another_promptly(etcd_url):
 def test_expiry_notifies_subscribers(etcd_url):
     async def body():
         async with opened(etcd_url) as s:
-            await s.wait_watching()
+            await watching(s, etcd_url)
             heard: asyncio.Queue[str] = asyncio.Queue()
             s.subscribe(heard.put_nowait)
             lock = name("exp")

@@ -15,7 +15,7 @@ import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Grant, Holder
-from tests.etcd.helpers import acquire, opened
+from tests.etcd.helpers import acquire, opened, watching
 from tests.etcd_support import EtcdCluster
 
 pytestmark = pytest.mark.slow
@@ -34,8 +34,8 @@ def test_leader_kill_holders_keep_renewing_and_fences_increase(etcd_cluster: Etc
 
     async def body():
         async with opened(url) as a, opened(url) as b:
-            await a.wait_watching()
-            await b.wait_watching()
+            await watching(a, url)
+            await watching(b, url)
             heard: asyncio.Queue[str] = asyncio.Queue()
             b.subscribe(heard.put_nowait)
             held = {}
@@ -174,7 +174,7 @@ def test_compacted_watch_history_still_wakes_listeners(etcd_cluster: EtcdCluster
 
     async def body():
         async with opened(url_a) as a, opened(url_b) as b:
-            await a.wait_watching()
+            await watching(a, url_a)
             heard: asyncio.Queue[str] = asyncio.Queue()
             a.subscribe(heard.put_nowait)
             g = await acquire(b, "gap/lock", ttl_ms=30_000)

@@ -2,7 +2,7 @@
 
 Every member serves its client and peer ports over TLS (``--client-cert-auth``,
 ``--peer-client-cert-auth``; ``tests.etcd_support.EtcdCluster(tls=pki)``); lockd reaches it with
-``etcd://…?ca=…&cert=…&key=…`` (the store URL's query, see ``lockd.server.store.etcd``). The
+``etcd://…?ca=…&cert=…&key=…`` (the store URL's query, see docs/stores/etcd.md). The
 contract suite's core cases run unchanged against that lockd; two more tests show the TLS is
 real: without a client certificate, or over plain http, lockd cannot start on this cluster.
 """

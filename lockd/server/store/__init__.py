@@ -11,6 +11,7 @@ URL                                            store
 =============================================  =========================================
 
 Backends other than SQLite are imported lazily, so a SQLite-only lockd never loads psycopg.
+Each backend's design: docs/stores/ (``postgres.md``, ``etcd.md``).
 """
 
 from __future__ import annotations

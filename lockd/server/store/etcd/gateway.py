@@ -10,7 +10,7 @@ an error answer's last chunk). httpx is still used for the long-lived watch stre
 Failure model: any transport problem (refused, reset, closed mid-answer, malformed answer,
 timeout) raises ``GatewayError``; the connection is then dropped (its state is unknown). A pooled
 connection that the server closed while idle fails on first use: that one request is retried
-once on a fresh connection (every request the store sends may be replayed, see ``EtcdStore``).
+once on a fresh connection (every request the store sends may be replayed: see ``transport``).
 """
 
 from __future__ import annotations

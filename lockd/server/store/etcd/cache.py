@@ -1,24 +1,14 @@
 """The etcd store's per-process lease cache: lockd lease id → (lock, etcd lease, TTL, fence, owner).
 
-Why: with it a renew is ONE etcd call (a keep-alive of the etcd lease) and a release is ONE
-(a revoke of it), instead of a read of the lock key first. What makes it safe to skip the read
-is an invariant the store keeps, not the cache's freshness:
+With it a renew is ONE etcd call (a keep-alive of the etcd lease) and a release is ONE (a revoke
+of it) instead of a read of the lock key first. Safe because of an invariant the store keeps,
+not the cache's freshness: an etcd lease that ever held a lease's lock key is used for nothing
+else and is revoked before any operation that takes the key off it answers, so a stale entry
+points at a dead etcd lease and its keep-alive or revoke fails (the store then reads the key).
+Entries are only hints; nothing a client sends is cached.
 
-    an etcd lease that ever held lease L's lock key is used for nothing else, and whenever the
-    key leaves it (release, force-release, a renew that moves it to a new TTL) it is revoked
-    BEFORE that operation answers; expiry takes the key and the lease together.
-
-So while an etcd lease is alive it still holds the key of the lease it was cached for, and a
-keep-alive that succeeds proves the lease is live (the keep-alive is refused for an expired or
-revoked etcd lease). An entry that went stale (another replica released or moved the lease,
-it expired) points at a dead etcd lease: the keep-alive or revoke fails and the store falls back
-to reading the key. Entries are only hints for finding the etcd lease; nothing a client sends
-is cached.
-
-Bounded: at most ``size`` entries (default ``DEFAULT_SIZE``), least recently used evicted first;
-an evicted lease just takes the read path. About 0.45 KB an entry (0.3 KB measured with
-tracemalloc, plus the lease id and lock name strings it keeps alive: bench/notes/etcd.md), so
-the default costs at most ~7 MB. ``size`` 0 disables the cache.
+Bounded: at most ``size`` entries (default ``DEFAULT_SIZE``, ~7 MB at most), least recently
+used evicted first; ``size`` 0 disables the cache. See docs/stores/etcd.md ("The lease cache").
 """
 
 from __future__ import annotations
