@@ -68,6 +68,8 @@ __all__ = [
     "MultiLease",
     "AsyncMultiLease",
     "FINAL",
+    "SyncLeaseClient",
+    "AsyncLeaseClient",
     "releasing_at_exit",
 ]
 
