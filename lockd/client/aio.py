@@ -133,16 +133,20 @@ class AsyncLockClient(ClientCore):
         if on_lost is not None:
             lease.on_lost(on_lost)
         if auto_renew:
-            stop = asyncio.Event()
-
-            async def pause(seconds: float) -> None:  # ends early when the renewal is stopped
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), seconds)
-
-            steps = self._renewal_steps(lease, sent, stop.is_set)
-            task = asyncio.create_task(self._run(steps, pause), name=f"lockd-renew:{lease.lock}")
-            self._renewals[lease] = (task, stop)
+            self._start_renewal(lease, sent)
         return lease
+
+    def _start_renewal(self, lease: AsyncLease, sent: float) -> None:
+        """Keep ``lease`` renewed in a task of the running loop (``ClientCore._renewal_steps``)."""
+        stop = asyncio.Event()
+
+        async def pause(seconds: float) -> None:  # ends early when the renewal is stopped
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), seconds)
+
+        steps = self._renewal_steps(lease, sent, stop.is_set)
+        task = asyncio.create_task(self._run(steps, pause), name=f"lockd-renew:{lease.lock}")
+        self._renewals[lease] = (task, stop)
 
     def lock(self, name: str, ttl: float, *, wait: float | None = None,
              owner: str | None = None, renew_every: float | None = None,
