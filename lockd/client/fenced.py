@@ -83,7 +83,8 @@ from lockd.client.errors import (
     body_or_raise,
     translate_transport_errors,
 )
-from lockd.client.lease import AsyncLease, Lease, check_segments
+from lockd.client.lease import AsyncLease, Lease
+from lockd.client.wire import check_segments
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]

@@ -29,17 +29,45 @@ under it may have run unprotected). One Lock object is for one thread or task at
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from lockd.client.lease import AsyncLease, Lease, LeaseState
-
-if TYPE_CHECKING:
-    from lockd.client.aio import AsyncLockClient
-    from lockd.client.sync import LockClient
+from lockd.client.lease import AsyncLease, Lease, LeaseState, LockStatus
 
 __all__ = ["Lock", "AsyncLock"]
 
 _LIVE = (LeaseState.HELD, LeaseState.RENEWED, LeaseState.UNKNOWN)
+
+
+class _Client(Protocol):
+    """What a ``Lock`` asks of its client (``LockClient`` is one)."""
+
+    def acquire(self, name: str, ttl: float, *, wait: float | None = None,
+                **kw: Any) -> Lease: ...
+
+    def try_acquire(self, name: str, ttl: float, *, wait: float = 0.0,
+                    **kw: Any) -> Lease | None: ...
+
+    def renew(self, lease: Lease, *, ttl: float | None = None) -> Lease: ...
+
+    def release(self, lease: Lease) -> None: ...
+
+    def status(self, name: str) -> LockStatus: ...
+
+
+class _AsyncClient(Protocol):
+    """What an ``AsyncLock`` asks of its client (``lockd.AsyncLockClient`` is one)."""
+
+    async def acquire(self, name: str, ttl: float, *, wait: float | None = None,
+                      **kw: Any) -> AsyncLease: ...
+
+    async def try_acquire(self, name: str, ttl: float, *, wait: float = 0.0,
+                          **kw: Any) -> AsyncLease | None: ...
+
+    async def renew(self, lease: AsyncLease, *, ttl: float | None = None) -> AsyncLease: ...
+
+    async def release(self, lease: AsyncLease) -> None: ...
+
+    async def status(self, name: str) -> LockStatus: ...
 
 
 class _LockBase:
@@ -109,7 +137,7 @@ class Lock(_LockBase):
 
     lease: Lease | None
 
-    def __init__(self, client: LockClient, name: str, ttl: float, *, wait: float | None = None,
+    def __init__(self, client: _Client, name: str, ttl: float, *, wait: float | None = None,
                  owner: str | None = None, renew_every: float | None = None,
                  on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True):
         super().__init__(client, name, ttl, wait=wait, owner=owner, renew_every=renew_every,
@@ -157,7 +185,7 @@ class Lock(_LockBase):
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         assert self.lease is not None
-        self.client._release_at_exit(self.lease, failed=exc_type is not None)
+        self.lease.__exit__(exc_type, exc, tb)
 
 
 class AsyncLock(_LockBase):
@@ -167,7 +195,7 @@ class AsyncLock(_LockBase):
 
     lease: AsyncLease | None
 
-    def __init__(self, client: AsyncLockClient, name: str, ttl: float, *,
+    def __init__(self, client: _AsyncClient, name: str, ttl: float, *,
                  wait: float | None = None, owner: str | None = None,
                  renew_every: float | None = None,
                  on_lost: Callable[[AsyncLease], Any] | None = None, auto_renew: bool = True):
@@ -210,4 +238,4 @@ class AsyncLock(_LockBase):
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         assert self.lease is not None
-        await self.client._release_at_exit(self.lease, failed=exc_type is not None)
+        await self.lease.__aexit__(exc_type, exc, tb)

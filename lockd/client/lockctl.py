@@ -89,6 +89,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from lockd.client import LockClient
 from lockd.client.durations import format_duration, parse_duration
 from lockd.client.errors import (
     LeaseLostError,
@@ -99,8 +100,8 @@ from lockd.client.errors import (
     TransportError,
     ValidationError,
 )
-from lockd.client.lease import DEFAULT_URL, Lease, LeaseRef, LockStatus, _lock_path
-from lockd.client.sync import LockClient
+from lockd.client.lease import Lease, LeaseRef, LockStatus
+from lockd.client.wire import DEFAULT_URL, lock_path
 
 __all__ = [
     "EXIT_OK",
@@ -334,7 +335,7 @@ def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: 
     try:
         child = subprocess.Popen(command, env=env, process_group=0)
     except OSError as exc:
-        client._release_at_exit(lease, failed=True)
+        lease.__exit__(type(exc), exc, exc.__traceback__)  # release; its errors are logged
         out.error(f"cannot run {command[0]!r}: {exc.strerror or exc}")
         return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
 
@@ -498,7 +499,7 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
 
 def _force_release(client: LockClient, args: argparse.Namespace, out: _Out) -> int:
     try:
-        body = client._request("POST", _lock_path(args.name) + "/force-release")
+        body = client._request("POST", lock_path(args.name) + "/force-release")
     except PermissionDenied as exc:
         if "disabled" in exc.detail:  # lockd has no admin key at all: its line says so
             raise

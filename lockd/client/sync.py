@@ -1,53 +1,36 @@
 """``LockClient``: the blocking client of lockd (threads; one ``httpx.Client`` pool).
 
-Leases, their states and the renewal monitor are in ``lockd.client.lease``."""
+Only the I/O is here: sending requests, sleeping, the renewal threads. Every rule (retries,
+renewal timing, release) is in ``lockd.client.core``; the leases in ``lockd.client.lease``."""
 
 from __future__ import annotations
 
 import json as json_module
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import httpx
 
+from lockd.client.core import ClientCore, Listing, Sleep, StepRun, Steps
 from lockd.client.errors import (
-    LeaseLostError,
-    LockClientError,
-    LockNotAcquired,
     ProtocolError,
-    ServiceUnavailable,
     body_or_raise,
     error_from_response,
     translate_transport_errors,
 )
-from lockd.client.lease import (
-    DEFAULT_URL,
-    Lease,
-    LeaseRef,
-    LeaseState,
-    LockStatus,
-    MultiLease,
-    _ClientBase,
-    _Clock,
-    _left,
-    _lock_path,
-    _Monitor,
-    _ms,
-    _validate_renew_every,
-    log,
-    multi_names,
-    new_client_id,
-)
+from lockd.client.lease import Lease, LeaseRef, LockStatus, MultiLease
 from lockd.client.lock import Lock
+from lockd.client.wire import DEFAULT_URL, Clock, lock_path
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["LockClient"]
 
+T = TypeVar("T")
 
-class LockClient(_ClientBase):
+
+class LockClient(ClientCore):
     """Blocking client of lockd at ``url`` (thread-safe; one ``httpx.Client`` connection pool).
 
     ``timeout`` (seconds, default 10) bounds each request; a waiting acquire adds its wait.
@@ -62,15 +45,15 @@ class LockClient(_ClientBase):
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
-                 clock: _Clock = time.monotonic, http_client: httpx.Client | None = None,
+                 clock: Clock = time.monotonic, http_client: httpx.Client | None = None,
                  api_key: str | None = None,
                  verify: VerifyTypes = True, cert: CertTypes = None):
         super().__init__(url, timeout, owner, clock, api_key)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout,
                                                 verify=client_context(verify, cert))
-        self._leases: set[Lease] = set()
-        self._leases_mutex = threading.Lock()
+        self._renewals: dict[Lease, _Renewal] = {}
+        self._renewals_mutex = threading.Lock()
 
     # -- plumbing
 
@@ -82,27 +65,27 @@ class LockClient(_ClientBase):
                                           timeout=self.timeout if timeout is None else timeout)
         return body_or_raise(method, path, response)
 
-    def _post_renew(self, name: str, lease_id: str, ttl: float | None, *,
-                    timeout: float | None = None) -> Any:
-        return self._post_renew_at(_lock_path(name) + "/renew", lease_id, ttl,
-                                        timeout=timeout)
-
-    def _post_renew_at(self, path: str, lease_id: str, ttl: float | None, *,
-                       timeout: float | None = None) -> Any:
-        body: dict[str, Any] = {"lease_id": lease_id}
-        if ttl is not None:
-            body["ttl_ms"] = _ms(ttl, "ttl")
-        t = self.timeout if timeout is None else min(self.timeout, timeout)
-        return self._request("POST", path, json=body, timeout=t)
+    def _run(self, steps: Steps[T], sleep: Callable[[float], Any] = time.sleep) -> T:
+        """Run a rule of ``lockd.client.core``: send its requests, ``sleep`` its pauses."""
+        run = StepRun(steps)
+        for step in run:
+            try:
+                if isinstance(step, Sleep):
+                    sleep(step.seconds)
+                else:
+                    run.answer(self._request(step.method, step.path, json=step.json,
+                                             params=step.params, timeout=step.timeout))
+            except Exception as exc:
+                run.fail(exc)
+        return run.result  # type: ignore[return-value]
 
     def close(self) -> None:
         """Stop every lease's renewals (without releasing) and close the HTTP pool."""
-        with self._leases_mutex:
-            leases = list(self._leases)
-            self._leases.clear()
-        for lease in leases:
-            if lease._monitor:
-                lease._monitor.halt()
+        with self._renewals_mutex:
+            renewals = list(self._renewals.values())
+            self._renewals.clear()
+        for renewal in renewals:
+            renewal.halt()
         if self._own_http:
             self._http.close()
 
@@ -159,9 +142,8 @@ class LockClient(_ClientBase):
         renewals, ``lost``, ``on_lost``; ``AcquireTimeout`` names every held lock's holder in
         its ``problem``). ``with client.acquire_many([...], ttl=10) as lease:`` releases the
         whole set on exit."""
-        names = multi_names(locks)
-        lease = self._acquire(",".join(names), ttl, wait, owner, client_id, auto_renew,
-                              renew_every, on_lost, raise_timeout=True, locks=names)
+        lease = self._acquire(None, ttl, wait, owner, client_id, auto_renew, renew_every,
+                              on_lost, raise_timeout=True, locks=locks)
         assert isinstance(lease, MultiLease)
         return lease
 
@@ -172,88 +154,27 @@ class LockClient(_ClientBase):
                          on_lost: Callable[[Lease], Any] | None = None) -> MultiLease | None:
         """Like ``acquire_many`` but ``wait`` defaults to 0 (try once) and not getting the locks
         returns ``None``."""
-        names = multi_names(locks)
-        lease = self._acquire(",".join(names), ttl, wait, owner, client_id, auto_renew,
-                              renew_every, on_lost, raise_timeout=False, locks=names)
+        lease = self._acquire(None, ttl, wait, owner, client_id, auto_renew, renew_every,
+                              on_lost, raise_timeout=False, locks=locks)
         assert lease is None or isinstance(lease, MultiLease)
         return lease
 
     def _acquire(self, name, ttl, wait, owner, client_id, auto_renew, renew_every,
-                 on_lost, *, raise_timeout: bool,
-                 locks: list[str] | None = None) -> Lease | None:
-        ttl_ms = _ms(ttl, "ttl")
-        if wait is not None:
-            _ms(wait, "wait")
-        _validate_renew_every(renew_every, ttl)
-        path = _lock_path(name) + "/acquire" if locks is None else "/v1/leases/acquire"
-        extra = {} if locks is None else {"locks": locks}
-        client_id = client_id or new_client_id()
-        started = self._clock()
-        deadline = None if wait is None or wait == math.inf else started + wait
-        last: LockNotAcquired | None = None
-        backoff = 0.05
-        while True:
-            wait_ms = self._wait_ms(deadline)
-            sent = self._clock()
-            try:
-                body = self._request("POST", path,
-                                     json={**self._acquire_json(ttl_ms, wait_ms, owner, client_id), **extra},
-                                     timeout=self.timeout + wait_ms / 1000)
-            except LockNotAcquired as exc:
-                last = exc
-                now = self._clock()
-                if deadline is not None and deadline - now < 0.001:
-                    break
-                if now - sent < wait_ms / 2000:  # answered early: do not spin
-                    time.sleep(min(0.05, _left(deadline, now)))
-                continue
-            except ServiceUnavailable:
-                now = self._clock()
-                if deadline is not None and deadline - now < 0.001:
-                    raise
-                time.sleep(min(backoff, _left(deadline, now)))
-                backoff = min(backoff * 2, 1.0)
-                continue
-            if self._clock() - sent >= ttl / 3:
-                # A waited grant may have happened anywhere in the wait, so the conservative
-                # deadline (sent + ttl) can be near or past: renew now, from a fresh send time.
-                renewed = self._renew_fresh_grant(body, ttl, sent, multi=locks is not None)
-                if renewed is None:
-                    continue  # lost before we could renew: ask again within the wait
-                sent, body = renewed
-            return self._start_lease(body, sent, auto_renew, renew_every, on_lost,
-                                     cls=Lease if locks is None else MultiLease)
-        if not raise_timeout:
+                 on_lost, *, raise_timeout: bool, locks: Any = None) -> Lease | None:
+        grant = self._run(self._acquire_steps(name, ttl, wait, owner, client_id, renew_every,
+                                              raise_timeout=raise_timeout, locks=locks))
+        if grant is None:
             return None
-        raise self._timeout_error(name, wait, started, self._clock(), last)
-
-    def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float, *,
-                           multi: bool = False
-                           ) -> tuple[float, Any] | None:
-        """Renew a just-granted lease at once: ``(sent, body)``, or None if lockd says it is gone.
-
-        A transient failure keeps the grant with its original, conservative send time
-        ``granted_sent`` (its monitor retries until that deadline).
-        """
-        sent = self._clock()
-        try:
-            path = "/v1/leases/renew" if multi else _lock_path(body["lock"]) + "/renew"
-            return sent, self._post_renew_at(path, body["lease_id"], ttl)
-        except LeaseLostError:
-            return None
-        except ServiceUnavailable:
-            return granted_sent, body
-
-    def _start_lease(self, body: Any, sent: float, auto_renew: bool, renew_every: float | None,
-                     on_lost: Callable[[Lease], Any] | None, *, cls: type[Lease] = Lease) -> Lease:
-        lease = cls(self, body, sent_at=sent, renew_every=renew_every)
+        sent, body = grant
+        lease = (Lease if locks is None else MultiLease)(self, body, sent_at=sent,
+                                                         renew_every=renew_every)
         if on_lost is not None:
             lease.on_lost(on_lost)
         if auto_renew:
-            lease._monitor = _Monitor(self, lease, sent)
-            with self._leases_mutex:
-                self._leases.add(lease)
-            lease._monitor.start()
+            renewal = _Renewal(self, lease, sent)
+            with self._renewals_mutex:
+                self._renewals[lease] = renewal
+            renewal.thread.start()
         return lease
 
     def lock(self, name: str, ttl: float, *, wait: float | None = None, owner: str | None = None,
@@ -286,21 +207,8 @@ class LockClient(_ClientBase):
         back). With a ``LeaseRef``: returns a new ``Lease`` without background renewal.
         Raises ``LeaseLostError`` (410), ``ServiceUnavailable``.
         """
-        if isinstance(lease, LeaseRef):
-            sent = self._clock()
-            body = self._post_renew(lease.lock, lease.lease_id, ttl)
-            return Lease(self, body, sent_at=sent)
-        lease.check()
-        sent = self._clock()
-        try:
-            body = self._post_renew_at(lease._path("renew"), lease.lease_id,
-                                       lease.ttl if ttl is None else ttl)
-        except LeaseLostError as exc:
-            lease._mark_lost(exc)
-            raise
-        lease._on_renewed(sent, body)
-        lease.check()
-        return lease
+        sent, body = self._run(self._renew_steps(lease, ttl))
+        return Lease(self, body, sent_at=sent) if isinstance(lease, LeaseRef) else lease
 
     def release(self, lease: Lease | LeaseRef) -> None:
         """Release the lease so others can acquire at once; stops its background renewal.
@@ -310,77 +218,26 @@ class LockClient(_ClientBase):
         passed; lockd is still asked, in case it can free the lock early), ``ServiceUnavailable``
         when lockd could not answer (retry, or let the TTL run out).
         """
-        if isinstance(lease, LeaseRef):
-            self._request("POST", _lock_path(lease.lock) + "/release",
-                          json={"lease_id": lease.lease_id})
-            return
-        self._stop_monitor(lease)
-        if lease._state is LeaseState.RELEASED:
-            return
-        lease._check_deadline()
-        was_lost = lease._state is LeaseState.LOST
-        try:
-            self._request("POST", lease._path("release"),
-                                json={"lease_id": lease.lease_id},
-                                timeout=min(self.timeout, 2.0) if was_lost else None)
-        except LeaseLostError as exc:
-            lease._mark_lost(exc)
-            lease.check()
-        except LockClientError:
-            if not was_lost:
-                raise  # still ours as far as we know: the caller may retry
-        if was_lost:
-            lease.check()
-        lease._mark_released()
-
-    def _stop_monitor(self, lease: Lease) -> None:
-        if lease._monitor is not None:
-            lease._monitor.halt()
-            with self._leases_mutex:
-                self._leases.discard(lease)
-
-    def _release_at_exit(self, lease: Lease, *, failed: bool) -> None:
-        try:
-            self.release(lease)
-        except LeaseLostError:
-            if not failed:
-                raise
-        except LockClientError as exc:
-            if not failed and isinstance(exc, ServiceUnavailable):
-                log.warning("release of %r failed (%s); lockd frees it at TTL", lease.lock,
-                            exc.detail)
-            elif not failed:
-                raise
-            else:
-                log.warning("release of %r after an error failed: %s", lease.lock, exc.detail)
+        if not isinstance(lease, LeaseRef):
+            with self._renewals_mutex:
+                renewal = self._renewals.pop(lease, None)
+            if renewal is not None:
+                renewal.halt()
+        self._run(self._release_steps(lease))
 
     # -- reads
 
     def status(self, name: str) -> LockStatus:
         """The lock's current state (``GET /v1/locks/{name}``); an unknown lock is not held."""
-        return LockStatus.from_json(self._request("GET", _lock_path(name)))
+        return LockStatus.from_json(self._request("GET", lock_path(name)))
 
     def locks(self, prefix: str = "", *, limit: int | None = None,
               page_size: int = 100) -> Iterator[LockStatus]:
         """Every lock whose name starts with ``prefix``, in name order, following cursors
         (``page_size`` per request, at most 1000); stops after ``limit`` items if given."""
-        cursor: str | None = None
-        count = 0
-        while True:
-            params: dict[str, Any] = {"prefix": prefix, "limit": page_size}
-            if cursor:
-                params["cursor"] = cursor
-            page = self._request("GET", "/v1/locks", params=params)
-            if not isinstance(page, Mapping) or not isinstance(page.get("items"), list):
-                raise ProtocolError("lock list is not {items: [...]}")
-            for item in page["items"]:
-                if limit is not None and count >= limit:
-                    return
-                count += 1
-                yield LockStatus.from_json(item)
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return
+        listing = Listing(prefix, limit, page_size)
+        while (page := listing.next_page()) is not None:
+            yield from listing.take(self._request(page.method, page.path, params=page.params))
 
     def watch(self, name: str | None = None, *, prefix: str = "",
               history: int = 0) -> Iterator[dict[str, Any]]:
@@ -394,7 +251,7 @@ class LockClient(_ClientBase):
         overflow: re-read the lock states, or watch again).
         Events are those the lockd process at ``url`` saw (see ``lockd.server.events``).
         """
-        path = _lock_path(name) + "/events" if name is not None else "/v1/events"
+        path = lock_path(name) + "/events" if name is not None else "/v1/events"
         params: dict[str, Any] = {"history": history}
         if name is None:
             params["prefix"] = prefix
@@ -420,3 +277,16 @@ class LockClient(_ClientBase):
                     data += line[5:].lstrip(" ")
 
 
+class _Renewal:
+    """The background thread that keeps one lease renewed (``ClientCore._renewal_steps``)."""
+
+    def __init__(self, client: LockClient, lease: Lease, sent_at: float):
+        self.stop = threading.Event()
+        steps = client._renewal_steps(lease, sent_at, self.stop.is_set)
+        self.thread = threading.Thread(target=client._run, args=(steps, self.stop.wait),
+                                       name=f"lockd-renew:{lease.lock}", daemon=True)
+
+    def halt(self) -> None:
+        self.stop.set()
+        if threading.current_thread() is not self.thread:
+            self.thread.join()

@@ -7,7 +7,7 @@ import base64
 import re
 
 from lockd.client import LockClient
-from lockd.client.lease import new_client_id
+from lockd.client.wire import new_client_id
 from lockd.server.schemas import CLIENT_ID_PATTERN
 
 

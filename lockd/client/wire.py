@@ -1,0 +1,123 @@
+"""lockd's HTTP contract as the client writes and reads it: units, paths, names and lease bodies.
+
+No I/O and nothing of the clients: the leases (``lease.py``), the client rules (``core.py``), both
+clients and ``fenced.py`` build on these. Durations in the client API are **seconds as float**;
+on the wire they are integer milliseconds (``ttl_ms``, ``wait_ms``), converted by ``ms``.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import quote
+
+from lockd.client.errors import ProtocolError, ValidationError
+from lockd.common.names import LOCK_NAME_RULE, bad_segment
+
+__all__ = [
+    "DEFAULT_URL",
+    "MAX_WAIT",
+    "MAX_WAIT_MS",
+    "Clock",
+    "ms",
+    "new_client_id",
+    "check_segments",
+    "lock_path",
+    "multi_names",
+    "check_lease_body",
+    "check_multi_body",
+]
+
+DEFAULT_URL = "http://127.0.0.1:7070"
+MAX_WAIT = 300.0
+"""lockd caps one request's ``wait_ms`` at 300 000 ms; longer waits are split into several requests."""
+
+MAX_WAIT_MS = int(MAX_WAIT * 1000)
+
+Clock = Callable[[], float]
+"""A monotonic clock in seconds (``time.monotonic`` unless a test injects another)."""
+
+
+def ms(seconds: float, what: str) -> int:
+    """Seconds (float) -> integer milliseconds for the wire; ``math.inf`` is ``MAX_WAIT_MS``.
+
+    ``TypeError`` for a non-number (or NaN), ``ValueError`` for a negative one: both are
+    programming errors, raised before any request."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or math.isnan(seconds):
+        raise TypeError(f"{what} must be a number of seconds, got {seconds!r}")
+    if seconds < 0:
+        raise ValueError(f"{what} must be >= 0 seconds, got {seconds!r}")
+    return round(seconds * 1000) if seconds != math.inf else MAX_WAIT_MS
+
+
+def new_client_id() -> str:
+    """A fresh acquire ``client_id``: 128 random bits as 22 URL-safe characters (lockd refuses
+    shorter ones). It is a per-attempt secret: every retry of one acquire call reuses it (so a
+    retry after a lost answer gets the same lease), no two calls share one."""
+    return secrets.token_urlsafe(16)
+
+
+def check_segments(name: str) -> str:
+    """``name``, unless it has an empty, ``.`` or ``..`` segment (``a//b``, ``a/../b``, a leading
+    or trailing ``/``): such a name is refused here with ``ValidationError`` before any request,
+    because HTTP clients rewrite it in the URL (``a/../b`` would reach the server as ``b``) and
+    lockd and the proxy answer 422 to it anyway (``lockd.common.names``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a string, got {name!r}")
+    if bad_segment(name):
+        raise ValidationError(f"{LOCK_NAME_RULE} (got {name[:300]!r})", code="invalid_request")
+    return name
+
+
+def lock_path(name: str) -> str:
+    """The URL path of lock ``name``. Allowed names are URL-safe as they are ("/" separates
+    segments and lockd routes on the full path); other characters are percent-encoded so lockd
+    answers 422 instead of routing somewhere unexpected. Segment errors: see ``check_segments``."""
+    segments = [quote(seg, safe=":") for seg in check_segments(name).split("/")]
+    return "/v1/locks/" + "/".join(segments)
+
+
+def multi_names(locks: Any) -> list[str]:
+    """The lock names of an ``acquire_many`` call, checked (``ValidationError`` for none, a
+    duplicate or a bad name: before any request)."""
+    if isinstance(locks, str) or not isinstance(locks, list | tuple):
+        raise TypeError(f"locks must be a list of lock names, got {locks!r}")
+    names = [check_segments(name) for name in locks]
+    if not names:
+        raise ValidationError("locks must name at least one lock", code="invalid_request")
+    if len(set(names)) != len(names):
+        raise ValidationError(f"locks must be distinct (got {names!r})", code="invalid_request")
+    return names
+
+
+def check_lease_body(body: Any) -> dict[str, Any]:
+    """A single-lock lease body (acquire or renew answer), checked: ``ProtocolError`` if not."""
+    if not isinstance(body, Mapping):
+        raise ProtocolError("lease body is not an object")
+    try:
+        out = {"lock": str(body["lock"]), "lease_id": str(body["lease_id"]),
+               "fence": int(body["fence"]), "token": str(body["token"]),
+               "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or "")}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed lease body: missing or bad {exc}") from exc
+    return out
+
+
+def check_multi_body(body: Any) -> dict[str, Any]:
+    """A multi-lock lease body, in the shape of ``check_lease_body`` plus ``fences`` (lock ->
+    fence): ``lock`` is the names joined with ``,``, ``fence`` the highest fence."""
+    if not isinstance(body, Mapping):
+        raise ProtocolError("lease body is not an object")
+    try:
+        fences = {str(item["lock"]): int(item["fence"]) for item in body["locks"]}
+        if not fences:
+            raise ValueError("locks is empty")
+        out = {"lock": ",".join(fences), "lease_id": str(body["lease_id"]),
+               "fence": max(fences.values()), "token": str(body["token"]),
+               "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or ""),
+               "fences": fences}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed multi-lock lease body: missing or bad {exc}") from exc
+    return out
