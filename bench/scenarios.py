@@ -409,13 +409,13 @@ def renewal_capacity(bench: Bench) -> Section:
 
 
 def proxy(bench: Bench) -> Section:
+    from lockd.common.serving.workers import default_workers
     from lockd.tokens import KeyRing
     from resource_proxy.fencing import Fence
     from resource_proxy.ops import build_op
     from resource_proxy.policy import load_policy
     from resource_proxy.store import prepare
     from resource_proxy.store.sql import POSTGRES, SqlBuilder
-    from resource_proxy.workers import default_workers
 
     s = bench.settings
     bench.retire("lockd-")  # sections 1-4's lockd servers and their pools: not used from here

@@ -4,7 +4,8 @@
 
     problems.py     RFC 9457 problem bodies and ProblemError, the base of both error trees
     httpkit.py      API keys, request ids, header and body bounds, problem responses, redacting logs
-    connections.py  connection bounds: request deadline, connection cap, stalled readers (uvicorn)
+    serving/        uvicorn: connection bounds, TLS scope, one send per response, listening
+                    sockets, workers, the one Server class (every framework internal is listed there)
     tls.py          TLS start-up checks, server and client contexts, certificate identities
     options.py      the command-line options both servers take alike (bounds, TLS)
     names.py        the lock-name rule (alphabet, length, no empty/./.. segment)

@@ -42,9 +42,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lockd.common.connections import DISCONNECT_WATCH
 from lockd.common.httpkit import bounded_body, error_response, problem_response
 from lockd.common.problems import PROBLEM_JSON
+from lockd.common.serving.connections import DISCONNECT_WATCH
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.schemas import (
     AcquireManyRequest,

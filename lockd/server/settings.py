@@ -24,7 +24,7 @@ force-release is disabled, 403); ``max_header_bytes`` (16384: larger request hea
 ``events_queue_size`` (256: events a slow stream client may lag by before its stream is dropped);
 ``skew_interval_ms`` (10000: how often the store's clock is sampled).
 
-Connection bounds (``lockd.common.connections``; flags ``--request-timeout-ms`` and alike):
+Connection bounds (``lockd.common.serving.connections``; flags ``--request-timeout-ms`` and alike):
 ``request_timeout_ms`` (``LOCKD_REQUEST_TIMEOUT_MS``, 10000: a request must arrive whole,
 headers and body, within this or the connection is closed; also the longest an idle connection
 waits for its first request); ``max_connections`` (``LOCKD_MAX_CONNECTIONS``, 1000: beyond, a

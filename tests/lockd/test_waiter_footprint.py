@@ -1,7 +1,7 @@
 """What a queued acquire holds in lockd: no task of its own (issue 16, memory per waiter).
 
 A waiting acquire runs in its request's own task and learns of a client that went away from the
-connection itself (``lockd.common.connections.DISCONNECT_WATCH``), not from a second task
+connection itself (``lockd.common.serving.connections.DISCONNECT_WATCH``), not from a second task
 polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
 watch) a client that hangs up leaves the queue at once and the rest are served in order.
 Figures (bytes per waiter) are in bench/notes/waiters.md, not asserted here.
@@ -20,7 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
-from lockd.common.options import install_http_protocol
+from lockd.common.serving.server import install_http_protocol
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
 from tests.lockd.calls import acquire, release, state, wait_until
