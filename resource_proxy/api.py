@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from lockd.common.httpkit import bounded_body, error_response
+from lockd.common.responses import bounded_body, error_response
 from resource_proxy.activity import call_of, record
 from resource_proxy.errors import (
     InvalidRequest,

@@ -33,7 +33,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockd.common.httpkit import configure_logging
+from lockd.common.logs import configure_logging
 from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
 from lockd.common.serving.listen import ListenError, bind_listener
 from lockd.common.serving.server import Server, uvicorn_config

@@ -43,8 +43,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lockd.common.httpkit import bounded_body, error_response, problem_response
+from lockd.common.middleware import KEY_ID
 from lockd.common.problems import PROBLEM_JSON
+from lockd.common.responses import bounded_body, error_response, problem_response
 from lockd.common.serving.connections import DISCONNECT_WATCH
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.schemas import (
@@ -282,10 +283,10 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def bound_client_id(scope: Scope, client_id: str | None) -> str | None:
     """The ``client_id`` the store compares: with API keys configured, the request's
-    ``client_id`` joined with the identity of the key that sent it (``ops.key_id``), so the same
+    ``client_id`` joined with the identity of the key that sent it (``lockd.common.middleware.KEY_ID``), so the same
     ``client_id`` from another key never matches another key's lease (``.`` cannot occur in a
     ``client_id``, so no two keys' values collide). Without keys, the ``client_id`` itself."""
-    key_id = scope.get("ops.key_id")
+    key_id = scope.get(KEY_ID)
     return f"{client_id}.{key_id}" if client_id and key_id else client_id
 
 
@@ -406,7 +407,7 @@ class HotPathMiddleware:
     resolution and per-route exception/exit-stack middlewares cost about a fifth of lockd's CPU
     per lock cycle; here the same handlers run with the same problem mapping (``_lockd_error``,
     ``_internal``), and the FastAPI routes stay for the OpenAPI document and as the fallback.
-    Served in front of FastAPI's middleware stack, inside lockd's ops middleware only (see
+    Served in front of FastAPI's middleware stack, inside lockd's request middleware only (see
     ``lockd.server.app``): every layer is a coroutine frame and objects that a queued acquire
     keeps for as long as it waits."""
 

@@ -45,7 +45,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from lockd import __version__
-from lockd.common.httpkit import configure_logging
+from lockd.common.logs import configure_logging
 from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
 from lockd.common.serving.listen import ListenError, bind_listener
 from lockd.common.serving.server import Server

@@ -176,7 +176,7 @@ def test_a_queued_acquire_waits_through_the_ops_middleware_only(served):
         sock = _send_acquire(served.port, name, "w")
         wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
         (chain,) = served.waiting_frames()
-        assert "OpsMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
+        assert "RequestMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
         skipped = {"Starlette.__call__", "ServerErrorMiddleware.__call__",
                    "ExceptionTelemetryMiddleware.__call__", "AppBodyLimitMiddleware.__call__",
                    "ExceptionMiddleware.__call__"}
