@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     max_connections: int = Field(1000, ge=1, le=1_000_000)
     write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
 
-    # --- TLS (issue 19): serve https / mTLS; fetch lockd's JWKS over https ---
+    # --- TLS: serve https / mTLS; fetch lockd's JWKS over https ---
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
