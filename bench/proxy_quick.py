@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lockd.tokens import KeyRing  # noqa: E402
 from resource_proxy.fencing import Fence  # noqa: E402
-from resource_proxy.ops import build_op  # noqa: E402
 from resource_proxy.store.sql import POSTGRES, SqlBuilder  # noqa: E402
 from resource_proxy.tables import Column, Kind, Table  # noqa: E402
+from resource_proxy.writes import build_op, set_fence  # noqa: E402
 from tests.support import (  # noqa: E402
     PG_ADMIN_DSN,
     VENV_BIN,
@@ -130,7 +130,9 @@ def bench_direct(dsn: str, clients: int, seconds: float) -> float:
 
     def worker(i: int) -> None:
         fence = Fence(f"direct/{i}", 1)
-        sql, params = builder.write(build_op("upsert", table, (i,), {"v": i}, 1), fence)
+        op = build_op("upsert", table, (i,), {"v": i})
+        set_fence(op, fence.fence)
+        sql, params = builder.write(op, fence)
         with psycopg.connect(dsn, autocommit=True) as conn:
             while (now := time.monotonic()) < deadline:
                 conn.execute(sql, params).fetchone()

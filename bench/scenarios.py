@@ -409,13 +409,13 @@ def renewal_capacity(bench: Bench) -> Section:
 
 
 def proxy(bench: Bench) -> Section:
+    from lockd.common.serving.workers import default_workers
     from lockd.tokens import KeyRing
     from resource_proxy.fencing import Fence
-    from resource_proxy.ops import build_op
     from resource_proxy.policy import load_policy
     from resource_proxy.store import prepare
     from resource_proxy.store.sql import POSTGRES, SqlBuilder
-    from resource_proxy.workers import default_workers
+    from resource_proxy.writes import build_op, set_fence
 
     s = bench.settings
     bench.retire("lockd-")  # sections 1-4's lockd servers and their pools: not used from here
@@ -443,7 +443,8 @@ def proxy(bench: Bench) -> Section:
     builder = SqlBuilder(POSTGRES)
     fenced_sql, fenced_params = [], []
     for i in range(limit_c):
-        op = build_op("upsert", table, (i,), {"v": 0}, 1)
+        op = build_op("upsert", table, (i,), {"v": 0})
+        set_fence(op, 1)
         sql, params = builder.write(op, Fence(f"bench5/{i}", 1))
         fenced_sql.append(sql)
         fenced_params.append(params)

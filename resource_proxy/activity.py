@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from lockd.common.middleware import START
 from resource_proxy.errors import ProxyError, StaleToken
 from resource_proxy.metrics import OUTCOMES, WRITE_CALLS, ProxyMetrics
 from resource_proxy.status_page import STATUS_PAGE
@@ -94,7 +95,7 @@ def record(request: Request, call: str, status: int, error: ProxyError | None = 
     if call in WRITE_CALLS:
         outcome = "ok" if error is None else OUTCOMES.get(error.code, "error")
         metrics.writes[(call, outcome)].inc()
-        start = request.scope.get("ops.start")
+        start = request.scope.get(START)
         if start is not None:
             metrics.write_seconds[call].observe(time.perf_counter() - start)
     if call not in _FENCED:

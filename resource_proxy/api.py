@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from lockd.common.httpkit import bounded_body, error_response
+from lockd.common.responses import bounded_body, error_response
 from resource_proxy.activity import call_of, record
 from resource_proxy.errors import (
     InvalidRequest,
@@ -42,9 +42,9 @@ from resource_proxy.errors import (
 from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
 from resource_proxy.idempotency import Keyed, Reply, parse_key
 from resource_proxy.metrics import CONTENT_TYPE_LATEST
-from resource_proxy.ops import OpKind
 from resource_proxy.service import ProxyService
 from resource_proxy.tables import dumps, loads
+from resource_proxy.writes import OpKind
 
 __all__ = ["routes", "install_problem_handlers", "TOKEN_HEADER"]
 

@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
-from lockd.common.httpkit import KeySet, OpsMiddleware, load_keys
+from lockd.common.keys import KeySet, load_keys
+from lockd.common.middleware import RequestMiddleware
 from lockd.common.tls import CertRoles
 from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
@@ -40,7 +41,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
 
     Besides the API: ``/`` (status page), ``/v1/activity``, ``/metrics`` (prometheus-client),
-    ``/openapi.json`` (``openapi``), and ``lockd.common.httpkit.OpsMiddleware`` outermost (API keys
+    ``/openapi.json`` (``openapi``), and ``lockd.common.middleware.RequestMiddleware`` outermost (API keys
     from ``settings.api_keys``/``api_keys_file``; ``/``, ``/healthz``, ``/metrics`` and
     ``/openapi.json`` stay open; request ids; header bound).
 
@@ -96,7 +97,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
     api_keys = KeySet(load_keys([k.get_secret_value() for k in settings.api_keys],
                                 settings.api_keys_file))
-    app.add_middleware(OpsMiddleware, api_keys=api_keys, admin_keys=KeySet(),
+    app.add_middleware(RequestMiddleware, api_keys=api_keys, admin_keys=KeySet(),
                        open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
                        on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
                        logger=logging.getLogger("resource_proxy.http"),

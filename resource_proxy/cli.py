@@ -7,6 +7,14 @@ file that is malformed or does not bind every row to exactly one lock, found bef
 reflecting the tables, unusable TLS files: see ``lockd.common.tls.check_server_files``), 1 if the
 start failed (database unreachable, an allow-listed table missing, no usable key in
 ``--jwks-file``): one line says why.
+
+``--workers N`` (``lockd.common.serving.workers``): N processes serve the one port. The proxy
+keeps no state between requests that the database does not hold (fence rows, Idempotency-Key
+records), so N processes behave as N proxies on one port; the fence check stays in the database
+transaction. Each worker builds its own app: it reflects the tables, opens its own pool
+(``pool_size`` connections each: N x ``pool_size`` in all) and loads the JWKS itself.
+``/metrics`` and ``/v1/activity`` describe the worker that answered (each has its own
+counters); ``/healthz`` is answered by whichever worker accepts it.
 """
 
 from __future__ import annotations
@@ -15,66 +23,39 @@ import argparse
 import contextlib
 import json
 import logging
-import signal
 import socket
 import ssl
 import sys
-from collections.abc import Iterator
+from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import uvicorn
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
-from lockd.common.coalesce import coalescing_protocol
-from lockd.common.httpkit import configure_logging
-from lockd.common.listen import ListenError, bind_listener
-from lockd.common.options import (
-    add_bound_arguments,
-    add_tls_arguments,
-    install_http_protocol,
-    tls_files_problem,
-    uvicorn_tls_options,
-)
+from lockd.common.logs import configure_logging
+from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
+from lockd.common.serving.listen import ListenError, bind_listener
+from lockd.common.serving.server import Server, uvicorn_config
+from lockd.common.serving.workers import default_workers, listening_sockets, run_workers
 from lockd.tokens import Verifier
 from resource_proxy.app import create_app
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
-from resource_proxy.workers import default_workers, listening_sockets, run_workers
 
 __all__ = ["main"]
 
 log = logging.getLogger("resource_proxy")
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, plus the ready line once the socket listens, and a clean exit 0 on SIGTERM.
-
-    (uvicorn re-raises a caught SIGTERM after its graceful shutdown, so the process would die
-    *by* the signal; the proxy finishes its shutdown and returns instead.)
-    """
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.servers:
-            port = self.servers[0].sockets[0].getsockname()[1]
-            service = getattr(self.config.app.state, "service", None)
-            unfenced = describe_unfenced(service.binding.unfenced) if service else ""
-            scheme = "https" if self.config.is_ssl else "http"
-            log.info("resource-proxy listening on %s://%s:%d%s", scheme, self.config.host, port,
-                     unfenced)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+def _ready_line(app, settings: Settings, port: int) -> str:
+    """The ready line, naming the unfenced tables the start-up found (if any)."""
+    service = getattr(app.state, "service", None)
+    unfenced = describe_unfenced(service.binding.unfenced) if service else ""
+    scheme = "https" if settings.tls_cert is not None else "http"
+    return f"resource-proxy listening on {scheme}://{settings.host}:{port}{unfenced}"
 
 
 def _usable_keys(path: Path) -> frozenset[str]:
@@ -206,21 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     return run_workers(sockets, serve, name="resource-proxy")
 
 
-def _config(app, settings: Settings) -> uvicorn.Config:
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, access_log=False,
-                            log_level=settings.log_level.lower(), lifespan="on",
-                            log_config=None, **uvicorn_tls_options(settings))
-    warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
-    config.http = coalescing_protocol(config.http)  # one send per response
-    if warning:
-        log.warning("resource-proxy: %s", warning)
-    return config
-
-
 def _serve(app, settings: Settings, sock: socket.socket) -> int:
     """Run one server process on the bound socket ``sock`` until SIGTERM/SIGINT: 0 after a
     clean stop, 1 if it did not start."""
-    server = _Server(_config(app, settings))
+    config = uvicorn_config(app, settings, name="resource-proxy", logger=log,
+                            log_level=settings.log_level.lower())
+    server = Server(config, logger=log, ready=partial(_ready_line, app, settings))
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
         server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -41,10 +41,10 @@ from resource_proxy.errors import (
 from resource_proxy.fencing import Fence, in_lock_order, validate_lock_name
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
-from resource_proxy.ops import OP_KINDS, OpKind, WriteOp, build_op, set_fence
 from resource_proxy.policy import Binding, TableBinding
 from resource_proxy.store.base import Row, Store
 from resource_proxy.tables import Catalog, Table, coerce, dumps, parse_json_key, parse_url_key
+from resource_proxy.writes import OP_KINDS, OpKind, WriteOp, build_op, set_fence
 
 __all__ = ["ProxyService", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
@@ -138,7 +138,7 @@ class ProxyService:
         claims = (await self._optional_claims(token) if bound.unfenced
                   else await self.claims_of(token))
         key = parse_url_key(table, raw_key) if raw_key is not None else None
-        op = build_op(kind, table, key, row, 0)
+        op = build_op(kind, table, key, row)
         fence: Fence | None = None
         if not bound.unfenced:
             assert claims is not None
@@ -168,7 +168,7 @@ class ProxyService:
         table = self.table(name)
         bound = self.bound(table)
         key = parse_json_key(table, raw["key"]) if raw.get("key") is not None else None
-        op = build_op(kind, table, key, raw.get("row"), 0)
+        op = build_op(kind, table, key, raw.get("row"))
         if bound.unfenced:
             return op, None
         if claims is None:

@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = ()
     api_keys_file: Path | None = None
     max_header_bytes: int = Field(16_384, ge=1024, le=1024 * 1024)
-    # --- connection bounds (issue 15; lockd.common.connections) ---
+    # --- connection bounds (lockd.common.serving.connections) ---
     # A request must arrive whole (headers and body) within request_timeout_ms or the connection
     # is closed; beyond max_connections open connections a new one gets 503 with Retry-After;
     # a client that reads nothing of its answer for write_timeout_ms is disconnected.
@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     max_connections: int = Field(1000, ge=1, le=1_000_000)
     write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
 
-    # --- TLS (issue 19): serve https / mTLS; fetch lockd's JWKS over https ---
+    # --- TLS: serve https / mTLS; fetch lockd's JWKS over https ---
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None

@@ -24,7 +24,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 WEB = ("fastapi", "starlette", "uvicorn")
-HTTP_LAYER = ("lockd.common.httpkit", "lockd.server.api", "lockd.server.app",
+HTTP_LAYER = ("lockd.common.middleware", "lockd.common.responses", "lockd.common.serving",
+              "lockd.server.api", "lockd.server.app",
               "lockd.server.ops_api", "lockd.server.cli", "lockd.server.status_page",
               "lockd.server.schemas")
 
@@ -85,7 +86,7 @@ def violations(root: Path) -> list[str]:
 def test_the_tree_has_the_layout():
     for rel in ["lockd/server/app.py", "lockd/server/store/base.py", "lockd/server/cli.py",
                 "lockd/client/sync.py", "lockd/client/aio.py", "lockd/client/lockctl.py",
-                "lockd/common/httpkit.py", "lockd/common/problems.py", "lockd/tokens.py",
+                "lockd/common/middleware.py", "lockd/common/problems.py", "lockd/tokens.py",
                 "lockd/demo/__main__.py"]:
         assert (ROOT / rel).is_file(), rel
     flat = sorted(p.name for p in (ROOT / "lockd").glob("*.py"))
@@ -103,11 +104,13 @@ PLANTED = [
     ("resource_proxy/api.py", "from lockd.client import LockClient\n", "2 proxy"),
     ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
     ("lockd/server/store/sqlite.py", "from starlette.responses import Response\n", "3 stores"),
-    ("lockd/server/store/base.py", "from lockd.common.httpkit import KeySet\n", "3 stores"),
-    ("lockd/server/store/etcd/store.py", "    from ...api import create_router\n", "3 stores"),
+    ("lockd/server/store/base.py", "from lockd.common.middleware import ROLE
+", "3 stores"),
+    ("lockd/server/store/etcd/store.py", "    from ...api import create_router
+", "3 stores"),
     ("lockd/server/service.py", "from fastapi import Request\n", "4 service"),
     ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
-    ("lockd/common/httpkit.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
+    ("lockd/common/middleware.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
 ]
 
 

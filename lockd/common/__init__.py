@@ -3,8 +3,12 @@
 ::
 
     problems.py     RFC 9457 problem bodies and ProblemError, the base of both error trees
-    httpkit.py      API keys, request ids, header and body bounds, problem responses, redacting logs
-    connections.py  connection bounds: request deadline, connection cap, stalled readers (uvicorn)
+    keys.py         API keys (constant-time comparison) and the identities they grant
+    middleware.py   RequestMiddleware: request ids, header bound, bearer keys and cert roles, timing
+    responses.py    problem responses and bounded request bodies
+    logs.py         log lines (text or JSON) with request ids, every secret-shaped string redacted
+    serving/        uvicorn: connection bounds, TLS scope, one send per response, listening
+                    sockets, workers, the one Server class (every framework internal is listed there)
     tls.py          TLS start-up checks, server and client contexts, certificate identities
     options.py      the command-line options both servers take alike (bounds, TLS)
     names.py        the lock-name rule (alphabet, length, no empty/./.. segment)

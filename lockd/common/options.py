@@ -4,7 +4,7 @@ Each server's ``serve`` parser calls these with its environment prefix (``LOCKD`
 so flags, help texts and defaults cannot drift apart; the values land in each server's
 ``Settings`` fields of the same names (``request_timeout_ms``, ``tls_cert``, ...), which check
 them with ``tls_problem``; the ``serve`` commands then check the TLS files
-(``tls_files_problem``) and configure uvicorn (``uvicorn_tls_options``, ``install_http_protocol``).
+(``tls_files_problem``) and configure uvicorn (``lockd.common.serving.server``).
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from lockd.common.connections import ConnectionBounds, bounded_protocol, descriptor_warning
-from lockd.common.tls import TLSConfigError, check_server_files, server_context, tls_http_protocol
+from lockd.common.tls import TLSConfigError, check_server_files
 
-__all__ = ["add_bound_arguments", "add_tls_arguments", "install_http_protocol", "tls_files_problem",
-           "tls_problem", "uvicorn_tls_options"]
+__all__ = ["add_bound_arguments", "add_tls_arguments", "tls_files_problem", "tls_problem"]
 
 
 def add_bound_arguments(parser: argparse.ArgumentParser, env: str) -> None:
-    """``--request-timeout-ms``, ``--max-connections``, ``--write-timeout-ms`` (issue 15)."""
+    """``--request-timeout-ms``, ``--max-connections``, ``--write-timeout-ms``: the connection
+    bounds of ``lockd.common.serving.connections``."""
     group = parser.add_argument_group("connection bounds")
     group.add_argument("--request-timeout-ms", type=int,
                        help=f"a request must arrive whole within this (env "
@@ -35,7 +34,7 @@ def add_bound_arguments(parser: argparse.ArgumentParser, env: str) -> None:
 
 
 def add_tls_arguments(parser: argparse.ArgumentParser, env: str) -> argparse._ArgumentGroup:
-    """``--tls-cert``, ``--tls-key``, ``--tls-client-ca`` (issue 19); returns the group so a
+    """``--tls-cert``, ``--tls-key``, ``--tls-client-ca``; returns the group so a
     server can add its own TLS options to it."""
     group = parser.add_argument_group("TLS (opt-in; https only when given)")
     group.add_argument("--tls-cert", help=f"server certificate chain, PEM (env {env}_TLS_CERT)")
@@ -69,25 +68,3 @@ def tls_files_problem(settings: Any) -> str | None:
     except TLSConfigError as exc:
         return str(exc)
     return None
-
-
-def uvicorn_tls_options(settings: Any) -> dict[str, Any]:
-    """``uvicorn.Config`` options for TLS: our own context (TLS >= 1.2, mTLS with a client CA);
-    none without ``tls_cert``."""
-    if settings.tls_cert is None:
-        return {}
-    context = server_context(settings.tls_cert, settings.tls_key, settings.tls_client_ca)
-    return {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key),
-            "ssl_context_factory": lambda config, default: context}
-
-
-def install_http_protocol(config: Any, settings: Any) -> str | None:
-    """Give ``config`` (a ``uvicorn.Config``) the servers' HTTP protocol: uvicorn's httptools
-    protocol bounded by the settings' connection bounds (``lockd.common.connections``), with the
-    ASGI TLS extension on top when TLS is on. Returns a warning when ``max_connections`` does not
-    fit under the process's descriptor limit (``None`` otherwise)."""
-    protocol = bounded_protocol(ConnectionBounds(
-        settings.request_timeout_ms / 1000, settings.max_connections,
-        settings.write_timeout_ms / 1000))
-    config.http = tls_http_protocol(protocol) if settings.tls_cert is not None else protocol
-    return descriptor_warning(settings.max_connections)

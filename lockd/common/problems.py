@@ -6,7 +6,7 @@ Every error a client can cause is a ``ProblemError`` subclass (lockd's ``LockdEr
 
     {"type": "urn:lockd:problem:<code>", "title": ..., "status": ..., "detail": ..., "code": ...}
 
-Pure Python: no web framework here, so stores may raise these errors (``lockd.common.httpkit``
+Pure Python: no web framework here, so stores may raise these errors (``lockd.common.responses``
 turns them into responses).
 """
 

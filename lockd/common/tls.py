@@ -12,9 +12,9 @@ Servers (``lockd serve`` and ``resource-proxy serve``, ``--tls-cert/--tls-key [-
     the handshake, before any HTTP is read.
 
 Identities (mTLS only)
-    ``tls_http_protocol()`` is uvicorn's HTTP protocol plus the ASGI TLS extension: every request
-    scope gets ``scope["extensions"]["tls"]["client_cert_name"]``, the RFC 4514 subject of the
-    client's certificate (``None`` without one). ``CertRoles`` maps such subjects to the roles API
+    Both servers' HTTP protocol (``lockd.common.serving.tls_protocol``) puts the ASGI TLS extension
+    in every request scope: ``scope["extensions"]["tls"]["client_cert_name"]``, the RFC 4514
+    subject of the client's certificate (``None`` without one). ``CertRoles`` maps such subjects to the roles API
     keys grant (``"client"``: what a client API key allows; ``"admin"``: what an admin key allows,
     force-release included). Subjects are compared after parsing (``CN=a, O=b`` equals
     ``CN=a,O=b``); attribute order matters, as in RFC 4514.
@@ -48,7 +48,6 @@ __all__ = [
     "client_context",
     "parse_subjects",
     "server_context",
-    "tls_http_protocol",
 ]
 
 VerifyTypes = ssl.SSLContext | str | os.PathLike[str] | bool
@@ -221,55 +220,3 @@ class CertRoles:
         if subject in self.clients:
             return "client"
         return None
-
-
-def _tls_extension(transport: Any) -> dict[str, Any]:
-    """The ASGI TLS extension of a connection (``client_cert_name``: RFC 4514, or ``None``)."""
-    from cryptography import x509
-
-    ssl_object = transport.get_extra_info("ssl_object")
-    if ssl_object is None:
-        return {}
-    name = None
-    der = ssl_object.getpeercert(binary_form=True)
-    if der:
-        name = x509.load_der_x509_certificate(der).subject.rfc4514_string()
-    version = {"TLSv1.2": 0x0303, "TLSv1.3": 0x0304}.get(ssl_object.version() or "")
-    return {"server_cert": None, "client_cert_chain": [], "client_cert_name": name,
-            "client_cert_error": None, "tls_version": version,
-            "cipher_suite": None}
-
-
-def tls_http_protocol(base: type | None = None) -> type:
-    """``base`` (default: uvicorn's httptools HTTP protocol; the servers pass their bounded one,
-    ``lockd.common.connections.bounded_protocol``) with the ASGI TLS extension in every scope (see
-    the module docstring). The client certificate is read once per connection. On shutdown, idle
-    connections are aborted rather than closed with a TLS close_notify exchange, so SIGTERM
-    stops an https server as promptly as a plain one."""
-    if base is None:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
-
-    class TLSHttpProtocol(base):  # type: ignore[valid-type,misc]
-        _tls: dict[str, Any] = {}
-
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._tls = _tls_extension(transport)
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            if self._tls:
-                self.scope["extensions"] = {**(self.scope.get("extensions") or {}),  # type: ignore[typeddict-unknown-key]
-                                            "tls": self._tls}
-
-        def shutdown(self) -> None:
-            # An idle keep-alive connection is dropped at once: a TLS close waits for the
-            # client's close_notify, which an idle pooled client never sends, and the server's
-            # graceful shutdown would sit out its whole timeout on it. A request in flight
-            # still finishes first (uvicorn's own handling).
-            if self.cycle is None or self.cycle.response_complete:
-                self.transport.abort()
-            else:
-                super().shutdown()
-
-    return TLSHttpProtocol

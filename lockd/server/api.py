@@ -30,6 +30,7 @@ import logging
 import math
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -42,9 +43,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lockd.common.connections import DISCONNECT_WATCH
-from lockd.common.httpkit import bounded_body, error_response, problem_response
+from lockd.common.middleware import KEY_ID
 from lockd.common.problems import PROBLEM_JSON
+from lockd.common.responses import bounded_body, error_response, problem_response
+from lockd.common.serving.connections import DISCONNECT_WATCH
 from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.schemas import (
     AcquireManyRequest,
@@ -63,7 +65,8 @@ from lockd.server.schemas import (
 from lockd.server.service import LockService
 from lockd.server.store.base import LockState
 
-__all__ = ["HotPathMiddleware", "create_router", "install_error_handlers", "is_hot_path"]
+__all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "install_error_handlers",
+           "is_hot_path"]
 
 log = logging.getLogger(__name__)
 
@@ -280,10 +283,10 @@ def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 def bound_client_id(scope: Scope, client_id: str | None) -> str | None:
     """The ``client_id`` the store compares: with API keys configured, the request's
-    ``client_id`` joined with the identity of the key that sent it (``ops.key_id``), so the same
+    ``client_id`` joined with the identity of the key that sent it (``lockd.common.middleware.KEY_ID``), so the same
     ``client_id`` from another key never matches another key's lease (``.`` cannot occur in a
     ``client_id``, so no two keys' values collide). Without keys, the ``client_id`` itself."""
-    key_id = scope.get("ops.key_id")
+    key_id = scope.get(KEY_ID)
     return f"{client_id}.{key_id}" if client_id and key_id else client_id
 
 
@@ -351,24 +354,60 @@ async def _release_many(request: Request) -> Response:
     return JSONResponse({"released": True})
 
 
-_HOT_HANDLERS = {"acquire": _acquire, "renew": _renew, "release": _release}
-_HOT_PATH = re.compile(r"/v1/locks/(.+)/(acquire|renew|release)")
+@dataclass(frozen=True, slots=True)
+class HotRoute:
+    """One of ``POST /v1/locks/{name}/ACTION``: its handler and what the OpenAPI document says
+    of it. ``HOT_ROUTES`` is read by both ``HotPathMiddleware`` and ``create_router``."""
+
+    action: str
+    handler: Callable[[Request, str], Awaitable[Response]]
+    body: type[BaseModel]
+    answer: type[BaseModel]
+    problems: tuple[int, ...]
+    doc: str
+
+
+HOT_ROUTES: tuple[HotRoute, ...] = (
+    HotRoute("acquire", _acquire, AcquireRequest, LeaseBody, (409, 413, 422, 503),
+             "Grant the lock, waiting up to ``wait_ms`` behind earlier waiters (409 if not)."),
+    HotRoute("renew", _renew, RenewRequest, LeaseBody, (410, 413, 422, 503),
+             "Extend a live lease (same fence); 410 if it is not live."),
+    HotRoute("release", _release, ReleaseRequest, ReleasedBody, (410, 413, 422, 503),
+             "End a live lease; the longest waiter is granted next. 410 if it is not live."),
+)
+"""lockd's hot routes: nearly all of its traffic (see ``HotPathMiddleware``)."""
+
+_HOT_HANDLERS = {route.action: route.handler for route in HOT_ROUTES}
+_HOT_PATH = re.compile(r"/v1/locks/(.+)/(" + "|".join(_HOT_HANDLERS) + ")")
 
 
 def is_hot_path(scope: Scope) -> bool:
-    """``POST /v1/locks/{name}/acquire|renew|release``: what ``HotPathMiddleware`` serves."""
+    """``POST /v1/locks/{name}/ACTION`` of ``HOT_ROUTES``: what ``HotPathMiddleware`` serves."""
     return (scope["type"] == "http" and scope["method"] == "POST"
             and _HOT_PATH.fullmatch(scope["path"]) is not None)
 
 
+def _hot_endpoint(route: HotRoute) -> Callable[..., Awaitable[Response]]:
+    """The FastAPI endpoint of ``route`` (for the OpenAPI document and as the fallback)."""
+    handler = route.handler
+
+    async def endpoint(name: str, request: Request) -> Response:
+        return await handler(request, name)
+
+    endpoint.__name__ = endpoint.__qualname__ = route.action
+    endpoint.__doc__ = route.doc
+    return endpoint
+
+
 class HotPathMiddleware:
-    """Sends ``POST /v1/locks/{name}/acquire|renew|release`` straight to their handlers.
+    """Sends ``POST /v1/locks/{name}/acquire|renew|release`` (``HOT_ROUTES``) straight to their
+    handlers.
 
     These three calls are nearly all of lockd's traffic. FastAPI's router, dependency
     resolution and per-route exception/exit-stack middlewares cost about a fifth of lockd's CPU
     per lock cycle; here the same handlers run with the same problem mapping (``_lockd_error``,
     ``_internal``), and the FastAPI routes stay for the OpenAPI document and as the fallback.
-    Served in front of FastAPI's middleware stack, inside lockd's ops middleware only (see
+    Served in front of FastAPI's middleware stack, inside lockd's request middleware only (see
     ``lockd.server.app``): every layer is a coroutine frame and objects that a queued acquire
     keeps for as long as it waits."""
 
@@ -399,23 +438,10 @@ def create_router() -> APIRouter:
     """The v1 routes; they find the ``LockService`` at ``request.app.state.service``."""
     router = APIRouter(route_class=_GuardedRoute)
 
-    @router.post("/v1/locks/{name:path}/acquire", response_model=LeaseBody,
-                 openapi_extra=_body_doc(AcquireRequest), responses=_problems(409, 413, 422, 503))
-    async def acquire(name: str, request: Request) -> Response:
-        """Grant the lock, waiting up to ``wait_ms`` behind earlier waiters (409 if not)."""
-        return await _acquire(request, name)
-
-    @router.post("/v1/locks/{name:path}/renew", response_model=LeaseBody,
-                 openapi_extra=_body_doc(RenewRequest), responses=_problems(410, 413, 422, 503))
-    async def renew(name: str, request: Request) -> Response:
-        """Extend a live lease (same fence); 410 if it is not live."""
-        return await _renew(request, name)
-
-    @router.post("/v1/locks/{name:path}/release", response_model=ReleasedBody,
-                 openapi_extra=_body_doc(ReleaseRequest), responses=_problems(410, 413, 422, 503))
-    async def release(name: str, request: Request) -> Response:
-        """End a live lease; the longest waiter is granted next. 410 if it is not live."""
-        return await _release(request, name)
+    for hot in HOT_ROUTES:
+        router.add_api_route(f"/v1/locks/{{name:path}}/{hot.action}", _hot_endpoint(hot),
+                             methods=["POST"], response_model=hot.answer,
+                             openapi_extra=_body_doc(hot.body), responses=_problems(*hot.problems))
 
     @router.post("/v1/leases/acquire", response_model=MultiLeaseBody,
                  operation_id="acquireMany", openapi_extra=_body_doc(AcquireManyRequest),

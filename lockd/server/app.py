@@ -25,7 +25,7 @@ from lockd.server.api import (
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
-from lockd.server.ops_api import create_ops_router, install_ops, operation_id
+from lockd.server.ops_api import create_ops_router, install_request_middleware, operation_id
 from lockd.server.service import LockService
 from lockd.server.settings import Settings
 from lockd.server.store import Store, open_store
@@ -36,7 +36,7 @@ __all__ = ["create_app"]
 
 class _LockdApp(FastAPI):
     """FastAPI, with lockd's hot path (``POST /v1/locks/{name}/acquire|renew|release``) served
-    in front of FastAPI's middleware stack: ops middleware -> ``HotPathMiddleware`` -> handler.
+    in front of FastAPI's middleware stack: ``RequestMiddleware`` -> ``HotPathMiddleware`` -> handler.
 
     The layers it skips (Starlette's app and server-error middleware, FastAPI's exception
     telemetry and body-limit middlewares) do nothing for these routes (their handlers map
@@ -109,6 +109,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     install_error_handlers(app)
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
-    with_ops = install_ops(app, settings, metrics)  # outermost middleware: keys, request ids
-    app._front = with_ops(HotPathMiddleware(partial(FastAPI.__call__, app)))
+    # outermost middleware: keys, request ids; the hot path gets the same in front of it
+    with_middleware = install_request_middleware(app, settings, metrics)
+    app._front = with_middleware(HotPathMiddleware(partial(FastAPI.__call__, app)))
     return app

@@ -15,7 +15,7 @@ password in the URL redacted. SIGTERM or SIGINT: queued acquires are answered 50
 in-flight requests finish, the store closes, exit status 0.
 
 ``--workers N`` (PostgreSQL and etcd stores; default 1): N processes serve the one port
-(``lockd.common.workers``: ``SO_REUSEPORT`` sockets bound by the parent, then a fork per worker
+(``lockd.common.serving.workers``: ``SO_REUSEPORT`` sockets bound by the parent, then a fork per worker
 before any event loop; the key directory is read once, by the parent). Each worker opens its own
 store (its own pool and LISTEN connection / etcd watch) and is, to the store, one more lockd
 replica; the kernel spreads client connections over the workers. What that promises is
@@ -32,32 +32,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import socket
 import sys
 import time
-from collections.abc import Generator, Sequence
-from types import FrameType
+from collections.abc import Sequence
+from functools import partial
 
 import uvicorn
 from fastapi import FastAPI
 from pydantic import ValidationError
 
 from lockd import __version__
-from lockd.common.coalesce import coalescing_protocol
-from lockd.common.httpkit import configure_logging
-from lockd.common.listen import ListenError, bind_listener
-from lockd.common.options import (
-    add_bound_arguments,
-    add_tls_arguments,
-    install_http_protocol,
-    tls_files_problem,
-    uvicorn_tls_options,
-)
-from lockd.common.workers import listening_sockets, run_workers
+from lockd.common.logs import configure_logging
+from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
+from lockd.common.serving.listen import ListenError, bind_listener
+from lockd.common.serving.server import Server
+from lockd.common.serving.server import uvicorn_config as _uvicorn_config
+from lockd.common.serving.workers import listening_sockets, run_workers
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
@@ -136,19 +129,11 @@ def _run(main_coro) -> int:
 
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
-    """uvicorn's configuration for ``app``: connection bounds and TLS (``install_http_protocol``)
-    and one ``send`` per response (``lockd.common.coalesce``: uvicorn's two writes of a response,
-    head and body, were ~11% of lockd's samples under load)."""
-    config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-        lifespan="on", timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False,
-        **uvicorn_tls_options(settings),
-    )
-    warning = install_http_protocol(config, settings)  # connection bounds, TLS on top
-    config.http = coalescing_protocol(config.http)
-    if warning:
-        log.warning("lockd: %s", warning)
-    return config
+    """uvicorn's configuration for ``app`` (``lockd.common.serving.server.uvicorn_config``:
+    connection bounds, TLS, one ``send`` per response), with lockd's graceful-shutdown timeout
+    and no ``server`` header."""
+    return _uvicorn_config(app, settings, name="lockd", logger=log,
+                           timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, server_header=False)
 
 
 def _serve_workers(settings: Settings) -> int:
@@ -205,8 +190,8 @@ async def serve(settings: Settings, listener: socket.socket | None = None,
         except (OSError, ValueError) as exc:  # e.g. an unreadable API key file
             log.error("lockd cannot start: %s", exc)
             return 1
-        config = uvicorn_config(app, settings)
-        server = _Server(config, app, settings)
+        server = Server(uvicorn_config(app, settings), logger=log,
+                        ready=partial(_ready_line, settings), on_stop=partial(_on_stop, app))
         await server.serve(sockets=[listener])
         return 0 if server.started else 1
     finally:
@@ -214,51 +199,24 @@ async def serve(settings: Settings, listener: socket.socket | None = None,
         listener.close()
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server with lockd's ready line and signal handling.
+def _ready_line(settings: Settings, port: int) -> str:
+    host = settings.host
+    shown = f"[{host}]" if ":" in host else host
+    worker = f" [worker pid {os.getpid()}]" if settings.workers > 1 else ""
+    return (f"lockd listening on {settings.scheme}://{shown}:{port} "
+            f"(store {redact_url(settings.store)}){worker}")
 
-    uvicorn re-raises a caught SIGTERM after shutting down (the process then dies *by* the
-    signal); lockd instead finishes cleanly and exits 0, and on the signal first answers every
-    queued acquire so graceful shutdown is not held up by clients waiting minutes.
-    """
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI, settings: Settings):
-        super().__init__(config)
-        self._app = app
-        self._settings = settings
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def startup(self, sockets: list | None = None) -> None:
-        await super().startup(sockets)
-        if self.started and self.servers:
-            port = self.servers[0].sockets[0].getsockname()[1]
-            host = self._settings.host
-            shown = f"[{host}]" if ":" in host else host
-            worker = f" [worker pid {os.getpid()}]" if self._settings.workers > 1 else ""
-            log.info("lockd listening on %s://%s:%d (store %s)%s", self._settings.scheme, shown,
-                     port, redact_url(self._settings.store), worker)
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        self._loop = asyncio.get_running_loop()
-        previous = {sig: signal.signal(sig, self.handle_exit)
-                    for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        first = not self.should_exit
-        super().handle_exit(sig, frame)
-        service = getattr(self._app.state, "service", None)
-        if first and service is not None and self._loop is not None:
-            log.info("lockd stopping (signal %s)", signal.Signals(sig).name)
-            self._loop.call_soon_threadsafe(service.shutdown)
-        events = getattr(self._app.state, "events", None)
-        if first and events is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(events.close)  # open event streams end now
+def _on_stop(app: FastAPI, signal_name: str) -> None:
+    """The first stop signal: answer every queued acquire now (graceful shutdown is then not
+    held up by clients waiting minutes) and end the open event streams."""
+    service = getattr(app.state, "service", None)
+    if service is not None:
+        log.info("lockd stopping (signal %s)", signal_name)
+        service.shutdown()
+    events = getattr(app.state, "events", None)
+    if events is not None:
+        events.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

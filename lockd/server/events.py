@@ -19,7 +19,7 @@ writes are blocked) is DROPPED at once: publishing stops paying for it, it gets 
 overflow`` with ``{"dropped": n}`` as its last event, and the stream ends (an ``EventSource``
 reconnects with ``Last-Event-ID`` and is replayed what is still in the history). A client that
 reads nothing at all is disconnected by the server's write timeout
-(``lockd.common.connections``). A comment line (``: keepalive``) is sent every ``heartbeat_s``
+(``lockd.common.serving.connections``). A comment line (``: keepalive``) is sent every ``heartbeat_s``
 of silence so proxies do not cut idle streams. A reconnecting ``EventSource`` sends
 ``Last-Event-ID``; the events after it still in the recent history (``history`` events) are
 replayed first (an overflow event says so when some are gone). ``close()`` ends every stream

@@ -19,7 +19,7 @@ At most ``max_event_streams`` streams are open at once; beyond, 503 ``too_many_s
 event stream, the state of a lock whose name ends in ``/events`` cannot be read with
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
 
-Access (``lockd.common.httpkit.OpsMiddleware``): with ``api_keys`` set, every call but ``/``,
+Access (``lockd.common.middleware.RequestMiddleware``): with ``api_keys`` set, every call but ``/``,
 ``/healthz``, ``/metrics``, ``/v1/keys`` (public keys: proxies fetch them), ``/openapi.json`` and
 ``/docs`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
 ``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
@@ -43,9 +43,11 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import ASGIApp
 
-from lockd.common.httpkit import KeySet, OpsMiddleware, bearer_key, load_keys, problem_response
+from lockd.common.keys import KeySet, bearer_key, load_keys
+from lockd.common.middleware import ROLE, RequestMiddleware
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
+from lockd.common.responses import problem_response
 from lockd.common.tls import CertRoles
 from lockd.server.errors import InvalidRequest
 from lockd.server.events import EventHub
@@ -54,7 +56,7 @@ from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.status_page import STATUS_PAGE
 
-__all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_ops"]
+__all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_request_middleware"]
 
 OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", "/docs"})
 HISTORY_MAX = 256
@@ -183,7 +185,7 @@ def _admin_denied(request: Request) -> Response | None:
         return problem_response(403, "forbidden", "Forbidden",
                                 "force-release is disabled: no admin key is configured "
                                 "(LOCKD_ADMIN_KEYS or LOCKD_ADMIN_KEYS_FILE)")
-    role = request.scope.get("ops.role")
+    role = request.scope.get(ROLE)
     if role == "admin":
         return None
     if role == "client":
@@ -201,11 +203,11 @@ def _secrets(values: tuple[Any, ...]) -> list[str]:
     return [v.get_secret_value() if hasattr(v, "get_secret_value") else str(v) for v in values]
 
 
-def install_ops(app: FastAPI, settings: Settings,
-                metrics: LockdMetrics) -> Callable[[ASGIApp], OpsMiddleware]:
+def install_request_middleware(app: FastAPI, settings: Settings,
+                metrics: LockdMetrics) -> Callable[[ASGIApp], RequestMiddleware]:
     """Keys (read now: a missing key file fails the start), the outermost middleware, and the
     OpenAPI post-processing. Call after every other middleware is added. Returns a function
-    that wraps another ASGI app in the same ops middleware (same keys, metrics), for an app
+    that wraps another ASGI app in the same request middleware (same keys, metrics), for an app
     served in front of FastAPI's stack (``lockd.server.app``'s hot path)."""
     api_keys = KeySet(load_keys(_secrets(settings.api_keys), settings.api_keys_file))
     admin_keys = KeySet(load_keys(_secrets(settings.admin_keys), settings.admin_keys_file))
@@ -224,9 +226,9 @@ def install_ops(app: FastAPI, settings: Settings,
         api_keys=api_keys, admin_keys=admin_keys, open_paths=OPEN_PATHS,
         max_header_bytes=settings.max_header_bytes, on_response=on_response,
         cert_roles=cert_roles, on_auth_failure=lambda reason: metrics.auth_failures[reason].inc())
-    app.add_middleware(OpsMiddleware, **options)
+    app.add_middleware(RequestMiddleware, **options)
     _document_problems(app)
-    return partial(OpsMiddleware, **options)
+    return partial(RequestMiddleware, **options)
 
 
 def operation_id(route: APIRoute) -> str:

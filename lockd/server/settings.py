@@ -24,7 +24,7 @@ force-release is disabled, 403); ``max_header_bytes`` (16384: larger request hea
 ``events_queue_size`` (256: events a slow stream client may lag by before its stream is dropped);
 ``skew_interval_ms`` (10000: how often the store's clock is sampled).
 
-Connection bounds (``lockd.common.connections``; flags ``--request-timeout-ms`` and alike):
+Connection bounds (``lockd.common.serving.connections``; flags ``--request-timeout-ms`` and alike):
 ``request_timeout_ms`` (``LOCKD_REQUEST_TIMEOUT_MS``, 10000: a request must arrive whole,
 headers and body, within this or the connection is closed; also the longest an idle connection
 waits for its first request); ``max_connections`` (``LOCKD_MAX_CONNECTIONS``, 1000: beyond, a
@@ -81,13 +81,13 @@ class Settings(BaseSettings):
     events_heartbeat_ms: int = Field(15_000, ge=50, le=300_000)
     events_queue_size: int = Field(256, ge=1, le=100_000)
     skew_interval_ms: int = Field(10_000, ge=100)
-    # --- connection bounds (issue 15) ---
+    # --- connection bounds (lockd.common.serving.connections) ---
     request_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     max_connections: int = Field(1000, ge=1, le=1_000_000)
     write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     max_event_streams: int = Field(100, ge=0, le=100_000)
 
-    # --- TLS (issue 19): https with --tls-cert/--tls-key, mTLS with --tls-client-ca ---
+    # --- TLS: https with --tls-cert/--tls-key, mTLS with --tls-client-ca ---
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None

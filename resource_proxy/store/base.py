@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from resource_proxy.fencing import Fence
 from resource_proxy.idempotency import Once, Reply
-from resource_proxy.ops import WriteOp
 from resource_proxy.tables import Catalog, Table
+from resource_proxy.writes import WriteOp
 
 __all__ = ["Row", "Store"]
 

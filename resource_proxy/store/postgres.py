@@ -52,11 +52,11 @@ from resource_proxy.errors import (
 from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all
 from resource_proxy.idempotency import PG_TABLE as RECORDS
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply
-from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
 from resource_proxy.store.watched import WatchedConnection
 from resource_proxy.tables import Catalog, Table, decode_row, loads
+from resource_proxy.writes import WriteOp
 
 __all__ = ["PostgresStore", "libpq_dsn", "translate"]
 

@@ -33,8 +33,8 @@ from psycopg.types.json import Json, Jsonb
 
 from resource_proxy.errors import InvalidRequest
 from resource_proxy.fencing import PG_SCHEMA, PG_TABLE, SQLITE_TABLE, Fence
-from resource_proxy.ops import WriteOp
 from resource_proxy.tables import Column, Kind, Table, dumps
+from resource_proxy.writes import WriteOp
 
 __all__ = ["Dialect", "POSTGRES", "SQLITE", "SqlBuilder"]
 

@@ -33,10 +33,10 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import Fence, check_all
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
-from resource_proxy.ops import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import SQLITE, SqlBuilder
 from resource_proxy.tables import Catalog, Table, decode_row
+from resource_proxy.writes import WriteOp
 
 __all__ = ["SqliteStore", "translate"]
 

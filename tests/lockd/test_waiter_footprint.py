@@ -1,7 +1,7 @@
 """What a queued acquire holds in lockd: no task of its own (issue 16, memory per waiter).
 
 A waiting acquire runs in its request's own task and learns of a client that went away from the
-connection itself (``lockd.common.connections.DISCONNECT_WATCH``), not from a second task
+connection itself (``lockd.common.serving.connections.DISCONNECT_WATCH``), not from a second task
 polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
 watch) a client that hangs up leaves the queue at once and the rest are served in order.
 Figures (bytes per waiter) are in bench/notes/waiters.md, not asserted here.
@@ -20,7 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
-from lockd.common.options import install_http_protocol
+from lockd.common.serving.server import install_http_protocol
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
 from tests.lockd.calls import acquire, release, state, wait_until
@@ -176,7 +176,7 @@ def test_a_queued_acquire_waits_through_the_ops_middleware_only(served):
         sock = _send_acquire(served.port, name, "w")
         wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
         (chain,) = served.waiting_frames()
-        assert "OpsMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
+        assert "RequestMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
         skipped = {"Starlette.__call__", "ServerErrorMiddleware.__call__",
                    "ExceptionTelemetryMiddleware.__call__", "AppBodyLimitMiddleware.__call__",
                    "ExceptionMiddleware.__call__"}

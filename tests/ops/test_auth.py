@@ -14,7 +14,8 @@ import pytest
 from lockd.client import LockClient
 from lockd.client.errors import PermissionDenied
 from lockd.client.fenced import FencedSession
-from lockd.common.httpkit import KeySet, redact
+from lockd.common.keys import KeySet
+from lockd.common.logs import redact
 from tests.ops.conftest import scrape
 from tests.support import VENV_BIN
 

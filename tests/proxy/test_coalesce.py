@@ -1,11 +1,11 @@
-"""``resource_proxy.coalesce``: the writes of one loop step leave as one; close sends them
+"""``lockd.common.serving.coalesce``: the writes of one loop step leave as one; close sends them
 first; abort drops them; everything else is the real transport's."""
 
 from __future__ import annotations
 
 import asyncio
 
-from lockd.common.coalesce import _CoalescingTransport, coalescing_protocol
+from lockd.common.serving.coalesce import _CoalescingTransport, coalescing_protocol
 
 
 class _Recorder:

@@ -4,7 +4,7 @@ Why: one Python process uses one core, and a server's request work (HTTP parsing
 JSON, token signing or verification, the database driver) is CPU-bound. Several processes on
 one port use several cores, where the server keeps no state between requests that its
 database does not hold (the proxy; lockd on PostgreSQL or etcd, not on embedded SQLite). What
-the processes do *not* share is each server's business: see ``resource_proxy.workers`` and
+the processes do *not* share is each server's business: see ``resource_proxy.cli`` and
 ``lockd.server.cli``.
 
 How: the parent opens N listening sockets on the port with ``SO_REUSEPORT`` (a port another

@@ -11,7 +11,7 @@ values (``InvalidRequest``, 422, naming the column or the key otherwise):
 - ``delete``: the key only.
 
 The table's fence column, if the policy names one, is the proxy's to set: a row that names it is
-refused, and every insert, upsert and update sets it to the write's fence.
+refused, and ``set_fence`` sets it to the write's fence in every insert, upsert and update.
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def _merge_key(table: Table, key: tuple[Any, ...], values: dict[str, Any]) -> No
         values[name] = value
 
 
-def build_op(kind: OpKind, table: Table, key: tuple[Any, ...] | None, row: Any, fence: int) -> WriteOp:
-    """A ``WriteOp`` from parsed parts; ``key`` already coerced (None where the op takes none)."""
+def build_op(kind: OpKind, table: Table, key: tuple[Any, ...] | None, row: Any) -> WriteOp:
+    """A ``WriteOp`` from parsed parts; ``key`` already coerced (None where the op takes none).
+    Its fence column, if the table has one, is set by ``set_fence`` once the governing lock, and
+    so the fence, is known (it depends on the op's key or values)."""
     pk = table.primary_key
     if kind == "delete":
         if key is None:
@@ -91,8 +93,6 @@ def build_op(kind: OpKind, table: Table, key: tuple[Any, ...] | None, row: Any, 
         values = {name: v for name, v in values.items() if name not in pk}
     if not values and table.fence_column is None:
         raise InvalidRequest("the row must give at least one column")
-    if table.fence_column is not None:
-        values[table.fence_column] = fence
     return WriteOp(kind, table, key, values)
 
 
