@@ -104,10 +104,8 @@ PLANTED = [
     ("resource_proxy/api.py", "from lockd.client import LockClient\n", "2 proxy"),
     ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
     ("lockd/server/store/sqlite.py", "from starlette.responses import Response\n", "3 stores"),
-    ("lockd/server/store/base.py", "from lockd.common.middleware import ROLE
-", "3 stores"),
-    ("lockd/server/store/etcd/store.py", "    from ...api import create_router
-", "3 stores"),
+    ("lockd/server/store/base.py", "from lockd.common.middleware import ROLE\n", "3 stores"),
+    ("lockd/server/store/etcd/store.py", "    from ...api import create_router\n", "3 stores"),
     ("lockd/server/service.py", "from fastapi import Request\n", "4 service"),
     ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
     ("lockd/common/middleware.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
