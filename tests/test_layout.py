@@ -122,3 +122,83 @@ def test_a_planted_forbidden_import_breaks_its_wall(tmp_path, rel, line, wall):
     target.write_text(target.read_text() + "\n" + line)
     found = violations(tmp_path)
     assert found and all(v.startswith(wall) for v in found), found
+
+
+# --- no import cycles ---------------------------------------------------------------------------
+# A cycle among modules makes import order matter and hides which side depends on which. Every
+# import counts (module level, inside functions, under TYPE_CHECKING); ``from pkg import name``
+# is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (its ``__init__``). A
+# package's ``__init__`` importing its own submodules is the normal re-export and no cycle
+# unless a submodule imports the package back.
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Module -> the modules of lockd/ and resource_proxy/ it imports."""
+    files = {_module_name(root, p): p
+             for top in ("lockd", "resource_proxy") for p in sorted((root / top).rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        for _, target in _imports(root, path):
+            while target and target not in files:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                graph[name].add(target)
+    return graph
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    graph = import_graph(root)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_cycle():
+    assert import_cycles(ROOT) == []
+
+
+@pytest.mark.parametrize(("rel", "line"), [
+    ("lockd/client/lease.py", "if TYPE_CHECKING:\n    from lockd.client.sync import LockClient\n"),
+    ("resource_proxy/tables.py", "def _lazy():\n    from resource_proxy import policy\n"),
+])
+def test_a_planted_cycle_is_found(tmp_path, rel, line):
+    for top in ("lockd", "resource_proxy"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / rel
+    target.write_text(target.read_text() + "\n" + line)
+    cycles = import_cycles(tmp_path)
+    assert cycles and any(_module_name(tmp_path, target) in c for c in cycles), cycles
