@@ -19,13 +19,14 @@ The rules (the full walk-through, with the reasons, is in docs/waiting.md):
    exclusive mode, a waiter that heads every queue of its set. Only such a waiter talks to the
    store; refused, it sleeps until a release of one of its locks is reported (locally: at once;
    elsewhere: the store's ``subscribe`` notification) or the soonest holder's TTL runs out.
-   There is no polling loop. Deadlines run on the event loop's monotonic timer.
+   There is no polling loop.
 5. A waiter that is granted, times out or is cancelled leaves every queue at once and promotes
    the next waiter of each. A waiter that leaves with a grant hands the new holder (its TTL) to
    each next head, which sleeps on it without another store round trip.
 6. Disconnects: a store acquire is shielded from the caller's cancellation; a grant nobody will
    receive is released at once instead of blocking the lock until its TTL.
-7. Shutdown answers every queued request with 503; later ones ask the store once.
+7. Deadlines run on the event loop's monotonic timer (no wall-clock jump shortens them).
+8. Shutdown answers every queued request with 503; later ones ask the store once.
 
 Modes to come are additions to rule 4, not another queue: a ``Waiter`` gains a ``mode`` slot
 and the two rule functions read it.
@@ -153,10 +154,10 @@ def _admits(queue: Queue, waiter: Waiter) -> bool:
     return next(iter(queue)) is waiter
 
 
-def _admitted(queue: Queue) -> Waiter:
-    """The waiter ``queue``'s rule lets ask now (promoted when the one before it leaves, woken
+def _admitted(queue: Queue) -> tuple[Waiter, ...]:
+    """The waiters ``queue``'s rule lets ask now (promoted when one before them leaves, woken
     when the lock may have freed): its head."""
-    return next(iter(queue))
+    return (next(iter(queue)),)
 
 
 def _soonest(holders: list[Holder]) -> float:
@@ -260,9 +261,10 @@ class WaitQueues:
                     del self.queues[name]
                 continue
             if was_admitted:
-                head = _admitted(queue)
-                head.hint = None if granted is None else [kind.holder(granted, name)]
-                head.set_turn()
+                hint = None if granted is None else [kind.holder(granted, name)]
+                for admitted in _admitted(queue):
+                    admitted.hint = hint
+                    admitted.set_turn()
 
     # --- the store, shielded from disconnects (rule 6) -------------------------------------------
 
@@ -300,7 +302,8 @@ class WaitQueues:
         rule admits."""
         queue = self.queues.get(name)
         if queue:
-            _admitted(queue).set_wake()
+            for admitted in _admitted(queue):
+                admitted.set_wake()
 
     def shutdown(self) -> None:
         """Answer every queued request with 503 now; later ones only ask the store once."""
