@@ -200,15 +200,15 @@ class WaitQueues:
             return result
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
-        queues = [self.queues.setdefault(name, {}) for name in waiter.locks]
-        for queue in queues:  # rule 3: one step, so every queue agrees with arrival order
-            queue[waiter] = None
+        queues = self.queues
+        for name in waiter.locks:  # rule 3: one step, so every queue agrees with arrival order
+            queues.setdefault(name, {})[waiter] = None
         granted = None
         try:
             while True:
                 if self.closing:
                     raise StoreUnavailable("lockd is shutting down; retry the acquire")
-                if not all(_admits(queue, waiter) for queue in queues):
+                if not self._admitted_by_all(waiter):
                     waiter.hint = None  # a hint is good only at the moment it is handed over
                     remaining = deadline - loop.time()
                     if remaining <= 0:
@@ -232,7 +232,7 @@ class WaitQueues:
                     raise kind.refused(holders)
                 await waiter.sleep("wake", min(remaining, _soonest(holders)))
         finally:
-            self._leave(kind, waiter, queues, granted)
+            self._leave(kind, waiter, granted)
 
     def queued(self, locks: Iterable[str]) -> bool:
         """Whether any of ``locks`` has waiters queued here."""
@@ -250,15 +250,25 @@ class WaitQueues:
         await self._release_quietly(kind, result)
         return None
 
-    def _leave(self, kind: Kind, waiter: Waiter, queues: list[Queue], granted: Any) -> None:
+    def _admitted_by_all(self, waiter: Waiter) -> bool:
+        """Whether every queue of ``waiter``'s set lets it ask the store (rule 4). A loop, not
+        ``all(...)``: a generator would keep a closure cell in every waiting frame."""
+        queues = self.queues
+        for name in waiter.locks:
+            if not _admits(queues[name], waiter):
+                return False
+        return True
+
+    def _leave(self, kind: Kind, waiter: Waiter, granted: Any) -> None:
         """Take ``waiter`` out of every queue; promote the next of each it was admitted by,
         handing it the new holder when ``waiter`` leaves with a grant (rule 5)."""
-        for name, queue in zip(waiter.locks, queues, strict=True):
+        queues = self.queues
+        for name in waiter.locks:
+            queue = queues[name]
             was_admitted = _admits(queue, waiter)
             del queue[waiter]
             if not queue:
-                if self.queues.get(name) is queue:
-                    del self.queues[name]
+                del queues[name]
                 continue
             if was_admitted:
                 hint = None if granted is None else [kind.holder(granted, name)]
