@@ -5,7 +5,8 @@
     app.py          create_app(settings): the FastAPI app factory
     api.py          acquire/renew/release/state routes (and their hot-path ASGI middleware)
     ops_api.py      /metrics, /v1/events, the status page, admin force-release, API keys
-    service.py      LockService: names, TTL bounds, FIFO waiting, tokens (no web framework)
+    service.py      LockService: names, TTL bounds, leases, tokens (no web framework)
+    waiting.py      WaitQueues: the FIFO queues of waiting acquires, one per lock name
     observe.py      ObservedStore: metrics and events around any store
     events.py       EventHub: lock events for the SSE streams
     metrics.py      LockdMetrics: the Prometheus metrics

@@ -1,65 +1,22 @@
-"""The lock service: validation, lease ids, signed tokens, and the queue of waiters per lock.
+"""The lock service: validation, lease ids, leases and signed tokens, reading.
 
-The store decides who holds a lock; this module decides who asks next. Waiters live here, in
-memory, as small objects (two flags; a future and a timer only while asleep): a waiting
-acquire holds no database connection, no thread and no task of its own.
-
-Waiting, step by step (one queue per lock name, first come first served within this process):
-
-1. A new acquire with nobody queued tries the store once. Granted: done. Held and
-   ``wait_ms == 0``: 409. Otherwise it joins the queue.
-2. With waiters queued, a new acquire never goes to the store ahead of them: ``wait_ms == 0``
-   answers 409 at once (no barging), a waiting one joins the tail. (Exception: a retry with the
-   ``client_id`` of the live lease gets that lease back, or it would wait on itself.)
-3. Only the head of the queue talks to the store. It retries ``store.acquire`` when
-   (a) a release of the lock is reported (released here: at once; elsewhere: the store's
-   ``subscribe`` notification), or (b) the holder's remaining ``ttl_ms`` (from the ``Holder``
-   the store returned) has run out. There is no polling loop.
-4. A waiter that is granted, times out or is cancelled (its HTTP client went away) leaves the
-   queue at once and promotes the next one, so nothing is left behind to delay it. A head that
-   leaves with a grant passes the new holder's TTL to the next head, which sleeps on it without
-   another store round trip.
-
-Lockd processes sharing a store each keep their own queue: across processes the order is not
-FCFS (whoever's head reaches the store first wins), but fences and mutual exclusion hold.
-
-Multi-lock leases (``acquire_many``) wait in the same queues, with no hold-and-wait:
-
-5. A waiting multi-lock acquire joins the tail of the queue of EVERY lock it wants, in one step
-   (no await in between), so the queues of all locks agree with arrival order here. It holds
-   nothing while it waits. A later acquire of any of its locks (single or multi) queues behind
-   it, exactly as in step 2.
-6. It talks to the store only when it heads ALL its queues; then one atomic ``acquire_many``
-   grants every lock or none. Refused, it sleeps until a release of any of its locks is
-   reported or the shortest holder's TTL runs out, as in step 3.
-
-Since every queue is ordered by arrival here, the earliest waiter heads all of its queues: within
-one lockd process multi-lock acquires are first come, first served, and cannot deadlock (no
-waiter holds anything another waits for). Across processes, each process's queues are FCFS among
-its own waiters; a waiter at one replica can lose the race to the store to a later request at
-another replica, any number of times, but never waits while holding a lock, so there is still no
-deadlock, and its own queue position is never taken by a local latecomer.
+The store decides who holds a lock; ``lockd.server.waiting`` decides who asks it next (the
+per-lock FIFO queues; docs/waiting.md walks through the rules). This module checks each request,
+hands it to the queues as a single lock or a set of locks (``_OneLock``, ``_LockSet``: the store
+call and the shape of a 409 for each), and turns the store's grant into a lease with its token.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import logging
 import secrets
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
-from lockd.server.errors import (
-    InvalidRequest,
-    LeaseLost,
-    LockdError,
-    LockHeld,
-    StoreUnavailable,
-)
+from lockd.server.errors import InvalidRequest, LeaseLost, LockHeld
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.store.base import (
@@ -70,12 +27,11 @@ from lockd.server.store.base import (
     MultiGrant,
     Store,
 )
+from lockd.server.waiting import Waiter, WaitQueues
 from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits
 
 __all__ = ["Lease", "LockService", "MultiLease", "new_lease_id", "encode_cursor",
            "decode_cursor"]
-
-log = logging.getLogger(__name__)
 
 _TOKEN_CACHE_SIZE = 10_000
 LIST_LIMIT_MAX = 1000
@@ -134,59 +90,100 @@ class MultiLease:
                 "token": self.token, "ttl_ms": self.ttl_ms, "owner": self.owner}
 
 
-class _Waiter:
-    """One queued acquire. ``turn``: it became the head; ``wake``: the lock may have freed.
-
-    Two flags and, only while it sleeps, one future and one timer handle; not two
-    ``asyncio.Event``s (each an object and a deque, ~0.7 KB) nor an ``asyncio.timeout``: a
-    queued waiter lives as long as its wait, and thousands may be queued
-    (bench/notes/waiters.md)."""
-
-    __slots__ = ("owner", "hint", "turn", "wake", "_future", "_on")
-
-    def __init__(self, owner: str = "") -> None:
-        self.owner = owner  # shown by GET /v1/locks/{name} (waiting_owners)
-        self.hint: Holder | None = None  # the new holder, passed on by a head that was granted
-        self.turn = False
-        self.wake = False
-        self._future: asyncio.Future[None] | None = None
-        self._on = ""  # the flag the sleeping waiter waits for: "turn" or "wake"
-
-    def set_turn(self) -> None:
-        self.turn = True
-        if self._on == "turn":
-            self._resolve()
-
-    def set_wake(self) -> None:
-        self.wake = True
-        if self._on == "wake":
-            self._resolve()
-
-    def _resolve(self) -> None:
-        future = self._future
-        if future is not None and not future.done():
-            future.set_result(None)
-
-    async def sleep(self, flag: str, seconds: float) -> None:
-        """Wait until ``flag`` (``"turn"`` or ``"wake"``) is set or ``seconds`` pass, on the
-        event loop's monotonic timer."""
-        if getattr(self, flag):
-            return
-        loop = asyncio.get_running_loop()
-        future = self._future = loop.create_future()
-        self._on = flag
-        timer = loop.call_later(seconds, _resolve_future, future)
-        try:
-            await future
-        finally:
-            timer.cancel()
-            self._future = None
-            self._on = ""
+def _held(lock: str, owner: str, ttl_ms: int, detail: str | None = None) -> LockHeld:
+    """409 for one lock and its holder."""
+    return LockHeld(
+        detail or f"lock {lock!r} is held by {owner!r} for another {ttl_ms} ms",
+        lock=lock, owner=owner, ttl_ms=max(0, ttl_ms),
+    )
 
 
-def _resolve_future(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def _held_many(holders: list[Holder], detail: str | None = None) -> LockHeld:
+    """409 naming every held lock and its holder (``ttl_ms``: the soonest expiry)."""
+    listed = ", ".join(f"{h.lock!r} by {h.owner!r} for {max(0, h.ttl_ms)} ms" for h in holders)
+    ttl = min((max(0, h.ttl_ms) for h in holders), default=0)
+    return LockHeld(
+        detail or f"held: {listed}",
+        held=[{"lock": h.lock, "owner": h.owner, "ttl_ms": max(0, h.ttl_ms)} for h in holders],
+        ttl_ms=ttl,
+    )
+
+
+class _OneLock:
+    """A single-lock acquire as the wait queues ask it (``waiting.Kind``; the set of one)."""
+
+    __slots__ = ("_service",)
+
+    def __init__(self, service: LockService) -> None:
+        self._service = service
+
+    async def ask(self, waiter: Waiter) -> Grant | list[Holder]:
+        result = await self._service.store.acquire(
+            waiter.locks[0], lease_id=waiter.lease_id, ttl_ms=waiter.ttl_ms,
+            owner=waiter.owner, client_id=waiter.client_id)
+        return [result] if isinstance(result, Holder) else result
+
+    async def release(self, grant: Grant) -> None:
+        await self._service.release(grant.lock, grant.lease_id)
+
+    @staticmethod
+    def holder(grant: Grant, lock: str) -> Holder:
+        return Holder(lock, grant.owner, grant.ttl_ms, grant.fence)
+
+    @staticmethod
+    def refused(holders: list[Holder]) -> LockHeld:
+        holder = holders[0]
+        return _held(holder.lock, holder.owner, holder.ttl_ms)
+
+    async def held_behind_queue(self, locks: tuple[str, ...], waited: bool) -> LockHeld:
+        (name,) = locks
+        state = await self._service.store.get(name)
+        if waited:
+            return _held(name, state.owner or "", state.ttl_ms)
+        return _held(
+            name, state.owner or "", state.ttl_ms,
+            f"lock {name!r} is held or being handed over; "
+            f"{self._service.waiters(name)} waiter(s) are queued ahead",
+        )
+
+
+class _LockSet:
+    """A multi-lock acquire as the wait queues ask it (``waiting.Kind``): all locks in one
+    atomic store step, or none."""
+
+    __slots__ = ("_service",)
+
+    def __init__(self, service: LockService) -> None:
+        self._service = service
+
+    def ask(self, waiter: Waiter) -> Awaitable[MultiGrant | list[Holder]]:
+        return self._service.store.acquire_many(
+            waiter.locks, lease_id=waiter.lease_id, ttl_ms=waiter.ttl_ms, owner=waiter.owner,
+            client_id=waiter.client_id)
+
+    async def release(self, grant: MultiGrant) -> None:
+        await self._service.release_many(grant.lease_id)
+
+    @staticmethod
+    def holder(grant: MultiGrant, lock: str) -> Holder:
+        return Holder(lock, grant.owner, grant.ttl_ms, grant.fences[lock])
+
+    @staticmethod
+    def refused(holders: list[Holder]) -> LockHeld:
+        return _held_many(holders)
+
+    async def held_behind_queue(self, locks: tuple[str, ...], waited: bool) -> LockHeld:
+        service = self._service
+        holders = []
+        for name in locks:
+            state = await service.store.get(name)
+            if state.held:
+                holders.append(Holder(name, state.owner or "", state.ttl_ms, state.fence))
+        queued = sorted(n for n in locks if service.waiters(n))
+        detail = (f"locks {', '.join(queued)} have waiters queued ahead"
+                  + ("; held: " + ", ".join(f"{h.lock!r} by {h.owner!r}" for h in holders)
+                     if holders else ""))
+        return _held_many(holders, detail)
 
 
 class LockService:
@@ -202,12 +199,13 @@ class LockService:
         self.store = store
         self.keyring = keyring
         self.settings = settings
-        self._queues: dict[str, dict[_Waiter, None]] = {}
         self._tokens: dict[tuple[str, int], str] = {}
-        self._background: set[asyncio.Task[Any]] = set()
-        self._closing = False
+        self._waiting = WaitQueues(store)
+        self._queues = self._waiting.queues  # read by the single-lock fast path
+        self._may_be_free = self._waiting.may_be_free
+        self._one_lock = _OneLock(self)
+        self._lock_set = _LockSet(self)
         self._ordered = bool(getattr(store, "ordered", False))
-        store.subscribe(self._may_be_free)
 
     # --- checks ---------------------------------------------------------------------------------
 
@@ -238,13 +236,6 @@ class LockService:
             self._tokens[key] = token
         return Lease(grant.lock, grant.lease_id, grant.fence, token, grant.ttl_ms, grant.owner)
 
-    @staticmethod
-    def _held(lock: str, owner: str, ttl_ms: int, detail: str | None = None) -> LockHeld:
-        return LockHeld(
-            detail or f"lock {lock!r} is held by {owner!r} for another {ttl_ms} ms",
-            lock=lock, owner=owner, ttl_ms=max(0, ttl_ms),
-        )
-
     async def acquire(self, name: str, *, ttl_ms: int, wait_ms: int = 0, owner: str = "",
                       client_id: str | None = None) -> Lease:
         """Grant ``name`` for ``ttl_ms``, waiting up to ``wait_ms`` behind earlier waiters.
@@ -255,132 +246,16 @@ class LockService:
         self._check_ttl(ttl_ms)
         self._check_wait(wait_ms)
         lease_id = new_lease_id()
-        if self._queues.get(name):
-            if client_id:
-                retried = await self._retry(name, lease_id, ttl_ms, owner, client_id)
-                if retried is not None:
-                    return retried
-            if wait_ms == 0 or self._closing:
-                raise await self._held_behind_queue(name)
-            return await self._wait(name, lease_id, ttl_ms, owner, client_id, wait_ms)
-        if wait_ms == 0 or self._closing:
+        if (wait_ms == 0 or self._waiting.closing) and not self._queues.get(name):
+            # Nobody queued and no wait: one store call (the queues' rule 1, inline).
             result = await self.store.acquire(
                 name, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner, client_id=client_id
             )
             if isinstance(result, Grant):
                 return self._lease(result)
-            raise self._held(name, result.owner, result.ttl_ms)
-        return await self._wait(name, lease_id, ttl_ms, owner, client_id, wait_ms)
-
-    async def _retry(self, name: str, lease_id: str, ttl_ms: int, owner: str,
-                     client_id: str) -> Lease | None:
-        """With waiters queued: return the live lease of ``client_id`` (a retried acquire)."""
-        result = await self._store_acquire(name, lease_id, ttl_ms, owner, client_id)
-        if not isinstance(result, Grant):
-            return None
-        if result.lease_id != lease_id or not self._queues.get(name):
-            return self._lease(result)  # the same client's live lease, or nobody queued any more
-        # The lock was free for an instant during a handoff: it belongs to the queue's head.
-        await self._release_quietly(name, lease_id)
-        return None
-
-    async def _held_behind_queue(self, name: str) -> LockHeld:
-        state = await self.store.get(name)
-        waiting = len(self._queues.get(name) or ())
-        return self._held(
-            name, state.owner or "", state.ttl_ms,
-            f"lock {name!r} is held or being handed over; {waiting} waiter(s) are queued ahead",
-        )
-
-    async def _wait(self, name: str, lease_id: str, ttl_ms: int, owner: str,
-                    client_id: str | None, wait_ms: int) -> Lease:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        queue = self._queues.setdefault(name, {})
-        waiter = _Waiter(owner)
-        queue[waiter] = None
-        handoff: Holder | None = None
-        holder: Holder | None = None
-        try:
-            while True:
-                if self._closing:
-                    raise StoreUnavailable("lockd is shutting down; retry the acquire")
-                if next(iter(queue)) is not waiter:
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        state = await self.store.get(name)
-                        raise self._held(name, state.owner or "", state.ttl_ms)
-                    await waiter.sleep("turn", remaining)
-                    continue
-                # The head of the queue: the only waiter that talks to the store.
-                if holder is None and waiter.hint is not None and not waiter.wake:
-                    holder = waiter.hint
-                waiter.hint = None
-                if holder is None:
-                    waiter.wake = False
-                    result = await self._store_acquire(name, lease_id, ttl_ms, owner, client_id)
-                    if isinstance(result, Grant):
-                        handoff = Holder(name, result.owner, result.ttl_ms, result.fence)
-                        return self._lease(result)
-                    holder = result
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise self._held(name, holder.owner, holder.ttl_ms)
-                await waiter.sleep("wake", min(remaining, max(holder.ttl_ms, 1) / 1000))
-                holder = None
-        finally:
-            self._leave(name, queue, waiter, handoff)
-
-    def _leave(self, name: str, queue: dict[_Waiter, None], waiter: _Waiter,
-               handoff: Holder | None) -> None:
-        was_head = next(iter(queue)) is waiter
-        del queue[waiter]
-        if not queue:
-            if self._queues.get(name) is queue:
-                del self._queues[name]
-            return
-        if was_head:
-            head = next(iter(queue))
-            head.hint = handoff
-            head.set_turn()
-
-    async def _store_acquire(self, name: str, lease_id: str, ttl_ms: int, owner: str,
-                             client_id: str | None) -> Grant | Holder:
-        """``store.acquire`` that survives the caller's cancellation: a grant nobody will
-        receive (the client disconnected mid-call) is released instead of blocking the lock
-        until its TTL."""
-        task = asyncio.ensure_future(self.store.acquire(
-            name, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner, client_id=client_id
-        ))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(partial(self._orphaned, name, lease_id))
-            raise
-
-    def _orphaned(self, name: str, lease_id: str, task: asyncio.Future[Any]) -> None:
-        if task.cancelled() or task.exception() is not None:
-            return
-        result = task.result()
-        if isinstance(result, Grant) and result.lease_id == lease_id:
-            self._spawn(self._release_quietly(name, lease_id))
-
-    def _spawn(self, coro: Any) -> None:
-        background = asyncio.ensure_future(coro)
-        self._background.add(background)
-        background.add_done_callback(self._background.discard)
-
-    async def _release_quietly(self, name: str, lease_id: str) -> None:
-        try:
-            await self.release(name, lease_id)
-        except LockdError as exc:
-            log.warning("could not release unclaimed lease of %r: %s", name, exc.detail)
-
-    def _may_be_free(self, name: str) -> None:
-        """Store listener and local hook: wake the head waiter of ``name``, if any."""
-        queue = self._queues.get(name)
-        if queue:
-            next(iter(queue)).set_wake()
+            raise _held(name, result.owner, result.ttl_ms)
+        waiter = Waiter((name,), lease_id, ttl_ms, owner, client_id)
+        return self._lease(await self._waiting.acquire(self._one_lock, waiter, wait_ms))
 
     async def renew(self, name: str, lease_id: str, ttl_ms: int | None = None) -> Lease:
         """Extend a live lease to ``ttl_ms`` from now (``None``: the lease's own TTL, the last
@@ -447,126 +322,18 @@ class LockService:
             self._tokens[key] = token
         return MultiLease(grant.lease_id, grant.fences, token, grant.ttl_ms, grant.owner)
 
-    @staticmethod
-    def _held_many(holders: list[Holder], detail: str | None = None) -> LockHeld:
-        """409 naming every held lock and its holder (``ttl_ms``: the soonest expiry)."""
-        listed = ", ".join(f"{h.lock!r} by {h.owner!r} for {max(0, h.ttl_ms)} ms" for h in holders)
-        ttl = min((max(0, h.ttl_ms) for h in holders), default=0)
-        return LockHeld(
-            detail or f"held: {listed}",
-            held=[{"lock": h.lock, "owner": h.owner, "ttl_ms": max(0, h.ttl_ms)} for h in holders],
-            ttl_ms=ttl,
-        )
-
-    async def _held_many_behind_queue(self, locks: tuple[str, ...]) -> LockHeld:
-        holders = []
-        for name in locks:
-            state = await self.store.get(name)
-            if state.held:
-                holders.append(Holder(name, state.owner or "", state.ttl_ms, state.fence))
-        queued = sorted(n for n in locks if self._queues.get(n))
-        detail = (f"locks {', '.join(queued)} have waiters queued ahead"
-                  + ("; held: " + ", ".join(f"{h.lock!r} by {h.owner!r}" for h in holders)
-                     if holders else ""))
-        return self._held_many(holders, detail)
-
     async def acquire_many(self, names: list[str], *, ttl_ms: int, wait_ms: int = 0,
                            owner: str = "", client_id: str | None = None) -> MultiLease:
         """Grant every lock of ``names`` in one atomic store step, waiting up to ``wait_ms``
-        behind earlier waiters of any of them (see the module docstring, steps 5-6).
+        behind earlier waiters of any of them (``lockd.server.waiting``, rule 3).
 
         Raises ``LockHeld`` (naming every held lock), ``StoreUnavailable``, ``InvalidRequest``.
         """
         locks = self.check_names(names)
         self._check_ttl(ttl_ms)
         self._check_wait(wait_ms)
-        lease_id = MULTI_PREFIX + new_lease_id()
-        if any(self._queues.get(n) for n in locks):
-            if client_id:
-                retried = await self._retry_many(locks, lease_id, ttl_ms, owner, client_id)
-                if retried is not None:
-                    return retried
-            if wait_ms == 0 or self._closing:
-                raise await self._held_many_behind_queue(locks)
-            return await self._wait_many(locks, lease_id, ttl_ms, owner, client_id, wait_ms)
-        if wait_ms == 0 or self._closing:
-            result = await self.store.acquire_many(locks, lease_id=lease_id, ttl_ms=ttl_ms,
-                                                   owner=owner, client_id=client_id)
-            if isinstance(result, MultiGrant):
-                return self._multi_lease(result)
-            raise self._held_many(result)
-        return await self._wait_many(locks, lease_id, ttl_ms, owner, client_id, wait_ms)
-
-    async def _retry_many(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str,
-                          client_id: str) -> MultiLease | None:
-        result = await self._store_acquire_many(locks, lease_id, ttl_ms, owner, client_id)
-        if not isinstance(result, MultiGrant):
-            return None
-        if result.lease_id != lease_id or not any(self._queues.get(n) for n in locks):
-            return self._multi_lease(result)
-        await self._release_many_quietly(lease_id)  # free for an instant: the queues' turn
-        return None
-
-    async def _wait_many(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str,
-                         client_id: str | None, wait_ms: int) -> MultiLease:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_ms / 1000
-        waiter = _Waiter(owner)
-        queues = [self._queues.setdefault(name, {}) for name in locks]
-        for queue in queues:  # one step: every queue agrees with arrival order
-            queue[waiter] = None
-        holders: list[Holder] = []
-        try:
-            while True:
-                if self._closing:
-                    raise StoreUnavailable("lockd is shutting down; retry the acquire")
-                waiter.hint = None
-                if not all(next(iter(queue)) is waiter for queue in queues):
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        raise await self._held_many_behind_queue(locks)
-                    waiter.turn = False  # set again by _leave when an earlier waiter goes
-                    await waiter.sleep("turn", remaining)
-                    continue
-                # Heads every queue: the only local waiter for these locks that asks the store.
-                waiter.wake = False
-                result = await self._store_acquire_many(locks, lease_id, ttl_ms, owner,
-                                                        client_id)
-                if isinstance(result, MultiGrant):
-                    return self._multi_lease(result)
-                holders = result
-                remaining = deadline - loop.time()
-                if remaining <= 0:
-                    raise self._held_many(holders)
-                soonest = min(max(h.ttl_ms, 1) for h in holders) if holders else 1
-                await waiter.sleep("wake", min(remaining, soonest / 1000))
-        finally:
-            for name, queue in zip(locks, queues, strict=True):
-                self._leave(name, queue, waiter, None)
-
-    async def _store_acquire_many(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int,
-                                  owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
-        """``store.acquire_many`` surviving the caller's cancellation (see ``_store_acquire``)."""
-        task = asyncio.ensure_future(self.store.acquire_many(
-            locks, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner, client_id=client_id))
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            task.add_done_callback(partial(self._orphaned_many, lease_id))
-            raise
-
-    def _orphaned_many(self, lease_id: str, task: asyncio.Future[Any]) -> None:
-        if task.cancelled() or task.exception() is not None:
-            return
-        result = task.result()
-        if isinstance(result, MultiGrant) and result.lease_id == lease_id:
-            self._spawn(self._release_many_quietly(lease_id))
-
-    async def _release_many_quietly(self, lease_id: str) -> None:
-        try:
-            await self.release_many(lease_id)
-        except LockdError as exc:
-            log.warning("could not release unclaimed multi-lock lease: %s", exc.detail)
+        waiter = Waiter(locks, MULTI_PREFIX + new_lease_id(), ttl_ms, owner, client_id)
+        return self._multi_lease(await self._waiting.acquire(self._lock_set, waiter, wait_ms))
 
     @staticmethod
     def _check_multi(lease_id: str) -> None:
@@ -593,17 +360,17 @@ class LockService:
 
     def waiters(self, name: str) -> int:
         """How many acquires are queued for ``name`` at this lockd process."""
-        return len(self._queues.get(name) or ())
+        return self._waiting.count(name)
 
     def waiting_owners(self, name: str) -> list[str]:
         """The ``owner`` labels of the acquires queued for ``name`` at this lockd process, head
         first (``""`` for an acquire that gave none). Other replicas' waiters are not included."""
-        return [waiter.owner for waiter in self._queues.get(name) or ()]
+        return self._waiting.owners(name)
 
     def waiting(self) -> int:
         """How many acquires are queued at this lockd process, over all locks (a metric; a
         multi-lock acquire queued on several locks counts once)."""
-        return len({waiter for queue in self._queues.values() for waiter in queue})
+        return self._waiting.total()
 
     async def get(self, name: str) -> tuple[LockState, int]:
         """The store's view of ``name`` and the number of local waiters."""
@@ -633,8 +400,4 @@ class LockService:
     def shutdown(self) -> None:
         """Answer every queued acquire with 503 now (a lockd stopping must not keep clients
         waiting minutes); later acquires only try once."""
-        self._closing = True
-        for queue in list(self._queues.values()):
-            for waiter in queue:
-                waiter.set_turn()
-                waiter.set_wake()
+        self._waiting.shutdown()

@@ -1,4 +1,4 @@
-"""What a queued acquire holds in lockd: no task of its own (issue 16, memory per waiter).
+"""What a queued acquire holds in lockd: no task of its own (memory per waiter).
 
 A waiting acquire runs in its request's own task and learns of a client that went away from the
 connection itself (``lockd.common.serving.connections.DISCONNECT_WATCH``), not from a second task
@@ -59,7 +59,7 @@ class _Served:
         return asyncio.run_coroutine_threadsafe(count(), loop).result(10)
 
     def waiting_frames(self) -> list[list[str]]:
-        """For each task now inside ``LockService._wait``: its coroutines, outermost first."""
+        """For each task now inside ``WaitQueues.acquire``: its coroutines, outermost first."""
         loop = self.app.state.service.store._loop
 
         async def chains() -> list[list[str]]:
@@ -69,7 +69,7 @@ class _Served:
                 while coro is not None and hasattr(coro, "cr_await"):
                     chain.append(coro.__qualname__)
                     coro = coro.cr_await
-                if "LockService._wait" in chain:
+                if "WaitQueues.acquire" in chain:
                     found.append(chain)
             return found
 

@@ -1,0 +1,338 @@
+"""Waiting acquires: one FIFO queue per lock name, in memory, for every kind of request.
+
+A request names a set of locks (a single-lock acquire is the set of one) and waits as one
+``Waiter`` in the queue of each of them. The store decides every grant; this module decides who
+asks it next. A waiter holds no database connection, no thread and no task of its own: two
+flags and, only while it sleeps, one future and one timer handle (bench/notes/waiters.md).
+
+The rules (the full walk-through, with the reasons, is in docs/waiting.md):
+
+1. Nobody queued on any lock of the set: ask the store once. Granted, or refused with
+   ``wait_ms == 0``: answered. Otherwise join the queues.
+2. Someone queued on any lock of the set: no barging. ``wait_ms == 0`` answers 409 at once, a
+   waiting request joins the tail. Exception: a retry with the ``client_id`` of the live lease
+   gets that lease back (else it would wait on itself).
+3. A waiter joins the tail of every queue of its set in one step (no await in between), so all
+   queues agree with arrival order and the earliest waiter heads all of its queues: no
+   deadlock, no starvation, and nothing is held while waiting.
+4. The grant rule says who may ask the store now (``_admits``, ``_admitted``): for the
+   exclusive mode, a waiter that heads every queue of its set. Only such a waiter talks to the
+   store; refused, it sleeps until a release of one of its locks is reported (locally: at once;
+   elsewhere: the store's ``subscribe`` notification) or the soonest holder's TTL runs out.
+   There is no polling loop.
+5. A waiter that is granted, times out or is cancelled leaves every queue at once and promotes
+   the next waiter of each. A waiter that leaves with a grant hands the new holder (its TTL) to
+   each next head, which sleeps on it without another store round trip.
+6. Disconnects: a store acquire is shielded from the caller's cancellation; a grant nobody will
+   receive is released at once instead of blocking the lock until its TTL.
+7. Deadlines run on the event loop's monotonic timer (no wall-clock jump shortens them).
+8. Shutdown answers every queued request with 503; later ones ask the store once.
+
+Modes to come are additions to rule 4, not another queue: a ``Waiter`` gains a ``mode`` slot
+and the two rule functions read it.
+
+- Shared locks: ``_admits`` lets a shared waiter ask when every waiter ahead of it in each
+  queue is shared too (a waiting exclusive one blocks later shared ones); ``_admitted`` wakes
+  the run of consecutive shared waiters at the head together. A handoff hint is only passed to
+  a waiter the new holder excludes.
+- Semaphores (N permits): ``_admits`` lets a waiter ask while fewer than N waiters are ahead of
+  it; the store still counts the permits held.
+
+The request kind (a single lock or a set) supplies the store calls and the shape of a refusal
+(``Kind``); ``LockService`` implements both kinds. Replicas sharing a store keep their own
+queues: across processes the order is not FIFO, but fences and mutual exclusion hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Iterable
+from functools import partial
+from typing import Any, Protocol
+
+from lockd.server.errors import LockdError, LockHeld, StoreUnavailable
+from lockd.server.store.base import Holder, Store
+
+__all__ = ["Kind", "WaitQueues", "Waiter"]
+
+log = logging.getLogger(__name__)
+
+Queue = dict["Waiter", None]
+"""One lock's waiters in arrival order (a dict: ordered, O(1) removal from the middle)."""
+
+
+class Waiter:
+    """One acquire request as the queues see it: the set of locks it asks for, what it asks the
+    store, and its place in line.
+
+    ``turn``: it may have become allowed to ask the store; ``wake``: one of its locks may have
+    freed; ``hint``: the holders a waiter just granted handed over. Two flags and, only while it
+    sleeps, one future and one timer handle; not ``asyncio.Event``s (each an object and a deque,
+    ~0.7 KB) nor an ``asyncio.timeout``: thousands may be queued."""
+
+    __slots__ = ("locks", "lease_id", "ttl_ms", "owner", "client_id", "hint", "turn", "wake",
+                 "_future", "_on")
+
+    def __init__(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str = "",
+                 client_id: str | None = None) -> None:
+        self.locks = locks
+        self.lease_id = lease_id
+        self.ttl_ms = ttl_ms
+        self.owner = owner  # shown by GET /v1/locks/{name} (waiting_owners)
+        self.client_id = client_id
+        self.hint: list[Holder] | None = None
+        self.turn = False
+        self.wake = False
+        self._future: asyncio.Future[None] | None = None
+        self._on = ""  # the flag the sleeping waiter waits for: "turn" or "wake"
+
+    def set_turn(self) -> None:
+        self.turn = True
+        if self._on == "turn":
+            self._resolve()
+
+    def set_wake(self) -> None:
+        self.wake = True
+        if self._on == "wake":
+            self._resolve()
+
+    def _resolve(self) -> None:
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    async def sleep(self, flag: str, seconds: float) -> None:
+        """Wait until ``flag`` (``"turn"`` or ``"wake"``) is set or ``seconds`` pass, on the
+        event loop's monotonic timer."""
+        if getattr(self, flag):
+            return
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        self._on = flag
+        timer = loop.call_later(seconds, _resolve_future, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
+            self._on = ""
+
+
+def _resolve_future(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Kind(Protocol):
+    """What differs between kinds of request (one lock, a set): the store calls, and how a
+    refusal reads. A grant is whatever the store grants (it has ``lease_id``); a refusal is the
+    list of holders in the way."""
+
+    def ask(self, waiter: Waiter) -> Awaitable[Any]:
+        """One store acquire for ``waiter``: its grant, or a ``list[Holder]``."""
+
+    async def release(self, grant: Any) -> None:
+        """Release ``grant`` (ending it wakes the next waiters). Raises ``LockdError``."""
+
+    def holder(self, grant: Any, lock: str) -> Holder:
+        """``grant`` as the holder of ``lock`` (the handoff hint for the next head)."""
+
+    def refused(self, holders: list[Holder]) -> LockHeld:
+        """The 409 after the store refused."""
+
+    async def held_behind_queue(self, locks: tuple[str, ...], waited: bool) -> LockHeld:
+        """The 409 of a request that never reached the store for waiters ahead of it
+        (``waited``: after its ``wait_ms``; else at once, with ``wait_ms == 0``)."""
+
+
+# --- the grant rule (exclusive): who may ask the store now ------------------------------------
+
+
+def _admits(queue: Queue, waiter: Waiter) -> bool:
+    """Whether ``queue``'s rule lets ``waiter`` ask the store: it heads the queue."""
+    return next(iter(queue)) is waiter
+
+
+def _admitted(queue: Queue) -> tuple[Waiter, ...]:
+    """The waiters ``queue``'s rule lets ask now (promoted when one before them leaves, woken
+    when the lock may have freed): its head."""
+    return (next(iter(queue)),)
+
+
+def _soonest(holders: list[Holder]) -> float:
+    """Seconds until the first of ``holders`` expires (at least 1 ms)."""
+    if len(holders) == 1:
+        return max(holders[0].ttl_ms, 1) / 1000
+    return min((max(h.ttl_ms, 1) for h in holders), default=1) / 1000
+
+
+class WaitQueues:
+    """The queues of one lockd process and the rules that serve them (module docstring).
+
+    ``queues`` maps each lock name that has waiters to its queue; read it, do not change it.
+    ``may_be_free`` is the store's release listener and the local release hook."""
+
+    def __init__(self, store: Store) -> None:
+        self.queues: dict[str, Queue] = {}
+        self.closing = False
+        self._background: set[asyncio.Task[Any]] = set()
+        store.subscribe(self.may_be_free)
+
+    # --- acquiring ------------------------------------------------------------------------------
+
+    async def acquire(self, kind: Kind, waiter: Waiter, wait_ms: int) -> Any:
+        """``waiter``'s grant, asked of the store when the rules let it, waiting up to
+        ``wait_ms`` ms. Raises ``LockHeld`` (from ``kind``) and ``StoreUnavailable``.
+
+        One coroutine for the whole wait: each frame costs a queued request ~0.3 KB."""
+        if self.queued(waiter.locks):  # rule 2
+            if waiter.client_id:
+                retried = await self._retry(kind, waiter)
+                if retried is not None:
+                    return retried
+            if wait_ms == 0 or self.closing:
+                raise await kind.held_behind_queue(waiter.locks, False)
+        elif wait_ms == 0 or self.closing:  # rule 1
+            result = await kind.ask(waiter)
+            if isinstance(result, list):
+                raise kind.refused(result)
+            return result
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        queues = self.queues
+        for name in waiter.locks:  # rule 3: one step, so every queue agrees with arrival order
+            queues.setdefault(name, {})[waiter] = None
+        granted = None
+        try:
+            while True:
+                if self.closing:
+                    raise StoreUnavailable("lockd is shutting down; retry the acquire")
+                if not self._admitted_by_all(waiter):
+                    waiter.hint = None  # a hint is good only at the moment it is handed over
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise await kind.held_behind_queue(waiter.locks, True)
+                    waiter.turn = False  # set again by _leave when a waiter ahead goes
+                    await waiter.sleep("turn", remaining)
+                    continue
+                # Rule 4: admitted by every queue, the only local waiter for these locks that
+                # asks the store (unless the waiter granted before it said who holds them now).
+                holders = None if waiter.wake else waiter.hint
+                waiter.hint = None
+                if holders is None:
+                    waiter.wake = False
+                    result = await self._ask(kind, waiter)
+                    if not isinstance(result, list):
+                        granted = result
+                        return result
+                    holders = result
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise kind.refused(holders)
+                await waiter.sleep("wake", min(remaining, _soonest(holders)))
+        finally:
+            self._leave(kind, waiter, granted)
+
+    def queued(self, locks: Iterable[str]) -> bool:
+        """Whether any of ``locks`` has waiters queued here."""
+        queues = self.queues
+        return any(queues.get(name) for name in locks)
+
+    async def _retry(self, kind: Kind, waiter: Waiter) -> Any:
+        """With waiters queued: the live lease of ``waiter.client_id`` (a retried acquire)."""
+        result = await self._ask(kind, waiter)
+        if isinstance(result, list):
+            return None
+        if result.lease_id != waiter.lease_id or not self.queued(waiter.locks):
+            return result  # the same client's live lease, or nobody queued any more
+        # The locks were free for an instant during a handoff: they belong to the queues.
+        await self._release_quietly(kind, result)
+        return None
+
+    def _admitted_by_all(self, waiter: Waiter) -> bool:
+        """Whether every queue of ``waiter``'s set lets it ask the store (rule 4). A loop, not
+        ``all(...)``: a generator would keep a closure cell in every waiting frame."""
+        queues = self.queues
+        for name in waiter.locks:
+            if not _admits(queues[name], waiter):
+                return False
+        return True
+
+    def _leave(self, kind: Kind, waiter: Waiter, granted: Any) -> None:
+        """Take ``waiter`` out of every queue; promote the next of each it was admitted by,
+        handing it the new holder when ``waiter`` leaves with a grant (rule 5)."""
+        queues = self.queues
+        for name in waiter.locks:
+            queue = queues[name]
+            was_admitted = _admits(queue, waiter)
+            del queue[waiter]
+            if not queue:
+                del queues[name]
+                continue
+            if was_admitted:
+                hint = None if granted is None else [kind.holder(granted, name)]
+                for admitted in _admitted(queue):
+                    admitted.hint = hint
+                    admitted.set_turn()
+
+    # --- the store, shielded from disconnects (rule 6) -------------------------------------------
+
+    async def _ask(self, kind: Kind, waiter: Waiter) -> Any:
+        """``kind.ask`` that survives the caller's cancellation: a grant nobody will receive
+        (the client disconnected mid-call) is released instead of blocking its locks until its
+        TTL."""
+        task = asyncio.ensure_future(kind.ask(waiter))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(partial(self._orphaned, kind, waiter.lease_id))
+            raise
+
+    def _orphaned(self, kind: Kind, lease_id: str, task: asyncio.Future[Any]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        result = task.result()
+        if not isinstance(result, list) and result.lease_id == lease_id:
+            background = asyncio.ensure_future(self._release_quietly(kind, result))
+            self._background.add(background)
+            background.add_done_callback(self._background.discard)
+
+    @staticmethod
+    async def _release_quietly(kind: Kind, grant: Any) -> None:
+        try:
+            await kind.release(grant)
+        except LockdError as exc:
+            log.warning("could not release an unclaimed lease: %s", exc.detail)
+
+    # --- wake-ups -------------------------------------------------------------------------------
+
+    def may_be_free(self, name: str) -> None:
+        """Store listener and local hook: ``name`` may have just freed; wake whom its queue's
+        rule admits."""
+        queue = self.queues.get(name)
+        if queue:
+            for admitted in _admitted(queue):
+                admitted.set_wake()
+
+    def shutdown(self) -> None:
+        """Answer every queued request with 503 now; later ones only ask the store once."""
+        self.closing = True
+        for queue in list(self.queues.values()):
+            for waiter in queue:
+                waiter.set_turn()
+                waiter.set_wake()
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def owners(self, name: str) -> list[str]:
+        """The ``owner`` labels of the waiters queued for ``name``, in arrival order."""
+        return [waiter.owner for waiter in self.queues.get(name) or ()]
+
+    def count(self, name: str) -> int:
+        """How many waiters are queued for ``name``."""
+        return len(self.queues.get(name) or ())
+
+    def total(self) -> int:
+        """How many requests are queued, over all locks (a set queued on several counts once)."""
+        return len({waiter for queue in self.queues.values() for waiter in queue})
