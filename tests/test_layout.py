@@ -65,6 +65,7 @@ WALLS = [
      ("lockd.tokens", "lockd.common")),
     ("3 stores know no web or HTTP layer", "lockd/server/store", WEB + HTTP_LAYER, ()),
     ("4 service knows no web framework", "lockd/server/service.py", WEB, ()),
+    ("4 waiting knows no web framework", "lockd/server/waiting.py", WEB, ()),
     ("5 tokens import no service", "lockd/tokens.py",
      ("lockd.server", "lockd.client", "resource_proxy"), ()),
     ("5 common imports no service", "lockd/common",
