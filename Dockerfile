@@ -2,7 +2,7 @@
 #   docker build -t lockd .
 #   docker run --rm -p 7070:7070 lockd                      # lockd serve (embedded SQLite store)
 # docker-compose.yml runs the revived-holder demo against PostgreSQL with this image;
-# tests/demo/test_compose_real.py builds it and runs that demo for real.
+# tests/system/demo/test_compose_real.py builds it and runs that demo for real.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

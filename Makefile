@@ -15,12 +15,12 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 ## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
-## docker.io (dockerd 20.10, containerd, runc), docker-compose (1.29) and debootstrap: tests/demo
+## docker.io (dockerd 20.10, containerd, runc), docker-compose (1.29) and debootstrap: tests/system/demo
 ## validates docker-compose.yml offline and, as root, starts dockerd, makes stand-in base images
 ## from Debian packages when no registry is reachable, builds the image and runs the compose demo.
-## faketime (libfaketime) skews worker clocks in tests/chaos and make chaos.
-## chromium (headless) renders the status pages in tests/ops.
-## jq, sqlite3 and curl: the README's Quick start and console examples (tests/readme).
+## faketime (libfaketime) skews worker clocks in tests/system/chaos and make chaos.
+## chromium (headless) renders the status pages in tests/system/ops.
+## jq, sqlite3 and curl: the README's Quick start and console examples (tests/system/readme).
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io)
@@ -69,7 +69,7 @@ mutants: install
 test: install node-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-## Redocly's OpenAPI linter (pinned, from the npm registry; Node 20+), for tests/ops/test_openapi_lint.py.
+## Redocly's OpenAPI linter (pinned, from the npm registry; Node 20+), for tests/system/ops/test_openapi_lint.py.
 REDOCLY_VERSION := 2.77.0
 REDOCLY := .tools/redocly/node_modules/.bin/redocly
 node-deps: .tools/redocly/.installed-$(REDOCLY_VERSION)

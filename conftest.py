@@ -1,4 +1,4 @@
-"""Collects README.md's examples as tests (Sybil); see tests/readme/support.py for the rules."""
+"""Collects README.md's examples as tests (Sybil); see tests/system/readme/support.py for the rules."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sybil import Sybil
 
-from tests.readme.support import parsers, readme_servers
+from tests.system.readme.support import parsers, readme_servers
 
 
 @pytest.fixture(scope="module")

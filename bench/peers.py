@@ -36,7 +36,7 @@ from tests.support import (
     pg_available,
     sqlalchemy_url,
 )
-from tests.tls.servers import TLSProcess
+from tests.system.tls.servers import TLSProcess
 
 __all__ = [
     "Server",

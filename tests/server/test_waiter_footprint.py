@@ -1,0 +1,186 @@
+"""What a queued acquire holds in lockd: no task of its own (memory per waiter).
+
+A waiting acquire runs in its request's own task and learns of a client that went away from the
+connection itself (``lockd.common.serving.connections.DISCONNECT_WATCH``), not from a second task
+polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
+watch) a client that hangs up leaves the queue at once and the rest are served in order.
+Figures (bytes per waiter) are in bench/notes/waiters.md, not asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from lockd.common.serving.server import install_http_protocol
+from lockd.server.app import create_app
+from lockd.server.settings import Settings
+from tests.server.calls import acquire, release, state, wait_until
+from tests.support import free_port
+
+
+class _Served:
+    """``create_app`` under uvicorn in a thread; ``watch``: with lockd's HTTP protocol (as
+    ``lockd serve`` runs it), else uvicorn's plain one."""
+
+    def __init__(self, tmp_path: Path, watch: bool):
+        settings = Settings(store=f"sqlite:///{tmp_path}/w.db", key_dir=tmp_path / "keys",
+                            port=free_port())
+        self.app = create_app(settings)
+        self.url = f"http://127.0.0.1:{settings.port}"
+        self.port = settings.port
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port,
+                                log_config=None, access_log=False, lifespan="on")
+        if watch:
+            install_http_protocol(config, settings)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "did not start"
+            time.sleep(0.01)
+
+    def tasks(self) -> int:
+        """How many asyncio tasks the server's loop has now."""
+        loop = self.app.state.service.store._loop
+
+        async def count() -> int:
+            return len(asyncio.all_tasks())
+
+        return asyncio.run_coroutine_threadsafe(count(), loop).result(10)
+
+    def waiting_frames(self) -> list[list[str]]:
+        """For each task now inside ``WaitQueues.acquire``: its coroutines, outermost first."""
+        loop = self.app.state.service.store._loop
+
+        async def chains() -> list[list[str]]:
+            found = []
+            for task in asyncio.all_tasks():
+                chain, coro = [], task.get_coro()
+                while coro is not None and hasattr(coro, "cr_await"):
+                    chain.append(coro.__qualname__)
+                    coro = coro.cr_await
+                if "WaitQueues.acquire" in chain:
+                    found.append(chain)
+            return found
+
+        return asyncio.run_coroutine_threadsafe(chains(), loop).result(10)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+@pytest.fixture(params=[True, False], ids=["watch", "polling"])
+def served(request: pytest.FixtureRequest, tmp_path: Path):
+    server = _Served(tmp_path, request.param)
+    yield server
+    server.stop()
+
+
+def _send_acquire(port: int, name: str, owner: str) -> socket.socket:
+    """A waiting acquire on a raw connection (closing it is a client going away)."""
+    body = json.dumps({"ttl_ms": 10_000, "wait_ms": 60_000, "owner": owner}).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(f"POST /v1/locks/{name}/acquire HTTP/1.1\r\nHost: t\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                 .encode() + body)
+    return sock
+
+
+def _response(sock: socket.socket) -> dict:
+    sock.settimeout(20)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length")))
+    while len(rest) < length:
+        rest += sock.recv(65536)
+    return json.loads(rest[:length])
+
+
+def test_a_queued_acquire_has_no_task_of_its_own_and_leaves_when_its_client_hangs_up(served):
+    name = "footprint/one"
+    with httpx.Client(timeout=30) as http:
+        holder = acquire(http, served.url, name, owner="holder").json()
+        before = served.tasks()
+        socks = []
+        for i in range(5):
+            socks.append(_send_acquire(served.port, name, f"w{i}"))
+            wait_until(lambda i=i: state(http, served.url, name)["waiters"] == i + 1,
+                       what=f"waiter {i} queued")
+        extra = served.tasks() - before
+        if served.server.config.http != "auto":  # lockd's protocol: the request's task only
+            assert extra == 5, extra
+        else:  # plain uvicorn: the request's task, the work and a receive() watcher
+            assert extra == 15, extra
+        socks.pop(1).close()  # the second waiter hangs up
+        wait_until(lambda: state(http, served.url, name)["waiters"] == 4, timeout=2,
+                   what="the hung-up waiter removed")
+        assert state(http, served.url, name)["waiting_owners"] == ["w0", "w2", "w3", "w4"]
+        lease_id = holder["lease_id"]
+        for owner, sock in zip(["w0", "w2", "w3", "w4"], socks, strict=True):
+            assert release(http, served.url, name, lease_id).status_code == 200
+            lease = _response(sock)
+            assert lease["owner"] == owner
+            lease_id = lease["lease_id"]
+            sock.close()
+        assert release(http, served.url, name, lease_id).status_code == 200
+        wait_until(lambda: served.tasks() <= before, what="no task left behind")
+        assert state(http, served.url, name)["waiters"] == 0
+
+
+def test_requests_pipelined_behind_a_waiting_acquire_are_answered_in_order(served):
+    name = "footprint/pipelined"
+    with httpx.Client(timeout=30) as http:
+        holder = acquire(http, served.url, name, owner="holder").json()
+        body = json.dumps({"ttl_ms": 10_000, "wait_ms": 60_000, "owner": "piped"}).encode()
+        with socket.create_connection(("127.0.0.1", served.port)) as sock:
+            sock.sendall(f"POST /v1/locks/{name}/acquire HTTP/1.1\r\nHost: t\r\n"
+                         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                         .encode() + body
+                         + f"GET /v1/locks/{name} HTTP/1.1\r\nHost: t\r\n\r\n".encode()
+                         + b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+            assert release(http, served.url, name, holder["lease_id"]).status_code == 200
+            sock.settimeout(20)
+            data = b""
+            while data.count(b"HTTP/1.1 200") < 3:
+                chunk = sock.recv(65536)
+                assert chunk, data
+                data += chunk
+        first, second, third = data.split(b"HTTP/1.1 200")[1:]
+        assert b'"owner":"piped"' in first and b'"lease_id"' in first
+        assert b'"held":true' in second and b'"owner":"piped"' in second
+        assert b'"status":"ok"' in third
+
+
+def test_a_queued_acquire_waits_through_the_ops_middleware_only(served):
+    if served.server.config.http == "auto":
+        pytest.skip("plain uvicorn: the wait runs in a task of its own, without the middlewares")
+    name = "footprint/frames"
+    with httpx.Client(timeout=30) as http:
+        holder = acquire(http, served.url, name, owner="holder").json()
+        sock = _send_acquire(served.port, name, "w")
+        wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+        (chain,) = served.waiting_frames()
+        assert "RequestMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
+        skipped = {"Starlette.__call__", "ServerErrorMiddleware.__call__",
+                   "ExceptionTelemetryMiddleware.__call__", "AppBodyLimitMiddleware.__call__",
+                   "ExceptionMiddleware.__call__"}
+        assert not skipped & set(chain), chain
+        assert release(http, served.url, name, holder["lease_id"]).status_code == 200
+        assert _response(sock)["owner"] == "w"
+        sock.close()

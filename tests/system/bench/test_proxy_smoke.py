@@ -1,0 +1,33 @@
+"""Keeps section 5 (fenced single-row writes) from rotting: one short run on PostgreSQL with 2
+clients; every row, the ``--workers`` rows and the PostgreSQL-limit rows included, measured
+writes without errors (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_bench_section_5_proxy_rows_run_and_report(tmp_path: Path, pg_admin_dsn: str) -> None:
+    env = {**os.environ, "BENCH_ONLY": "5", "BENCH_PROXY_CLIENTS": "2", "BENCH_SECONDS": "0.5",
+           "BENCH_ROUNDS": "1", "BENCH_WARMUP": "0.2", "BENCH_OUT": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bench"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sections = json.loads((tmp_path / "latest.json").read_text())["sections"]
+    assert [s["key"] for s in sections] == ["G", "5"]  # issue 16's goals table comes first
+    section = sections[1]
+    goals = {row[0]: row for row in sections[0]["rows"]}
+    assert goals["§5 through the proxy (PUT, fenced) vs direct fenced, 2 clients"][2] == "≥ 0.6×"
+    names = [row[0] for row in section["rows"]]
+    assert section["key"] == "5" and len(names) == 10, names
+    for name, clients, rate, *_, errors in section["rows"]:
+        assert rate > 0 and errors == 0, (name, section["data"])
+        assert clients == (8 if name.startswith("PostgreSQL limit") else 2), name
+    assert sum("--workers" in n for n in names) == 2
+    assert sum(n.startswith("PostgreSQL limit") for n in names) == 2

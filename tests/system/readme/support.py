@@ -1,0 +1,201 @@
+"""The README's examples as tests: Sybil parsers, the servers they talk to, the port lock.
+
+The README's examples name lockd at ``http://127.0.0.1:7070`` and the proxy at
+``http://127.0.0.1:7071`` (the servers' defaults), so they run as written only against servers on
+those ports. Every test that binds them (the Sybil examples, the Quick start walk-through) first
+takes an exclusive ``flock`` on one file, so two pytest runs on one machine take turns instead of
+colliding.
+
+Conventions (also in the README's Development section):
+
+- ```python blocks run in order in one namespace per README;
+- ```console blocks: every line starting with ``$ `` runs in ``bash`` (cwd: a temporary
+  directory) and must exit 0; the other lines show output and are not compared;
+- ```yaml blocks are proxy policy files: the proxy's loader must accept them;
+- any other block, and a python/console block that cannot run here, must be preceded by
+  ``<!-- skip: next "illustrative" -->`` (Sybil's own skip directive; any reason text works):
+  an unmarked block of another language fails as "neither run nor marked illustrative".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from sybil import Example, Region
+from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
+from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
+
+from tests.support import PG_ADMIN_DSN, VENV_BIN, ServiceProcess, create_database, drop_database
+
+LOCKD_PORT, PROXY_PORT = 7070, 7071
+LOCKD_URL, PROXY_URL = f"http://127.0.0.1:{LOCKD_PORT}", f"http://127.0.0.1:{PROXY_PORT}"
+PORT_LOCK = Path(tempfile.gettempdir()) / "lockd-readme-ports.lock"
+RUN_LANGUAGES = ("python", "console", "yaml")
+ROOT = Path(__file__).resolve().parents[3]
+README = ROOT / "README.md"
+
+#: The policy and table the README's Python examples write through the proxy.
+README_POLICY = 'tables:\n  accounts: "accounts/{key}"\n'
+README_SCHEMA = ("CREATE TABLE accounts (id integer PRIMARY KEY, balance numeric(12, 2) NOT NULL);"
+                 "INSERT INTO accounts VALUES (7, 100.00);")
+
+
+@contextlib.contextmanager
+def readme_ports(timeout: float = 120.0) -> Iterator[None]:
+    """Hold 127.0.0.1:7070/7071 for this process: an exclusive flock, then wait for them free.
+
+    Raises ``TimeoutError`` naming the port if something outside these tests holds it.
+    """
+    with open(PORT_LOCK, "w") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another run holds {PORT_LOCK} for {timeout}s") from None
+                time.sleep(0.2)
+        for port in (LOCKD_PORT, PROXY_PORT):
+            while not _port_free(port):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"127.0.0.1:{port} stays in use: the README's examples need it")
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[dict[str, str]]:
+    """lockd (SQLite) on :7070 and the proxy on a fresh PostgreSQL database on :7071.
+
+    The database holds ``accounts`` (row 7, balance 100.00) under the policy
+    ``accounts/{key}``. Yields the environment the console examples run with.
+    """
+    dsn = create_database(admin_dsn, prefix="readme")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(README_SCHEMA)
+        policy = directory / "policy.yaml"
+        policy.write_text(README_POLICY)
+        url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+        with readme_ports():
+            lockd = ServiceProcess(
+                [str(VENV_BIN / "lockd"), "serve", "--store", f"sqlite:///{directory}/lockd.db",
+                 "--key-dir", str(directory / "keys")],
+                ready_url=f"{LOCKD_URL}/healthz", log_path=directory / "lockd.log")
+            proxy = ServiceProcess(
+                [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", url,
+                 "--lockd-url", LOCKD_URL, "--policy", str(policy)],
+                ready_url=f"{PROXY_URL}/healthz", log_path=directory / "proxy.log")
+            with lockd, proxy:
+                yield {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    finally:
+        drop_database(dsn, admin_dsn)
+
+
+def console_commands(source: str) -> list[str]:
+    """The ``$ `` lines of a console block, without the prompt; a line ending in ``\\`` goes on
+    on the next line, as in a shell."""
+    commands: list[str] = []
+    continued = False
+    for line in source.splitlines():
+        if continued:
+            commands[-1] += "\n" + line
+        elif line.startswith("$ "):
+            commands.append(line[2:])
+        else:
+            continue
+        continued = line.endswith("\\")
+    return commands
+
+
+class ConsoleEvaluator:
+    """Runs each ``$ `` line of a console block in one bash, in order; each must exit 0.
+
+    The environment and directory come from the ``readme_env`` fixture (in the namespace).
+    """
+
+    def __call__(self, example: Example) -> str | None:
+        env, cwd = example.namespace["readme_env"]
+        commands = console_commands(example.parsed)
+        if not commands:
+            return f"line {example.line}: a console block without a `$ ` command"
+        script = "".join(f"{cmd}\n__rc=$?; [ $__rc -eq 0 ] || {{ echo \"exit $__rc: \"{_quote(cmd)} >&2; exit 1; }}\n"
+                         for cmd in commands)
+        done = subprocess.run(["bash", "-c", script], cwd=cwd, env={**os.environ, **env},
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            return (f"README line {example.line}: {done.stderr.strip()}\n"
+                    f"stdout:\n{done.stdout}")
+        return None
+
+
+def evaluate_policy(example: Example) -> str | None:
+    """A ``yaml`` block is a proxy policy file: the proxy's own loader must accept it."""
+    from resource_proxy.policy import PolicyError, load_policy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.yaml"
+        path.write_text(str(example.parsed))
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            return f"README line {example.line}: the policy is refused: {exc}"
+    return None if policy.tables else f"README line {example.line}: a policy with no table"
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+class UnmarkedBlockParser:
+    """Every fenced block of a language not run here: fails unless a skip marks it illustrative."""
+
+    lexer = RawFencedCodeBlockLexer(
+        info_pattern=re.compile(r"(?P<language>[^\n]*)$\n", re.MULTILINE),
+        mapping={"language": "language", "source": "source"})
+
+    def __call__(self, document) -> Iterator[Region]:
+        for region in self.lexer(document):
+            if region.lexemes["language"].strip() in RUN_LANGUAGES:
+                continue
+            region.parsed = region.lexemes["language"].strip() or "(no language)"
+            region.evaluator = self.evaluate
+            yield region
+
+    @staticmethod
+    def evaluate(example: Example) -> str:
+        return (f"README line {example.line}: a ```{example.parsed} block is neither run nor marked "
+                'illustrative: precede it with <!-- skip: next "illustrative" --> '
+                "(see the README's Development section)")
+
+
+def parsers() -> list:
+    """The Sybil parsers for README.md, in the order above."""
+    return [SkipParser(), PythonCodeBlockParser(),
+            CodeBlockParser(language="console", evaluator=ConsoleEvaluator()),
+            CodeBlockParser(language="yaml", evaluator=evaluate_policy),
+            UnmarkedBlockParser()]
