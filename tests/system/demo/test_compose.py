@@ -26,8 +26,8 @@ import yaml
 from setuptools import find_packages
 
 from tests.conftest import require
-from tests.system.demo.demo_support import assert_story, marked_processes, run_demo
 from tests.support import VENV_BIN, ServiceProcess, free_port
+from tests.system.demo.demo_support import assert_story, marked_processes, run_demo
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "docker-compose.yml"

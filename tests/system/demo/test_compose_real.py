@@ -31,9 +31,14 @@ import httpx
 import pytest
 
 from tests.conftest import IN_CI
-from tests.system.demo import docker_support
-from tests.system.demo.docker_support import Dockerd, DockerMissing, DockerUnavailable, ensure_dockerd
 from tests.support import wait_for
+from tests.system.demo import docker_support
+from tests.system.demo.docker_support import (
+    Dockerd,
+    DockerMissing,
+    DockerUnavailable,
+    ensure_dockerd,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "docker-compose.yml"

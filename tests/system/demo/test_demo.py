@@ -11,7 +11,6 @@ import time
 import pytest
 
 from lockd.demo.table import create_table
-from tests.system.demo.demo_support import assert_story, marked_processes, run_demo, start_demo
 from tests.support import (
     VENV_BIN,
     ServiceProcess,
@@ -20,6 +19,7 @@ from tests.support import (
     free_port,
     sqlalchemy_url,
 )
+from tests.system.demo.demo_support import assert_story, marked_processes, run_demo, start_demo
 
 
 def test_embedded_demo_tells_the_whole_story(tmp_path):

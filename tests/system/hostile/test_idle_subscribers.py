@@ -17,8 +17,8 @@ import httpx
 
 from tests.server.calls import assert_problem
 from tests.server.conftest import LockdServer
-from tests.system.ops.conftest import scrape
 from tests.support import free_port, wait_for
+from tests.system.ops.conftest import scrape
 
 SUBSCRIBERS = 300
 CYCLES = 1000

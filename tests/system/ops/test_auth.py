@@ -16,8 +16,8 @@ from lockd.client.errors import PermissionDenied
 from lockd.client.fenced import FencedSession
 from lockd.common.keys import KeySet
 from lockd.common.logs import redact
-from tests.system.ops.conftest import scrape
 from tests.support import VENV_BIN
+from tests.system.ops.conftest import scrape
 
 CLIENT_KEY = "client-key-Zq81xk2PmuT"
 ADMIN_KEY = "admin-key-N3vr4Jw0bcQe"

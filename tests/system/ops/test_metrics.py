@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.system.ops.conftest import scrape
 from tests.support import wait_for
+from tests.system.ops.conftest import scrape
 
 HOLDER = """
 import sys, time

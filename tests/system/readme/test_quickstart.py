@@ -20,7 +20,14 @@ from pathlib import Path
 from sybil import Document
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
-from tests.system.readme.support import LOCKD_URL, PROXY_URL, README, ROOT, console_commands, readme_ports
+from tests.system.readme.support import (
+    LOCKD_URL,
+    PROXY_URL,
+    README,
+    ROOT,
+    console_commands,
+    readme_ports,
+)
 
 READY = {"lockd serve": LOCKD_URL, "resource-proxy serve": PROXY_URL}
 

@@ -15,8 +15,8 @@ import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Grant, Holder
-from tests.server.store.etcd.helpers import acquire, opened, watching
 from tests.etcd_support import EtcdCluster
+from tests.server.store.etcd.helpers import acquire, opened, watching
 
 pytestmark = pytest.mark.slow
 
