@@ -137,6 +137,22 @@ def _ancestors(rels: dict[str, Relation], name: str) -> list[str]:
     return out
 
 
+def _refuse_keys(catalog: dict, policy: Policy, roots: list[str]) -> None:
+    """``DbFencingError`` for a template placeholder whose key type the database cannot bind
+    (checked before the policy's own rules, so the line names the type)."""
+    for name in roots:
+        entry = policy.tables.get(name)
+        if entry is None or entry.template is None:
+            continue
+        table = catalog[name]
+        for var in entry.template.variables:
+            for column in (table.primary_key if var == "key" else (var,)):
+                if column in table.columns and column in table.primary_key:
+                    reason = refusal(table.columns[column])
+                    if reason is not None:
+                        raise DbFencingError(f"table {name!r}: {reason}")
+
+
 def plan(engine: sa.Engine, policy: Policy | None = None,
          tables: Sequence[str] | None = None) -> list[Protected]:
     """The protected tables of ``policy`` (default: table T under lock T) over ``tables``
@@ -177,6 +193,7 @@ def plan(engine: sa.Engine, policy: Policy | None = None,
                 "name it as a table of its own")
     try:
         catalog = reflect(engine, roots, ())
+        _refuse_keys(catalog, policy, roots)
         binding = Policy({n: e for n, e in policy.tables.items() if n in roots}).bind(catalog)
     except (PolicyError, ValueError) as exc:
         raise DbFencingError(str(exc)) from exc
