@@ -116,8 +116,10 @@ def _ensure_fence_table(conn: sa.Connection, report: InstallReport) -> None:
     elif exists is None:
         _ddl(conn, sql.SCHEMA_DDL[1])
         report.changed.append("table fencing.fences")
-    for grant in sql.GRANTS:
-        _ddl(conn, grant)
+    for granted, grant in sql.GRANTS:
+        if not conn.exec_driver_sql(granted).scalar():
+            _ddl(conn, grant)
+            report.changed.append(grant)
 
 
 def install(engine: sa.Engine, policy: Policy | None = None, tables: Sequence[str] | None = None,

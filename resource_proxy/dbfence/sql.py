@@ -220,9 +220,15 @@ SCHEMA_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
     f"CREATE TABLE IF NOT EXISTS {FENCES} (lock text PRIMARY KEY, highest bigint NOT NULL)",
 ]
+# (whether PUBLIC already has it, the grant): GRANT rewrites the catalog row even when nothing
+# changes, so install asks first.
 GRANTS = [
-    f"GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC",
-    f"GRANT SELECT ON {FENCES} TO PUBLIC",
+    ("SELECT EXISTS (SELECT 1 FROM pg_namespace, aclexplode(nspacl) a WHERE nspname = 'fencing'"
+     " AND a.grantee = 0 AND a.privilege_type = 'USAGE')",
+     f"GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC"),
+    ("SELECT EXISTS (SELECT 1 FROM aclexplode((SELECT relacl FROM pg_class WHERE oid ="
+     " 'fencing.fences'::regclass)) a WHERE a.grantee = 0 AND a.privilege_type = 'SELECT')",
+     f"GRANT SELECT ON {FENCES} TO PUBLIC"),
 ]
 
 # (function signature, CREATE text) for every fixed function, in creation order.
