@@ -6,6 +6,8 @@ Names (schema ``fencing``)::
     fences(lock text PRIMARY KEY, highest bigint)   the ONE fence table (shared with the proxy)
     claim(lock, fence) -> highest                   raise or keep the highest; LF001 if stale
     try_claim(lock, fence) -> highest               the same, never raises (the proxy's 409 path)
+    try_claim_many(locks[], fences[]) -> (lock, highest) rows: try_claim of each, in COLLATE "C"
+                                                    order (concurrent batches never deadlock)
     claimed(lock) -> boolean                        whether this transaction holds a claim on lock
     escape(text) -> text                            canonical.encode: the lock-name alphabet
     key_int/_numeric/_float8/_uuid/_bool/_timestamp/_timestamptz/_date/_time/_bytea(v) -> text
@@ -109,6 +111,24 @@ def _claim(fn: str, stale: str) -> str:
             "LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"
             f"AS $fn$\n#variable_conflict use_column\n{body}\n$fn$")
 
+
+_TRY_CLAIM_MANY = """CREATE OR REPLACE FUNCTION fencing.try_claim_many(locks text[], fences bigint[])
+RETURNS TABLE (lock text, highest bigint)
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    IF cardinality(locks) IS DISTINCT FROM cardinality(fences) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'fencing.try_claim_many: locks and fences differ in length';
+    END IF;
+    FOR lock, highest IN
+        SELECT u.l, u.f FROM unnest(locks, fences) AS u(l, f) ORDER BY u.l COLLATE "C"
+    LOOP
+        highest := fencing.try_claim(lock, highest);
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$"""
 
 _ESCAPE = r"""CREATE OR REPLACE FUNCTION fencing.escape(t text) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
@@ -238,6 +258,7 @@ BASE: list[tuple[str, str]] = [
       for name, (arg, _) in KEY_FUNCTIONS.items()],
     ("fencing.claim(text,bigint)", _claim("claim", _RAISE_STALE)),
     ("fencing.try_claim(text,bigint)", _claim("try_claim", "RETURN h;")),
+    ("fencing.try_claim_many(text[],bigint[])", _TRY_CLAIM_MANY),
     ("fencing.claimed(text)", _CLAIMED),
     ("fencing.refuse(text,text,text)", _REFUSE),
 ]

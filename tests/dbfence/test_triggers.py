@@ -172,3 +172,30 @@ def test_a_key_too_long_for_a_lock_name_is_refused(db):
     with db.connect() as conn:
         error = refused(conn, "INSERT INTO t VALUES (repeat('é', 100))")
         assert error.sqlstate == "LF002" and "cannot be bound to a lock name" in str(error)
+
+
+def test_the_proxys_gated_update_and_delete_and_its_batch_claim(accounts):
+    def gated(write: str) -> str:
+        return (f"WITH fence AS ({PROXY_TRY_CLAIM}), w AS ({write} AND EXISTS (SELECT 1 FROM "
+                "fence WHERE highest = %(fence)s::bigint) RETURNING 1) "
+                "SELECT (SELECT highest FROM fence), (SELECT count(*) FROM w)")
+    with accounts.connect(autocommit=True) as conn:
+        conn.execute("SELECT fencing.claim('acc/30', 2)")
+        with conn.transaction():
+            conn.execute("SELECT fencing.claim('acc/30', 2)")
+            conn.execute("INSERT INTO acc VALUES (30, 'a')")
+        update = gated("UPDATE acc SET v = 'b' WHERE id = %(id)s")
+        assert conn.execute(update, {"lock": "acc/30", "fence": 2, "id": 30}).fetchone() == (2, 1)
+        assert conn.execute(update, {"lock": "acc/30", "fence": 1, "id": 30}).fetchone() == (2, 0)
+        delete = gated("DELETE FROM acc WHERE id = %(id)s")
+        assert conn.execute(delete, {"lock": "acc/30", "fence": 3, "id": 30}).fetchone() == (3, 1)
+        with conn.transaction():
+            rows = conn.execute("SELECT * FROM fencing.try_claim_many(%s, %s)",
+                                (["acc/32", "acc/31", "line/9"], [5, 5, 1])).fetchall()
+            assert rows == [("acc/31", 5), ("acc/32", 5), ("line/9", 1)]
+            conn.execute("INSERT INTO acc VALUES (31, 'x'), (32, 'y')")
+        with conn.transaction():
+            rows = conn.execute("SELECT * FROM fencing.try_claim_many(%s, %s)",
+                                (["acc/31", "acc/32"], [5, 4])).fetchall()
+            assert rows == [("acc/31", 5), ("acc/32", 5)]
+            assert conn.execute("SELECT fencing.claimed('acc/32')").fetchone() == (False,)
