@@ -14,9 +14,6 @@ from resource_proxy.tables import Column, Kind
 
 __all__ = ["refusal", "key_expression"]
 
-_FLOAT = ("PostgreSQL's shortest float text is not always Python's repr (4.3374900492107776e+16 "
-          "vs 4.337490049210778e+16 for one double), so the two could name one row differently")
-
 # PostgreSQL type (format_type without modifiers) -> why a key of that type is refused.
 _REFUSED = {
     "time with time zone": "a value without an offset takes the session's TimeZone (and its "
@@ -24,8 +21,6 @@ _REFUSED = {
     '"char"': "PostgreSQL keeps only the first byte, so 'ab' and 'a' are one stored row",
     "name": "PostgreSQL truncates it to 63 bytes, so two longer spellings are one stored row",
     "character": "char(n) pads with spaces and compares ignoring them",
-    "real": _FLOAT,
-    "double precision": _FLOAT,
 }
 
 _SIMPLE = {

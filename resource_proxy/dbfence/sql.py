@@ -24,7 +24,7 @@ SAVEPOINT undo it together with the fence row they raised.
 
 Every function text is session-independent: dates and times go through ``to_char`` with fixed
 formats (never DateStyle or TimeZone), floats through ``extra_float_digits = 1`` set on the
-function (shortest exact text, as Python's ``repr``).
+function, shortened to Python's ``repr`` where PostgreSQL's text is one digit longer.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ KEY_FUNCTIONS: dict[str, tuple[str, str]] = {
     # name: (argument type, body returning text)
     "key_int": ("bigint", "SELECT v::text"),
     "key_numeric": ("numeric", "SELECT trim_scale(v)::text"),
-    "key_float8": ("double precision", "SELECT trim_scale(v::text::numeric)::text"),
+    "key_float8": ("double precision", ""),  # plpgsql: _KEY_FLOAT8
     "key_uuid": ("uuid", "SELECT v::text"),
     "key_bool": ("boolean", "SELECT CASE WHEN v THEN 'true' ELSE 'false' END"),
     "key_timestamp": ("timestamp without time zone", """SELECT CASE WHEN NOT isfinite(v) THEN v::text
@@ -168,13 +168,54 @@ KEY_FUNCTIONS: dict[str, tuple[str, str]] = {
                  ELSE '.' || to_char(timestamp '2000-01-01' + v, 'US') END END"""),
     "key_bytea": ("bytea", "SELECT encode(v, 'hex')"),
 }
-_FLOAT_SETTINGS = {"key_float8": " SET extra_float_digits = 1"}
+
+# Python's repr is the shortest decimal that reads back as the same double, the closest one if
+# several; PostgreSQL's shortest text (extra_float_digits > 0) is sometimes one digit longer
+# (4.3374900492107776e+16 where repr says 4.337490049210778e+16). So: start from PostgreSQL's
+# text and round to one significant digit fewer while the double reads back unchanged.
+_KEY_FLOAT8 = """CREATE OR REPLACE FUNCTION fencing.key_float8(v double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET extra_float_digits = 1
+AS $fn$
+DECLARE
+    exact numeric;
+    best numeric;
+    shorter numeric;
+    t text;
+    digits int;
+    magnitude int;
+BEGIN
+    IF v = 'NaN'::float8 OR v = 'Infinity'::float8 OR v = '-Infinity'::float8 THEN
+        RETURN v::text;
+    END IF;
+    IF v = 0 THEN
+        RETURN '0';
+    END IF;
+    exact := trim_scale(v::text::numeric);
+    best := exact;
+    t := abs(best)::text;
+    IF abs(best) >= 1 THEN
+        magnitude := length(trunc(abs(best))::text) - 1;
+    ELSE
+        magnitude := -(length(substr(t, 3)) - length(ltrim(substr(t, 3), '0')) + 1);
+    END IF;
+    digits := length(rtrim(ltrim(replace(t, '.', ''), '0'), '0'));
+    WHILE digits > 1 LOOP
+        digits := digits - 1;
+        shorter := round(exact, digits - 1 - magnitude);
+        EXIT WHEN shorter::float8 <> v;
+        best := shorter;
+    END LOOP;
+    RETURN trim_scale(best)::text;
+END
+$fn$"""
 
 
 def _key_function(name: str) -> str:
+    if name == "key_float8":
+        return _KEY_FLOAT8
     arg, body = KEY_FUNCTIONS[name]
     return (f"CREATE OR REPLACE FUNCTION fencing.{name}(v {arg}) RETURNS text\n"
-            f"LANGUAGE sql STABLE STRICT PARALLEL SAFE{_FLOAT_SETTINGS.get(name, '')}\n"
+            "LANGUAGE sql STABLE STRICT PARALLEL SAFE\n"
             f"AS $fn$\n{body}\n$fn$")
 
 

@@ -48,6 +48,14 @@ def _decimal_spellings(max_abs: int, places: int) -> st.SearchStrategy:
     return st.one_of(d, d.map(str), d.map(lambda v: f"{v:E}"), d.map(lambda v: f"{v}000"))
 
 
+def _float_spellings() -> st.SearchStrategy:
+    f = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e30, max_value=1e30)
+    tiny = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e-30, max_value=1e-30)
+    return st.one_of(f.map(lambda v: Decimal(repr(v))), f.map(repr), f.map(lambda v: f"{v:.20e}"),
+                     st.integers(-10**6, 10**6), f.map(lambda v: Decimal(f"{v:.3f}")),
+                     tiny.map(repr), st.integers(-2**60, 2**60).map(lambda n: Decimal(n * 8)))
+
+
 def _moment_spellings() -> st.SearchStrategy:
     aware = st.tuples(_MOMENTS, _OFFSETS).map(lambda p: p[0].replace(tzinfo=p[1]))
     return st.one_of(_MOMENTS.map(datetime.isoformat), aware.map(datetime.isoformat),
@@ -71,6 +79,8 @@ KINDS = {
     "k_bigint": ("bigint", _int_spellings(64)),
     "k_numeric": ("numeric", _decimal_spellings(10**12, 6)),
     "k_numeric_s": ("numeric(12,2)", _decimal_spellings(10**9, 5)),
+    "k_real": ("real", _float_spellings()),
+    "k_double": ("double precision", _float_spellings()),
     "k_uuid": ("uuid", st.uuids().flatmap(lambda u: st.sampled_from(
         [str(u), str(u).upper(), u.hex, "{" + str(u) + "}", "urn:uuid:" + str(u)]))),
     "k_bool": ("boolean", st.sampled_from([True, False, "true", "FALSE", "True"])),
@@ -150,6 +160,9 @@ def test_known_disagreements_are_closed(diffdb):
              ("k_ts", "0999-01-02T03:04:05", "k/09990102T030405Z"),
              ("k_tstz", "2024-05-01T14:00:00+02:00", "k/20240501T120000Z"),
              ("k_numeric_s", "1.005", "k/1.01"),
+             ("k_real", "0.1", "k/0.10000000149011612"),
+             ("k_real", "4.337489834462413E+16", "k/43374900492107780"),
+             ("k_double", "-0.0", "k/0"), ("k_double", "1e22", "k/10000000000000000000000"),
              ("k_text", ".a b/é", "k/:2Ea:20b:2F:C3:A9")]
     for table, spelling, expected in cases:
         column = catalog[table].columns["k"]
