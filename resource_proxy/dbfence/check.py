@@ -6,6 +6,8 @@ partitions and inheritance children they govern):
 
 - ``missing``: a relation without the row trigger or the TRUNCATE trigger, or with the trigger
   of another template (the policy changed since install), or a fence schema not installed;
+- ``later``: a BEFORE ROW trigger of the user's that fires after ours (trigger names sort in
+  C order) and could change the row after it was checked;
 - ``disabled``: a trigger not enabled ALWAYS (``D`` disabled; ``O``/``R`` would be skipped under
   one value of ``session_replication_role``);
 - ``bypass``: roles that can get past the triggers: superusers; members of a table's owner role
@@ -45,15 +47,17 @@ class CheckReport:
     disabled: list[str] = field(default_factory=list)
     bypass: list[str] = field(default_factory=list)
     tables: dict[str, str] = field(default_factory=dict)
+    later: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.disabled
+        return not self.missing and not self.disabled and not self.later
 
     def lines(self) -> list[str]:
         out = [f"protected: {t} under lock {tpl!r}" for t, tpl in self.tables.items()]
         out += [f"MISSING: {line}" for line in self.missing]
         out += [f"DISABLED: {line}" for line in self.disabled]
+        out += [f"AFTER THE CHECK: {line}" for line in self.later]
         out += [f"can bypass: {line}" for line in self.bypass]
         return out
 
@@ -62,6 +66,15 @@ _TRIGGERS = """
 SELECT c.relname, t.tgname, t.tgfoid::regprocedure::text, t.tgenabled::text
 FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = current_schema() AND t.tgname IN (%(a)s, %(b)s)"""
+
+# BEFORE ROW INSERT/UPDATE triggers (tgtype bits: ROW 1, BEFORE 2, INSERT 4, UPDATE 16) that
+# fire after ours (names in C order): they may change NEW after the fence check.
+_LATER = """
+SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relname = ANY(%(rels)s) AND NOT t.tgisinternal
+  AND t.tgtype & 3 = 3 AND t.tgtype & 20 <> 0 AND t.tgenabled <> 'D'
+  AND t.tgname COLLATE "C" > %(ours)s COLLATE "C" ORDER BY 1, 2"""
 
 _ROLES = """
 SELECT r.rolname, r.rolsuper,
@@ -118,6 +131,10 @@ def check(engine: sa.Engine, policy: Policy | None = None,
                     state = {"D": "disabled", "O": "enabled only outside replica mode",
                              "R": "enabled only in replica mode"}.get(found[1], found[1])
                     report.disabled.append(f"{what}: trigger {name} is {state}")
+        for relation, name in conn.exec_driver_sql(
+                _LATER, {"rels": sorted(set(relations)), "ours": sql.TRIGGER}):
+            report.later.append(f"table {relation!r}: trigger {name!r} (BEFORE ROW) fires after "
+                                f"{sql.TRIGGER} and may change the row after the fence check")
         report.bypass.extend(_bypass(conn, sorted(set(relations)), installed))
     return report
 

@@ -153,6 +153,28 @@ def _refuse_keys(catalog: dict, policy: Policy, roots: list[str]) -> None:
                         raise DbFencingError(f"table {name!r}: {reason}")
 
 
+def _refuse_generated(engine: sa.Engine, catalog: dict, policy: Policy, roots: list[str]) -> None:
+    """``DbFencingError`` for a template placeholder on a stored generated column: a BEFORE
+    trigger sees it as NULL (PostgreSQL computes it after the BEFORE triggers)."""
+    with engine.connect() as conn:
+        generated = {(r[0], r[1]) for r in conn.exec_driver_sql(
+            "SELECT c.relname, a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = current_schema()"
+            " AND a.attgenerated <> '' AND c.relname = ANY(%(t)s)", {"t": roots})}
+    for name in roots:
+        entry = policy.tables.get(name)
+        if entry is None or entry.template is None:
+            continue
+        pk = catalog[name].primary_key
+        for var in entry.template.variables:
+            for column in (pk if var == "key" else (var,)):
+                if (name, column) in generated:
+                    raise DbFencingError(
+                        f"table {name!r}: key column {column!r} is a generated column, which "
+                        "the row trigger cannot see (PostgreSQL computes it after BEFORE "
+                        "triggers); use a literal lock or a stored key")
+
+
 def plan(engine: sa.Engine, policy: Policy | None = None,
          tables: Sequence[str] | None = None) -> list[Protected]:
     """The protected tables of ``policy`` (default: table T under lock T) over ``tables``
@@ -177,13 +199,17 @@ def plan(engine: sa.Engine, policy: Policy | None = None,
                 f"table {name!r} is a partition of {rel.partition_root!r}: its rows are governed "
                 f"by the root's lock template whatever name a write uses; name "
                 f"{rel.partition_root!r} in the policy instead")
-    if tables is None:
-        roots = [n for n, r in sorted(rels.items())
-                 if r.partition_root is None and not r.parents]
-        roots += [n for n in policy.tables if n in rels and n not in roots]
+    def unfenced(name: str) -> bool:
+        return bool(policy.tables.get(name) and policy.tables[name].unfenced)
+
+    if tables is None:  # children of a protected ancestor are governed by it, not roots
+        candidates = [n for n, r in sorted(rels.items())
+                      if r.partition_root is None and not unfenced(n)]
+        roots = [n for n in candidates
+                 if not any(a in candidates for a in _ancestors(rels, n))]
+        roots += [n for n in policy.tables if n in rels and n not in roots and not unfenced(n)]
     else:
-        roots = list(dict.fromkeys(tables))
-    roots = [n for n in roots if not (policy.tables.get(n) and policy.tables[n].unfenced)]
+        roots = [n for n in dict.fromkeys(tables) if not unfenced(n)]
     for name in roots:
         above = [a for a in _ancestors(rels, name) if a in roots]
         if above:
@@ -194,6 +220,7 @@ def plan(engine: sa.Engine, policy: Policy | None = None,
     try:
         catalog = reflect(engine, roots, ())
         _refuse_keys(catalog, policy, roots)
+        _refuse_generated(engine, catalog, policy, roots)
         binding = Policy({n: e for n, e in policy.tables.items() if n in roots}).bind(catalog)
     except (PolicyError, ValueError) as exc:
         raise DbFencingError(str(exc)) from exc

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from resource_proxy.dbfence import check, install, uninstall
+from resource_proxy.dbfence import DbFencingError, check, install, uninstall
 from resource_proxy.fencing import create_fence_table
+from resource_proxy.policy import Policy, TablePolicy
 from tests.dbfence.conftest import policy
 from tests.dbfence.test_triggers import refused
 
@@ -137,3 +138,39 @@ def test_check_reports_missing_and_disabled_triggers_and_who_can_bypass(schema):
         assert check(schema.engine, policy(POLICY)).ok
     finally:
         schema.run("DROP OWNED BY dbfence_trig", "DROP ROLE dbfence_trig")
+
+
+def test_check_reports_a_before_trigger_that_fires_after_the_fence_check(schema):
+    install(schema.engine, policy(POLICY))
+    schema.run("CREATE FUNCTION bump() RETURNS trigger LANGUAGE plpgsql AS "
+               "$$ BEGIN NEW.id := NEW.id + 1; RETURN NEW; END $$",
+               "CREATE TRIGGER zzz_bump BEFORE INSERT ON acc FOR EACH ROW EXECUTE FUNCTION bump()",
+               "CREATE TRIGGER aaa_fine BEFORE INSERT ON acc FOR EACH ROW EXECUTE FUNCTION bump()")
+    report = check(schema.engine, policy(POLICY))
+    assert not report.ok
+    assert report.later == ["table 'acc': trigger 'zzz_bump' (BEFORE ROW) fires after "
+                            "zz_fencing_guard and may change the row after the fence check"]
+
+
+def test_a_generated_key_column_is_refused(db):
+    db.run("CREATE TABLE g (a int NOT NULL, b int GENERATED ALWAYS AS (a * 2) STORED,"
+           " PRIMARY KEY (b))")
+    with pytest.raises(DbFencingError, match="generated column"):
+        install(db.engine, policy({"g": "g/{b}"}))
+
+
+def test_a_child_of_an_unfenced_parent_is_a_table_of_its_own(db):
+    db.run("CREATE TABLE parent (id int PRIMARY KEY)", "CREATE TABLE child () INHERITS (parent)")
+    report = install(db.engine, Policy({"parent": TablePolicy(unfenced=True)}))
+    assert list(report.tables) == ["child"]
+
+
+def test_upsert_needs_the_lock_of_the_row_it_updates(schema):
+    install(schema.engine, policy(POLICY))
+    with schema.connect() as conn:
+        conn.execute("SELECT fencing.claim('acc/1', 1)")
+        conn.execute("INSERT INTO acc VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET v = 'b'")
+        conn.execute("INSERT INTO acc VALUES (1, 'a') ON CONFLICT (id) DO UPDATE SET v = 'b'")
+        conn.commit()
+        error = refused(conn, "INSERT INTO acc VALUES (1, 'c') ON CONFLICT (id) DO UPDATE SET v = 'c'")
+        assert 'lock "acc/1"' in str(error)
