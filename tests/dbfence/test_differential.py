@@ -125,7 +125,7 @@ def test_python_and_trigger_agree_on_every_spelling(diffdb, table):
     column = catalog[table].columns["k"]
     cast = column.cast
 
-    @settings(max_examples=100, deadline=None, derandomize=False,
+    @settings(max_examples=300, deadline=None, derandomize=False,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
     @given(KINDS[table][1])
     def agree(spelling):
