@@ -2,7 +2,7 @@
 
 Each supported kind maps to one ``fencing.key_*`` function (``sql.KEY_FUNCTIONS``) that produces,
 from the value PostgreSQL STORED, exactly what ``canonical.key_part`` produces in Python (the
-differential test in tests/dbfence proves it on generated spellings). Types where PostgreSQL
+differential test in tests/proxy/dbfence proves it on generated spellings). Types where PostgreSQL
 stores something other than the client spelled and Python cannot follow are refused
 (``refusal``): the proxy calls it at start and ``install`` before touching the database.
 """

@@ -10,8 +10,8 @@ import pytest
 from resource_proxy.canonical import key_part
 from resource_proxy.dbfence import DbFencingError, install, refusal
 from resource_proxy.tables import coerce, reflect
-from tests.dbfence.conftest import policy
-from tests.dbfence.test_triggers import refused
+from tests.proxy.dbfence.conftest import policy
+from tests.proxy.dbfence.test_triggers import refused
 
 
 def test_time_offsets_name_the_stored_row(db):

@@ -10,7 +10,7 @@ import pytest
 
 from resource_proxy.dbfence import DbFencingError, install
 from resource_proxy.dbfence.sql import PROXY_TRY_CLAIM
-from tests.dbfence.conftest import policy
+from tests.proxy.dbfence.conftest import policy
 
 
 def refused(conn: psycopg.Connection, statement: str, params=None) -> psycopg.Error:

@@ -9,8 +9,8 @@ import sqlalchemy as sa
 from resource_proxy.dbfence import DbFencingError, check, install, uninstall
 from resource_proxy.fencing import create_fence_table
 from resource_proxy.policy import Policy, TablePolicy
-from tests.dbfence.conftest import policy
-from tests.dbfence.test_triggers import refused
+from tests.proxy.dbfence.conftest import policy
+from tests.proxy.dbfence.test_triggers import refused
 
 CATALOG = """
 SELECT 'proc', p.oid::bigint, p.oid::regprocedure::text, md5(p.prosrc),

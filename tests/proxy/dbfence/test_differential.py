@@ -27,7 +27,7 @@ from resource_proxy.dbfence import install
 from resource_proxy.errors import InvalidRequest
 from resource_proxy.store.sql import POSTGRES
 from resource_proxy.tables import coerce, reflect
-from tests.dbfence.conftest import policy
+from tests.proxy.dbfence.conftest import policy
 from tests.support import create_database, drop_database, sqlalchemy_url
 
 # table -> (key type, spellings a client may send)

@@ -11,7 +11,7 @@ import time
 import psycopg
 
 from resource_proxy.dbfence import install
-from tests.dbfence.conftest import policy
+from tests.proxy.dbfence.conftest import policy
 
 
 def test_concurrent_claimers_cannot_commit_a_lower_fence_after_a_higher_one(db):
