@@ -214,7 +214,7 @@ async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Cla
     return claims
 
 
-def in_lock_order(claims: tokens.Claims) -> list[tuple[str, int]]:
+def _in_lock_order(claims: tokens.Claims) -> list[tuple[str, int]]:
     """``(lock, fence)`` of every lock of ``claims``, sorted by name (the order of the claims)."""
     return sorted(claims.locks.items())
 
@@ -368,7 +368,7 @@ def fenced_transaction(conn: Any, lease: Any, *,
                 fairy = _sa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for lock, fence in in_lock_order(claims):
+            for lock, fence in _in_lock_order(claims):
                 claiming.now = (lock, fence)
                 _claim(kind, conn, lock, fence)
             claiming.now = None
@@ -398,7 +398,7 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
                 fairy = await _asa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for lock, fence in in_lock_order(claims):
+            for lock, fence in _in_lock_order(claims):
                 claiming.now = (lock, fence)
                 await _aclaim(kind, conn, lock, fence)
             claiming.now = None

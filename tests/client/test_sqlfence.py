@@ -422,3 +422,26 @@ def test_the_wrong_flavour_of_connection_is_a_type_error(dsn, client, name):
 async def _enter_async(conn, lease):
     async with async_fenced_transaction(conn, lease):
         pass
+
+
+def test_a_trigger_refusal_at_the_async_sessions_flush_is_lock_not_claimed(dsn, shared_lockd):
+    mine, other = account_lock(dsn, 1), account_lock(dsn, 2)
+
+    async def main():
+        eng = create_async_engine(sqlalchemy_url(dsn))
+        try:
+            async with AsyncLockClient(shared_lockd.url) as aclient, \
+                    aclient.lock(mine, ttl=10) as lease, AsyncSession(eng) as session:
+                async with async_fenced_transaction(session, lease):
+                    await session.execute(sa.text("INSERT INTO accounts VALUES (1, 100)"))
+                async with async_fenced_transaction(session, lease):
+                    await session.execute(sa.text("UPDATE accounts SET balance = 0"))
+                    await session.execute(sa.text("INSERT INTO accounts VALUES (2, 7)"))
+        finally:
+            await eng.dispose()
+
+    with pytest.raises(LockNotClaimedError) as caught:
+        asyncio.run(main())
+    assert caught.value.lock == other
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT id, balance FROM accounts").fetchall() == [(1, 100)]
