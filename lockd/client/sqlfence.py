@@ -5,7 +5,7 @@
 /``AsyncSession`` (``scoped_session`` too) and a lease::
 
     with client.lock("accounts/42", ttl=10) as lease:
-        with fenced_transaction(conn, lease) as claims:       # conn: psycopg or SQLAlchemy
+        with fenced_transaction(conn, lease) as claims:       # conn: a psycopg Connection
             conn.execute("UPDATE accounts SET balance = balance - 5 WHERE id = 42")
         # committed here; a newer holder's claim made this StaleTokenError, nothing committed
 
@@ -24,7 +24,10 @@ fence claimed).
 either client, or the token text itself. Keys (``jwks=``): a JWKS dict or a
 ``lockd.tokens.Verifier``; if omitted, ``GET {lockd}/v1/keys`` of the lease's client (or of
 ``lockd_url=``, required for a bare token) is fetched once per lockd URL, cached for the process
-and fetched again when a token names a key (``kid``) the cached set lacks (lockd rotated).
+and fetched again when a token names a key (``kid``) the cached set lacks (lockd rotated). The
+fetch goes through the lease's own HTTP client (its TLS settings) when it can, else through a
+default ``httpx`` client: for an https lockd with a private CA and a bare token, pass ``jwks=``.
+One lease per transaction: for several locks use one multi-lock lease (``acquire_many``).
 
 Transactions: the claims must sit in the transaction that commits the block's writes, so the
 connection must have **no transaction open** (psycopg: ``conn.info.transaction_status`` IDLE;
@@ -48,7 +51,8 @@ Trust model. On the HTTP path the proxy verifies the token's signature, so a wri
 present fences lockd issued. On the SQL path the database cannot check a signature: it trusts
 its writers' claims. This function verifies the token before claiming, but any role allowed to
 call ``fencing.claim`` could claim any fence it likes; what keeps other writers out is the
-database's grants (``resource-proxy db check`` lists the roles that could bypass or forge).
+database's grants: only roles you trust may execute ``fencing.claim`` or write the protected
+tables (``resource-proxy db check`` lists the roles that can bypass the triggers).
 """
 
 from __future__ import annotations
