@@ -44,16 +44,19 @@ from lockd.client.errors import (
     LockClientError,
     LockNotAcquired,
     LockNotAllowed,
+    LockNotClaimedError,
     NotFoundError,
     PermissionDenied,
     ProtocolError,
     ServiceUnavailable,
     StaleTokenError,
     TokenRequired,
+    TransactionStateError,
     TransportError,
     ValidationError,
 )
 from lockd.client.fenced import AsyncFencedSession, FencedSession
+from lockd.client.sqlfence import async_fenced_transaction, fenced_transaction
 
 __all__ = [
     # clients and leases
@@ -71,6 +74,8 @@ __all__ = [
     # fenced access to the protected resource
     "FencedSession",
     "AsyncFencedSession",
+    "fenced_transaction",
+    "async_fenced_transaction",
     # errors
     "LockClientError",
     "LockNotAcquired",
@@ -81,6 +86,8 @@ __all__ = [
     "TokenRequired",
     "InvalidToken",
     "LockNotAllowed",
+    "LockNotClaimedError",
+    "TransactionStateError",
     "PermissionDenied",
     "NotFoundError",
     "ValidationError",

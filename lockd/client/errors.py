@@ -12,7 +12,9 @@ transport errors, undecodable bodies) are translated at the boundary, the way ``
     │   ├── StaleTokenError            409 stale_token: .lock, .presented, .highest
     │   ├── TokenRequired              428 token_required
     │   ├── InvalidToken               401 invalid_token
-    │   └── LockNotAllowed             403 lock_not_allowed
+    │   ├── LockNotAllowed             403 lock_not_allowed
+    │   └── LockNotClaimedError        SQL: the database refused a row whose lock was not claimed
+    ├── TransactionStateError          SQL: fenced_transaction cannot use the connection's state
     ├── PermissionDenied               401/403 from lockd (unauthorized, forbidden)
     ├── NotFoundError                  404 unknown table, row or route
     ├── ValidationError                422 invalid_request (bad name, TTL out of bounds, bad column), 413
@@ -48,6 +50,8 @@ __all__ = [
     "TokenRequired",
     "InvalidToken",
     "LockNotAllowed",
+    "LockNotClaimedError",
+    "TransactionStateError",
     "PermissionDenied",
     "NotFoundError",
     "ValidationError",
@@ -143,6 +147,27 @@ class StaleTokenError(FencingError):
         self.lock = lock
         self.presented = presented
         self.highest = highest
+
+
+class LockNotClaimedError(FencingError):
+    """The database refused a row (SQLSTATE ``LF002``): this transaction wrote a row of ``lock``
+    without claiming it. Claim it too (a multi-lock lease), or write only the leased rows.
+    Nothing was committed."""
+
+    default_code = "lock_not_claimed"
+
+    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+
+
+class TransactionStateError(LockClientError):
+    """The connection's transaction cannot carry the claims (``code``): ``transaction_open``
+    (one is already open; commit or roll back first), ``autocommit`` (every statement would
+    commit alone), ``transaction_aborted`` (an error inside the block was caught there; the
+    transaction was rolled back, nothing committed)."""
+
+    default_code = "transaction_open"
 
 
 class TokenRequired(FencingError):

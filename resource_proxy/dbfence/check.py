@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from resource_proxy.dbfence import sql
+import resource_proxy.dbfence.sql as sql
 from resource_proxy.dbfence.plan import plan
 from resource_proxy.policy import Policy
 

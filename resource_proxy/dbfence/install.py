@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from resource_proxy.dbfence import sql
+import resource_proxy.dbfence.sql as sql
 from resource_proxy.dbfence.plan import DbFencingError, Protected, plan
 from resource_proxy.policy import Policy
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
-from resource_proxy.dbfence import sql
+import resource_proxy.dbfence.sql as sql
 from resource_proxy.dbfence.keys import key_expression, refusal
 from resource_proxy.policy import Policy, PolicyError, Template
 from resource_proxy.tables import Column, reflect
