@@ -43,7 +43,7 @@ from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
 from resource_proxy.idempotency import Keyed, Reply, parse_key
 from resource_proxy.metrics import CONTENT_TYPE_LATEST
 from resource_proxy.service import ProxyService
-from resource_proxy.tables import dumps, loads
+from resource_proxy.values import dumps, loads
 from resource_proxy.writes import OpKind
 
 __all__ = ["routes", "install_problem_handlers", "TOKEN_HEADER"]

@@ -2,7 +2,7 @@
 
 A row is written under exactly one lock name (``policy``), built from its key values. Every
 spelling a client may send for one value (``1``, ``1.0``, ``+1``, ``1e0``; an upper-case uuid;
-two offsets of one instant) is first parsed into the column's value (``tables.coerce``), then
+two offsets of one instant) is first parsed into the column's value (``values.coerce``), then
 turned into text here, by SQL kind::
 
     kind            canonical text                      examples

@@ -43,7 +43,8 @@ from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
 from resource_proxy.policy import Binding, TableBinding
 from resource_proxy.store.base import Row, Store
-from resource_proxy.tables import Catalog, Table, coerce, dumps, parse_json_key, parse_url_key
+from resource_proxy.tables import Catalog, Table
+from resource_proxy.values import coerce, dumps, parse_json_key, parse_url_key
 from resource_proxy.writes import OP_KINDS, OpKind, WriteOp, build_op, set_fence
 
 __all__ = ["ProxyService", "DEFAULT_LIMIT", "MAX_LIMIT"]

@@ -1,7 +1,7 @@
 """The ``Store`` protocol: the protected database as the proxy uses it.
 
 A store owns the connections and runs every fence check in the same transaction as what it
-fences. Rows come back as JSON-ready dicts (``tables.decode_row``).
+fences. Rows come back as JSON-ready dicts (``values.decode_row``).
 
 Errors (nothing else escapes a store): ``StaleToken`` (the fence check failed; nothing written),
 ``NotFound`` (no such row), ``Conflict`` (UNIQUE / FOREIGN KEY / EXCLUDE), ``InvalidRequest``

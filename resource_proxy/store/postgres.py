@@ -55,7 +55,8 @@ from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Repl
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
 from resource_proxy.store.watched import WatchedConnection
-from resource_proxy.tables import Catalog, Table, decode_row, loads
+from resource_proxy.tables import Catalog, Table
+from resource_proxy.values import decode_row, loads
 from resource_proxy.writes import WriteOp
 
 __all__ = ["PostgresStore", "libpq_dsn", "translate"]

@@ -33,7 +33,8 @@ from psycopg.types.json import Json, Jsonb
 
 from resource_proxy.errors import InvalidRequest
 from resource_proxy.fencing import PG_SCHEMA, PG_TABLE, SQLITE_TABLE, Fence
-from resource_proxy.tables import Column, Kind, Table, dumps
+from resource_proxy.tables import Column, Kind, Table
+from resource_proxy.values import dumps
 from resource_proxy.writes import WriteOp
 
 __all__ = ["Dialect", "POSTGRES", "SQLITE", "SqlBuilder"]

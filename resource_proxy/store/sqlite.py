@@ -35,7 +35,8 @@ from resource_proxy.fencing import Fence, check_all
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import SQLITE, SqlBuilder
-from resource_proxy.tables import Catalog, Table, decode_row
+from resource_proxy.tables import Catalog, Table
+from resource_proxy.values import decode_row
 from resource_proxy.writes import WriteOp
 
 __all__ = ["SqliteStore", "translate"]

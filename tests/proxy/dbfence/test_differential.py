@@ -1,5 +1,5 @@
 """One canonical form, decided by the database: for generated client spellings of every supported
-key type, the lock name Python computes (``tables.coerce`` + ``canonical.key_part``, what the
+key type, the lock name Python computes (``values.coerce`` + ``canonical.key_part``, what the
 proxy and ``GET /v1/tables/{t}/lock`` use) is the lock name the row trigger computes from the
 value PostgreSQL stored (after its casts, rounding and time zone rules).
 
@@ -26,7 +26,8 @@ from resource_proxy.canonical import key_part
 from resource_proxy.dbfence import install
 from resource_proxy.errors import InvalidRequest
 from resource_proxy.store.sql import POSTGRES
-from resource_proxy.tables import coerce, reflect
+from resource_proxy.tables import reflect
+from resource_proxy.values import coerce
 from tests.proxy.dbfence.conftest import policy
 from tests.support import create_database, drop_database, sqlalchemy_url
 
