@@ -1,18 +1,17 @@
 """The README's Quick start, then its Python example, then its stop line: run as written, in
-order, three times in one fresh clone, as a reader pasting them would: the first two passes command by
-command with each exit status checked (so a step that only works once fails the second), the
-third the blocks pasted verbatim into one shell.
+order, three times in one fresh clone, as a reader pasting them would: the first two passes
+command by command with each exit status checked (so a step that only works once fails the
+second), the third the blocks pasted verbatim into one shell.
 
 The clone is ``git clone`` of this checkout; it reuses this checkout's ``.venv`` (a symlink, with
 the clone's ``pyproject.toml`` dated before the venv's install stamp, so ``make install`` has
 nothing to do) instead of installing again. The commands are the lines of the Quick start's bash
 block (the block a reader pastes), the Python example is the python block of "The Python
-client" (run with the venv's
-``python``, as the README says) and the stop line is that section's bash block, all read from
-the README under test, so editing them edits this test. The README's own lines wait for the
-servers; the harness only checks that each command exits 0. Each pass is a new bash (a new
-terminal); a later one finds the earlier ones' ``lockd.db``, ``resource.db`` and fences, and must
-pass all the same. docs/getting-started.md shows the same Quick start: it must be the README's.
+client" (run with the venv's ``python``, as the README says) and the stop line is that section's
+bash block, all read from the README under test, so editing them edits this test. The README's
+own lines wait for the servers. Each pass is a new bash (a new terminal); a later one finds the
+earlier ones' ``lockd.db``, ``resource.db`` and fences, and must pass all the same.
+docs/getting-started.md shows the same Quick start: it must be the README's.
 """
 
 from __future__ import annotations
