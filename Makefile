@@ -8,11 +8,17 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
+## .venv with an editable install of lockd and resource-proxy, the test extra (pytest, sybil, ...)
+## and the docs extra (MkDocs, pinned): about 1-2 minutes the first time, pip naming each package.
 $(STAMP): pyproject.toml
+	@echo "make install: .venv with lockd, resource-proxy and the test and docs extras (1-2 min the first time)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make install: upgrading pip"
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	@echo "make install: installing the project and its dependencies"
+	$(BIN)/python -m pip install --progress-bar off -e '.[test,docs]'
 	touch $(STAMP)
+	@echo "make install: done; activate with: . $(BIN)/activate"
 
 ## System packages the tests need beyond the machine's PostgreSQL: etcd (Debian's etcd-server).
 ## docker.io (dockerd 20.10, containerd, runc), docker-compose (1.29) and debootstrap: tests/system/demo
@@ -65,6 +71,15 @@ MUTANT_WORKLOAD ?= counter
 .PHONY: mutants
 mutants: install
 	$(BIN)/python -m chaos.mutants --seconds $(MUTANT_SECONDS) --workload $(MUTANT_WORKLOAD) $(if $(MUTANT_ONLY),--only $(MUTANT_ONLY))
+
+## The docs site (mkdocs.yml, docs/): `make docs` builds it into site/ with --strict, so a broken
+## link or anchor fails; `make docs-serve` serves it, rebuilt on every edit, at http://127.0.0.1:8000.
+.PHONY: docs docs-serve
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+docs-serve: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
 test: install node-deps
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,14 +1,15 @@
-"""The README's examples as tests: Sybil parsers, the servers they talk to, the port lock.
+"""The examples of the README and of docs/ as tests: Sybil parsers, the servers they talk to,
+the port lock.
 
-The README's examples name lockd at ``http://127.0.0.1:7070`` and the proxy at
+The examples name lockd at ``http://127.0.0.1:7070`` and the proxy at
 ``http://127.0.0.1:7071`` (the servers' defaults), so they run as written only against servers on
 those ports. Every test that binds them (the Sybil examples, the Quick start walk-through) first
 takes an exclusive ``flock`` on one file, so two pytest runs on one machine take turns instead of
 colliding.
 
-Conventions (also in the README's Development section):
+Conventions (also in docs/development.md), the same for README.md and every page under docs/:
 
-- ```python blocks run in order in one namespace per README;
+- ```python blocks run in order in one namespace per document;
 - ```console blocks: every line starting with ``$ `` runs in ``bash`` (cwd: a temporary
   directory) and must exit 0; the other lines show output and are not compared;
 - ```yaml blocks are proxy policy files: the proxy's loader must accept them;
@@ -44,10 +45,13 @@ RUN_LANGUAGES = ("python", "console", "yaml")
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 
-#: The policy and table the README's Python examples write through the proxy.
+#: The policy and table the Python examples write through the proxy: row 1 as the README's
+#: Quick start leaves it (balance 10.00), so its Python example reads here what it reads there.
 README_POLICY = 'tables:\n  accounts: "accounts/{key}"\n'
 README_SCHEMA = ("CREATE TABLE accounts (id integer PRIMARY KEY, balance numeric(12, 2) NOT NULL);"
-                 "INSERT INTO accounts VALUES (7, 100.00);")
+                 "INSERT INTO accounts VALUES (1, 10.00);")
+SKIP_MARK = re.compile(r"^<!--\s*skip:")
+RUNNABLE_FENCE = re.compile(r"^```(python|console)\s*$")
 
 
 @contextlib.contextmanager
@@ -91,7 +95,7 @@ def _port_free(port: int) -> bool:
 def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[dict[str, str]]:
     """lockd (SQLite) on :7070 and the proxy on a fresh PostgreSQL database on :7071.
 
-    The database holds ``accounts`` (row 7, balance 100.00) under the policy
+    The database holds ``accounts`` (row 1, balance 10.00) under the policy
     ``accounts/{key}``. Yields the environment the console examples run with.
     """
     dsn = create_database(admin_dsn, prefix="readme")
@@ -114,6 +118,27 @@ def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[d
                 yield {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     finally:
         drop_database(dsn, admin_dsn)
+
+
+def needs_servers(text: str) -> bool:
+    """Whether a document has a python or console block not marked illustrative (skipped)."""
+    previous = ""
+    for line in text.splitlines():
+        if RUNNABLE_FENCE.match(line) and not SKIP_MARK.match(previous):
+            return True
+        if line.strip():
+            previous = line
+    return False
+
+
+def where(example: Example) -> str:
+    """``README.md line 12`` / ``docs/client.md line 40``: where a failing example is."""
+    path = Path(example.path)
+    try:
+        path = path.relative_to(ROOT)
+    except ValueError:
+        pass
+    return f"{path} line {example.line}"
 
 
 def console_commands(source: str) -> list[str]:
@@ -142,13 +167,13 @@ class ConsoleEvaluator:
         env, cwd = example.namespace["readme_env"]
         commands = console_commands(example.parsed)
         if not commands:
-            return f"line {example.line}: a console block without a `$ ` command"
+            return f"{where(example)}: a console block without a `$ ` command"
         script = "".join(f"{cmd}\n__rc=$?; [ $__rc -eq 0 ] || {{ echo \"exit $__rc: \"{_quote(cmd)} >&2; exit 1; }}\n"
                          for cmd in commands)
         done = subprocess.run(["bash", "-c", script], cwd=cwd, env={**os.environ, **env},
                               capture_output=True, text=True, timeout=60)
         if done.returncode != 0:
-            return (f"README line {example.line}: {done.stderr.strip()}\n"
+            return (f"{where(example)}: {done.stderr.strip()}\n"
                     f"stdout:\n{done.stdout}")
         return None
 
@@ -163,8 +188,8 @@ def evaluate_policy(example: Example) -> str | None:
         try:
             policy = load_policy(path)
         except PolicyError as exc:
-            return f"README line {example.line}: the policy is refused: {exc}"
-    return None if policy.tables else f"README line {example.line}: a policy with no table"
+            return f"{where(example)}: the policy is refused: {exc}"
+    return None if policy.tables else f"{where(example)}: a policy with no table"
 
 
 def _quote(text: str) -> str:
@@ -188,13 +213,13 @@ class UnmarkedBlockParser:
 
     @staticmethod
     def evaluate(example: Example) -> str:
-        return (f"README line {example.line}: a ```{example.parsed} block is neither run nor marked "
+        return (f"{where(example)}: a ```{example.parsed} block is neither run nor marked "
                 'illustrative: precede it with <!-- skip: next "illustrative" --> '
-                "(see the README's Development section)")
+                "(see docs/development.md)")
 
 
 def parsers() -> list:
-    """The Sybil parsers for README.md, in the order above."""
+    """The Sybil parsers for README.md and docs/, in the order above."""
     return [SkipParser(), PythonCodeBlockParser(),
             CodeBlockParser(language="console", evaluator=ConsoleEvaluator()),
             CodeBlockParser(language="yaml", evaluator=evaluate_policy),

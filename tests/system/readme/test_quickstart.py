@@ -1,11 +1,17 @@
-"""The README's Quick start, run as written, in order, in a fresh clone (issue 18).
+"""The README's Quick start, then its Python example, then its stop line: run as written, in
+order, three times in one fresh clone, as a reader pasting them would: the first two passes
+command by command with each exit status checked (so a step that only works once fails the
+second), the third the blocks pasted verbatim into one shell.
 
 The clone is ``git clone`` of this checkout; it reuses this checkout's ``.venv`` (a symlink, with
 the clone's ``pyproject.toml`` dated before the venv's install stamp, so ``make install`` has
-nothing to do) instead of installing again. The commands are the ``$ `` lines of the section's
-console block, read from the README under test, so editing them edits this test. Each runs in
-one bash session and must exit 0; after a command that starts a server in the background the
-harness waits for its ``/healthz``, as a person waits for the ready line.
+nothing to do) instead of installing again. The commands are the lines of the Quick start's bash
+block (the block a reader pastes), the Python example is the python block of "The Python
+client" (run with the venv's ``python``, as the README says) and the stop line is that section's
+bash block, all read from the README under test, so editing them edits this test. The README's
+own lines wait for the servers. Each pass is a new bash (a new terminal); a later one finds the
+earlier ones' ``lockd.db``, ``resource.db`` and fences, and must pass all the same.
+docs/getting-started.md shows the same Quick start: it must be the README's.
 """
 
 from __future__ import annotations
@@ -20,46 +26,87 @@ from pathlib import Path
 from sybil import Document
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
-from tests.system.readme.support import (
-    LOCKD_URL,
-    PROXY_URL,
-    README,
-    ROOT,
-    console_commands,
-    readme_ports,
-)
+from tests.system.readme.support import README, ROOT, readme_ports
 
-READY = {"lockd serve": LOCKD_URL, "resource-proxy serve": PROXY_URL}
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
+
+
+def section(text: str, title: str) -> str:
+    """The text under ``## title`` up to the next ``## `` heading."""
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return [str(r.lexemes["source"]) for r in FencedCodeBlockLexer(language)(Document(text, "qs"))]
+
+
+def script_commands(source: str) -> list[str]:
+    """The commands of a bash block, as a shell reads them when it is pasted: one a line, a line
+    ending in ``\\`` going on on the next; blank lines and ``#`` comment lines left out."""
+    commands: list[str] = []
+    continued = False
+    for line in source.splitlines():
+        if continued:
+            commands[-1] += "\n" + line
+        elif line.strip() and not line.lstrip().startswith("#"):
+            commands.append(line)
+        else:
+            continue
+        continued = line.endswith("\\")
+    return commands
 
 
 def quick_start_commands(text: str) -> list[str]:
-    """The commands of the one console block under '## Quick start'."""
-    section = text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
-    blocks = [r.lexemes["source"] for r in FencedCodeBlockLexer("console")(Document(section, "qs"))]
-    assert len(blocks) == 1, "the Quick start has one console block"
-    return console_commands(str(blocks[0]))
+    """The commands of the one bash block under '## Quick start'."""
+    found = blocks(section(text, "Quick start"), "bash")
+    assert len(found) == 1, "the Quick start has one bash block"
+    return script_commands(found[0])
 
 
-def harness(commands: list[str]) -> str:
-    """A bash script: each command, its exit status checked, servers waited for."""
+def python_example(text: str) -> tuple[str, list[str]]:
+    """The Python client section's python block, and its bash block's commands (the stop)."""
+    client = section(text, "The Python client")
+    (source,) = blocks(client, "python")
+    (stop,) = blocks(client, "bash")
+    return source, script_commands(stop)
+
+
+def harness(commands: list[str], python: str, stop: list[str]) -> tuple[str, int]:
+    """A bash script (each command, its exit status checked; the Python example; the stop) and
+    how many steps it has."""
+    steps = [*commands, f"python - <<'__README_PY__'\n{python}__README_PY__", *stop]
     out = ["trap 'kill $(jobs -p) 2>/dev/null' EXIT"]
-    for i, cmd in enumerate(commands):
+    for i, cmd in enumerate(steps):
         out.append(f"echo '::run {i}'")
         out.append(cmd)
         out.append(f"__rc=$?; echo; echo \"::rc {i} $__rc\"; [ $__rc -eq 0 ] || exit 1")
-        for prefix, url in READY.items():
-            if cmd.startswith(prefix) and re.search(r"&\s*(#.*)?$", cmd):
-                out.append(f"for _ in $(seq 200); do curl -sf {url}/healthz >/dev/null && break; "
-                           f"sleep 0.1; done; curl -sf {url}/healthz >/dev/null || "
-                           f"{{ echo '::not ready {url}'; exit 1; }}")
     out.append("for job in $(jobs -p); do wait $job; echo \"::server-exit $?\"; done")
     out.append("trap - EXIT")
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n", len(steps)
 
 
-def test_quick_start_runs_as_written_from_a_fresh_clone(tmp_path: Path):
-    commands = quick_start_commands(README.read_text())
+def paste(text: str, python: str) -> str:
+    """The Quick start's block, the Python example and the stop line as a reader pastes them into
+    one shell, then a wait for the servers' exit statuses."""
+    (quick_start,) = blocks(section(text, "Quick start"), "bash")
+    (stop,) = blocks(section(text, "The Python client"), "bash")
+    return (f"{quick_start}python - <<'__README_PY__'\n{python}__README_PY__\n{stop}"
+            "for job in $(jobs -p); do wait $job; echo \"::server-exit $?\"; done\n")
+
+
+def test_getting_started_shows_the_readme_quick_start():
+    readme = blocks(section(README.read_text(), "Quick start"), "bash")
+    page = blocks(section(GETTING_STARTED.read_text(), "Quick start"), "bash")
+    assert readme
+    assert page == readme, "docs/getting-started.md's Quick start differs from the README's"
+
+
+def test_quick_start_and_python_example_rerun_in_a_fresh_clone(tmp_path: Path):
+    text = README.read_text()
+    commands = quick_start_commands(text)
+    python, stop = python_example(text)
     assert commands[0].startswith("make install") and any(c.startswith("lockd serve") for c in commands)
+    assert stop and all(c.startswith("kill ") for c in stop)
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=60)
     venv = Path(sys.prefix)
@@ -72,14 +119,30 @@ def test_quick_start_runs_as_written_from_a_fresh_clone(tmp_path: Path):
     env.pop("VIRTUAL_ENV", None)
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if not p.startswith(str(venv)))
+    script, steps = harness(commands, python, stop)
+    pasted = paste(text, python)
+    fences = []
     with readme_ports():
-        done = subprocess.run(["bash", "-c", harness(commands)], cwd=clone, env=env,
-                              capture_output=True, text=True, timeout=180)
-    log = f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-    assert done.returncode == 0, log
-    statuses = re.findall(r"^::rc (\d+) (\d+)$", done.stdout, re.MULTILINE)
-    assert statuses == [(str(i), "0") for i in range(len(commands))], log
-    assert re.findall(r"^::server-exit (\d+)$", done.stdout, re.MULTILINE) == ["0", "0"], log
-    assert re.search(r"^working under fence 2$", done.stdout, re.MULTILINE), log
-    with sqlite3.connect(clone / "resource.db") as db:
-        assert db.execute("SELECT id, balance FROM accounts").fetchall() == [(1, "10.00")]
+        for attempt in (1, 2, 3):
+            if attempt < 3:  # command by command, each exit status checked
+                done = subprocess.run(["bash", "-c", script], cwd=clone, env=env,
+                                      capture_output=True, text=True, timeout=180)
+            else:  # the blocks pasted verbatim into one shell reading them line by line
+                done = subprocess.run(["bash", "-s"], input=pasted, cwd=clone, env=env,
+                                      capture_output=True, text=True, timeout=180)
+            log = f"pass {attempt}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+            assert done.returncode == 0, log
+            if attempt < 3:
+                statuses = re.findall(r"^::rc (\d+) (\d+)$", done.stdout, re.MULTILINE)
+                assert statuses == [(str(i), "0") for i in range(steps)], log
+            assert "lockctl:" not in done.stderr and "Traceback" not in done.stderr, log
+            assert re.findall(r"^::server-exit (\d+)$", done.stdout, re.MULTILINE) == ["0", "0"], log
+            fence = re.search(r"^working under fence (\d+)$", done.stdout, re.MULTILINE)
+            assert fence, log
+            fences.append(int(fence[1]))
+            assert '"code":"stale_token"' in done.stdout and "A's old token was refused" in done.stdout, log
+            assert done.stdout.count(" HTTP 200") == 2, log
+            assert re.search(r"^accounts: fence \d+, balance 20\.00$", done.stdout, re.MULTILINE), log
+            with sqlite3.connect(clone / "resource.db") as db:
+                assert db.execute("SELECT id, balance FROM accounts").fetchall() == [(1, "20.00")], log
+    assert fences[0] < fences[1] < fences[2], "lockd.db keeps the fences of the earlier passes"
