@@ -42,9 +42,11 @@ from lockd.client.errors import (
     InvalidToken,
     LeaseLostError,
     LockClientError,
+    LockError,
     LockNotAcquired,
     LockNotAllowed,
     LockNotClaimedError,
+    LockValueError,
     NotFoundError,
     PermissionDenied,
     ProtocolError,
@@ -94,4 +96,7 @@ __all__ = [
     "ServiceUnavailable",
     "TransportError",
     "ProtocolError",
+    # misuse of a Lock object (also RuntimeError / ValueError)
+    "LockError",
+    "LockValueError",
 ]

@@ -23,7 +23,11 @@ transport errors, undecodable bodies) are translated at the boundary, the way ``
     │   └── TransportError             no usable answer: connect refused, timeout, reset
     ├── OutcomeUnknown                 502 outcome_unknown (proxy): the write may or may not have
     │                                  committed; retry with the same Idempotency-Key
-    └── ProtocolError                  an answer the contract does not allow (bad JSON, odd status)
+    ├── ProtocolError                  an answer the contract does not allow (bad JSON, odd status)
+    ├── LockError                      a Lock used out of turn (release/extend unheld, acquire
+    │                                  while holding); also a RuntimeError
+    └── LockValueError                 a bad argument to a Lock (negative timeout, ...); also a
+                                       ValueError
 
 ``ServiceUnavailable`` (and its ``TransportError``) are the *transient* errors: the background
 renewal retries them until the lease's local deadline; everything else is final.
@@ -59,6 +63,8 @@ __all__ = [
     "TransportError",
     "OutcomeUnknown",
     "ProtocolError",
+    "LockError",
+    "LockValueError",
     "error_from_response",
     "body_or_raise",
     "translate_transport_errors",
@@ -231,6 +237,32 @@ class ProtocolError(LockClientError):
     """The server answered something the contract does not allow (bad JSON, unexpected status)."""
 
     default_code = "protocol_error"
+
+
+class LockError(LockClientError, RuntimeError):
+    """A ``Lock`` was used out of turn: ``release``, ``extend`` or ``reacquire`` of a Lock that
+    holds nothing (never acquired, or released), ``acquire`` of one that already holds its lock
+    (a Lock is not re-entrant). A programming error: nothing was sent. Also a ``RuntimeError``,
+    which these misuses raised before, and redis-py's name for them. ``lock`` is the lock name.
+    """
+
+    default_code = "lock_misuse"
+
+    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+
+
+class LockValueError(LockClientError, ValueError):
+    """A bad argument to a ``Lock`` (a TTL, wait or timeout that is not a positive number of
+    seconds, ``timeout`` with ``blocking=False``, ...): nothing was sent. Also a ``ValueError``,
+    which these raised before. ``lock`` is the lock name."""
+
+    default_code = "invalid_argument"
+
+    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
 
 
 _BY_CODE: dict[str, type[LockClientError]] = {

@@ -1,14 +1,17 @@
 """``Lock`` / ``AsyncLock``: a reusable lock object, as ``client.lock(name, ttl=...)`` returns it.
 
-Modelled on redis-py's ``Lock`` and kazoo's ``Lock``::
+Modelled on redis-py's ``Lock`` (the same names behave the same where lockd allows it; the
+differences, and why, are in ``docs/client-redis-compat.md``) and kazoo's ``Lock``::
 
     lock = client.lock("jobs/nightly", ttl=30)          # no request yet
     if lock.acquire(blocking=True, timeout=10):         # True / False (seconds)
         try:
             session = FencedSession(proxy_url, lock.lease)  # or lock.token / lock.fence
             ...
+            lock.extend(60)                             # 60 s more than what is left
+            lock.reacquire()                            # back to 30 s from now
         finally:
-            lock.release()
+            lock.release()                              # lock.token, lock.fence: None again
     lock.acquire(blocking=False)                        # reusable: a new lease, a higher fence
 
     with client.lock("jobs/nightly", ttl=30, wait=60) as lease:   # as before: yields the Lease
@@ -20,18 +23,23 @@ written before this object existed keeps working: ``FencedSession(url, lease)``,
 ``AcquireTimeout`` instead of running the block; see ``LockClient.lock`` for the exit rules.
 
 Each acquire gets a new lease (renewed in the background every ttl/3 unless ``auto_renew`` is
-off). ``acquire`` on a Lock that already owns a live lease raises ``RuntimeError`` (the lock is not
-re-entrant, like ``threading.Lock``); ``release`` of a Lock that owns nothing raises
-``RuntimeError``; ``release`` of a lease lost meanwhile raises ``LeaseLostError`` (the work done
-under it may have run unprotected). One Lock object is for one thread or task at a time.
+off). ``owned()`` is this object's own view, without a request; ``owned(check=True)`` asks lockd;
+``locked()`` asks lockd whether anyone holds the lock. Misuse raises ``LockError`` (also a
+``RuntimeError``): ``acquire`` on a Lock that already owns a live lease (the lock is not
+re-entrant, like ``threading.Lock``), ``release``/``extend``/``reacquire`` of a Lock that owns
+nothing. A bad argument raises ``LockValueError`` (also a ``ValueError``), before any request.
+``release``/``extend``/``reacquire`` of a lease lost meanwhile raise ``LeaseLostError`` (the work
+done under it may have run unprotected). One Lock object is for one thread or task at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Protocol
+import math
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Literal, Protocol, overload
 
-from lockd.client.lease import AsyncLease, Lease, LeaseState, LockStatus
+from lockd.client.errors import LockError, LockValueError, ValidationError
+from lockd.client.lease import FINAL, AsyncLease, Lease, LeaseState, LockStatus
 
 __all__ = ["Lock", "AsyncLock"]
 
@@ -70,8 +78,13 @@ class _AsyncClient(Protocol):
     async def status(self, name: str) -> LockStatus: ...
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 class _LockBase:
-    """What ``Lock`` and ``AsyncLock`` share: the settings of every acquire and the current lease."""
+    """What ``Lock`` and ``AsyncLock`` share: the settings of every acquire, the current lease,
+    and every rule that needs no request."""
 
     lease: Any
 
@@ -80,8 +93,14 @@ class _LockBase:
                  auto_renew: bool):
         self.client = client
         self.name = name
+        self._check_seconds("ttl", ttl, positive=True)
+        self._check_seconds("wait", wait)
+        if _is_number(renew_every) and _is_number(ttl) and not 0 < renew_every < ttl:
+            raise LockValueError(f"renew_every must be > 0 and < ttl ({ttl} s), got "
+                                 f"{renew_every!r}", lock=name)
         self.ttl = ttl
-        """Seconds each acquire asks for."""
+        """Seconds each acquire asks for, and what ``reacquire()`` sets again (``extend`` does
+        not change it; the current lease's TTL is ``lease.ttl``)."""
         self.wait = wait
         """Seconds ``acquire()`` and ``with`` wait by default (``None``: forever)."""
         self.owner = owner
@@ -89,46 +108,94 @@ class _LockBase:
         self.auto_renew = auto_renew
         self._on_lost = on_lost
         self.lease = None
-        """The current (or last) lease; ``None`` before the first acquire."""
+        """The current lease: ``None`` before the first acquire and after ``release`` (also a
+        release that raised ``LeaseLostError``); a lease lost and not yet released stays here,
+        with its fence, until ``release`` or the next ``acquire``."""
 
     @property
     def fence(self) -> int | None:
-        """The fence of the current (or last) lease; ``None`` before the first acquire."""
+        """The fence of the current lease; ``None`` before acquire and after release."""
         return self.lease.fence if self.lease is not None else None
 
     @property
     def token(self) -> str | None:
-        """The fencing token of the current (or last) lease; ``None`` before the first acquire."""
+        """The fencing token of the current lease; ``None`` before acquire and after release."""
         return self.lease.token if self.lease is not None else None
 
-    def owned(self) -> bool:
-        """True while this object holds a live lease (held, renewed, or a renewal being retried
-        before the local deadline). No request: the client's own view of its lease."""
+    def _owned_locally(self) -> bool:
         return self.lease is not None and self.lease.state in _LIVE
+
+    def _held_by(self, lease: Any, status: LockStatus) -> bool:
+        """lockd's ``status`` shows ``lease`` holding the lock: held, at this lease's fence (a
+        lock never issues a fence twice, so only this lease can hold it at that fence), by this
+        lease's owner label; and the lease is still live here."""
+        return (status.held and status.fence == lease.fence
+                and (status.owner or "") == (lease.owner or "") and lease.state in _LIVE)
+
+    def _check_seconds(self, what: str, value: Any, *, positive: bool = False) -> None:
+        """``LockValueError`` for a number of seconds out of range (negative, NaN; zero too if
+        ``positive``); non-numbers are left to the client's own checks (``TypeError``)."""
+        if not _is_number(value):
+            return
+        if math.isnan(value) or value < 0 or (positive and value == 0):
+            rule = "> 0" if positive else ">= 0"
+            raise LockValueError(f"{what} must be {rule} seconds, got {value!r}", lock=self.name)
 
     def _wait_for(self, blocking: bool, timeout: float | None) -> float | None:
         if not blocking:
             if timeout is not None:
-                raise ValueError("timeout makes no sense with blocking=False")
+                raise LockValueError("timeout makes no sense with blocking=False (it tries once)",
+                                     lock=self.name)
             return 0.0
+        self._check_seconds("timeout", timeout)
         return self.wait if timeout is None else timeout
 
     def _check_not_owned(self) -> None:
-        if self.owned():
-            raise RuntimeError(f"this Lock already holds {self.name!r} (fence {self.fence}); "
-                               "release it first")
+        if self._owned_locally():
+            raise LockError(f"this Lock already holds {self.name!r} (fence {self.fence}); "
+                            "release it first (a Lock is not re-entrant)", lock=self.name)
 
-    def _owned_lease(self) -> Any:
+    def _owned_lease(self, action: str) -> Any:
         if self.lease is None or self.lease.state is LeaseState.RELEASED:
-            raise RuntimeError(f"this Lock does not hold {self.name!r}")
+            raise LockError(f"cannot {action} {self.name!r}: this Lock does not hold it "
+                            "(never acquired, or released); acquire it first", lock=self.name)
         return self.lease
+
+    def _forget(self, lease: Any, *, always: bool = False) -> None:
+        """Drop ``lease`` once it is over (released or lost), or ``always`` (a ``with`` exit)."""
+        if self.lease is lease and (always or lease.state in FINAL):
+            self.lease = None
+
+    def _extend_ttl(self, lease: Any, additional_time: float, replace_ttl: bool) -> float:
+        """The TTL (seconds from now) that ``extend`` renews ``lease`` for; see ``Lock.extend``."""
+        if not _is_number(additional_time):
+            raise LockValueError(f"additional_time must be a number of seconds, got "
+                                 f"{additional_time!r}", lock=self.name)
+        self._check_seconds("additional_time", additional_time, positive=True)
+        if math.isinf(additional_time):
+            raise LockValueError("additional_time must be finite", lock=self.name)
+        if replace_ttl:
+            return additional_time
+        # whole milliseconds (the wire's unit), rounded up: the deadline never moves by less
+        return math.ceil((lease.remaining() + additional_time) * 1000) / 1000
+
+    def _refused(self, exc: ValidationError, ttl: float, additional_time: float,
+                 replace_ttl: bool) -> ValidationError:
+        """lockd's 422 to an ``extend``, saying which TTL was asked and what to do instead."""
+        asked = (f"a TTL of {ttl:g} s" if replace_ttl else
+                 f"a TTL of {ttl:.3f} s (what was left, {ttl - additional_time:.3f} s, + "
+                 f"{additional_time:g} s)")
+        return ValidationError(
+            f"cannot extend {self.name!r} to {asked}: lockd refused it ({exc.detail}); the lease "
+            "is unchanged. Extend by less, or set the TTL with extend(ttl, replace_ttl=True)",
+            status=exc.status, code=exc.code, problem=exc.problem)
 
     def _kw(self) -> dict[str, Any]:
         return {"owner": self.owner, "renew_every": self.renew_every, "on_lost": self._on_lost,
                 "auto_renew": self.auto_renew}
 
     def __repr__(self) -> str:
-        state = self.lease.state.value if self.lease is not None else "never acquired"
+        state = self.lease.state.value if self.lease is not None else "not held"
         return f"{type(self).__name__}({self.name!r}, ttl={self.ttl}, {state})"
 
 
@@ -147,8 +214,10 @@ class Lock(_LockBase):
         """Get a new lease: True if granted, False if the lock stayed held.
 
         ``blocking=False`` tries once; otherwise waits ``timeout`` seconds (default: the Lock's
-        ``wait``, ``None`` = forever). Raises ``RuntimeError`` if this object already owns the
-        lock, ``ValidationError``, ``ServiceUnavailable`` (lockd did not answer within the wait).
+        ``wait``, ``None`` = forever). Raises ``LockError`` if this object already owns the
+        lock, ``LockValueError`` (a negative ``timeout``, or one with ``blocking=False``),
+        ``ValidationError`` (lockd refused the name or TTL), ``ServiceUnavailable`` (lockd did
+        not answer within the wait).
         """
         wait = self._wait_for(blocking, timeout)
         self._check_not_owned()
@@ -162,17 +231,66 @@ class Lock(_LockBase):
         return True
 
     def release(self) -> None:
-        """Release the current lease (``LockClient.release``): ``RuntimeError`` if this object
-        holds none, ``LeaseLostError`` if it was lost before this release."""
-        self.client.release(self._owned_lease())
+        """Release the current lease (``LockClient.release``); ``token`` and ``fence`` are
+        ``None`` after it, also when it raised ``LeaseLostError`` (the lease was lost before this
+        release). ``LockError`` if this object holds nothing. A transient failure
+        (``ServiceUnavailable``) keeps the lease here, so ``release()`` can be retried; its
+        background renewal is stopped either way, so lockd frees the lock at its TTL."""
+        lease = self._owned_lease("release")
+        try:
+            self.client.release(lease)
+        finally:
+            self._forget(lease)
 
-    def extend(self, ttl: float | None = None) -> None:
-        """Renew now for ``ttl`` seconds from now (default: the lease's TTL); same fence.
-        Later renewals keep the new TTL. ``LeaseLostError`` if the lease is no longer live."""
-        lease = self._owned_lease()
-        self.client.renew(lease, ttl=ttl)
-        if ttl is not None:
-            self.ttl = ttl
+    def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
+        """Add ``additional_time`` seconds to the lease's remaining TTL, or with
+        ``replace_ttl=True`` set the TTL to ``additional_time`` seconds from now, as redis-py's
+        ``Lock.extend`` does; same fence. Returns True.
+
+        lockd's renew sets a TTL from now, so adding renews for ``remaining + additional_time``
+        where ``remaining`` is the client's own view (``lease.remaining()``: time to the local
+        deadline; no extra request). So the local deadline moves by ``additional_time`` (to the
+        millisecond above), and lockd's expiry by the same give or take the difference of two
+        requests' latencies, never before the local deadline (lockd starts a lease's clock after
+        the client does). Later background renewals keep the new TTL (``lease.ttl``);
+        ``reacquire()`` goes back to the Lock's ``ttl``.
+
+        Raises ``LockError`` (this object holds nothing), ``LockValueError`` (not a positive
+        finite number of seconds), ``LeaseLostError`` (the lease is no longer live),
+        ``ValidationError`` (the new TTL is above lockd's maximum, ``LOCKD_MAX_TTL_MS``, 1 h by
+        default: the lease is unchanged), ``ServiceUnavailable``.
+        """
+        lease = self._owned_lease("extend")
+        ttl = self._extend_ttl(lease, additional_time, replace_ttl)
+        try:
+            self.client.renew(lease, ttl=ttl)
+        except ValidationError as exc:
+            raise self._refused(exc, ttl, additional_time, replace_ttl) from exc
+        return True
+
+    def reacquire(self) -> bool:
+        """Renew the lease now for the Lock's ``ttl`` from now (undoing any ``extend``), as
+        redis-py's ``Lock.reacquire`` does; same fence. Returns True. Raises ``LockError`` (this
+        object holds nothing), ``LeaseLostError``, ``ServiceUnavailable``."""
+        self.client.renew(self._owned_lease("reacquire"), ttl=self.ttl)
+        return True
+
+    def owned(self, check: bool = False) -> bool:
+        """Does this object hold the lock?
+
+        By default the client's own view, without a request: a lease acquired and still live
+        (held, renewed, or a renewal being retried before the local deadline). With
+        ``check=True`` also asks lockd (``GET /v1/locks/{name}``): True only if lockd shows the
+        lock held at this lease's fence by this lease's owner label. lockd never shows lease
+        ids, but a lock never issues a fence twice, so the fence names the lease. A False there
+        while ``owned()`` is True means lockd ended the lease (an operator released it, or it
+        expired during a pause): the next renewal will mark it lost. Raises
+        ``ServiceUnavailable`` when lockd cannot answer.
+        """
+        lease = self.lease
+        if not self._owned_locally():
+            return False
+        return not check or self._held_by(lease, self.client.status(self.name))
 
     def locked(self) -> bool:
         """True if anyone holds the lock now (asks lockd: ``GET /v1/locks/{name}``)."""
@@ -184,14 +302,36 @@ class Lock(_LockBase):
         return self.lease
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        assert self.lease is not None
-        self.lease.__exit__(exc_type, exc, tb)
+        lease = self.lease
+        assert lease is not None
+        try:
+            lease.__exit__(exc_type, exc, tb)
+        finally:
+            self._forget(lease, always=True)
+
+
+class _AskedLockd:
+    """What ``AsyncLock.owned(check=True)`` returns: await it for the answer. It refuses to be
+    used as a bool unawaited, where a coroutine would silently count as True."""
+
+    __slots__ = ("_ask", "_name")
+
+    def __init__(self, ask: Callable[[], Awaitable[bool]], name: str):
+        self._ask = ask
+        self._name = name
+
+    def __await__(self) -> Generator[Any, None, bool]:
+        return self._ask().__await__()
+
+    def __bool__(self) -> bool:
+        raise LockError("AsyncLock.owned(check=True) asks lockd: write "
+                        "`await lock.owned(check=True)`", lock=self._name)
 
 
 class AsyncLock(_LockBase):
-    """The asyncio twin of ``Lock``: ``await lock.acquire()``, ``await lock.release()``,
-    ``await lock.extend()``, ``await lock.locked()``, ``async with``; ``owned()``, ``fence``
-    and ``token`` need no request and are plain."""
+    """The asyncio twin of ``Lock``: ``await`` ``acquire()``, ``release()``, ``extend()``,
+    ``reacquire()``, ``locked()`` and ``owned(check=True)``; ``async with``. ``owned()``,
+    ``fence`` and ``token`` need no request and are plain."""
 
     lease: AsyncLease | None
 
@@ -218,14 +358,45 @@ class AsyncLock(_LockBase):
 
     async def release(self) -> None:
         """See ``Lock.release``."""
-        await self.client.release(self._owned_lease())
+        lease = self._owned_lease("release")
+        try:
+            await self.client.release(lease)
+        finally:
+            self._forget(lease)
 
-    async def extend(self, ttl: float | None = None) -> None:
+    async def extend(self, additional_time: float, replace_ttl: bool = False) -> bool:
         """See ``Lock.extend``."""
-        lease = self._owned_lease()
-        await self.client.renew(lease, ttl=ttl)
-        if ttl is not None:
-            self.ttl = ttl
+        lease = self._owned_lease("extend")
+        ttl = self._extend_ttl(lease, additional_time, replace_ttl)
+        try:
+            await self.client.renew(lease, ttl=ttl)
+        except ValidationError as exc:
+            raise self._refused(exc, ttl, additional_time, replace_ttl) from exc
+        return True
+
+    async def reacquire(self) -> bool:
+        """See ``Lock.reacquire``."""
+        await self.client.renew(self._owned_lease("reacquire"), ttl=self.ttl)
+        return True
+
+    @overload
+    def owned(self, check: Literal[False] = False) -> bool: ...
+
+    @overload
+    def owned(self, check: Literal[True]) -> Awaitable[bool]: ...
+
+    def owned(self, check: bool = False) -> bool | Awaitable[bool]:
+        """See ``Lock.owned``: plain by default (no request); with ``check=True`` an awaitable
+        (``await lock.owned(check=True)``) that asks lockd."""
+        if not check:
+            return self._owned_locally()
+        return _AskedLockd(self._owned_at_lockd, self.name)
+
+    async def _owned_at_lockd(self) -> bool:
+        lease = self.lease
+        if not self._owned_locally():
+            return False
+        return self._held_by(lease, await self.client.status(self.name))
 
     async def locked(self) -> bool:
         """See ``Lock.locked``."""
@@ -237,5 +408,9 @@ class AsyncLock(_LockBase):
         return self.lease
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        assert self.lease is not None
-        await self.lease.__aexit__(exc_type, exc, tb)
+        lease = self.lease
+        assert lease is not None
+        try:
+            await lease.__aexit__(exc_type, exc, tb)
+        finally:
+            self._forget(lease, always=True)

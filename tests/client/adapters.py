@@ -198,8 +198,9 @@ class _ThroughLockObjects:
     through the reusable ``Lock`` / ``AsyncLock`` object instead of the client's lease API, so
     the same behavioural suite judges it: ``try_acquire`` is ``lock.acquire(blocking=wait > 0,
     timeout=wait)``; ``acquire`` is ``lock.acquire()`` when waiting forever, else the ``with``
-    entry (which raises ``AcquireTimeout``); ``renew`` is ``lock.extend(ttl)``; ``release`` is
-    ``lock.release()``. Leases not made here (a ``LeaseRef``) go to the client."""
+    entry (which raises ``AcquireTimeout``); ``renew`` is ``lock.extend(ttl, replace_ttl=True)``
+    (without a ttl: the lease's own TTL); ``release`` is ``lock.release()``. Leases not made here
+    (a ``LeaseRef``) go to the client."""
 
     lock_object: Any
     client: Any
@@ -234,7 +235,8 @@ class _ThroughLockObjects:
         lk = self._locks().get(id(lease))
         if lk is None:
             return super().renew(lease, ttl=ttl)  # type: ignore[misc]
-        lk.extend(ttl)
+        lease_ttl = lk.lease.ttl if lk.lease is not None else lk.ttl
+        lk.extend(lease_ttl if ttl is None else ttl, replace_ttl=True)
         return lk.lease
 
     def release(self, lease: Any):

@@ -41,6 +41,8 @@ PUBLIC_API = [
     "ServiceUnavailable",
     "TransportError",
     "ProtocolError",
+    "LockError",
+    "LockValueError",
 ]
 
 
@@ -61,6 +63,9 @@ def test_every_error_is_one_hierarchy():
     assert issubclass(lockd.AcquireTimeout, lockd.LockNotAcquired)
     assert issubclass(lockd.StaleTokenError, lockd.FencingError)
     assert issubclass(lockd.TransportError, lockd.ServiceUnavailable)
+    # a Lock's misuse errors are still the built-ins they were before they joined the tree
+    assert issubclass(lockd.LockError, RuntimeError)
+    assert issubclass(lockd.LockValueError, ValueError)
 
 
 def _problem(status: int, code: str | None, **extra) -> httpx.Response:
