@@ -181,7 +181,8 @@ class LockClient(ClientCore):
              renew_every: float | None = None,
              on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True) -> Lock:
         """A reusable ``Lock`` of ``name`` (``lockd.client.lock``): ``acquire(blocking, timeout)
-        -> bool``, ``release()``, ``locked()``, ``owned()``, ``extend(ttl)``, ``fence``, ``token``.
+        -> bool``, ``release()``, ``locked()``, ``owned()``, ``extend(additional_time,
+        replace_ttl=False)``, ``reacquire()``, ``fence``, ``token``.
         No request until you acquire.
 
         ``with client.lock(name, ttl=30, wait=60) as lease:`` holds ``name`` while the block
