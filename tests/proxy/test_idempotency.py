@@ -214,6 +214,7 @@ def test_a_batch_replay_checks_the_recorded_fence_of_every_lock(deployment: Depl
     problem = assert_problem(stale, 409, "stale_token")
     assert (problem["lock"], problem["presented"], problem["highest"]) == (b, 6, 7)
     assert problem["stale"] == [{"lock": b, "presented": 6, "highest": 7}]
+    assert problem["op_index"] == 0, "as for any stale batch"
     replay = d.client.post("/v1/batch", json=ops,
                            headers={"Fencing-Token": d.ring.sign_many({a: 8, b: 7}),
                                     "Idempotency-Key": key})
