@@ -42,14 +42,11 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
 from resource_proxy.errors import InvalidRequest, StaleToken
-
-if TYPE_CHECKING:  # fencing imports this module (the record table is created with the fences)
-    from resource_proxy.fencing import Fence
 
 __all__ = [
     "HEADER",
@@ -90,6 +87,18 @@ class Reply:
     status: int
     body: str
     replayed: bool = False
+
+
+class Fence(Protocol):
+    """A fence a token presents: ``fencing.Fence`` (named structurally here, because ``fencing``
+    creates the record table with its own and so imports this module)."""
+
+    @property
+    def lock(self) -> str: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def multi(self) -> bool: ...
 
 
 class StaleReplay(Exception):

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from lockd.tokens import KeyRing
-from tests.proxy.conftest import Database, assert_problem, make_database, write_jwks
-from tests.support import drop_database
+from tests.proxy.conftest import Database, assert_problem, make_database, proxy_argv, write_jwks
+from tests.support import ServiceProcess, drop_database, free_port
 
 SQLITE_TABLES = """
 CREATE TABLE tn (id TEXT PRIMARY KEY, v TEXT);
@@ -62,10 +62,6 @@ class Served:
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def served(request, tmp_path_factory) -> Iterator[Served]:
-    from tests.support import ServiceProcess, free_port
-
-    from tests.proxy.conftest import proxy_argv
-
     backend = request.param
     admin = request.getfixturevalue("pg_admin_dsn") if backend == "postgres" else None
     directory = tmp_path_factory.mktemp(f"nullkeys-{backend}")
