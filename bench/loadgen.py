@@ -350,6 +350,32 @@ async def _lockd_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[
     return cycle, conn.close
 
 
+async def _fenced_tx(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    """``async_fenced_transaction`` on a psycopg connection: verify the client's token offline
+    (``jwks``, parsed once), BEGIN, ``fencing.claim`` its lock, the client's UPDATE (the row's
+    fence trigger checks the claim), COMMIT: what an application pays to fence its own SQL."""
+    import psycopg
+
+    from lockd import async_fenced_transaction
+    from lockd.tokens import Verifier
+
+    conn = await psycopg.AsyncConnection.connect(spec["dsn"], prepare_threshold=1)
+    verifier = Verifier(spec["jwks"])
+    token, sql, params = spec["tokens"][i], spec["sql"], spec["params"][i]
+    n = 0
+
+    async def cycle() -> None:
+        nonlocal n
+        n += 1
+        params["v"] = n
+        async with async_fenced_transaction(conn, token, jwks=verifier):
+            cur = await conn.execute(sql, params)
+            if await cur.fetchone() is None:
+                raise HttpError(404, f"row {params} not updated".encode())
+
+    return cycle, conn.close
+
+
 WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], Awaitable[None]]]]]] = {
     "noop": _noop,
     "lockd": _lockd,
@@ -360,6 +386,7 @@ WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], A
     "proxy_write": _proxy_write,
     "proxy_batch": _proxy_batch,
     "direct_sql": _direct_sql,
+    "fenced_tx": _fenced_tx,
     "lockd_sql": _lockd_sql,
 }
 
