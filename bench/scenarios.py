@@ -407,6 +407,8 @@ def renewal_capacity(bench: Bench) -> Section:
 
 # --- 5. proxy ---------------------------------------------------------------------------------
 
+_DIRECT = "direct fenced statement, psycopg (baseline)"
+
 
 def proxy(bench: Bench) -> Section:
     from lockd.common.serving.workers import default_workers
@@ -425,8 +427,15 @@ def proxy(bench: Bench) -> Section:
         conn.execute("INSERT INTO bench_rows SELECT g, 0 FROM generate_series(0, 1023) g")
         conn.execute("CREATE TABLE bench_batch (grp bigint, id bigint, v bigint NOT NULL,"
                      " PRIMARY KEY (grp, id))")
+        conn.execute("CREATE TABLE bench_sqlfence (id bigint PRIMARY KEY, v bigint NOT NULL)")
+        conn.execute("INSERT INTO bench_sqlfence SELECT g, 0 FROM generate_series(0, 1023) g")
     ring = KeyRing.generate()
     most = max(s.proxy_clients)
+    # fenced_transaction's table: row i under lock bench5t/i, guarded by the fence triggers.
+    # Its own table, installed before any proxy starts: the proxy rows keep the proxy's fence
+    # table, and their writes to bench_rows are not refused by triggers they do not claim for.
+    _install_triggers(bench, dsn, "tables: {bench_sqlfence: 'bench5t/{key}'}\n")
+    sql_tokens = [ring.sign(f"bench5t/{i}", 1) for i in range(most)]
     # One row, one lock: row i of bench_rows is written under lock bench5/i (client i's), and
     # every row of group i of bench_batch under bench5b/i (a batch client's own 100 rows).
     policy = "tables: {bench_rows: 'bench5/{key}', bench_batch: 'bench5b/{grp}'}\n"
@@ -450,7 +459,7 @@ def proxy(bench: Bench) -> Section:
         fenced_params.append(params)
     v_param = f"v{list(op.values).index('v')}"
     cases = {
-        "direct fenced statement, psycopg (baseline)": {
+        _DIRECT: {
             "workload": "direct_sql", "dsn": dsn, "sql": fenced_sql, "params": fenced_params,
             "counter": v_param, "check_first": [1] * most},
         "through the proxy (PUT, fenced)": {
@@ -472,13 +481,20 @@ def proxy(bench: Bench) -> Section:
         f"through the proxy, batches of {s.batch} upserts": {
             "workload": "proxy_batch", **server.addr(), "tokens": batch_tokens,
             "table": "bench_batch", "batch": s.batch, "grouped": True},
+        "fenced_transaction, psycopg (claim + UPDATE)": {
+            "workload": "fenced_tx", "dsn": dsn, "tokens": sql_tokens, "jwks": ring.jwks(),
+            "sql": "UPDATE bench_sqlfence SET v = %(v)s WHERE id = %(id)s RETURNING id",
+            "params": [{"v": 0, "id": i} for i in range(most)]},
     }
+    # BENCH_PEERS narrows the rows (the baseline always runs: every ratio is to it)
+    cases = {name: spec for name, spec in cases.items()
+             if name == _DIRECT or bench.wanted(name)}
     # the physical limit: PostgreSQL's own commit rate for the same single-row statements, from
     # the same generator with limit_c clients (a pgbench-like run: enough to saturate it)
-    limits = {f"PostgreSQL limit: fenced statement, psycopg, {limit_c} clients":
-              cases["direct fenced statement, psycopg (baseline)"],
-              f"PostgreSQL limit: plain UPDATE, psycopg, {limit_c} clients":
-              cases["direct plain UPDATE, no fence, psycopg"]}
+    limits = {name: spec for name, spec in (
+        (f"PostgreSQL limit: fenced statement, psycopg, {limit_c} clients", cases[_DIRECT]),
+        (f"PostgreSQL limit: plain UPDATE, psycopg, {limit_c} clients",
+         cases.get("direct plain UPDATE, no fence, psycopg"))) if spec and bench.wanted(name)}
     per_client = int(300 * (s.warmup + s.seconds)) + 100  # more than a client can send
     res: dict[tuple[str, int], list[dict]] = {}
     for r in range(s.rounds):
@@ -504,8 +520,7 @@ def proxy(bench: Bench) -> Section:
         [("path", "str"), ("clients", "int"), ("rows/s", "int"), ("× direct fenced", "x"),
          ("p50 ms", "ms"), ("p99 ms", "ms"), ("errors", "int")])
     for c in s.proxy_clients:
-        base = median([x["cycles"] / x["seconds"]
-                       for x in res[("direct fenced statement, psycopg (baseline)", c)]])
+        base = median([x["cycles"] / x["seconds"] for x in res[(_DIRECT, c)]])
         for name in cases:
             runs = res[(name, c)]
             per = s.batch if "batches" in name else 1
@@ -529,6 +544,11 @@ def proxy(bench: Bench) -> Section:
                          "row is the whole batch's. The proxy caches verified tokens, so the "
                          "'new token every write' row shows the cost of verifying each new "
                          "lease's token (its first write).")
+    section.notes.append("'fenced_transaction': lockd's async_fenced_transaction on a psycopg "
+                         "connection per client: the token verified offline, BEGIN, SELECT "
+                         "fencing.claim(lock, fence), the UPDATE of the client's row in "
+                         "bench_sqlfence (whose fence trigger, resource_proxy.dbfence, checks "
+                         "the claim), COMMIT: four round trips where the baseline sends one.")
     section.notes.append(f"'--workers {cpus}': the same proxy as {cpus} processes on one port "
                          "(the default: one per CPU); the other proxy rows are one process "
                          "(--workers 1), whose ceiling is the do-nothing FastAPI row: the same "
@@ -538,6 +558,23 @@ def proxy(bench: Bench) -> Section:
                          "psycopg clients from the same generator: what no proxy can exceed "
                          "on this machine.")
     return section
+
+
+def _install_triggers(bench: Bench, dsn: str, policy_text: str) -> None:
+    """``resource_proxy.dbfence.install`` of ``policy_text``'s tables on the database ``dsn``."""
+    import sqlalchemy as sa
+
+    from resource_proxy.dbfence import install
+    from resource_proxy.policy import load_policy
+
+    path = bench.ws.dir / "section5-sql-policy.yaml"
+    path.write_text(policy_text)
+    policy = load_policy(path)
+    engine = sa.create_engine(sqlalchemy_url(dsn))
+    try:
+        install(engine, policy, tables=list(policy.tables))
+    finally:
+        engine.dispose()
 
 
 # --- 6. scale ---------------------------------------------------------------------------------

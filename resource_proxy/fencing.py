@@ -42,7 +42,7 @@ import sqlalchemy as sa
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from resource_proxy.errors import InvalidRequest, StaleToken
-from resource_proxy.idempotency import idempotency_table
+from resource_proxy.idempotency import add_fences_column, idempotency_table
 
 __all__ = [
     "PG_SCHEMA",
@@ -123,7 +123,8 @@ def _table(dialect: str) -> sa.Table:
 
 def create_fence_table(engine: sa.Engine) -> None:
     """Create the fence table and the ``Idempotency-Key`` record table (``idempotency``) if they
-    are missing (safe when several proxies start at once)."""
+    are missing, and add the record table's newer columns (safe when several proxies start at
+    once)."""
     table = _table(engine.dialect.name)
     is_pg = engine.dialect.name == "postgresql"
     records = idempotency_table(engine.dialect.name, table.metadata, PG_SCHEMA if is_pg else None)
@@ -133,3 +134,4 @@ def create_fence_table(engine: sa.Engine) -> None:
             conn.execute(sa.schema.CreateSchema(PG_SCHEMA, if_not_exists=True))
         table.create(conn, checkfirst=True)
         records.create(conn, checkfirst=True)
+        add_fences_column(conn, records)

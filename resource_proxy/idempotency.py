@@ -3,8 +3,8 @@
 Why: when the connection to the database breaks while a write's COMMIT is in flight, nobody
 knows whether it committed (``outcome_unknown``, 502). A retry of a POST would then insert a
 second row. With ``Idempotency-Key: <key>`` on a write (POST/PUT/PATCH/DELETE rows) or a batch,
-the store records ``key -> (lock, digest of the request, status, body)`` in the SAME transaction
-as the write, so exactly one of these holds after any failure: the write and its record
+the store records ``key -> (digest of the request, fences, status, body)`` in the SAME
+transaction as the write, so exactly one of these holds after any failure: the write and its record
 committed (a retry finds the record and gets the original status and body, with
 ``Idempotency-Replayed: true``), or neither did (a retry writes).
 
@@ -15,8 +15,16 @@ committed (a retry finds the record and gets the original status and body, with
   the same key with another body, route, method or lock is 422 ``idempotency_key_reused``.
 - Only successful writes are recorded: a rejected write (stale token, conflict, bad value) is
   rolled back whole, record included, so its retry is evaluated afresh.
-- The record is looked up before the fence check: a replay returns the original answer even if
-  a newer holder has fenced the lock off since (the write was honoured when it was made).
+- The record keeps the fence of each lock the write checked (``fences``: JSON ``{lock: fence}``,
+  ``{}`` for an unfenced table). A replay answers the recorded result only to a token holding
+  each of those locks at a fence >= the recorded one. It is looked up before the fence check, so
+  the holder that wrote still gets its answer after a newer holder has fenced the lock off (the
+  write was honoured when it was made). A LOWER fence gets 409 ``stale_token``, as its own write
+  would: the digest omits the fence, so without this a stale holder that never wrote (fence 1,
+  after fence 2 committed the same key and body) would be told it succeeded. Its ``highest`` is
+  the lock's highest honoured fence (read on that path only; >= the recorded one), the value
+  ``highest`` carries in every other ``stale_token``, so a client acts on one meaning. A record
+  written before fences were recorded (``fences`` NULL) replays as it did then, to the lock.
 - Kept ``ttl_ms`` (default 24 h, ``PROXY_IDEMPOTENCY_TTL_MS``), by the database's clock on
   PostgreSQL and the proxy's on SQLite; an expired record is as good as absent and is deleted
   by the next write that reuses its key, or by a purge (at most every 10 s, 10 000 records at
@@ -30,14 +38,15 @@ committed (a retry finds the record and gets the original status and body, with
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from resource_proxy.errors import InvalidRequest
+from resource_proxy.errors import InvalidRequest, StaleToken
 
 __all__ = [
     "HEADER",
@@ -48,9 +57,11 @@ __all__ = [
     "Keyed",
     "Reply",
     "KeyReused",
+    "StaleReplay",
     "parse_key",
     "digest",
     "idempotency_table",
+    "add_fences_column",
 ]
 
 HEADER = "idempotency-key"
@@ -78,36 +89,91 @@ class Reply:
     replayed: bool = False
 
 
+class Fence(Protocol):
+    """A fence a token presents: ``fencing.Fence`` (named structurally here, because ``fencing``
+    creates the record table with its own and so imports this module)."""
+
+    @property
+    def lock(self) -> str: ...
+    @property
+    def fence(self) -> int: ...
+    @property
+    def multi(self) -> bool: ...
+
+
+class StaleReplay(Exception):
+    """Raised by ``Once.replay``: the request is the recorded one, but the token presents a fence
+    below the recorded fence of ``below`` (each ``(presented Fence, recorded fence)``). The store
+    reads each lock's highest and raises ``refusal(highest)``."""
+
+    def __init__(self, below: list[tuple[Fence, int]]):
+        super().__init__("stale replay")
+        self.below = below
+
+    @property
+    def locks(self) -> list[str]:
+        return [fence.lock for fence, _ in self.below]
+
+    def refusal(self, highest: Sequence[int]) -> StaleToken:
+        """The 409 for the stale locks; ``highest``: each lock's highest honoured fence (the
+        recorded fence if that is higher: it was honoured, whatever the fence table says)."""
+        stale = [(fence, max(h, recorded))
+                 for (fence, recorded), h in zip(self.below, highest, strict=True)]
+        first, top = stale[0]
+        if not any(fence.multi for fence, _ in stale):
+            return StaleToken(first.lock, first.fence, top)
+        return StaleToken(first.lock, first.fence, top, stale=[
+            {"lock": f.lock, "presented": f.fence, "highest": h} for f, h in stale])
+
+
 @dataclass(frozen=True, slots=True)
 class Once:
-    """A keyed write: the ``key``, the request's ``digest``, how long records live (``ttl_ms``)
-    and ``render`` (the store's result -> the ``Reply`` to record and send)."""
+    """A keyed write: the ``key``, the request's ``digest``, the ``fences`` it presents (one per
+    lock it touches, lock order; none for an unfenced table), how long records live
+    (``ttl_ms``) and ``render`` (the store's result -> the ``Reply`` to record and send)."""
 
     key: str
     digest: str
+    fences: tuple[Fence, ...]
     ttl_ms: int
     render: Callable[[Any], Reply]
 
-    def replay(self, digest: str, status: int, body: str) -> Reply:
-        """The recorded answer, or ``KeyReused`` if it answered another request."""
+    @property
+    def recorded_fences(self) -> str:
+        """What the record keeps of the fences: JSON ``{lock: fence}``."""
+        return json.dumps({f.lock: f.fence for f in self.fences}, separators=(",", ":"))
+
+    def replay(self, digest: str, status: int, body: str, fences: str | None) -> Reply:
+        """The recorded answer; ``KeyReused`` if it answered another request, ``StaleReplay``
+        if this token presents a fence below a recorded one (``fences`` None: recorded before
+        fences were, no check)."""
         if digest != self.digest:
             raise KeyReused("this Idempotency-Key was used for another request (body, route, "
                             "method or lock differ); use a new key for a new request")
+        recorded: dict[str, int] = json.loads(fences) if fences else {}
+        below = [(f, recorded[f.lock]) for f in self.fences
+                 if f.lock in recorded and f.fence < recorded[f.lock]]
+        if below:
+            raise StaleReplay(below)
         return Reply(status, body, replayed=True)
 
 
 @dataclass(frozen=True, slots=True)
 class Keyed:
     """What the HTTP layer knows of a keyed request: the key and the request's method, path (as
-    sent) and body bytes; ``once`` adds the token's lock once it is verified."""
+    sent) and body bytes; ``once`` adds the token's fences once it is verified."""
 
     key: str
     method: str
     path: str
     body: bytes
 
-    def once(self, lock: str, ttl_ms: int, render: Callable[[Any], Reply]) -> Once:
-        return Once(self.key, digest(self.method, self.path, lock, self.body), ttl_ms, render)
+    def once(self, fences: Sequence[Fence], ttl_ms: int, render: Callable[[Any], Reply]) -> Once:
+        """The ``Once`` of this request under ``fences`` (lock order; the digest covers their
+        locks, not their fences: a replay's fence is judged against the record's)."""
+        lock = ",".join(f.lock for f in fences)
+        return Once(self.key, digest(self.method, self.path, lock, self.body), tuple(fences),
+                    ttl_ms, render)
 
 
 def parse_key(raw: str | None) -> str | None:
@@ -138,5 +204,25 @@ def idempotency_table(dialect: str, metadata: sa.MetaData, schema: str | None) -
         sa.Column("status", sa.Integer),
         sa.Column("body", sa.Text),
         sa.Column("created_ms", sa.BigInteger, nullable=False, index=True),
+        sa.Column("fences", sa.Text),  # JSON {lock: fence}; NULL in records older than it
         schema=schema,
     )
+
+
+def add_fences_column(conn: sa.Connection, records: sa.Table) -> None:
+    """Give a record table created before fences were recorded its ``fences`` column (at start,
+    in the transaction that creates the tables; a no-op when it is there). PostgreSQL: ``ADD
+    COLUMN IF NOT EXISTS`` (only when the catalog lacks it, so a normal start takes no ACCESS
+    EXCLUSIVE lock); SQLite, which has no IF NOT EXISTS there: added if ``table_info`` lacks it."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns(records.name, schema=records.schema)}
+    if "fences" in present:
+        return
+    name = conn.dialect.identifier_preparer.format_table(records)
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN IF NOT EXISTS fences text"))
+        return
+    try:  # an error leaves SQLite's transaction open (unlike PostgreSQL's)
+        conn.execute(sa.text(f"ALTER TABLE {name} ADD COLUMN fences TEXT"))
+    except sa.exc.OperationalError as exc:  # another proxy on the same file added it first
+        if "duplicate column" not in str(exc):
+            raise

@@ -153,7 +153,7 @@ class ProxyService:
             return Reply(status, "" if status == 204 else dumps(written))
 
         return await self.store.write_once(
-            fence, op, keyed.once(fence.lock if fence else "", self.idempotency_ttl_ms, render))
+            fence, op, keyed.once([fence] if fence else [], self.idempotency_ttl_ms, render))
 
     def _batch_op(self, raw: Any, claims: Claims | None) -> tuple[WriteOp, Fence | None]:
         if not isinstance(raw, Mapping):
@@ -219,7 +219,7 @@ class ProxyService:
 
         if keyed is None:
             return answer(await self.store.batch(checked, built))
-        once = keyed.once(",".join(f.lock for f in checked), self.idempotency_ttl_ms,
+        once = keyed.once(checked, self.idempotency_ttl_ms,
                           lambda rows: Reply(200, dumps(answer(rows))))
         return await self.store.batch_once(checked, built, once)
 

@@ -172,6 +172,7 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
                 declared = {row[0]: row[1] or "" for row in rows}
                 inexact = _sqlite_collations(conn, name)
             columns: dict[str, Column] = {}
+            pk = tuple(inspector.get_pk_constraint(name).get("constrained_columns") or ())
             for info in inspector.get_columns(name):
                 kind, extra = _kind_of(info["type"], declared.get(info["name"], ""))
                 if is_pg and kind is Kind.INTEGER:
@@ -187,13 +188,14 @@ def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[st
                 columns[info["name"]] = Column(
                     name=info["name"],
                     kind=kind,
-                    nullable=bool(info.get("nullable", True)),
+                    # a key value is never NULL: it has no lock name. PostgreSQL enforces
+                    # it; SQLite does not for a non-INTEGER key (a legacy quirk), so here
+                    nullable=bool(info.get("nullable", True)) and info["name"] not in pk,
                     cast=casts.get(info["name"], ""),
                     generated=generated,
                     inexact=inexact.get(info["name"], ""),
                     **extra,
                 )
-            pk = tuple(inspector.get_pk_constraint(name).get("constrained_columns") or ())
             catalog[name] = Table(name=name, columns=columns, primary_key=pk)
     return catalog
 

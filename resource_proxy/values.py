@@ -29,7 +29,10 @@ significant digits (SQLite's own limit); PostgreSQL ``numeric`` keeps them all.
 
 Keys: in URLs the primary key values in primary key order joined by ``,`` each percent-encoded
 (``parse_url_key``); in batch ops a scalar, a list in key order, or ``{column: value}``
-(``parse_json_key``).
+(``parse_json_key``). A key value is never NULL (422 naming the column), in a key or in a row:
+NULL has no lock name. ``tables.reflect`` marks every key column NOT NULL, also on SQLite, which
+lets a non-INTEGER key hold NULL; ``null`` for an INTEGER PRIMARY KEY or a serial does not ask
+for an assigned key either (leave the column out for that).
 """
 
 from __future__ import annotations
@@ -318,7 +321,7 @@ def parse_url_key(table: Table, raw: str) -> tuple[Any, ...]:
             f"({', '.join(table.primary_key)}) joined by ','; got {len(parts)}"
         )
     return tuple(
-        coerce(table.columns[name], part, from_text=True)
+        _key_value(table.columns[name], part, from_text=True)
         for name, part in zip(table.primary_key, parts, strict=True)
     )
 
@@ -337,9 +340,16 @@ def parse_json_key(table: Table, value: Any) -> tuple[Any, ...]:
         values = [value]
     if len(values) != len(pk):
         raise InvalidRequest(f"key of table {table.name!r} has {len(pk)} value(s) ({', '.join(pk)})")
-    if any(v is None for v in values):
-        raise InvalidRequest(f"key of table {table.name!r} may not contain null")
-    return tuple(coerce(table.columns[n], v) for n, v in zip(pk, values, strict=True))
+    return tuple(_key_value(table.columns[n], v) for n, v in zip(pk, values, strict=True))
+
+
+def _key_value(column: Column, value: Any, *, from_text: bool = False) -> Any:
+    """``coerce`` for a key column: a key value is never NULL (it would have no lock name), even
+    where the database allows it (SQLite, a non-INTEGER key): 422 naming the column."""
+    if value is None:
+        raise InvalidRequest(f"column {column.name!r} is part of the key: a key value may not be "
+                             "null", column=column.name)
+    return coerce(column, value, from_text=from_text)
 
 
 def _text(value: Any) -> str:

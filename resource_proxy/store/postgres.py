@@ -51,7 +51,7 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all
 from resource_proxy.idempotency import PG_TABLE as RECORDS
-from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply
+from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply, StaleReplay
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
 from resource_proxy.store.watched import WatchedConnection
@@ -110,11 +110,12 @@ _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 _CLAIM_KEY = (
     f"INSERT INTO {_RECORDS} AS r (key, digest, created_ms) VALUES (%(key)s, %(digest)s, {_NOW_MS}) "
     "ON CONFLICT (key) DO UPDATE SET digest = excluded.digest, status = NULL, body = NULL, "
-    "created_ms = excluded.created_ms WHERE r.created_ms < excluded.created_ms - %(ttl)s "
+    "fences = NULL, created_ms = excluded.created_ms WHERE r.created_ms < excluded.created_ms - %(ttl)s "
     "RETURNING 1"
 )
-_READ_KEY = f"SELECT digest, status, body FROM {_RECORDS} WHERE key = %(key)s"
-_RECORD = f"UPDATE {_RECORDS} SET status = %(status)s, body = %(body)s WHERE key = %(key)s"
+_READ_KEY = f"SELECT digest, status, body, fences FROM {_RECORDS} WHERE key = %(key)s"
+_RECORD = (f"UPDATE {_RECORDS} SET status = %(status)s, body = %(body)s, fences = %(fences)s "
+           "WHERE key = %(key)s")
 _PURGE = (f"DELETE FROM {_RECORDS} WHERE key IN (SELECT key FROM {_RECORDS} "
           f"WHERE created_ms < {_NOW_MS} - %(ttl)s LIMIT {PURGE_BATCH})")
 
@@ -293,10 +294,15 @@ class PostgresStore:
                     if found is None:  # expired and purged in between: rare, and safe to retry
                         raise StoreUnavailable("the key's record expired meanwhile; nothing was "
                                                "committed (safe to retry)")
-                    reply = once.replay(*found)
+                    try:
+                        reply = once.replay(*found)
+                    except StaleReplay as stale:  # a fence below the recorded one: 409
+                        raise stale.refusal(
+                            [await self._highest_on(conn, lock) for lock in stale.locks]) from None
                     raise psycopg.Rollback(tx)
                 reply = once.render(await body(conn))
-                await conn.execute(_RECORD, {**key, "status": reply.status, "body": reply.body})
+                await conn.execute(_RECORD, {**key, "status": reply.status, "body": reply.body,
+                                             "fences": once.recorded_fences})
                 flight.committing = True
         self._maybe_purge(once.ttl_ms)
         return reply
@@ -306,7 +312,12 @@ class PostgresStore:
 
     async def batch_once(self, fences: Sequence[Fence], ops: Sequence[WriteOp],
                          once: Once) -> Reply:
-        return await self._once(once, lambda conn: self._batch_on(conn, fences, ops))
+        try:
+            return await self._once(once, lambda conn: self._batch_on(conn, fences, ops))
+        except ProxyError as exc:  # a stale replay is refused before any op, as a stale batch
+            if exc.code == "stale_token":
+                exc.with_extra(op_index=0)
+            raise
 
     def _maybe_purge(self, ttl_ms: int) -> None:
         """Start a purge of expired records in the background, at most once per
@@ -365,8 +376,11 @@ class PostgresStore:
                 check_all(fences, highest)
         return highest
 
+    async def _highest_on(self, conn: psycopg.AsyncConnection, lock: str) -> int:
+        cur = await conn.execute(self.sql.d.fence_select, {"lock": lock})
+        row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
     async def highest(self, lock: str) -> int:
         async with self._connection() as conn:
-            cur = await conn.execute(self.sql.d.fence_select, {"lock": lock})
-            row = await cur.fetchone()
-        return int(row[0]) if row else 0
+            return await self._highest_on(conn, lock)

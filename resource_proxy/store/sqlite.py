@@ -32,7 +32,14 @@ from resource_proxy.errors import (
     StoreUnavailable,
 )
 from resource_proxy.fencing import Fence, check_all
-from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, SQLITE_TABLE, Once, Reply
+from resource_proxy.idempotency import (
+    PURGE_BATCH,
+    PURGE_INTERVAL_S,
+    SQLITE_TABLE,
+    Once,
+    Reply,
+    StaleReplay,
+)
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import SQLITE, SqlBuilder
 from resource_proxy.tables import Catalog, Table
@@ -42,9 +49,10 @@ from resource_proxy.writes import WriteOp
 __all__ = ["SqliteStore", "translate"]
 
 T = TypeVar("T")
-_READ_KEY = f"SELECT digest, status, body, created_ms FROM {SQLITE_TABLE} WHERE key = :key"
-_RECORD = (f"INSERT OR REPLACE INTO {SQLITE_TABLE} (key, digest, status, body, created_ms) "
-           "VALUES (:key, :digest, :status, :body, :now)")
+_READ_KEY = (f"SELECT digest, status, body, fences, created_ms FROM {SQLITE_TABLE} "
+             "WHERE key = :key")
+_RECORD = (f"INSERT OR REPLACE INTO {SQLITE_TABLE} (key, digest, status, body, fences, "
+           "created_ms) VALUES (:key, :digest, :status, :body, :fences, :now)")
 _PURGE = (f"DELETE FROM {SQLITE_TABLE} WHERE key IN (SELECT key FROM {SQLITE_TABLE} "
           f"WHERE created_ms < :cutoff LIMIT {PURGE_BATCH})")
 
@@ -153,13 +161,19 @@ class SqliteStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             found = conn.execute(_READ_KEY, {"key": once.key}).fetchone()
-            if found is not None and found[3] >= now - once.ttl_ms:
+            if found is not None and found[4] >= now - once.ttl_ms:
+                try:
+                    reply = once.replay(*found[:4])
+                except StaleReplay as stale:  # a fence below the recorded one: 409
+                    raise stale.refusal([self._highest_on(conn, lock)
+                                         for lock in stale.locks]) from None
                 conn.execute("ROLLBACK")
-                return once.replay(found[0], found[1], found[2])
+                return reply
             self._check(conn, fences)  # none: only unfenced tables are written
             reply = once.render(body())
             conn.execute(_RECORD, {"key": once.key, "digest": once.digest, "status": reply.status,
-                                   "body": reply.body, "now": now})
+                                   "body": reply.body, "fences": once.recorded_fences,
+                                   "now": now})
             self._commit(conn)
         except BaseException:
             if conn.in_transaction:
@@ -248,6 +262,9 @@ class SqliteStore:
         return await self._run(
             lambda conn: self._fenced(conn, fences, lambda: [f.fence for f in fences]))
 
-    async def highest(self, lock: str) -> int:
-        row = await self._run(lambda conn: conn.execute(self.sql.d.fence_select, {"lock": lock}).fetchone())
+    def _highest_on(self, conn: sqlite3.Connection, lock: str) -> int:
+        row = conn.execute(self.sql.d.fence_select, {"lock": lock}).fetchone()
         return int(row[0]) if row else 0
+
+    async def highest(self, lock: str) -> int:
+        return await self._run(lambda conn: self._highest_on(conn, lock))

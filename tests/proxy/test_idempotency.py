@@ -173,6 +173,109 @@ def test_a_rejected_write_records_nothing_and_a_replay_outlives_a_newer_fence(de
     assert len(_history(d, writer)) == 1
 
 
+def test_a_replay_answers_only_a_token_at_or_above_the_recorded_fence(deployment: Deployment):
+    # fence base+2 wrote with the key; fence base+1, a stale holder that never wrote, retries
+    # the same key and body: it is refused as any stale write is, not told "201, you wrote"
+    d, lock, writer, base = deployment, "history", unique("w"), _base()
+    key, body = _key(), {"fence": base + 2, "writer": writer}
+    first = d.client.post("/v1/tables/history/rows", json=body,
+                          headers={**d.auth(lock, base + 2), "Idempotency-Key": key})
+    assert first.status_code == 201, first.text
+    claimed = d.client.post(f"/v1/fences/{lock}/claim", headers=d.auth(lock, base + 3))
+    assert claimed.status_code == 200, claimed.text
+    stale = d.client.post("/v1/tables/history/rows", json=body,
+                          headers={**d.auth(lock, base + 1), "Idempotency-Key": key})
+    problem = assert_problem(stale, 409, "stale_token")
+    assert (problem["lock"], problem["presented"], problem["highest"]) == \
+        (lock, base + 1, base + 3), "highest: the lock's highest, as in every stale_token"
+    assert "idempotency-replayed" not in stale.headers
+    for fence in (base + 2, base + 9):  # the recorded fence and any later one get the answer
+        replay = d.client.post("/v1/tables/history/rows", json=body,
+                               headers={**d.auth(lock, fence), "Idempotency-Key": key})
+        assert (replay.status_code, replay.json()) == (201, first.json()), replay.text
+        assert replay.headers["idempotency-replayed"] == "true"
+    assert _history(d, writer) == [(first.json()["id"], base + 2)]
+
+
+def test_a_batch_replay_checks_the_recorded_fence_of_every_lock(deployment: Deployment):
+    # a multi-lock token: the batch records one fence per lock it touched; a replay must hold
+    # each lock at or above its recorded fence, and the 409 lists every lock that is below
+    d, a, b = deployment, unique("items/"), unique("items/")
+    ops = {"ops": [{"op": "upsert", "table": "items", "key": a.split("/")[1], "row": {"v": "1"}},
+                   {"op": "upsert", "table": "items", "key": b.split("/")[1], "row": {"v": "1"}}]}
+    key = _key()
+    first = d.client.post("/v1/batch", json=ops,
+                          headers={"Fencing-Token": d.ring.sign_many({a: 5, b: 7}),
+                                   "Idempotency-Key": key})
+    assert first.status_code == 200, first.text
+    stale = d.client.post("/v1/batch", json=ops,
+                          headers={"Fencing-Token": d.ring.sign_many({a: 5, b: 6}),
+                                   "Idempotency-Key": key})
+    problem = assert_problem(stale, 409, "stale_token")
+    assert (problem["lock"], problem["presented"], problem["highest"]) == (b, 6, 7)
+    assert problem["stale"] == [{"lock": b, "presented": 6, "highest": 7}]
+    assert problem["op_index"] == 0, "as for any stale batch"
+    replay = d.client.post("/v1/batch", json=ops,
+                           headers={"Fencing-Token": d.ring.sign_many({a: 8, b: 7}),
+                                    "Idempotency-Key": key})
+    assert (replay.status_code, replay.json()) == (200, first.json()), replay.text
+    assert replay.headers["idempotency-replayed"] == "true"
+    # a single-lock write's record: the same rule on a PUT
+    item, key = unique(), _key()
+    path = f"/v1/tables/items/rows/{item}"
+    put = d.client.put(path, json={"v": "x"},
+                       headers={**d.auth(f"items/{item}", 4), "Idempotency-Key": key})
+    assert put.status_code == 200, put.text
+    assert_problem(d.client.put(path, json={"v": "x"},
+                                headers={**d.auth(f"items/{item}", 3), "Idempotency-Key": key}),
+                   409, "stale_token")
+
+
+def test_a_record_table_from_before_fences_were_recorded_is_upgraded_at_start(
+        tmp_path, start_proxy, request):
+    """A record table without the ``fences`` column gets it when a proxy starts (twice: the
+    second start finds it); a record written before (no fences) still replays to its lock."""
+    from tests.proxy.conftest import make_database
+
+    for backend in ("sqlite", "postgres"):
+        admin = request.getfixturevalue("pg_admin_dsn") if backend == "postgres" else None
+        directory = tmp_path / backend
+        directory.mkdir()
+        db = make_database(backend, directory, admin)
+        table = ("resource_proxy_idempotency" if backend == "sqlite"
+                 else "resource_proxy.idempotency")
+        legacy = (f"CREATE TABLE {table} (key TEXT PRIMARY KEY, digest TEXT NOT NULL, "
+                  "status INTEGER, body TEXT, created_ms BIGINT NOT NULL)")
+        if backend == "postgres":
+            legacy = "CREATE SCHEMA resource_proxy; " + legacy
+        db.script(legacy)
+        key, body = _key(), b'{"v":"old"}'
+        answer = '{"id":"a","v":"old","n":null}'
+        db.query(f"INSERT INTO {table} (key, digest, status, body, created_ms) "
+                 "VALUES (?, ?, 200, ?, ?)",
+                 (key, digest("PUT", "/v1/tables/items/rows/a", "items", body), answer,
+                  int(time.time() * 1000)))
+        ring = KeyRing.generate()
+        jwks = str(write_jwks(tmp_path, ring))
+        try:
+            for _ in range(2):
+                url, proc = start_proxy(db.url, "--jwks-file", jwks)
+                with httpx.Client(base_url=url) as client:
+                    replay = client.put("/v1/tables/items/rows/a", content=body,
+                                        headers={"Fencing-Token": ring.sign("items", 1),
+                                                 "Idempotency-Key": key,
+                                                 "Content-Type": "application/json"})
+                    assert replay.status_code == 200, replay.text
+                    assert replay.headers["idempotency-replayed"] == "true"
+                    assert replay.text == answer
+                assert proc.stop() == 0, proc.log()
+            assert db.query(f"SELECT fences FROM {table} WHERE key = ?", (key,)) == [(None,)]
+            assert db.query("SELECT count(*) FROM items") == [(0,)], "replayed, not written"
+        finally:
+            if backend == "postgres":
+                drop_database(db.dsn, admin)
+
+
 def test_concurrent_requests_with_one_key_write_once(deployment: Deployment):
     d, lock, fence = deployment, "history", _base() + 1
     writers = [unique("w") for _ in range(8)]
