@@ -95,6 +95,24 @@ _LOCK_MESSAGE = re.compile(r'lock "(?P<lock>[^"]+)"')
 _keys: dict[str, tokens.Verifier] = {}
 """lockd URL -> the verifier of its last fetched JWKS (shared by every call in the process)."""
 
+_VERIFIED_MAX = 4096
+_verified_tokens: dict[tuple[tokens.Verifier, str], tokens.Claims] = {}
+"""(verifier, token) -> its claims: a lease's token is verified once, not on every transaction
+(an Ed25519 check costs about 0.1-0.5 ms here). Keyed by the verifier object, so keys fetched
+anew (a rotation) verify every token afresh; the oldest entry goes first when full."""
+
+
+def _verify(verifier: tokens.Verifier, token: str) -> tokens.Claims:
+    """``verifier.verify(token)``, remembered (raises what ``verify`` raises)."""
+    key = (verifier, token)
+    claims = _verified_tokens.get(key)
+    if claims is None:
+        claims = verifier.verify(token)
+        if len(_verified_tokens) >= _VERIFIED_MAX:
+            del _verified_tokens[next(iter(_verified_tokens))]
+        _verified_tokens[key] = claims
+    return claims
+
 
 # --------------------------------------------------------------------------- the token's claims
 
@@ -125,9 +143,10 @@ def _lockd_of(lease: Any, lockd_url: str | None) -> tuple[str, Any]:
     return url.rstrip("/"), getattr(client, "_http", None)
 
 
-def _check(verifier: tokens.Verifier, token: str, where: str) -> tokens.Claims:
+def _check(verifier: tokens.Verifier, token: str, where: str, *,
+           remember: bool = True) -> tokens.Claims:
     try:
-        return verifier.verify(token)
+        return _verify(verifier, token) if remember else verifier.verify(token)
     except tokens.TokenError as exc:
         raise InvalidToken(f"token refused before any SQL: {exc} ({where})",
                            code="invalid_token") from None
@@ -139,7 +158,7 @@ def _cached_claims(token: str, url: str) -> tokens.Claims | None:
     if verifier is None:
         return None
     try:
-        return verifier.verify(token)
+        return _verify(verifier, token)
     except tokens.UnknownKey:
         return None  # maybe rotated: fetch again
     except tokens.TokenError as exc:
@@ -174,7 +193,8 @@ async def _afetch_keys(url: str, http: Any) -> Any:
 def _verified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
     token, fixed = _token_of(lease), _fixed_verifier(jwks)
     if fixed is not None:
-        return _check(fixed, token, "keys given by jwks=")
+        # a JWKS dict makes a new verifier per call: nothing worth remembering under it
+        return _check(fixed, token, "keys given by jwks=", remember=fixed is jwks)
     url, http = _lockd_of(lease, lockd_url)
     claims = _cached_claims(token, url)
     if claims is None:
@@ -185,7 +205,8 @@ def _verified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
 async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
     token, fixed = _token_of(lease), _fixed_verifier(jwks)
     if fixed is not None:
-        return _check(fixed, token, "keys given by jwks=")
+        # a JWKS dict makes a new verifier per call: nothing worth remembering under it
+        return _check(fixed, token, "keys given by jwks=", remember=fixed is jwks)
     url, http = _lockd_of(lease, lockd_url)
     claims = _cached_claims(token, url)
     if claims is None:
