@@ -65,8 +65,10 @@ class LockClient(ClientCore):
                                           timeout=self.timeout if timeout is None else timeout)
         return body_or_raise(method, path, response)
 
-    def _run(self, steps: Steps[T], sleep: Callable[[float], Any] = time.sleep) -> T:
-        """Run a rule of ``lockd.client.core``: send its requests, ``sleep`` its pauses."""
+    def _run(self, steps: Steps[T], sleep: Callable[[float], Any] | None = None) -> T:
+        """Run a rule of ``lockd.client.core``: send its requests, ``sleep`` its pauses
+        (default: ``time.sleep`` as it is when called, so a process that replaces it is heard)."""
+        sleep = sleep or time.sleep
         run = StepRun(steps)
         for step in run:
             try:
