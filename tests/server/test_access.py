@@ -331,3 +331,47 @@ def test_audit_ring_is_bounded_and_paged():
     assert [e.target for e in page] == ["l/2", "l/3"] and next_since == 4
     page, next_since = trail.since(next_since, 2)
     assert [e.target for e in page] == ["l/4"] and next_since is None
+
+
+def test_certificate_subjects_and_keys_become_identities():
+    """The request middleware puts the identity of a listed key or certificate subject in the
+    ASGI scope; keys of LOCKD_API_KEYS stay unscoped identities named by their key id."""
+    import asyncio
+
+    from lockd.common.keys import KeySet
+    from lockd.common.middleware import IDENTITY, RequestMiddleware
+
+    table = parse_access({"clients": [{"name": "c", "subject": "CN=c,O=Acme",
+                                       "prefixes": ["c/"]},
+                                      {"name": "k", "key": KEY_A, "prefixes": ["k/"]}]})
+    seen: list = []
+
+    async def app(scope, receive, send):
+        seen.append(scope.get(IDENTITY))
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware = RequestMiddleware(app, api_keys=KeySet([KEY_PLAIN]), admin_keys=KeySet(),
+                                   identities=table)
+
+    async def call(key: str | None = None, subject: str | None = None) -> int:
+        headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+        scope = {"type": "http", "method": "GET", "path": "/v1/locks", "headers": headers,
+                 "extensions": {"tls": {"client_cert_name": subject}} if subject else {}}
+        sent: list = []
+
+        async def send(message):
+            sent.append(message)
+
+        await middleware(scope, None, send)
+        return sent[0]["status"]
+
+    async def main() -> list[int]:
+        return [await call(subject="CN=c,O=Acme"), await call(KEY_A), await call(KEY_PLAIN),
+                await call(subject="CN=other"), await call("wrong-key-123")]
+
+    assert asyncio.run(main()) == [204, 204, 204, 401, 401]
+    by_cert, by_key, plain = seen
+    assert (by_cert.name, by_cert.prefixes) == ("c", ("c/",))
+    assert (by_key.name, by_key.prefixes, by_key.role) == ("k", ("k/",), "client")
+    assert plain.prefixes is None and plain.name == KeySet([KEY_PLAIN]).identify(KEY_PLAIN)
