@@ -32,8 +32,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from lockd.common.keys import Identity, IdentityTable
 from lockd.common.middleware import IDENTITY
 from lockd.common.tls import parse_subjects
@@ -58,6 +56,8 @@ class AccessFileError(ValueError):
 def load_access_file(path: str | Path) -> IdentityTable:
     """The identities of the access file at ``path`` (see the module docstring). Raises
     ``AccessFileError`` for an unreadable file or any entry that breaks the rules."""
+    import yaml  # here: a lockd without an access file does not load it at start
+
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
