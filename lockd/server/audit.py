@@ -11,6 +11,11 @@ is, at once:
   ``GET /v1/audit?since=ID&limit=N`` (admins): entries with an id above ``since``, oldest
   first, and ``next_since`` to page on (``null``: nothing more now).
 
+From a route: ``request.app.state.audit.record(identity_name(request.scope), "key_rotate", kid,
+"ok", request.scope.get(REQUEST_ID_KEY))`` (``lockd.server.access.identity_name``,
+``lockd.common.middleware.REQUEST_ID_KEY``). A command that runs outside the server (``lockd
+keys ...``) can use ``AuditTrail().record(...)``: the same log line, no event stream.
+
 Why a ring in memory and not the store: the trail must not make an admin action fail or wait
 when the store is slow, nor add a table to three stores; an auditor's record of truth is the
 log line, which every deployment already collects. The ring is per process and starts empty
