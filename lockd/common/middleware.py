@@ -14,6 +14,11 @@ Pure ASGI: no per-request task or body buffering.
   more, and the identity that granted it (``KeySet.identify`` of the key, or ``cert:`` + a
   digest of the certificate subject) in ``scope[KEY_ID]`` (lockd binds an acquire's
   ``client_id`` to it).
+* Scoped identities (``identities``: ``lockd.common.keys.IdentityTable``, from an access file):
+  a key or certificate subject listed there grants its entry's role; like ``api_keys``, a
+  non-empty table turns access control on. Every request with an identity gets it in
+  ``scope[IDENTITY]`` (keys of ``api_keys``/``admin_keys`` and ``cert_roles`` subjects as
+  unscoped identities named by their key id), for the routes' scope checks.
 * Certificate identities (mTLS, ``cert_roles``: ``lockd.common.tls.CertRoles``): a client
   certificate whose subject is listed stands for a client (or admin) key, so such a client
   needs no bearer key; listing client subjects turns access control on like ``api_keys``. The
@@ -38,12 +43,12 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from lockd.common.keys import KeySet, parse_bearer
+from lockd.common.keys import Identity, IdentityTable, KeySet, parse_bearer
 from lockd.common.logs import REQUEST_ID
 from lockd.common.problems import problem_bytes
 from lockd.common.tls import CertRoles
 
-__all__ = ["KEY_ID", "REQUEST_ID_KEY", "ROLE", "START", "RequestMiddleware"]
+__all__ = ["IDENTITY", "KEY_ID", "REQUEST_ID_KEY", "ROLE", "START", "RequestMiddleware"]
 
 log = logging.getLogger("lockd.http")
 
@@ -51,6 +56,8 @@ ROLE = "lockd.role"
 """The scope key of the request's role: ``"admin"``, ``"client"`` or ``None``."""
 KEY_ID = "lockd.key_id"
 """The scope key of the identity that granted the role (absent without one)."""
+IDENTITY = "lockd.identity"
+"""The scope key of the request's ``lockd.common.keys.Identity`` (absent without one)."""
 START = "lockd.start"
 """The scope key of the request's arrival, ``time.perf_counter()`` seconds."""
 REQUEST_ID_KEY = "lockd.request_id"
@@ -77,18 +84,21 @@ class RequestMiddleware:
                  open_paths: Iterable[str] = (), max_header_bytes: int = 16_384,
                  on_response: Callable[[Scope, int, float], None] | None = None,
                  on_auth_failure: Callable[[str], None] | None = None,
-                 logger: logging.Logger | None = None, cert_roles: CertRoles | None = None):
+                 logger: logging.Logger | None = None, cert_roles: CertRoles | None = None,
+                 identities: IdentityTable | None = None):
         self.app = app
         self.api_keys = api_keys
         self.admin_keys = admin_keys
         self.cert_roles = cert_roles or CertRoles()
-        self._enforced = bool(api_keys or self.cert_roles.clients)
+        self.identities = identities or IdentityTable()
+        self._enforced = bool(api_keys or self.cert_roles.clients or self.identities)
         self.open_paths = frozenset(open_paths)
         self.max_header_bytes = max_header_bytes
         self.on_response = on_response
         self.on_auth_failure = on_auth_failure
         self.log = logger or log
-        self._keyed = bool(api_keys or admin_keys or self.cert_roles)
+        self._keyed = bool(api_keys or admin_keys or self.cert_roles or self.identities)
+        self._plain: dict[str, Identity] = {}
         self._id_prefix = secrets.token_hex(8)  # request ids: unique, cheap (no urandom each)
         self._ids = itertools.count(1)
 
@@ -153,19 +163,43 @@ class RequestMiddleware:
 
     def _role(self, scope: Scope, authorization: bytes | None) -> str | None:
         """``"admin"``, ``"client"`` or ``None``: the higher of the bearer key's role and the client
-        certificate's; the identity that granted it goes to ``scope[KEY_ID]``."""
-        by_cert = self.cert_roles.role(scope) if self.cert_roles else None
+        certificate's; the identity that granted it goes to ``scope[KEY_ID]`` and
+        ``scope[IDENTITY]``."""
+        by_cert = self._cert_identity(scope)
         key = parse_bearer(authorization)
-        if key is not None and by_cert != "admin":
+        if key is not None and (by_cert is None or by_cert.role != "admin"):
             for role, keys in (("admin", self.admin_keys), ("client", self.api_keys)):
-                identity = keys.identify(key)
-                if identity is not None:
-                    scope[KEY_ID] = identity
-                    return role
-        if by_cert is not None:
-            subject = scope["extensions"]["tls"]["client_cert_name"]
-            scope[KEY_ID] = "cert:" + hashlib.sha256(subject.encode()).hexdigest()[:16]
-        return by_cert
+                key_id = keys.identify(key)
+                if key_id is not None:
+                    return self._grant(scope, self._unscoped(key_id, role))
+            found = self.identities.by_key(key)
+            if found is not None:
+                return self._grant(scope, found)
+        return self._grant(scope, by_cert) if by_cert is not None else None
+
+    def _cert_identity(self, scope: Scope) -> Identity | None:
+        tls = (scope.get("extensions") or {}).get("tls") or {}
+        subject = tls.get("client_cert_name")
+        if subject is None:
+            return None
+        role = self.cert_roles.role(scope) if self.cert_roles else None
+        if role is not None:
+            return self._unscoped("cert:" + hashlib.sha256(subject.encode()).hexdigest()[:16], role)
+        return self.identities.by_subject(subject)
+
+    @staticmethod
+    def _grant(scope: Scope, identity: Identity) -> str:
+        scope[KEY_ID] = identity.key_id
+        scope[IDENTITY] = identity
+        return identity.role
+
+    def _unscoped(self, key_id: str, role: str) -> Identity:
+        """The (cached: one per configured key or subject) identity of a key of ``api_keys`` /
+        ``admin_keys`` or a subject of ``cert_roles``: named by its key id, all locks."""
+        identity = self._plain.get(key_id)
+        if identity is None or identity.role != role:
+            identity = self._plain[key_id] = Identity(key_id, role, key_id)
+        return identity
 
 
 async def _problem(send: Send, status: int, code: str, title: str, detail: str,

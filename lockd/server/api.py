@@ -43,11 +43,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from lockd.common.middleware import KEY_ID
+from lockd.common.middleware import KEY_ID, REQUEST_ID_KEY
 from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import bounded_body, error_response, problem_response
 from lockd.common.serving.connections import DISCONNECT_WATCH
-from lockd.server.errors import InvalidRequest, LockdError, LockHeld, PayloadTooLarge
+from lockd.server.access import authorize, identity_name, visible_prefixes
+from lockd.server.errors import ForbiddenLock, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
+from lockd.server.limits import IdentityLimits
 from lockd.server.schemas import (
     AcquireManyRequest,
     AcquireRequest,
@@ -65,8 +67,8 @@ from lockd.server.schemas import (
 from lockd.server.service import LockService
 from lockd.server.store.base import LockState
 
-__all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "install_error_handlers",
-           "is_hot_path"]
+__all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "in_scope",
+           "install_error_handlers", "is_hot_path"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,8 @@ def _lockd_error(exc: LockdError) -> Response:
     if isinstance(exc, LockHeld):
         ttl_ms = int(exc.extra.get("ttl_ms") or 0)
         headers = {"Retry-After": str(max(1, math.ceil(ttl_ms / 1000)))}
+    elif exc.status == 429:
+        headers = {"Retry-After": str(max(1, int(exc.extra.get("retry_after_s") or 1)))}
     return error_response(exc, headers)
 
 
@@ -290,24 +294,51 @@ def bound_client_id(scope: Scope, client_id: str | None) -> str | None:
     return f"{client_id}.{key_id}" if client_id and key_id else client_id
 
 
+def in_scope(request: Request, locks: str | Sequence[str]) -> None:
+    """``lockd.server.access.authorize``; a denial is also counted (metric, audit trail)."""
+    try:
+        authorize(request.scope, locks)
+    except ForbiddenLock as exc:
+        state = request.app.state
+        state.metrics.auth_failures["forbidden_lock"].inc()
+        state.audit.denied(exc.extra["identity"], exc.extra["lock"],
+                           request.scope.get(REQUEST_ID_KEY))
+        raise
+
+
+def _limits(request: Request) -> IdentityLimits:
+    return request.app.state.limits
+
+
 async def _acquire(request: Request, name: str) -> Response:
     service = _service(request)
     service.check_name(name)
+    in_scope(request, name)
+    who = identity_name(request.scope)
+    _limits(request).check_lease(who)
     body = await read_body(request, AcquireRequest)
     wait_ms = body.wait_ms
     call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=wait_ms, owner=body.owner,
                            client_id=bound_client_id(request.scope, body.client_id))
     del body  # a queued acquire keeps this frame for its whole wait, not the parsed body too
-    return await _lease_answer(request, call, wait_ms, name)
+    return await _lease_answer(request, call, wait_ms, name, who)
 
 
 async def _lease_answer(request: Request, call, wait_ms: int,
-                        locks: str | Sequence[str]) -> Response:
+                        locks: str | Sequence[str], who: str) -> Response:
     """The lease ``call`` grants, as the answer. With ``wait_ms`` > 0 the wait ends early if the
-    client goes away: 499, nothing granted (``locks``, one name or several, for the log line)."""
+    client goes away: 499, nothing granted (``locks``, one name or several, for the log line).
+    The acquire counts as one of ``who``'s waiters while it waits, the lease as one of its
+    leases once granted (``lockd.server.limits``)."""
+    limits = _limits(request)
     if wait_ms == 0:
         lease = await call
     else:
+        try:
+            limits.enter_wait(who)
+        except LockdError:
+            call.close()
+            raise
         try:
             lease = await until_disconnect(request, call)
         except _ClientGone:
@@ -315,21 +346,29 @@ async def _lease_answer(request: Request, call, wait_ms: int,
                     else f"locks {', '.join(locks[:8])}")
             log.info("client went away while waiting for %s", what)
             return Response(status_code=499)
+        finally:
+            limits.leave_wait(who)
+    limits.held(who, lease.lease_id, lease.ttl_ms)
     return JSONResponse(lease.body())
 
 
 async def _renew(request: Request, name: str) -> Response:
     service = _service(request)
     service.check_name(name)
+    in_scope(request, name)
     body = await read_body(request, RenewRequest)
-    return JSONResponse((await service.renew(name, body.lease_id, body.ttl_ms)).body())
+    lease = await service.renew(name, body.lease_id, body.ttl_ms)
+    _limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
+    return JSONResponse(lease.body())
 
 
 async def _release(request: Request, name: str) -> Response:
     service = _service(request)
     service.check_name(name)
+    in_scope(request, name)
     body = await read_body(request, ReleaseRequest)
     await service.release(name, body.lease_id)
+    _limits(request).released(identity_name(request.scope), body.lease_id)
     return JSONResponse({"released": True})
 
 
@@ -337,20 +376,28 @@ async def _acquire_many(request: Request) -> Response:
     service = _service(request)
     body = await read_body(request, AcquireManyRequest)
     wait_ms, locks = body.wait_ms, body.locks
+    in_scope(request, service.check_names(locks))  # all or nothing: before anything is asked
+    who = identity_name(request.scope)
+    _limits(request).check_lease(who)
     call = service.acquire_many(locks, ttl_ms=body.ttl_ms, wait_ms=wait_ms, owner=body.owner,
                                 client_id=bound_client_id(request.scope, body.client_id))
     del body  # as in _acquire
-    return await _lease_answer(request, call, wait_ms, locks)
+    return await _lease_answer(request, call, wait_ms, locks, who)
 
 
 async def _renew_many(request: Request) -> Response:
+    """A set's lease carries no lock names: the set was checked against the scope when it was
+    granted, and only its acquirer holds the lease id."""
     body = await read_body(request, RenewManyRequest)
-    return JSONResponse((await _service(request).renew_many(body.lease_id, body.ttl_ms)).body())
+    lease = await _service(request).renew_many(body.lease_id, body.ttl_ms)
+    _limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
+    return JSONResponse(lease.body())
 
 
 async def _release_many(request: Request) -> Response:
     body = await read_body(request, ReleaseManyRequest)
     await _service(request).release_many(body.lease_id)
+    _limits(request).released(identity_name(request.scope), body.lease_id)
     return JSONResponse({"released": True})
 
 
@@ -368,11 +415,11 @@ class HotRoute:
 
 
 HOT_ROUTES: tuple[HotRoute, ...] = (
-    HotRoute("acquire", _acquire, AcquireRequest, LeaseBody, (409, 413, 422, 503),
+    HotRoute("acquire", _acquire, AcquireRequest, LeaseBody, (403, 409, 413, 422, 429, 503),
              "Grant the lock, waiting up to ``wait_ms`` behind earlier waiters (409 if not)."),
-    HotRoute("renew", _renew, RenewRequest, LeaseBody, (410, 413, 422, 503),
+    HotRoute("renew", _renew, RenewRequest, LeaseBody, (403, 410, 413, 422, 503),
              "Extend a live lease (same fence); 410 if it is not live."),
-    HotRoute("release", _release, ReleaseRequest, ReleasedBody, (410, 413, 422, 503),
+    HotRoute("release", _release, ReleaseRequest, ReleasedBody, (403, 410, 413, 422, 503),
              "End a live lease; the longest waiter is granted next. 410 if it is not live."),
 )
 """lockd's hot routes: nearly all of its traffic (see ``HotPathMiddleware``)."""
@@ -445,7 +492,7 @@ def create_router() -> APIRouter:
 
     @router.post("/v1/leases/acquire", response_model=MultiLeaseBody,
                  operation_id="acquireMany", openapi_extra=_body_doc(AcquireManyRequest),
-                 responses=_problems(409, 413, 422, 503))
+                 responses=_problems(403, 409, 413, 422, 429, 503))
     async def acquire_many(request: Request) -> Response:
         """Grant every listed lock in one atomic step, or none; waits up to ``wait_ms`` behind
         earlier waiters of any of them (409 ``held`` naming every held lock if not granted)."""
@@ -468,15 +515,20 @@ def create_router() -> APIRouter:
     @router.get("/v1/locks", response_model=LockPage, responses=_problems(422, 503))
     async def list_locks(request: Request, prefix: str = "", limit: int = 100,
                          cursor: str | None = None) -> Response:
-        """Locks whose name starts with ``prefix``, in name order, ``limit`` (1-1000) a page."""
-        items, next_cursor = await _service(request).list(prefix, limit, cursor)
+        """Locks whose name starts with ``prefix``, in name order, ``limit`` (1-1000) a page;
+        only those the caller's scope covers."""
+        items, next_cursor = await _service(request).list(
+            prefix, limit, cursor, within=visible_prefixes(request.scope, prefix))
         return JSONResponse({"items": [_state_body(s, w) for s, w in items],
                              "next_cursor": next_cursor})
 
     @router.get("/v1/locks/{name:path}", response_model=LockStateBody,
-                responses=_problems(422, 503))
+                responses=_problems(403, 422, 503))
     async def get_lock(name: str, request: Request) -> Response:
-        """The lock's state (never its lease id) and the waiters queued at this lockd."""
+        """The lock's state (never its lease id) and the waiters queued at this lockd; 403
+        ``forbidden_lock`` outside the caller's scope."""
+        _service(request).check_name(name)
+        in_scope(request, name)
         state, waiters = await _service(request).get(name)
         return JSONResponse({**_state_body(state, waiters),
                              "waiting_owners": _service(request).waiting_owners(name)})

@@ -51,6 +51,7 @@ from lockd.common.serving.listen import ListenError, bind_listener
 from lockd.common.serving.server import Server
 from lockd.common.serving.server import uvicorn_config as _uvicorn_config
 from lockd.common.serving.workers import listening_sockets, run_workers
+from lockd.server.access import access_file_problem
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
@@ -92,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="event streams beyond this get 503 (env LOCKD_MAX_EVENT_STREAMS; "
                             "default 100)")
     add_tls_arguments(serve, "LOCKD")
+    serve.add_argument("--access-file", help="YAML of identities and the lock-name prefixes "
+                                             "they may use (env LOCKD_ACCESS_FILE)")
+    serve.add_argument("--max-leases-per-identity", type=int,
+                       help="live leases per identity, beyond: 429 (default 100000)")
+    serve.add_argument("--max-waiters-per-identity", type=int,
+                       help="queued acquires per identity, beyond: 429 (default 10000)")
     return parser
 
 
@@ -111,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     tls_files = tls_files_problem(settings)
     if tls_files:
         print(f"lockd: {tls_files}", file=sys.stderr)
+        return 2
+    access = access_file_problem(settings.access_file)
+    if access:
+        print(f"lockd: {access}", file=sys.stderr)
         return 2
     if settings.workers > 1 and is_sqlite_url(settings.store):
         print("lockd: --workers: the SQLite store serves from one process (use --workers 1, "

@@ -10,6 +10,9 @@
     ├── LeaseLost                   410  lease_lost        expired, released or unknown lease
     ├── Unauthorized                401  unauthorized
     ├── Forbidden                   403  forbidden
+    │   └── ForbiddenLock           403  forbidden_lock    a lock outside the identity's prefixes
+    ├── TooManyLeases               429  too_many_leases   the identity's live-lease limit
+    ├── TooManyWaiters              429  too_many_waiters  the identity's queued-waiter limit
     └── StoreUnavailable            503  store_unavailable the store cannot answer; safe to retry
 
 Every error carries ``code`` (the problem slug), ``status``, a human ``detail`` and optional
@@ -30,6 +33,9 @@ __all__ = [
     "LeaseLost",
     "Unauthorized",
     "Forbidden",
+    "ForbiddenLock",
+    "TooManyLeases",
+    "TooManyWaiters",
     "StoreUnavailable",
 ]
 
@@ -85,6 +91,27 @@ class Forbidden(LockdError):
     """The key is valid but not allowed to make this call (403)."""
 
     status, code, title = 403, "forbidden", "Forbidden"
+
+
+class ForbiddenLock(Forbidden):
+    """A lock outside the prefixes of the caller's identity (403). ``extra``: ``lock`` and
+    ``identity`` (its name, never its key)."""
+
+    code, title = "forbidden_lock", "Lock outside your scope"
+
+
+class TooManyLeases(LockdError):
+    """The caller's identity holds its limit of live leases at this lockd (429); the API adds
+    ``Retry-After`` from ``extra["retry_after_s"]``."""
+
+    status, code, title = 429, "too_many_leases", "Too many leases"
+
+
+class TooManyWaiters(LockdError):
+    """The caller's identity has its limit of acquires queued at this lockd (429, with
+    ``Retry-After`` like ``TooManyLeases``)."""
+
+    status, code, title = 429, "too_many_waiters", "Too many waiters"
 
 
 class StoreUnavailable(LockdError):

@@ -2,7 +2,9 @@
 
 An ``Event`` carries ``id`` (increasing per lockd process), ``type``, ``lock``, ``fence``,
 ``owner``, ``ttl_ms`` (acquired: the TTL granted) and ``at`` (unix ms); ``released`` events of
-a force-release have ``forced: true``. Never a lease id or a token.
+a force-release have ``forced: true``. Never a lease id or a token. ``audit`` events
+(``publish_audit``: an admin action or a burst of scope denials, ``lockd.server.audit``) carry
+``id``, ``type``, ``at`` and the audit entry's fields, and go to admin streams only.
 
 Which events a stream shows: those THIS lockd process saw (see ``lockd.server.observe``): grants,
 releases and force-releases it served, expiries of leases it granted or renewed, and releases
@@ -51,6 +53,7 @@ class Event:
     ttl_ms: int | None
     at: int
     forced: bool = False
+    audit: dict[str, Any] | None = field(default=None, compare=False)
     wire: bytes = field(default=b"", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -58,6 +61,8 @@ class Event:
             object.__setattr__(self, "wire", self._encode())
 
     def data(self) -> dict[str, Any]:
+        if self.audit is not None:
+            return {"id": self.id, "type": self.type, "at": self.at, **self.audit}
         doc: dict[str, Any] = {"id": self.id, "type": self.type, "lock": self.lock,
                                "fence": self.fence, "owner": self.owner, "ttl_ms": self.ttl_ms,
                                "at": self.at}
@@ -76,6 +81,7 @@ class Event:
 @dataclass(eq=False, slots=True)
 class _Subscriber:
     match: Callable[[str], bool]
+    audit: bool = False
     pending: deque[Event] = field(default_factory=deque)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     dropped: int = 0  # > 0: this stream fell behind and was dropped
@@ -114,9 +120,21 @@ class EventHub:
         event = Event(self._seq, type_, lock, fence, owner, ttl_ms, int(time.time() * 1000),
                       forced)
         self._history.append(event)
+        return self._offer(event)
+
+    def publish_audit(self, entry: dict[str, Any]) -> Event:
+        """Record an ``audit`` event (``entry``: an audit entry's fields) for admin streams only."""
+        self._seq += 1
+        event = Event(self._seq, "audit", str(entry.get("target", "")), None, None, None,
+                      int(time.time() * 1000), audit=entry)
+        self._history.append(event)
+        return self._offer(event)
+
+    def _offer(self, event: Event) -> Event:
         full: list[_Subscriber] = []
+        lock, audit = event.lock, event.audit is not None
         for sub in self._subscribers:
-            if sub.match(lock):
+            if (sub.audit if audit else sub.match(lock)):
                 if len(sub.pending) >= self._queue_size:
                     full.append(sub)
                     continue
@@ -136,16 +154,19 @@ class EventHub:
         if self._on_streams is not None:
             self._on_streams(len(self._subscribers))
 
-    def recent(self, match: Callable[[str], bool], limit: int) -> list[Event]:
-        """The last ``limit`` events (oldest first) whose lock ``match`` accepts."""
+    def recent(self, match: Callable[[str], bool], limit: int, *,
+               audit: bool = False) -> list[Event]:
+        """The last ``limit`` events (oldest first) whose lock ``match`` accepts (and the audit
+        events, with ``audit``)."""
         if limit <= 0:
             return []
-        picked = [e for e in reversed(self._history) if match(e.lock)][:limit]
+        picked = [e for e in reversed(self._history) if _wants(e, match, audit)][:limit]
         return picked[::-1]
 
-    def _after(self, match: Callable[[str], bool], last_id: int) -> tuple[list[Event], bool]:
+    def _after(self, match: Callable[[str], bool], last_id: int,
+               audit: bool) -> tuple[list[Event], bool]:
         """Events after ``last_id`` still in history, and whether some were already gone."""
-        events = [e for e in self._history if e.id > last_id and match(e.lock)]
+        events = [e for e in self._history if e.id > last_id and _wants(e, match, audit)]
         oldest = self._history[0].id if self._history else self._seq + 1
         return events, last_id + 1 < oldest and last_id < self._seq
 
@@ -157,10 +178,11 @@ class EventHub:
             sub.wake.set()
 
     async def stream(self, match: Callable[[str], bool], *, history: int = 0,
-                     last_event_id: int | None = None,
-                     heartbeat_s: float = 15.0) -> AsyncIterator[bytes]:
-        """The SSE byte stream of the events ``match`` accepts (see the module docstring)."""
-        sub = _Subscriber(match)
+                     last_event_id: int | None = None, heartbeat_s: float = 15.0,
+                     audit: bool = False) -> AsyncIterator[bytes]:
+        """The SSE byte stream of the events ``match`` accepts (see the module docstring);
+        with ``audit`` (an admin's stream) the audit events too."""
+        sub = _Subscriber(match, audit)
         if self._closed:
             return
         self._subscribers.add(sub)
@@ -168,9 +190,9 @@ class EventHub:
             self._on_streams(len(self._subscribers))
         gap = False
         if last_event_id is not None:
-            replay, gap = self._after(match, last_event_id)
+            replay, gap = self._after(match, last_event_id, audit)
         else:
-            replay = self.recent(match, history)
+            replay = self.recent(match, history, audit=audit)
         seen = replay[-1].id if replay else self._seq  # later events arrive through the queue
         try:
             yield b"retry: 2000\n: connected\n\n"
@@ -204,6 +226,10 @@ class EventHub:
                 self._subscribers.discard(sub)
                 if self._on_streams is not None:
                     self._on_streams(len(self._subscribers))
+
+
+def _wants(event: Event, match: Callable[[str], bool], audit: bool) -> bool:
+    return audit if event.audit is not None else match(event.lock)
 
 
 def _overflow(dropped: int) -> bytes:

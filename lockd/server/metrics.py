@@ -1,7 +1,8 @@
 """lockd's Prometheus metrics, one ``CollectorRegistry`` per app (no process-global state).
 
 Every series is per lockd process; sum over replicas. No label carries a lock name (bounded
-cardinality: labels are small fixed enums).
+cardinality: labels are small fixed enums, and ``identity``: the names of the configured
+identities, or key ids of configured keys, or ``anonymous``).
 
 =======================================  =========  ================================================
 metric                                   type       meaning
@@ -27,7 +28,10 @@ metric                                   type       meaning
 ``lockd_store_clock_skew_errors_total``  counter    skew samples that failed
 ``lockd_event_streams``                  gauge      open ``/events`` streams
 ``lockd_events_dropped_total``           counter    event streams dropped: their client lagged
-``lockd_auth_failures_total{reason}``    counter    ``missing`` / ``wrong`` key, ``forbidden``
+``lockd_auth_failures_total{reason}``    counter    ``missing`` / ``wrong`` key, ``forbidden``,
+                                                    ``forbidden_lock`` (outside the scope)
+``lockd_identity_limited_total``         counter    429s of an identity at its limit;
+``{identity, limit}``                               ``limit``: ``leases`` / ``waiters``
 =======================================  =========  ================================================
 """
 
@@ -104,7 +108,11 @@ class LockdMetrics:
                                       registry=r)
         auth = Counter("lockd_auth_failures", "Requests refused for their API key.", ["reason"],
                        registry=r)
-        self.auth_failures = {k: auth.labels(k) for k in ("missing", "wrong", "forbidden")}
+        self.auth_failures = {k: auth.labels(k)
+                              for k in ("missing", "wrong", "forbidden", "forbidden_lock")}
+        self.identity_limited = Counter(
+            "lockd_identity_limited", "Requests refused (429) because their identity was at its "
+            "limit of live leases or queued waiters.", ["identity", "limit"], registry=r)
 
     def watch(self, *, leases_active: Callable[[], float],
               acquires_waiting: Callable[[], float]) -> None:

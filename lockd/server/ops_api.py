@@ -10,7 +10,9 @@ route                                            meaning
                                                  ``prefix…`` (``lockd.server.events``)
 ``GET /v1/locks/{name}/events?history=``         SSE stream of one lock's events
 ``POST /v1/locks/{name}/force-release``          admin key only: end the live lease whoever
-                                                 holds it; 200 ``{lock, released, fence, owner}``
+                                                 holds it; 200 ``{lock, released, fence, owner}``;
+                                                 audited (``lockd.server.audit``)
+``GET /v1/audit?since=&limit=``                  admin key only: the audit trail, paged
 ===============================================  ==============================================
 
 At most ``max_event_streams`` streams are open at once; beyond, 503 ``too_many_streams`` with
@@ -26,7 +28,10 @@ Access (``lockd.common.middleware.RequestMiddleware``): with ``api_keys`` set, e
 Force-release needs an admin key: none sent or a wrong one is 401, a client key is 403
 ``forbidden``, and with no admin key configured it is disabled (403). With mTLS,
 ``LOCKD_CERT_CLIENTS`` / ``LOCKD_CERT_ADMINS`` list client-certificate subjects that stand for a
-client / admin key (see ``lockd.common.tls``). ``/healthz`` and
+client / admin key (see ``lockd.common.tls``). With an access file (``lockd.server.access``)
+an identity sees only the locks its prefixes cover: in event streams (``/v1/locks/{name}/events``
+outside them is 403 ``forbidden_lock``) and so on the status page, which reads the list and the
+stream with the key it is given; admin streams also carry the audit events. ``/healthz`` and
 ``/metrics`` stay open so probes and Prometheus need no secret (they show no lock names).
 """
 
@@ -44,13 +49,17 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp
 
 from lockd.common.keys import KeySet, bearer_key, load_keys
-from lockd.common.middleware import ROLE, RequestMiddleware
+from lockd.common.middleware import IDENTITY, REQUEST_ID_KEY, ROLE, RequestMiddleware
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import problem_response
 from lockd.common.tls import CertRoles
-from lockd.server.errors import InvalidRequest
+from lockd.server.access import identity_name, load_access_file
+from lockd.server.api import in_scope
+from lockd.server.audit import AuditTrail
+from lockd.server.errors import InvalidRequest, LockdError
 from lockd.server.events import EventHub
+from lockd.server.limits import IdentityLimits
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
@@ -60,6 +69,7 @@ __all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_requ
 
 OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", "/docs"})
 HISTORY_MAX = 256
+AUDIT_LIMIT_MAX = 1000
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -70,6 +80,13 @@ class ForceReleasedBody(BaseModel):
     released: bool
     fence: int | None
     owner: str | None
+
+
+class AuditPage(BaseModel):
+    """A page of the audit trail (``lockd.server.audit.AuditEntry.body`` items)."""
+
+    items: list[dict[str, Any]]
+    next_since: int | None
 
 
 PROBLEM_SCHEMA: dict[str, Any] = {
@@ -113,6 +130,8 @@ def _last_event_id(request: Request) -> int | None:
 
 
 def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
+    """An event stream of the locks ``match`` accepts and the caller's scope covers; an
+    admin's stream also carries the audit events."""
     hub: EventHub = request.app.state.events
     settings: Settings = request.app.state.settings
     if hub.streams >= settings.max_event_streams:
@@ -120,8 +139,18 @@ def _stream(request: Request, match: Callable[[str], bool], history: int) -> Res
             503, "too_many_streams", "Service unavailable",
             f"this lockd already serves {settings.max_event_streams} event streams "
             "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
+    scope = request.scope
+    identity = scope.get(IDENTITY)
+    if identity is not None and identity.prefixes is not None:
+        wanted = match
+        prefixes = identity.prefixes
+
+        def match(lock: str) -> bool:
+            return lock.startswith(prefixes) and wanted(lock)
+
     body = hub.stream(match, history=history, last_event_id=_last_event_id(request),
-                      heartbeat_s=settings.events_heartbeat_ms / 1000)
+                      heartbeat_s=settings.events_heartbeat_ms / 1000,
+                      audit=scope.get(ROLE) == "admin")
     return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
 
@@ -154,6 +183,7 @@ def create_ops_router() -> APIRouter:
         """Server-Sent Events of one lock: acquired, released, expired (with fences)."""
         if not is_lock_name(name):
             raise InvalidRequest(LOCK_NAME_RULE)
+        in_scope(request, name)
         return _stream(request, name.__eq__, _history(history))
 
     @router.post("/v1/locks/{name:path}/force-release", response_model=ForceReleasedBody,
@@ -168,23 +198,49 @@ def create_ops_router() -> APIRouter:
             return denied
         service = request.app.state.service
         service.check_name(name)
-        ended = await service.store.force_release(name)  # notifies waiters like a release
+        audit: AuditTrail = request.app.state.audit
+        who, rid = identity_name(request.scope), request.scope.get(REQUEST_ID_KEY)
+        try:
+            ended = await service.store.force_release(name)  # notifies waiters like a release
+        except LockdError as exc:
+            audit.record(who, "force_release", name, exc.code, rid)
+            raise
+        audit.record(who, "force_release", name, "released" if ended else "not_held", rid,
+                     **({"fence": ended.fence, "owner": ended.owner} if ended else {}))
         return JSONResponse({"lock": name, "released": ended is not None,
                              "fence": ended.fence if ended else None,
                              "owner": ended.owner if ended else None})
 
+    @router.get("/v1/audit", response_model=AuditPage,
+                responses={s: _problem_doc(s, d) for s, d in (
+                    (401, "Unauthorized"), (403, "Forbidden"), (422, "Invalid request"))})
+    async def audit(request: Request, since: int = 0, limit: int = 100) -> Response:
+        """Admin: the audit trail kept by this lockd process (``lockd.server.audit``): entries
+        with an id above ``since``, oldest first, ``limit`` (1-1000) a page; ``next_since``
+        pages on (``null``: this page reached the newest entry)."""
+        denied = _admin_denied(request, "the audit trail")
+        if denied is not None:
+            return denied
+        if not 1 <= limit <= AUDIT_LIMIT_MAX:
+            raise InvalidRequest(f"limit must be between 1 and {AUDIT_LIMIT_MAX} (got {limit})")
+        if since < 0:
+            raise InvalidRequest(f"since must be an audit entry id, 0 or more (got {since})")
+        entries, next_since = request.app.state.audit.since(since, limit)
+        return JSONResponse({"items": [e.body() for e in entries], "next_since": next_since})
+
     return router
 
 
-def _admin_denied(request: Request) -> Response | None:
+def _admin_denied(request: Request, what: str = "force-release") -> Response | None:
     """None if the request carries an admin key, else the 401/403 problem to answer."""
     admin: KeySet = request.app.state.admin_keys
     metrics: LockdMetrics = request.app.state.metrics
-    if not admin and not request.app.state.cert_roles.admins:
+    if not admin and not request.app.state.cert_roles.admins and not request.app.state.has_admins:
         metrics.auth_failures["forbidden"].inc()
         return problem_response(403, "forbidden", "Forbidden",
-                                "force-release is disabled: no admin key is configured "
-                                "(LOCKD_ADMIN_KEYS or LOCKD_ADMIN_KEYS_FILE)")
+                                f"{what} is disabled: no admin key is configured "
+                                "(LOCKD_ADMIN_KEYS, LOCKD_ADMIN_KEYS_FILE or admins: in "
+                                "LOCKD_ACCESS_FILE)")
     role = request.scope.get(ROLE)
     if role == "admin":
         return None
@@ -213,6 +269,14 @@ def install_request_middleware(app: FastAPI, settings: Settings,
     admin_keys = KeySet(load_keys(_secrets(settings.admin_keys), settings.admin_keys_file))
     app.state.admin_keys = admin_keys
     cert_roles = app.state.cert_roles = CertRoles(settings.cert_clients, settings.cert_admins)
+    identities = load_access_file(settings.access_file) if settings.access_file else None
+    app.state.has_admins = any(i.role == "admin" for i in (identities.identities
+                                                           if identities else ()))
+    app.state.audit = AuditTrail(app.state.events)
+    limited = metrics.identity_limited
+    app.state.limits = IdentityLimits(
+        settings.max_leases_per_identity, settings.max_waiters_per_identity,
+        on_limited=lambda who, limit: limited.labels(who, limit).inc())
     acquire_outcomes = metrics.acquire_outcomes
 
     def on_response(scope: Any, status: int, seconds: float) -> None:
@@ -225,7 +289,8 @@ def install_request_middleware(app: FastAPI, settings: Settings,
     options: dict[str, Any] = dict(
         api_keys=api_keys, admin_keys=admin_keys, open_paths=OPEN_PATHS,
         max_header_bytes=settings.max_header_bytes, on_response=on_response,
-        cert_roles=cert_roles, on_auth_failure=lambda reason: metrics.auth_failures[reason].inc())
+        cert_roles=cert_roles, on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
+        identities=identities)
     app.add_middleware(RequestMiddleware, **options)
     _document_problems(app)
     return partial(RequestMiddleware, **options)

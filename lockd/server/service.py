@@ -377,16 +377,24 @@ class LockService:
         self.check_name(name)
         return await self.store.get(name), self.waiters(name)
 
-    async def list(self, prefix: str = "", limit: int = 100,
-                   cursor: str | None = None) -> tuple[list[tuple[LockState, int]], str | None]:
+    async def list(self, prefix: str = "", limit: int = 100, cursor: str | None = None, *,
+                   within: tuple[str, ...] | None = None,
+                   ) -> tuple[list[tuple[LockState, int]], str | None]:
         """One page of locks whose name starts with ``prefix``, in name order, and the cursor
-        of the next page (``None``: this was the last)."""
+        of the next page (``None``: this was the last). ``within``: list these prefixes instead
+        (``lockd.server.access.visible_prefixes``: disjoint, sorted; empty: nothing)."""
         if not PREFIX_RE.fullmatch(prefix):
             raise InvalidRequest("prefix must be at most 255 characters of A-Z a-z 0-9 . _ : / -")
         if not 1 <= limit <= LIST_LIMIT_MAX:
             raise InvalidRequest(f"limit must be between 1 and {LIST_LIMIT_MAX} (got {limit})")
         after = decode_cursor(cursor) if cursor else None
-        states = await self.store.list(prefix, limit + 1, after)
+        states: list[LockState] = []
+        for part in (prefix,) if within is None else within:
+            if after is not None and after > part and not after.startswith(part):
+                continue  # this prefix's names all sort before the cursor
+            states += await self.store.list(part, limit + 1 - len(states), after)
+            if len(states) > limit:
+                break
         more = len(states) > limit
         states = states[:limit]
         next_cursor = encode_cursor(states[-1].lock) if more else None

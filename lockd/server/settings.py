@@ -32,6 +32,10 @@ new connection gets 503 ``overloaded`` with ``Retry-After``; keep it below ``uli
 ``write_timeout_ms`` (``LOCKD_WRITE_TIMEOUT_MS``, 10000: a client that reads nothing of its
 answer for this long is disconnected); ``max_event_streams`` (``LOCKD_MAX_EVENT_STREAMS``, 100:
 beyond, an event stream request gets 503 ``too_many_streams`` with ``Retry-After``).
+Access (``lockd.server.access``): ``access_file`` (``LOCKD_ACCESS_FILE``: YAML of identities with
+lock-name prefixes; refused at start if malformed); ``max_leases_per_identity`` (100000) and
+``max_waiters_per_identity`` (10000): per identity at this process, beyond: 429
+(``lockd.server.limits``).
 TLS (opt-in; ``lockd.common.tls``): ``tls_cert`` / ``tls_key`` (``LOCKD_TLS_CERT``,
 ``LOCKD_TLS_KEY``: PEM files; both or neither; with them lockd serves https only);
 ``tls_client_ca`` (``LOCKD_TLS_CLIENT_CA``: clients must present a certificate signed by this
@@ -86,6 +90,10 @@ class Settings(BaseSettings):
     max_connections: int = Field(1000, ge=1, le=1_000_000)
     write_timeout_ms: int = Field(10_000, ge=100, le=600_000)
     max_event_streams: int = Field(100, ge=0, le=100_000)
+    # --- access (lockd.server.access) and per-identity bounds (lockd.server.limits) ---
+    access_file: Path | None = None
+    max_leases_per_identity: int = Field(100_000, ge=1, le=100_000_000)
+    max_waiters_per_identity: int = Field(10_000, ge=1, le=10_000_000)
 
     # --- TLS: https with --tls-cert/--tls-key, mTLS with --tls-client-ca ---
     tls_cert: Path | None = None

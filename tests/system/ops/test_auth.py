@@ -262,3 +262,33 @@ def test_client_id_is_bound_to_the_api_key_that_sent_it(start_lockd, name):
     assert lease["lease_id"] not in theirs.text and lease["token"] not in theirs.text
     again = httpx.post(url, json=body, headers=_auth(CLIENT_KEY))
     assert again.status_code == 200 and again.json()["lease_id"] == lease["lease_id"]
+
+
+def test_scoped_keys_with_the_client_library(start_lockd, tmp_path):
+    """An access file's scoped key works through ``LockClient`` inside its prefixes and is
+    refused (403 ``forbidden_lock``) outside, next to an unscoped ``LOCKD_API_KEYS`` key; no
+    log line holds a key."""
+    scoped_key = "scoped-key-Vb82nQw1"
+    access = tmp_path / "access.yaml"
+    access.write_text(f"clients:\n  - name: team-a\n    key: {scoped_key}\n"
+                      f"    prefixes: [\"team-a/\"]\nadmins:\n  - name: ops\n"
+                      f"    key: {ADMIN_KEY}\n")
+    lockd = start_lockd("sqlite", env={"LOCKD_API_KEYS": CLIENT_KEY, "LOCKD_LOG_FORMAT": "json"},
+                        args=("--access-file", str(access), "--log-level", "debug"))
+    with LockClient(lockd.url, api_key=scoped_key) as team_a:
+        with team_a.lock("team-a/job", ttl=5):
+            assert team_a.status("team-a/job").held
+        with pytest.raises(PermissionDenied) as denied:
+            team_a.try_acquire("team-b/job", ttl=5)
+        assert denied.value.status == 403 and "team-a" in str(denied.value)
+        assert [s.lock for s in team_a.locks()] == ["team-a/job"]
+    with LockClient(lockd.url, api_key=CLIENT_KEY) as plain:
+        assert plain.try_acquire("team-b/job", ttl=5) is not None
+    forced = httpx.post(f"{lockd.url}/v1/locks/team-b/job/force-release", headers=_auth(ADMIN_KEY))
+    assert forced.json()["released"] is True
+    audit = httpx.get(f"{lockd.url}/v1/audit", headers=_auth(ADMIN_KEY)).json()["items"]
+    assert [(e["identity"], e["action"]) for e in audit] == [("ops", "force_release")]
+    log = lockd.log()
+    assert '\\"action\\":\\"force_release\\"' in log
+    for key in (scoped_key, CLIENT_KEY, ADMIN_KEY):
+        assert key not in log

@@ -1,0 +1,102 @@
+"""Per-identity bounds, so one key cannot exhaust a lockd's waiters or the store's rows.
+
+``max_leases`` (``--max-leases-per-identity``, default 100 000): live leases one identity may
+hold that this lockd granted; ``max_waiters`` (``--max-waiters-per-identity``, default 10 000):
+acquires it may have queued (``wait_ms`` > 0) here at once. Over either, the acquire is answered
+429 ``too_many_leases`` / ``too_many_waiters`` with ``Retry-After`` and counted in
+``lockd_identity_limited_total{identity, limit}``. Identities are named as in
+``lockd.server.access.identity_name`` (``anonymous`` without keys).
+
+The counts are this process's: leases it granted or renewed, forgotten on their release here or
+at their TTL. A lease released at another replica or force-released keeps counting until its TTL
+runs out, so the count can only be high, never low: the bound holds, at worst early. Memory is
+bounded by the limits (one entry per counted lease).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+from lockd.server.errors import TooManyLeases, TooManyWaiters
+
+__all__ = ["IdentityLimits"]
+
+
+class IdentityLimits:
+    """Live leases and queued waiters per identity name (see the module docstring).
+
+    ``on_limited(identity, limit)`` is called for each refusal (``limit``: ``leases`` or
+    ``waiters``), for the metric. ``clock``: monotonic seconds.
+    """
+
+    def __init__(self, max_leases: int = 100_000, max_waiters: int = 10_000, *,
+                 on_limited: Callable[[str, str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_leases = max_leases
+        self.max_waiters = max_waiters
+        self._on_limited = on_limited
+        self._clock = clock
+        self._leases: dict[str, dict[str, float]] = {}  # identity -> lease id -> expiry
+        self._waiters: dict[str, int] = {}
+
+    def check_lease(self, identity: str) -> None:
+        """Raise ``TooManyLeases`` if ``identity`` holds ``max_leases`` live leases here."""
+        held = self._leases.get(identity)
+        if held is None or len(held) < self.max_leases:
+            return
+        now = self._clock()
+        for lease_id in [k for k, expiry in held.items() if expiry <= now]:
+            del held[lease_id]
+        if len(held) < self.max_leases:
+            return
+        self._refused(identity, "leases")
+        retry = max(1, math.ceil(min(held.values()) - now))
+        raise TooManyLeases(f"identity {identity!r} holds {len(held)} live leases, its limit "
+                            f"(--max-leases-per-identity); release some or retry later",
+                            identity=identity, limit=self.max_leases, retry_after_s=retry)
+
+    def held(self, identity: str, lease_id: str, ttl_ms: int) -> None:
+        """A lease of ``identity`` was granted or renewed: it counts until ``ttl_ms`` from now."""
+        leases = self._leases.get(identity)
+        if leases is None:
+            leases = self._leases[identity] = {}
+        leases[lease_id] = self._clock() + ttl_ms / 1000
+
+    def released(self, identity: str, lease_id: str) -> None:
+        """A lease of ``identity`` ended (released here)."""
+        leases = self._leases.get(identity)
+        if leases is not None:
+            leases.pop(lease_id, None)
+
+    def leases(self, identity: str) -> int:
+        """How many leases ``identity`` is counted for (live or not yet forgotten)."""
+        return len(self._leases.get(identity, ()))
+
+    def enter_wait(self, identity: str) -> None:
+        """Count one queued acquire of ``identity`` (pair with ``leave_wait``);
+        ``TooManyWaiters`` if it has ``max_waiters`` already."""
+        count = self._waiters.get(identity, 0)
+        if count >= self.max_waiters:
+            self._refused(identity, "waiters")
+            raise TooManyWaiters(f"identity {identity!r} has {count} acquires waiting, its limit "
+                                 f"(--max-waiters-per-identity); retry later",
+                                 identity=identity, limit=self.max_waiters, retry_after_s=1)
+        self._waiters[identity] = count + 1
+
+    def leave_wait(self, identity: str) -> None:
+        """One queued acquire of ``identity`` was answered or gave up."""
+        left = self._waiters.get(identity, 1) - 1
+        if left > 0:
+            self._waiters[identity] = left
+        else:
+            self._waiters.pop(identity, None)
+
+    def waiters(self, identity: str) -> int:
+        """How many acquires of ``identity`` are queued here."""
+        return self._waiters.get(identity, 0)
+
+    def _refused(self, identity: str, limit: str) -> None:
+        if self._on_limited is not None:
+            self._on_limited(identity, limit)
