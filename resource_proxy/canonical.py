@@ -79,15 +79,16 @@ def _decimal_text(number: Decimal) -> str:
 _EPOCH_2000 = datetime(2000, 1, 1)
 
 
-def _round_fraction(value: datetime | time, digits: int) -> datetime | time:
+def _round_fraction(value: datetime | time, digits: int) -> datetime | time | None:
     """``value`` rounded to ``digits`` fractional-second digits the way PostgreSQL stores
-    timestamp(p)/time(p): half away from zero, counted from 2000-01-01 for timestamps."""
+    timestamp(p)/time(p): half away from zero, counted from 2000-01-01 for timestamps (None:
+    a time that rounds to 24:00:00)."""
     step = 10 ** (6 - digits)
     if isinstance(value, time):
         micros = ((value.hour * 60 + value.minute) * 60 + value.second) * 10**6 + value.microsecond
         micros = (micros + step // 2) // step * step
         if micros >= 86_400 * 10**6:
-            return value  # rounds to 24:00:00, which PostgreSQL keeps and Python cannot hold
+            return None  # rounds to 24:00:00, which PostgreSQL keeps and Python cannot hold
         seconds, micro = divmod(micros, 10**6)
         return time(seconds // 3600, seconds // 60 % 60, seconds % 60, micro, value.tzinfo)
     zone = value.tzinfo
@@ -101,7 +102,7 @@ def _round_fraction(value: datetime | time, digits: int) -> datetime | time:
 
 def _utc_basic(moment: datetime) -> str:
     moment = moment.astimezone(UTC) if moment.tzinfo else moment
-    text = moment.strftime("%Y%m%dT%H%M%S")
+    text = f"{moment.year:04d}" + moment.strftime("%m%dT%H%M%S")  # %Y: 3 digits for 999 on glibc
     if moment.microsecond:
         text += f".{moment.microsecond:06d}".rstrip("0")
     return text + "Z"
@@ -135,6 +136,8 @@ def canonical(column: Column, value: Any, *, sqlite: bool = False) -> str:
         return _decimal_text(number)
     if column.scale is not None and isinstance(value, datetime | time) and not sqlite:
         value = _round_fraction(value, column.scale)
+        if value is None:
+            return "24:00:00"
     if kind is Kind.UUID:
         return str(value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)))
     if kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ) and isinstance(value, datetime):

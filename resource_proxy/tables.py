@@ -447,9 +447,11 @@ def coerce(column: Column, value: Any, *, from_text: bool = False) -> Any:
             raise _bad(column, "an ISO 8601 date string") from None
     if kind is Kind.TIME:
         try:
-            return time.fromisoformat(value) if isinstance(value, str) else _fail()
+            moment = time.fromisoformat(value) if isinstance(value, str) else _fail()
         except ValueError:
             raise _bad(column, "an ISO 8601 time string") from None
+        # PostgreSQL's time drops an offset (13:00:00+02:00 is stored as 13:00:00): so here
+        return moment.replace(tzinfo=None) if column.cast == "time without time zone" else moment
     if kind is Kind.UUID:
         try:
             ok = isinstance(value, str) and len(value) <= 64 and value.isascii()

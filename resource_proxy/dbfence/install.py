@@ -1,0 +1,238 @@
+"""``install`` and ``uninstall``: put the fence triggers into a PostgreSQL database, or take them out.
+
+``install`` is idempotent: every function and trigger it creates carries a COMMENT with a hash
+of its definition, and an object whose hash and state already match is left alone, so a second
+install with the same policy changes nothing in the catalog. With another policy it converges:
+triggers and functions of tables no longer protected are removed. The whole install is one
+transaction (DDL is transactional in PostgreSQL), serialized by an advisory lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import sqlalchemy as sa
+
+from resource_proxy.dbfence import sql
+from resource_proxy.dbfence.plan import DbFencingError, Protected, plan
+from resource_proxy.policy import Policy
+
+__all__ = ["InstallReport", "install", "uninstall"]
+
+_ADVISORY_KEY = 0x4442_4645_4E43  # "DBFENC": one install/uninstall at a time
+
+
+@dataclass(slots=True)
+class InstallReport:
+    """What ``install``/``uninstall`` did. ``changed``: the objects created, replaced or
+    dropped (empty on a repeated install); ``tables``: ``{table: template}``; ``covers``:
+    ``{table: [partitions and inheritance children governed by it]}``."""
+
+    tables: dict[str, str] = field(default_factory=dict)
+    covers: dict[str, list[str]] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+    moved_fence_table: bool = False
+    exempt_roles: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"{t}: lock {tpl!r}" + (f" (also governs {', '.join(self.covers[t])})"
+                                       if self.covers.get(t) else "")
+               for t, tpl in self.tables.items()]
+        if self.moved_fence_table:
+            out.append("moved resource_proxy.fences to fencing.fences (every fence kept)")
+        if self.exempt_roles:
+            out.append(f"exempt roles: {', '.join(self.exempt_roles)}")
+        out.append(f"{len(self.changed)} object(s) changed" if self.changed else "no change")
+        return out
+
+
+def _ddl(conn: sa.Connection, text: str) -> None:
+    """Run a statement without parameters (``%`` doubled: the driver still parses them)."""
+    conn.exec_driver_sql(text.replace("%", "%%"))
+
+
+def _comment(conn: sa.Connection, kind: str, target: str) -> str | None:
+    if kind == "function":
+        return conn.exec_driver_sql(
+            "SELECT obj_description(to_regprocedure(%(t)s), 'pg_proc')", {"t": target}).scalar()
+    raise AssertionError(kind)
+
+
+def _ensure_function(conn: sa.Connection, signature: str, text: str, report: InstallReport) -> None:
+    mark = sql.digest(text)
+    if _comment(conn, "function", signature) == mark:
+        return
+    _ddl(conn, text)
+    _ddl(conn, f"COMMENT ON FUNCTION {signature} IS {sql.literal(mark)}")
+    report.changed.append(f"function {signature}")
+
+
+def _triggers(conn: sa.Connection) -> dict[tuple[str, str], tuple[str, str, str | None, bool]]:
+    """Our triggers in the current schema: (relation, name) -> (function, tgenabled, comment,
+    is a partition clone)."""
+    rows = conn.exec_driver_sql("""
+        SELECT c.relname, t.tgname, t.tgfoid::regprocedure::text, t.tgenabled::text,
+               obj_description(t.oid, 'pg_trigger'), t.tgparentid <> 0
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = current_schema() AND t.tgname IN (%(a)s, %(b)s)""",
+        {"a": sql.TRIGGER, "b": sql.TRUNCATE_TRIGGER}).all()
+    return {(r[0], r[1]): (r[2], r[3], r[4], r[5]) for r in rows}
+
+
+def _qualified(schema: str, name: str) -> str:
+    return f"{sql.ident(schema)}.{sql.ident(name)}"
+
+
+def _ensure_trigger(conn: sa.Connection, existing: dict, schema: str, relation: str, name: str,
+                    statements: list[str], function: str, report: InstallReport) -> None:
+    mark = sql.digest("\n".join(statements))
+    target = _qualified(schema, relation)
+    found = existing.get((relation, name))
+    if found is not None:
+        current_fn, enabled, comment, _clone = found
+        if comment == mark and current_fn == function and enabled == "A":
+            return
+        if comment == mark and current_fn == function:
+            _ddl(conn, f"ALTER TABLE {target} ENABLE ALWAYS TRIGGER {name}")
+            report.changed.append(f"trigger {name} on {relation} enabled")
+            return
+        _ddl(conn, f"DROP TRIGGER {name} ON {target}")
+    for statement in statements:
+        _ddl(conn, statement)
+    _ddl(conn, f"COMMENT ON TRIGGER {name} ON {target} IS {sql.literal(mark)}")
+    report.changed.append(f"trigger {name} on {relation}")
+
+
+def _ensure_fence_table(conn: sa.Connection, report: InstallReport) -> None:
+    _ddl(conn, sql.SCHEMA_DDL[0])
+    exists = conn.exec_driver_sql("SELECT to_regclass('fencing.fences')").scalar()
+    legacy = conn.exec_driver_sql("SELECT to_regclass('resource_proxy.fences')").scalar()
+    if exists is None and legacy is not None:
+        _ddl(conn, "ALTER TABLE resource_proxy.fences SET SCHEMA fencing")
+        report.moved_fence_table = True
+        report.changed.append("table fencing.fences (moved from resource_proxy.fences)")
+    elif exists is None:
+        _ddl(conn, sql.SCHEMA_DDL[1])
+        report.changed.append("table fencing.fences")
+    for granted, grant in sql.GRANTS:
+        if not conn.exec_driver_sql(granted).scalar():
+            _ddl(conn, grant)
+            report.changed.append(grant)
+
+
+def install(engine: sa.Engine, policy: Policy | None = None, tables: Sequence[str] | None = None,
+            exempt_roles: Sequence[str] = ()) -> InstallReport:
+    """Install database-side fencing for ``policy`` (default: table T under lock T) over
+    ``tables`` (default: every table of the current schema but partitions and inheritance
+    children, which their root/parent governs). ``exempt_roles``: roles whose writes skip the
+    check (migrations), by exact ``current_user``.
+
+    Raises ``DbFencingError`` (one line) before changing anything if the policy cannot be
+    enforced by the database (see ``plan``) or an exempt role does not exist.
+    """
+    protected = plan(engine, policy, tables)
+    roles = list(dict.fromkeys(exempt_roles))
+    report = InstallReport(exempt_roles=roles)
+    with engine.begin() as conn:
+        missing = [r for r in roles if conn.exec_driver_sql(
+            "SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": r}).first() is None]
+        if missing:
+            raise DbFencingError(f"exempt role(s) {missing} do not exist")
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
+        _ensure_fence_table(conn, report)
+        for signature, text in sql.BASE:
+            _ensure_function(conn, signature, text, report)
+        _ensure_function(conn, "fencing.exempt()", sql.exempt_function(roles), report)
+        _ensure_function(conn, *sql.TRUNCATE_GUARD, report)
+        existing = _triggers(conn)
+        wanted: set[tuple[str, str]] = set()
+        functions: set[str] = set()
+        for item in protected:
+            _install_table(conn, item, existing, wanted, functions, report)
+        _remove_stale(conn, existing, wanted, functions, report)
+    return report
+
+
+def _install_table(conn: sa.Connection, item: Protected, existing: dict,
+                   wanted: set[tuple[str, str]], functions: set[str],
+                   report: InstallReport) -> None:
+    report.tables[item.table] = item.template.text
+    report.covers[item.table] = [*item.partitions, *item.children]
+    if item.lock_function is not None:
+        args = ",".join(c.cast for c in item.columns)
+        _ensure_function(conn, f"fencing.{sql.ident(item.lock_function)}({args})",
+                         item.lock_sql(), report)
+        functions.add(item.lock_function)
+    guard = f"fencing.{sql.ident(item.guard_function)}()"
+    _ensure_function(conn, guard, item.guard_sql(), report)
+    functions.add(item.guard_function)
+    regproc = conn.exec_driver_sql("SELECT %(g)s::regprocedure::text", {"g": guard}).scalar()
+    for relation in item.row_trigger_on:
+        wanted.add((relation, sql.TRIGGER))
+        _ensure_trigger(conn, existing, item.schema, relation, sql.TRIGGER,
+                        sql.guard_trigger(_qualified(item.schema, relation), item.guard_function),
+                        regproc, report)
+    for partition in item.partitions:  # PostgreSQL's clones: only their state is ours to fix
+        wanted.add((partition, sql.TRIGGER))
+        found = existing.get((partition, sql.TRIGGER))
+        if found is not None and found[1] != "A":
+            _ddl(conn, f"ALTER TABLE {_qualified(item.schema, partition)} "
+                                 f"ENABLE ALWAYS TRIGGER {sql.TRIGGER}")
+            report.changed.append(f"trigger {sql.TRIGGER} on {partition} enabled")
+    truncate = conn.exec_driver_sql(
+        "SELECT 'fencing.guard_truncate()'::regprocedure::text").scalar()
+    for relation in item.truncate_trigger_on:
+        wanted.add((relation, sql.TRUNCATE_TRIGGER))
+        _ensure_trigger(conn, existing, item.schema, relation, sql.TRUNCATE_TRIGGER,
+                        sql.truncate_trigger(_qualified(item.schema, relation)), truncate, report)
+
+
+def _remove_stale(conn: sa.Connection, existing: dict, wanted: set[tuple[str, str]],
+                  functions: set[str], report: InstallReport) -> None:
+    schema = conn.exec_driver_sql("SELECT current_schema()").scalar()
+    for (relation, name), (_fn, _enabled, _comment, clone) in existing.items():
+        if (relation, name) not in wanted and not clone:
+            _ddl(conn, f"DROP TRIGGER IF EXISTS {name} ON {_qualified(schema, relation)}")
+            report.changed.append(f"trigger {name} on {relation} removed")
+    stale = conn.exec_driver_sql("""
+        SELECT p.oid::regprocedure::text, p.proname FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'fencing' AND (p.proname LIKE 'lock\\_of\\_%%'
+                                         OR p.proname LIKE 'guard\\_of\\_%%')""").all()
+    for signature, name in stale:
+        if name not in functions:
+            _ddl(conn, f"DROP FUNCTION {signature}")
+            report.changed.append(f"function {signature} removed")
+
+
+def uninstall(engine: sa.Engine, *, drop_fences: bool = False) -> InstallReport:
+    """Remove every fence trigger (any schema) and every function of schema ``fencing``.
+
+    The fence table ``fencing.fences`` is kept unless ``drop_fences``: its highest fences are
+    what refuses a stale holder, and a fence that went backwards (a table dropped and created
+    empty) would let a holder whose lease was superseded write again, through the proxy or
+    after a later install.
+    """
+    report = InstallReport()
+    with engine.begin() as conn:
+        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
+        rows = conn.exec_driver_sql("""
+            SELECT t.tgname, t.tgrelid::regclass::text FROM pg_trigger t
+            JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_namespace n ON n.oid = p.pronamespace
+            WHERE n.nspname = 'fencing' AND t.tgparentid = 0 ORDER BY 2, 1""").all()
+        for name, relation in rows:
+            _ddl(conn, f"DROP TRIGGER {sql.ident(name)} ON {relation}")
+            report.changed.append(f"trigger {name} on {relation} removed")
+        functions = conn.exec_driver_sql("""
+            SELECT p.oid::regprocedure::text FROM pg_proc p
+            JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'fencing'
+            ORDER BY 1""").scalars().all()
+        for signature in functions:
+            _ddl(conn, f"DROP FUNCTION IF EXISTS {signature}")
+            report.changed.append(f"function {signature} removed")
+        if drop_fences:
+            _ddl(conn, "DROP SCHEMA IF EXISTS fencing CASCADE")
+            report.changed.append("schema fencing (and its fence table) removed")
+    return report

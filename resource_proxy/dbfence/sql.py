@@ -1,0 +1,380 @@
+"""Every SQL text of database-side fencing: the fixed part (schema ``fencing``, the fence table,
+claims, key texts, escaping) and the generators of each protected table's functions and triggers.
+
+Names (schema ``fencing``)::
+
+    fences(lock text PRIMARY KEY, highest bigint)   the ONE fence table (shared with the proxy)
+    claim(lock, fence) -> highest                   raise or keep the highest; LF001 if stale
+    try_claim(lock, fence) -> highest               the same, never raises (the proxy's 409 path)
+    try_claim_many(locks[], fences[]) -> (lock, highest) rows: try_claim of each, in COLLATE "C"
+                                                    order (concurrent batches never deadlock)
+    claimed(lock) -> boolean                        whether this transaction holds a claim on lock
+    escape(text) -> text                            canonical.encode: the lock-name alphabet
+    key_int/_numeric/_float8/_uuid/_bool/_timestamp/_timestamptz/_date/_time/_bytea(v) -> text
+                                                    canonical.canonical of the STORED value
+    exempt() -> boolean                             current_user is a role named at install
+    refuse(lock, table, via)                        raises LF002 naming the lock and the highest
+    lock_of_<table>(key columns...) -> text         the row's lock name (the table's template)
+    guard_of_<table>() trigger                      BEFORE INSERT/UPDATE/DELETE FOR EACH ROW
+    guard_truncate() trigger                        BEFORE TRUNCATE: refused unless exempt
+
+A claim is recorded for the current transaction only, in the transaction-local setting
+``fencing.claims`` (``|lock|lock|``; lock names never contain ``|``); ROLLBACK and ROLLBACK TO
+SAVEPOINT undo it together with the fence row they raised.
+
+Every function text is session-independent: dates and times go through ``to_char`` with fixed
+formats (never DateStyle or TimeZone), floats through ``extra_float_digits = 1`` set on the
+function, shortened to Python's ``repr`` where PostgreSQL's text is one digit longer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+__all__ = ["SCHEMA", "FENCES", "TRIGGER", "TRUNCATE_TRIGGER", "LF_STALE", "LF_UNCLAIMED",
+           "BASE", "KEY_FUNCTIONS", "exempt_function", "lock_function", "guard_function",
+           "guard_trigger", "truncate_trigger", "ident", "literal", "object_name", "digest",
+           "PROXY_TRY_CLAIM"]
+
+SCHEMA = "fencing"
+FENCES = "fencing.fences"
+TRIGGER = "zz_fencing_guard"        # sorts after the usual BEFORE triggers: checks the final NEW
+TRUNCATE_TRIGGER = "zz_fencing_truncate"
+LF_STALE = "LF001"
+LF_UNCLAIMED = "LF002"
+
+# What the proxy's gated single-row write puts in its fence CTE instead of the bare upsert, so
+# its own write passes the row trigger (the claim is recorded in the same statement).
+PROXY_TRY_CLAIM = "SELECT fencing.try_claim(%(lock)s, %(fence)s::bigint) AS highest"
+
+
+def ident(name: str) -> str:
+    """A quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    """A quoted SQL string literal (standard_conforming_strings: only ``'`` is special)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def digest(text: str) -> str:
+    """The short hash install keeps in an object's COMMENT to skip an unchanged definition."""
+    return "dbfence:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def object_name(prefix: str, table: str) -> str:
+    """``prefix + table`` if it fits PostgreSQL's 63-byte names, else a shortened unique form."""
+    name = prefix + table
+    if len(name.encode()) <= 63:
+        return name
+    short = table.encode()[:40].decode(errors="ignore")
+    return f"{prefix}{short}_{hashlib.sha256(table.encode()).hexdigest()[:8]}"
+
+
+# --- the fixed part ---------------------------------------------------------------------------
+
+_LOCK_RE = "^[A-Za-z0-9._:/-]{1,255}$"
+
+_CLAIM_BODY = """
+DECLARE
+    h bigint;
+    claims text;
+BEGIN
+    IF lock IS NULL OR fence IS NULL OR lock !~ '%(lock_re)s' COLLATE "C" THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('fencing.%(fn)s: %%L is not a lock name (1-255 of A-Za-z0-9._:/-)'
+                             ' or the fence is null', lock);
+    END IF;
+    INSERT INTO fencing.fences AS f (lock, highest) VALUES (%(fn)s.lock, %(fn)s.fence)
+        ON CONFLICT (lock) DO UPDATE SET highest = GREATEST(f.highest, excluded.highest)
+        RETURNING f.highest INTO h;
+    IF h > %(fn)s.fence THEN
+        %(stale)s
+    END IF;
+    claims := coalesce(nullif(current_setting('fencing.claims', true), ''), '|');
+    IF strpos(claims, '|' || %(fn)s.lock || '|') = 0 THEN
+        PERFORM set_config('fencing.claims', claims || %(fn)s.lock || '|', true);
+    END IF;
+    RETURN h;
+END"""
+
+_RAISE_STALE = """RAISE EXCEPTION USING ERRCODE = 'LF001',
+            MESSAGE = format('stale fence %s for lock "%s": highest is %s', fence, lock, h),
+            DETAIL = format('lock=%s presented=%s highest=%s', lock, fence, h),
+            HINT = 'a newer holder of the lock has written; acquire the lock again';"""
+
+
+def _claim(fn: str, stale: str) -> str:
+    body = _CLAIM_BODY % {"fn": fn, "stale": stale, "lock_re": _LOCK_RE}
+    return (f"CREATE OR REPLACE FUNCTION fencing.{fn}(lock text, fence bigint) RETURNS bigint\n"
+            "LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"
+            f"AS $fn$\n#variable_conflict use_column\n{body}\n$fn$")
+
+
+_TRY_CLAIM_MANY = """CREATE OR REPLACE FUNCTION fencing.try_claim_many(locks text[], fences bigint[])
+RETURNS TABLE (lock text, highest bigint)
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    IF cardinality(locks) IS DISTINCT FROM cardinality(fences) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'fencing.try_claim_many: locks and fences differ in length';
+    END IF;
+    FOR lock, highest IN
+        SELECT u.l, u.f FROM unnest(locks, fences) AS u(l, f) ORDER BY u.l COLLATE "C"
+    LOOP
+        highest := fencing.try_claim(lock, highest);
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$"""
+
+_ESCAPE = r"""CREATE OR REPLACE FUNCTION fencing.escape(t text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+AS $fn$
+SELECT CASE WHEN t ~ '^[A-Za-z0-9_-][A-Za-z0-9._-]*$' COLLATE "C" THEN t
+ELSE coalesce((
+    SELECT string_agg(CASE WHEN b BETWEEN 48 AND 57 OR b BETWEEN 65 AND 90
+                                OR b BETWEEN 97 AND 122 OR b IN (45, 95) OR (b = 46 AND i > 0)
+                           THEN chr(b) ELSE ':' || upper(lpad(to_hex(b), 2, '0')) END,
+                      '' ORDER BY i)
+    FROM (SELECT i, get_byte(u, i) AS b
+          FROM (SELECT convert_to(t, 'UTF8') AS u) AS bytes,
+               generate_series(0, octet_length(u) - 1) AS i) AS each_byte), '')
+END
+$fn$"""
+
+# The canonical text (canonical.canonical) of each supported kind, from the stored value.
+KEY_FUNCTIONS: dict[str, tuple[str, str]] = {
+    # name: (argument type, body returning text)
+    "key_int": ("bigint", "SELECT v::text"),
+    "key_numeric": ("numeric", "SELECT trim_scale(v)::text"),
+    "key_float8": ("double precision", ""),  # plpgsql: _KEY_FLOAT8
+    "key_uuid": ("uuid", "SELECT v::text"),
+    "key_bool": ("boolean", "SELECT CASE WHEN v THEN 'true' ELSE 'false' END"),
+    "key_timestamp": ("timestamp without time zone", """SELECT CASE WHEN NOT isfinite(v) THEN v::text
+    ELSE CASE WHEN v < timestamp '0001-01-01' THEN '-' ELSE '' END
+         || to_char(v, 'YYYYMMDD"T"HH24MISS')
+         || coalesce('.' || nullif(rtrim(to_char(v, 'US'), '0'), ''), '') || 'Z' END"""),
+    "key_timestamptz": ("timestamp with time zone",
+                        "SELECT fencing.key_timestamp(v AT TIME ZONE 'UTC')"),
+    "key_date": ("date", """SELECT CASE WHEN NOT isfinite(v) THEN v::text
+    WHEN v < date '0001-01-01' THEN '-' || to_char(v::timestamp, 'YYYY-MM-DD')
+    ELSE to_char(v::timestamp, 'YYYY-MM-DD') END"""),
+    "key_time": ("time without time zone", """SELECT CASE WHEN v = time '24:00' THEN '24:00:00'
+    ELSE to_char(timestamp '2000-01-01' + v, 'HH24:MI:SS')
+         || CASE WHEN to_char(timestamp '2000-01-01' + v, 'US') = '000000' THEN ''
+                 ELSE '.' || to_char(timestamp '2000-01-01' + v, 'US') END END"""),
+    "key_bytea": ("bytea", "SELECT encode(v, 'hex')"),
+}
+
+# Python's repr is the shortest decimal that reads back as the same double, the closest one if
+# several; PostgreSQL's shortest text (extra_float_digits > 0) is sometimes one digit longer
+# (4.3374900492107776e+16 where repr says 4.337490049210778e+16). So: start from PostgreSQL's
+# text and round to one significant digit fewer while the double reads back unchanged.
+_KEY_FLOAT8 = """CREATE OR REPLACE FUNCTION fencing.key_float8(v double precision) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET extra_float_digits = 1
+AS $fn$
+DECLARE
+    exact numeric;
+    best numeric;
+    shorter numeric;
+    t text;
+    digits int;
+    magnitude int;
+BEGIN
+    IF v = 'NaN'::float8 OR v = 'Infinity'::float8 OR v = '-Infinity'::float8 THEN
+        RETURN v::text;
+    END IF;
+    IF v = 0 THEN
+        RETURN '0';
+    END IF;
+    exact := trim_scale(v::text::numeric);
+    best := exact;
+    t := abs(best)::text;
+    IF abs(best) >= 1 THEN
+        magnitude := length(trunc(abs(best))::text) - 1;
+    ELSE
+        magnitude := -(length(substr(t, 3)) - length(ltrim(substr(t, 3), '0')) + 1);
+    END IF;
+    digits := length(rtrim(ltrim(replace(t, '.', ''), '0'), '0'));
+    WHILE digits > 1 LOOP
+        digits := digits - 1;
+        shorter := round(exact, digits - 1 - magnitude);
+        EXIT WHEN shorter::float8 <> v;
+        best := shorter;
+    END LOOP;
+    RETURN trim_scale(best)::text;
+END
+$fn$"""
+
+
+def _key_function(name: str) -> str:
+    if name == "key_float8":
+        return _KEY_FLOAT8
+    arg, body = KEY_FUNCTIONS[name]
+    return (f"CREATE OR REPLACE FUNCTION fencing.{name}(v {arg}) RETURNS text\n"
+            "LANGUAGE sql STABLE STRICT PARALLEL SAFE\n"
+            f"AS $fn$\n{body}\n$fn$")
+
+
+_CLAIMED = """CREATE OR REPLACE FUNCTION fencing.claimed(lock text) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $fn$
+SELECT coalesce(strpos(current_setting('fencing.claims', true), '|' || lock || '|') > 0, false)
+$fn$"""
+
+_REFUSE = """CREATE OR REPLACE FUNCTION fencing.refuse(lock text, tab text, via text)
+RETURNS void LANGUAGE plpgsql STABLE
+AS $fn$
+DECLARE
+    h bigint;
+    route text := CASE WHEN via IS DISTINCT FROM tab THEN format(' (written through %I)', via)
+                       ELSE '' END;
+BEGIN
+    IF lock IS NULL OR length(lock) > 255 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF002',
+            MESSAGE = format('a row of table %I%s has a key that cannot be bound to a lock name'
+                             ' (1-255 of A-Za-z0-9._:/-): %s', tab, route,
+                             coalesce(left(lock, 300), 'null')),
+            DETAIL = format('table=%s', tab);
+    END IF;
+    SELECT f.highest INTO h FROM fencing.fences f WHERE f.lock = refuse.lock;
+    RAISE EXCEPTION USING ERRCODE = 'LF002',
+        MESSAGE = format('row of table %I%s is written under lock "%s", which this transaction '
+                         'has not claimed (highest fence %s); call fencing.claim(%L, fence) '
+                         'first', tab, route, lock, coalesce(h::text, 'none'), lock),
+        DETAIL = format('lock=%s table=%s highest=%s', lock, tab, coalesce(h::text, '')),
+        HINT = 'claim the lock in this transaction at a fence equal to its highest';
+END
+$fn$"""
+
+_GUARD_TRUNCATE = """CREATE OR REPLACE FUNCTION fencing.guard_truncate() RETURNS trigger
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    IF NOT fencing.exempt() THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF002',
+            MESSAGE = format('TRUNCATE of table %I is refused: its rows are fenced (delete them '
+                             'under their locks, or truncate as a role exempt from fencing)',
+                             TG_TABLE_NAME),
+            DETAIL = format('table=%s', TG_TABLE_NAME);
+    END IF;
+    RETURN NULL;
+END
+$fn$"""
+
+
+def exempt_function(roles: list[str]) -> str:
+    """``fencing.exempt()``: whether ``current_user`` is one of ``roles`` (named at install)."""
+    if roles:
+        body = f"SELECT current_user = ANY (ARRAY[{', '.join(literal(r) for r in roles)}]::name[])"
+    else:
+        body = "SELECT false"
+    return ("CREATE OR REPLACE FUNCTION fencing.exempt() RETURNS boolean\n"
+            f"LANGUAGE sql STABLE PARALLEL SAFE\nAS $fn$\n{body}\n$fn$")
+
+
+# Statements run once per install (CREATE ... IF NOT EXISTS; functions are compared first).
+SCHEMA_DDL = [
+    f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}",
+    f"CREATE TABLE IF NOT EXISTS {FENCES} (lock text PRIMARY KEY, highest bigint NOT NULL)",
+]
+# (whether PUBLIC already has it, the grant): GRANT rewrites the catalog row even when nothing
+# changes, so install asks first.
+GRANTS = [
+    ("SELECT EXISTS (SELECT 1 FROM pg_namespace, aclexplode(nspacl) a WHERE nspname = 'fencing'"
+     " AND a.grantee = 0 AND a.privilege_type = 'USAGE')",
+     f"GRANT USAGE ON SCHEMA {SCHEMA} TO PUBLIC"),
+    ("SELECT EXISTS (SELECT 1 FROM aclexplode((SELECT relacl FROM pg_class WHERE oid ="
+     " 'fencing.fences'::regclass)) a WHERE a.grantee = 0 AND a.privilege_type = 'SELECT')",
+     f"GRANT SELECT ON {FENCES} TO PUBLIC"),
+]
+
+# (function signature, CREATE text) for every fixed function, in creation order.
+BASE: list[tuple[str, str]] = [
+    ("fencing.escape(text)", _ESCAPE),
+    *[(f"fencing.{name}({arg})", _key_function(name))
+      for name, (arg, _) in KEY_FUNCTIONS.items()],
+    ("fencing.claim(text,bigint)", _claim("claim", _RAISE_STALE)),
+    ("fencing.try_claim(text,bigint)", _claim("try_claim", "RETURN h;")),
+    ("fencing.try_claim_many(text[],bigint[])", _TRY_CLAIM_MANY),
+    ("fencing.claimed(text)", _CLAIMED),
+    ("fencing.refuse(text,text,text)", _REFUSE),
+]
+# created after exempt(), which it calls
+TRUNCATE_GUARD = ("fencing.guard_truncate()", _GUARD_TRUNCATE)
+
+
+# --- per protected table ----------------------------------------------------------------------
+
+def lock_function(name: str, args: list[tuple[str, str]], expression: str) -> str:
+    """``fencing.<name>(k1 type1, ...)``: the lock name from the key values (``expression``
+    uses ``$1``, ``$2``...); inlined into the guard's expression by the planner."""
+    params = ", ".join(f"{ident(a)} {t}" for a, t in args)
+    return (f"CREATE OR REPLACE FUNCTION fencing.{ident(name)}({params}) RETURNS text\n"
+            f"LANGUAGE sql STABLE PARALLEL SAFE\nAS $fn$\nSELECT {expression}\n$fn$")
+
+
+def guard_function(name: str, table: str, lock_call_new: str | None, lock_call_old: str | None,
+                   literal_lock: str | None) -> str:
+    """The row trigger function of one protected table (``table``: the root's name).
+
+    ``literal_lock``: the table's template is a literal (the fast path: one constant ``strpos``
+    per row). Otherwise ``lock_call_new``/``lock_call_old`` compute the lock from NEW/OLD by
+    column name, so the same function serves every partition and inheritance child, whatever
+    their column order.
+    """
+    if literal_lock is not None:
+        needle = literal("|" + literal_lock + "|")
+        body = f"""BEGIN
+    IF coalesce(strpos(current_setting('fencing.claims', true), {needle}), 0) = 0
+       AND NOT fencing.exempt() THEN
+        PERFORM fencing.refuse({literal(literal_lock)}, {literal(table)}, TG_TABLE_NAME);
+    END IF;
+    IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+    RETURN NEW;
+END"""
+    else:
+        body = f"""DECLARE
+    claims text := coalesce(current_setting('fencing.claims', true), '');
+    n text;
+    o text;
+BEGIN
+    IF TG_OP <> 'DELETE' THEN
+        n := {lock_call_new};
+        IF (n IS NULL OR length(n) > 255 OR strpos(claims, '|' || n || '|') = 0)
+           AND NOT fencing.exempt() THEN
+            PERFORM fencing.refuse(n, {literal(table)}, TG_TABLE_NAME);
+        END IF;
+    END IF;
+    IF TG_OP <> 'INSERT' THEN
+        o := {lock_call_old};
+        IF (TG_OP = 'DELETE' OR o IS DISTINCT FROM n)
+           AND (o IS NULL OR length(o) > 255 OR strpos(claims, '|' || o || '|') = 0)
+           AND NOT fencing.exempt() THEN
+            PERFORM fencing.refuse(o, {literal(table)}, TG_TABLE_NAME);
+        END IF;
+        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+    END IF;
+    RETURN NEW;
+END"""
+    return (f"CREATE OR REPLACE FUNCTION fencing.{ident(name)}() RETURNS trigger\n"
+            f"LANGUAGE plpgsql\nAS $fn$\n{body}\n$fn$")
+
+
+def guard_trigger(relation: str, function: str) -> list[str]:
+    """The row trigger on ``relation`` (a qualified, quoted name), enabled ALWAYS so that
+    ``session_replication_role = replica`` does not skip it."""
+    return [f"CREATE TRIGGER {TRIGGER} BEFORE INSERT OR UPDATE OR DELETE ON {relation} "
+            f"FOR EACH ROW EXECUTE FUNCTION fencing.{ident(function)}()",
+            f"ALTER TABLE {relation} ENABLE ALWAYS TRIGGER {TRIGGER}"]
+
+
+def truncate_trigger(relation: str) -> list[str]:
+    """The statement trigger refusing TRUNCATE of ``relation`` (not cloned to partitions by
+    PostgreSQL, so install puts it on each)."""
+    return [f"CREATE TRIGGER {TRUNCATE_TRIGGER} BEFORE TRUNCATE ON {relation} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard_truncate()",
+            f"ALTER TABLE {relation} ENABLE ALWAYS TRIGGER {TRUNCATE_TRIGGER}"]
