@@ -1,0 +1,430 @@
+"""Fenced SQL: run your own SQL in one PostgreSQL transaction that first claims a lease's fences.
+
+``fenced_transaction`` (blocking) and ``async_fenced_transaction`` (asyncio) take a psycopg 3
+``Connection``/``AsyncConnection`` or a SQLAlchemy ``Connection``/``Session``/``AsyncConnection``
+/``AsyncSession`` (``scoped_session`` too) and a lease::
+
+    with client.lock("accounts/42", ttl=10) as lease:
+        with fenced_transaction(conn, lease) as claims:       # conn: a psycopg Connection
+            conn.execute("UPDATE accounts SET balance = balance - 5 WHERE id = 42")
+        # committed here; a newer holder's claim made this StaleTokenError, nothing committed
+
+    async with async_fenced_transaction(session, lease):      # an AsyncSession
+        session.add(Report(id=7, state="done"))               # flushed and committed on exit
+
+Steps: (1) the lease's token is verified **offline** against lockd's public keys; the locks and
+fences claimed are the token's verified claims, never the lease object's own fields; (2) a
+transaction is opened; (3) ``SELECT fencing.claim(lock, fence)`` runs for every lock of the token
+in name order (code-point order, as the proxy locks fence rows, so two claimers of overlapping
+sets never deadlock); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
+re-raised. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
+fence claimed).
+
+``lease``: a ``Lease``/``AsyncLease`` (or multi-lock ``MultiLease``/``AsyncMultiLease``) of
+either client, or the token text itself. Keys (``jwks=``): a JWKS dict or a
+``lockd.tokens.Verifier``; if omitted, ``GET {lockd}/v1/keys`` of the lease's client (or of
+``lockd_url=``, required for a bare token) is fetched once per lockd URL, cached for the process
+and fetched again when a token names a key (``kid``) the cached set lacks (lockd rotated). The
+fetch goes through the lease's own HTTP client (its TLS settings) when it can, else through a
+default ``httpx`` client: for an https lockd with a private CA and a bare token, pass ``jwks=``.
+One lease per transaction: for several locks use one multi-lock lease (``acquire_many``).
+
+Transactions: the claims must sit in the transaction that commits the block's writes, so the
+connection must have **no transaction open** (psycopg: ``conn.info.transaction_status`` IDLE;
+SQLAlchemy: ``not conn.in_transaction()``, so commit or roll back an autobegun one first).
+Otherwise ``TransactionStateError`` (``code="transaction_open"``) is raised before any SQL: a
+savepoint inside someone else's transaction could be committed, or not, long after the fence
+moved on. A SQLAlchemy connection in ``AUTOCOMMIT`` mode is refused the same way
+(``code="autocommit"``). Savepoints *inside* the block (``conn.transaction()``,
+``begin_nested()``) are fine. A database error caught inside the block leaves the transaction
+aborted, which PostgreSQL would turn into a silent ROLLBACK at COMMIT: that is raised as
+``TransactionStateError`` (``code="transaction_aborted"``) instead.
+
+Errors: ``InvalidToken`` (bad signature, unknown key: before any SQL); ``StaleTokenError``
+(SQLSTATE ``LF001`` from ``fencing.claim``: ``lock``, ``presented``, ``highest``, the lease is
+marked lost, nothing committed) exactly as the HTTP client raises it; ``LockNotClaimedError``
+(SQLSTATE ``LF002``: a fence trigger refused a row of a lock this transaction did not claim,
+``lock`` names it); ``TransportError``/``ServiceUnavailable`` when lockd's keys cannot be
+fetched. Other database errors are the driver's own.
+
+Trust model. On the HTTP path the proxy verifies the token's signature, so a writer can only
+present fences lockd issued. On the SQL path the database cannot check a signature: it trusts
+its writers' claims. This function verifies the token before claiming, but any role allowed to
+call ``fencing.claim`` could claim any fence it likes; what keeps other writers out is the
+database's grants: only roles you trust may execute ``fencing.claim`` or write the protected
+tables (``resource-proxy db check`` lists the roles that can bypass the triggers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import sys
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import httpx
+
+from lockd import tokens
+from lockd.client.errors import (
+    FencingError,
+    InvalidToken,
+    LeaseLostError,
+    LockClientError,
+    StaleTokenError,
+    body_or_raise,
+    translate_transport_errors,
+)
+
+__all__ = [
+    "fenced_transaction",
+    "async_fenced_transaction",
+    "LockNotClaimedError",
+    "TransactionStateError",
+]
+
+STALE_SQLSTATE = "LF001"
+NOT_CLAIMED_SQLSTATE = "LF002"
+_PG_CLAIM = "SELECT fencing.claim(%s::text, %s::bigint)"
+_SA_CLAIM = "SELECT fencing.claim(CAST(:lock AS text), CAST(:fence AS bigint))"
+_INERROR = 3  # libpq PQTRANS_INERROR: a statement failed, the transaction can only roll back
+_KEYS_TIMEOUT = 10.0  # seconds, for fetching lockd's JWKS with a client of our own
+_STALE_DETAIL = re.compile(r"lock=(?P<lock>\S+) presented=(?P<presented>\d+) highest=(?P<highest>\d+)")
+_STALE_MESSAGE = re.compile(r'stale fence (?P<presented>\d+) for lock "(?P<lock>[^"]+)": '
+                            r"highest is (?P<highest>\d+)")
+_LOCK_DETAIL = re.compile(r"lock=(?P<lock>\S+)")
+_LOCK_MESSAGE = re.compile(r'lock "(?P<lock>[^"]+)"')
+
+_keys: dict[str, tokens.Verifier] = {}
+"""lockd URL -> the verifier of its last fetched JWKS (shared by every call in the process)."""
+
+
+class LockNotClaimedError(FencingError):
+    """The database refused a row (SQLSTATE ``LF002``): this transaction wrote a row of ``lock``
+    without claiming it. Claim it too (a multi-lock lease), or write only the leased rows.
+    Nothing was committed."""
+
+    default_code = "lock_not_claimed"
+
+    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+
+
+class TransactionStateError(LockClientError):
+    """The connection's transaction cannot carry the claims (``code``): ``transaction_open``
+    (one is already open; commit or roll back first), ``autocommit`` (every statement would
+    commit alone), ``transaction_aborted`` (an error inside the block was caught there; the
+    transaction was rolled back, nothing committed)."""
+
+    default_code = "transaction_open"
+
+
+# --------------------------------------------------------------------------- the token's claims
+
+
+def _token_of(lease: Any) -> str:
+    token = lease if isinstance(lease, str) else getattr(lease, "token", None)
+    if not isinstance(token, str):
+        raise TypeError(f"lease must be a lockd lease or a token string, got {lease!r}")
+    return token
+
+
+def _fixed_verifier(jwks: Mapping[str, Any] | tokens.Verifier | None) -> tokens.Verifier | None:
+    if jwks is None or isinstance(jwks, tokens.Verifier):
+        return jwks
+    if isinstance(jwks, Mapping):
+        return tokens.Verifier(jwks)
+    raise TypeError(f"jwks must be a JWKS dict or a lockd.tokens.Verifier, got {jwks!r}")
+
+
+def _lockd_of(lease: Any, lockd_url: str | None) -> tuple[str, Any]:
+    """lockd's base URL and the HTTP client (with its TLS settings) of the lease's client."""
+    if lockd_url is not None:
+        return lockd_url.rstrip("/"), None
+    client = getattr(lease, "_client", None)
+    url = getattr(client, "url", None)
+    if not isinstance(url, str):
+        raise TypeError("a bare token needs jwks= or lockd_url= to be verified")
+    return url.rstrip("/"), getattr(client, "_http", None)
+
+
+def _check(verifier: tokens.Verifier, token: str, where: str) -> tokens.Claims:
+    try:
+        return verifier.verify(token)
+    except tokens.TokenError as exc:
+        raise InvalidToken(f"token refused before any SQL: {exc} ({where})",
+                           code="invalid_token") from None
+
+
+def _cached_claims(token: str, url: str) -> tokens.Claims | None:
+    """The claims if the cached keys of ``url`` verify ``token``; None if they lack its key."""
+    verifier = _keys.get(url)
+    if verifier is None:
+        return None
+    try:
+        return verifier.verify(token)
+    except tokens.UnknownKey:
+        return None  # maybe rotated: fetch again
+    except tokens.TokenError as exc:
+        raise InvalidToken(f"token refused before any SQL: {exc}", code="invalid_token") from None
+
+
+def _keys_fetched(url: str, body: Any) -> tokens.Verifier:
+    _keys[url] = verifier = tokens.Verifier(body if isinstance(body, Mapping) else {})
+    return verifier
+
+
+def _fetch_keys(url: str, http: Any) -> Any:
+    own = not isinstance(http, httpx.Client)
+    client = httpx.Client(timeout=_KEYS_TIMEOUT) if own else http
+    try:
+        with translate_transport_errors(f"GET {url}/v1/keys"):
+            response = client.get(url + "/v1/keys")
+        return body_or_raise("GET", "/v1/keys", response)
+    finally:
+        if own:
+            client.close()
+
+
+async def _afetch_keys(url: str, http: Any) -> Any:
+    if not isinstance(http, httpx.AsyncClient):  # a sync client's, or none: off the event loop
+        return await asyncio.to_thread(_fetch_keys, url, http)
+    with translate_transport_errors(f"GET {url}/v1/keys"):
+        response = await http.get(url + "/v1/keys")
+    return body_or_raise("GET", "/v1/keys", response)
+
+
+def _verified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
+    token, fixed = _token_of(lease), _fixed_verifier(jwks)
+    if fixed is not None:
+        return _check(fixed, token, "keys given by jwks=")
+    url, http = _lockd_of(lease, lockd_url)
+    claims = _cached_claims(token, url)
+    if claims is None:
+        claims = _check(_keys_fetched(url, _fetch_keys(url, http)), token, f"keys of {url}")
+    return claims
+
+
+async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
+    token, fixed = _token_of(lease), _fixed_verifier(jwks)
+    if fixed is not None:
+        return _check(fixed, token, "keys given by jwks=")
+    url, http = _lockd_of(lease, lockd_url)
+    claims = _cached_claims(token, url)
+    if claims is None:
+        claims = _check(_keys_fetched(url, await _afetch_keys(url, http)), token, f"keys of {url}")
+    return claims
+
+
+def _in_lock_order(claims: tokens.Claims) -> list[tuple[str, int]]:
+    """``(lock, fence)`` of every lock of ``claims``, sorted by name (the order of the claims)."""
+    return sorted(claims.locks.items())
+
+
+# --------------------------------------------------------------------------- the connection
+
+
+def _kind(conn: Any, *, asynchronous: bool) -> str:
+    """``"psycopg"`` or ``"sqlalchemy"``; ``TypeError`` for anything else or the wrong flavour.
+    A module not imported yet cannot have made ``conn``, so none is imported here."""
+    found: tuple[str, bool] | None = None
+    pg = sys.modules.get("psycopg")
+    engine, orm = sys.modules.get("sqlalchemy.engine"), sys.modules.get("sqlalchemy.orm")
+    aio = sys.modules.get("sqlalchemy.ext.asyncio")
+    if pg is not None and isinstance(conn, pg.AsyncConnection):
+        found = ("psycopg", True)
+    elif pg is not None and isinstance(conn, pg.Connection):
+        found = ("psycopg", False)
+    elif aio is not None and isinstance(conn, aio.AsyncConnection | aio.AsyncSession
+                                        | aio.async_scoped_session):
+        found = ("sqlalchemy", True)
+    elif (engine is not None and isinstance(conn, engine.Connection)) or (
+            orm is not None and isinstance(conn, orm.Session | orm.scoped_session)):
+        found = ("sqlalchemy", False)
+    if found is None:
+        raise TypeError("conn must be a psycopg (3) connection or a SQLAlchemy Connection, "
+                        f"Session or their async twins, got {type(conn).__name__}")
+    if found[1] != asynchronous:
+        other = "async_fenced_transaction" if found[1] else "fenced_transaction"
+        raise TypeError(f"{type(conn).__name__} needs {other}")
+    return found[0]
+
+
+def _refuse_open(kind: str, conn: Any) -> None:
+    if kind == "psycopg":
+        status = conn.info.transaction_status
+        is_open = int(status) != 0  # PQTRANS_IDLE
+        what = f"its transaction status is {getattr(status, 'name', status)}"
+    else:
+        is_open, what = conn.in_transaction(), "it is in a transaction"
+    if is_open:
+        raise TransactionStateError(
+            f"fenced_transaction needs a connection with no transaction open ({what}): the "
+            "claims must be in the transaction that commits; commit or roll back first",
+            code="transaction_open")
+
+
+def _refuse_autocommit(fairy: Any) -> None:
+    """``fairy``: SQLAlchemy's pooled DBAPI connection, inside ``begin()``."""
+    if getattr(fairy.dbapi_connection, "autocommit", False):
+        raise TransactionStateError(
+            "fenced_transaction cannot use a connection in AUTOCOMMIT mode: each claim and "
+            "write would commit alone", code="autocommit")
+
+
+def _refuse_aborted(driver: Any) -> None:
+    """Raise if ``driver``'s (psycopg 3 or psycopg2) transaction is aborted."""
+    status = getattr(getattr(driver, "info", None), "transaction_status", None)
+    if status is None and callable(getattr(driver, "get_transaction_status", None)):
+        status = driver.get_transaction_status()
+    if status is not None and int(status) == _INERROR:
+        raise TransactionStateError(
+            "the fenced transaction was aborted by an error caught inside the block; rolled "
+            "back, nothing committed", code="transaction_aborted")
+
+
+def _sa_fairy(conn: Any) -> Any:
+    engine = sys.modules["sqlalchemy.engine"]
+    return (conn if isinstance(conn, engine.Connection) else conn.connection()).connection
+
+
+async def _asa_fairy(conn: Any) -> Any:
+    aio = sys.modules["sqlalchemy.ext.asyncio"]
+    if not isinstance(conn, aio.AsyncConnection):
+        conn = await conn.connection()
+    return await conn.get_raw_connection()
+
+
+# --------------------------------------------------------------------------- database errors
+
+
+def _pg_error(exc: BaseException) -> tuple[str | None, str, str]:
+    """SQLSTATE, primary message and DETAIL of a PostgreSQL error raised by psycopg or psycopg2,
+    or by them or asyncpg (its adapted error, then the error it was raised from) under
+    SQLAlchemy. ``(None, "", "")`` for any other exception."""
+    orig = getattr(exc, "orig", None)
+    candidates = [exc] if orig is None else [orig, orig.__cause__]
+    state, message, detail = None, "", ""
+    for seen in candidates:
+        code = getattr(seen, "sqlstate", None) or getattr(seen, "pgcode", None)
+        if seen is None or not isinstance(code, str):
+            continue
+        diag = getattr(seen, "diag", None)
+        state = state or code
+        message = message or getattr(diag, "message_primary", None) or str(seen)
+        found = getattr(diag, "message_detail", None) or getattr(seen, "detail", None)
+        detail = detail or (found if isinstance(found, str) else "")
+    return state, message, detail
+
+
+class _Claiming:
+    """Which claim is running, to turn ``LF001``/``LF002`` into the client's errors."""
+
+    def __init__(self, lease: Any):
+        self.lease = lease
+        self.now: tuple[str, int] | None = None
+
+    def error_for(self, exc: BaseException) -> LockClientError | None:
+        state, message, detail = _pg_error(exc)
+        if state == NOT_CLAIMED_SQLSTATE:
+            found = _LOCK_DETAIL.search(detail) or _LOCK_MESSAGE.search(message)
+            return LockNotClaimedError(message, lock=found and found["lock"],
+                                       problem={"detail": detail})
+        if state != STALE_SQLSTATE:
+            return None
+        found = _STALE_DETAIL.search(detail) or _STALE_MESSAGE.search(message)
+        lock, presented = self.now or (None, None)
+        highest = None
+        if found:
+            lock, presented, highest = found["lock"], int(found["presented"]), int(found["highest"])
+        problem = {"code": "stale_token", "detail": message, "lock": lock,
+                   "presented": presented, "highest": highest}
+        error = StaleTokenError(message, lock=lock, presented=presented, highest=highest,
+                                problem=problem)
+        mark = getattr(self.lease, "_mark_lost", None)
+        if callable(mark):  # a newer grant exists: the lease is lost, as after the proxy's 409
+            mark(LeaseLostError(f"lease of {lock!r} (fence {presented}) is stale in the "
+                                f"database: highest fence is {highest}", lock=lock,
+                                code="stale_token"))
+        return error
+
+
+# --------------------------------------------------------------------------- the two entries
+
+
+@contextlib.contextmanager
+def fenced_transaction(conn: Any, lease: Any, *,
+                       jwks: Mapping[str, Any] | tokens.Verifier | None = None,
+                       lockd_url: str | None = None) -> Iterator[tokens.Claims]:
+    """Verify ``lease``'s token, open a transaction on ``conn``, claim every fence of the token,
+    run the block, commit; roll back and re-raise on any error. See the module docstring for
+    the accepted ``conn``/``lease``, the keys (``jwks``, ``lockd_url``) and the errors."""
+    claims = _verified(lease, jwks, lockd_url)  # before any SQL
+    kind = _kind(conn, asynchronous=False)
+    _refuse_open(kind, conn)
+    claiming = _Claiming(lease)
+    try:
+        with conn.transaction() if kind == "psycopg" else conn.begin():
+            driver = conn
+            if kind == "sqlalchemy":
+                fairy = _sa_fairy(conn)
+                _refuse_autocommit(fairy)
+                driver = fairy.driver_connection
+            for lock, fence in _in_lock_order(claims):
+                claiming.now = (lock, fence)
+                _claim(kind, conn, lock, fence)
+            claiming.now = None
+            yield claims
+            _refuse_aborted(driver)
+    except Exception as exc:
+        error = claiming.error_for(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+@contextlib.asynccontextmanager
+async def async_fenced_transaction(conn: Any, lease: Any, *,
+                                   jwks: Mapping[str, Any] | tokens.Verifier | None = None,
+                                   lockd_url: str | None = None) -> AsyncIterator[tokens.Claims]:
+    """The asyncio twin of ``fenced_transaction`` (psycopg ``AsyncConnection``, SQLAlchemy
+    ``AsyncConnection``/``AsyncSession``); a JWKS fetch runs on the event loop."""
+    claims = await _averified(lease, jwks, lockd_url)  # before any SQL
+    kind = _kind(conn, asynchronous=True)
+    _refuse_open(kind, conn)
+    claiming = _Claiming(lease)
+    try:
+        async with conn.transaction() if kind == "psycopg" else conn.begin():
+            driver = conn
+            if kind == "sqlalchemy":
+                fairy = await _asa_fairy(conn)
+                _refuse_autocommit(fairy)
+                driver = fairy.driver_connection
+            for lock, fence in _in_lock_order(claims):
+                claiming.now = (lock, fence)
+                await _aclaim(kind, conn, lock, fence)
+            claiming.now = None
+            yield claims
+            _refuse_aborted(driver)
+    except Exception as exc:
+        error = claiming.error_for(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _claim(kind: str, conn: Any, lock: str, fence: int) -> None:
+    if kind == "psycopg":
+        conn.execute(_PG_CLAIM, (lock, fence))
+    else:
+        conn.execute(sys.modules["sqlalchemy"].text(_SA_CLAIM), {"lock": lock, "fence": fence})
+
+
+async def _aclaim(kind: str, conn: Any, lock: str, fence: int) -> None:
+    if kind == "psycopg":
+        await conn.execute(_PG_CLAIM, (lock, fence))
+    else:
+        await conn.execute(sys.modules["sqlalchemy"].text(_SA_CLAIM),
+                           {"lock": lock, "fence": fence})
