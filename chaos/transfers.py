@@ -217,7 +217,7 @@ def check_transfers(history: Sequence[HistoryRow], balances: Mapping[int, int],
     for rec in ops.values():
         if rec.write is None:
             continue
-        if rec.outcome == "ack" and rec.op not in applied:
+        if rec.outcome == "ack" and "src" in fields.get(rec.op, {}) and rec.op not in applied:
             add(Violation("acked_missing", f"acknowledged transfer {rec.op} is not wholly in the "
                                            "history", rec.op))
         elif rec.op in by_op and rec.phase == "write" and rec.outcome in ("stale", "rejected"):

@@ -82,8 +82,9 @@ from lockd.client.fenced import FencedSession
 
 __all__ = ["MODES", "WORKLOADS", "main", "uptime"]
 
-MODES = ("fenced", "unfenced-read", "nofence")
-WORKLOADS = ("counter", "transfer")
+MODES = ("fenced", "unfenced-read", "nofence", "noclaim")
+"""``noclaim``: the ``sql`` workload's control, plain SQL with no claim (see ``chaos.sqlwork``)."""
+WORKLOADS = ("counter", "transfer", "sql")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_S = 4.0
@@ -151,6 +152,11 @@ class Worker:
             from chaos.db import Direct
 
             self.direct = Direct(args.db)
+        self.sql = None
+        if args.workload == "sql":
+            from chaos.sqlwork import SqlOps
+
+            self.sql = SqlOps(self, args.db, _sleep)
         self.stopping = False
         self._last_mark: str | None = None
         """The last mark this worker saw committed (the target of its next DELETE)."""
@@ -332,9 +338,15 @@ class Worker:
             return
         self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src])
 
+    def _op_sql(self, op: str, lease: Lease) -> None:
+        """The ``sql`` workload: plain SQL on the protected database (``chaos.sqlwork``)."""
+        assert self.sql is not None
+        self.sql.run(op, lease)
+
     def _acquire(self) -> Lease:
-        """The lease of one operation: lock L, or (``transfer``) two random account locks."""
-        if self.a.workload != "transfer":
+        """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
+        locks."""
+        if self.a.workload == "counter":
             return self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
                                        auto_renew=False)
         pair = self.rng.sample(range(1, self.a.accounts + 1), 2)
@@ -427,6 +439,8 @@ class Worker:
         self.http.close()
         if self.direct is not None:
             self.direct.close()
+        if self.sql is not None:
+            self.sql.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
