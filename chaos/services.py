@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.db import ACCOUNTS, ACCOUNTS_TABLE, MARKS_TABLE, ResourceDB
+from chaos.db import ACCOUNT_MARKS_TABLE, ACCOUNTS, ACCOUNTS_TABLE, MARKS_TABLE, ResourceDB
 from chaos.relay import Relay
 from chaos.sqldb import create_sql_schema, protect
 from tests.etcd_support import EtcdCluster
@@ -132,10 +132,12 @@ class Services:
         self.lockd.start(timeout=30)
         policy = self.dir / "policy.yaml"  # one lock writes the counter AND the marks
         policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}, "
-                          f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\"}}\n")
+                          f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\", "
+                          f"{ACCOUNT_MARKS_TABLE}: \"accounts/{{account}}\"}}\n")
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
-             "--lockd-url", self.lockd_url, "--tables", f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE}",
+             "--lockd-url", self.lockd_url, "--tables",
+             f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE},{ACCOUNT_MARKS_TABLE}",
              "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning",
              "--workers", "1"],  # one process: the nemesis SIGSTOPs the proxy by its pid
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")

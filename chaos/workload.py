@@ -7,7 +7,9 @@ second workload plugs in as another ``Worker._op_<name>`` method and a ``--workl
 
     attempt -> acquire L (no auto-renewal: the worker's own renewal  -> acquired {fence}
                thread logs each success as renewed {sent})
-            -> rmw (most ops): read the counter (fenced: claim first)  -> read {value}
+            -> rmw (most ops): read the counter (fenced: claim first,   -> read {value}
+               by a fenced read, or by POST .../claim then a plain GET
+               without the token: the claim alone must raise the highest)
                think a random while (the nemesis likes to freeze us here)
                write counter = value + 1, naming the op, by one of    -> write {via} (sent)
                batch (+ a mark row) / PATCH / PUT
@@ -22,6 +24,13 @@ The ``transfer`` workload (``_op_transfer``): acquire_many of two random account
 fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
 names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
 the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
+Some transfers (85 % in the blind phases, 15 % otherwise) are instead a blind multi-lock batch:
+no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
+
+The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
+inside ``fenced_transaction`` on the protected database (no proxy): transfers read-modify-write
+or blind, orders and lines inserted, updated set-wise, deleted by cascade. ``--mode noclaim``
+is its control: the same SQL without the claims, every write refused by the triggers.
 
 Every write is logged by the database itself (``chaos.db``: triggers into ``history``), so a
 committed write is known whatever the worker heard. The read and write go, by ``--mode``:
@@ -163,7 +172,13 @@ class Worker:
 
     # -- the three ways to read and write -------------------------------------------------
 
-    def _read(self, lease: Lease, session: FencedSession) -> int:
+    def _read(self, lease: Lease, session: FencedSession, claim_first: bool = False) -> int:
+        """The counter's value. ``fenced``: a fenced read (claim + read with the token), or
+        with ``claim_first`` the documented pattern "claim, then plain reads": ``POST
+        /v1/fences/{lock}/claim``, then a GET without the token (which raises nothing)."""
+        if self.a.mode == "fenced" and claim_first:
+            session.claim()
+            return int(self._plain("GET", "/v1/tables/counter/rows/1", None)["value"])
         if self.a.mode == "fenced":
             return int(session.get("counter", 1)["value"])
         if self.a.mode == "unfenced-read":
@@ -234,14 +249,15 @@ class Worker:
     def _rmw(self, op: str, lease: Lease) -> None:
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
         _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
+        claim_first = self.rng.random() < self.a.claim_then_read
         try:
-            value = self._read(lease, session)
+            value = self._read(lease, session, claim_first)
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "read", exc, lease.fence)
             return
         via = self.rng.choice(RMW_VIAS) if self.a.mode == "fenced" else "batch"
         self.log("read", op=op, fence=lease.fence, value=value, fenced=self.a.mode == "fenced",
-                 via=via)
+                 via=via, read_via="claim+plain" if claim_first else "fenced")
         _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
         wrote = value + 1
         self.log("write", op=op, fence=lease.fence, read=value, wrote=wrote, via=via)
@@ -293,6 +309,10 @@ class Worker:
         token). The amount may exceed the balance: balances may go negative, only the sum and
         each row's history matter."""
         fences = dict(getattr(lease, "fences", {}))
+        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
+        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.15):
+            self._blind_marks(op, lease, fences)
+            return
         accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
         src, dst = (accounts if self.rng.random() < 0.5 else accounts[::-1])
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
@@ -342,6 +362,23 @@ class Worker:
         """The ``sql`` workload: plain SQL on the protected database (``chaos.sqlwork``)."""
         assert self.sql is not None
         self.sql.run(op, lease)
+
+    def _blind_marks(self, op: str, lease: Lease, fences: dict[str, int]) -> None:
+        """A blind multi-lock batch (``transfer`` workload): no claim and no read first, one
+        ``account_marks`` row per account of the lease, so the batch's own fence check and raise
+        of EVERY lock is all that stands between a frozen holder and a stale commit."""
+        self.log("blind", op=op, fence=lease.fence, via="batch", fences=fences)
+        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
+        ops = [{"op": "insert", "table": "account_marks",
+                "row": {"account": int(name.rsplit("/", 1)[1]), "id": op, "fence": fence}}
+               for name, fence in sorted(fences.items())]
+        self.log("write", op=op, fence=lease.fence, via="batch", mark=op)
+        try:
+            self._plain("POST", "/v1/batch", lease, {"ops": ops})
+        except LockClientError as exc:
+            self._outcome(op, "write", exc, lease.fence)
+            return
+        self.log("ack", op=op, fence=lease.fence, via="batch", mark=op)
 
     def _acquire(self) -> Lease:
         """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
@@ -463,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accounts", type=int, default=8, help="account rows (transfer workload)")
     p.add_argument("--blind", type=float, default=0.35,
                    help="share of operations that write a mark with no claim (fenced mode)")
+    p.add_argument("--claim-then-read", type=float, default=0.35,
+                   help="share of read-modify-writes that claim explicitly, then read without "
+                        "the token (counter workload, fenced mode)")
     p.add_argument("--peek", type=float, default=0.05,
                    help="share of iterations that are a plain read without lock or token")
     return p
