@@ -341,20 +341,23 @@ class Nemesis(threading.Thread):
     def _pause_grant(self, f: Planned) -> None:
         """Freeze a worker right after its grant (before any claim; a blind writer preferred:
         its think time has passed when it wakes, so it writes at once) past its TTL; thaw it
-        within 30 ms of another worker's acknowledged blind batch (or after 2 x TTL + 4 s)."""
+        within 30 ms of another worker's acknowledged blind batch (or blind SQL write), of one
+        of its accounts under a multi-lock workload (or after 2 x TTL + 4 s)."""
         start = self._now()
         found = self._fresh("blind", 0.03, 3.0) or self._fresh("acquired", 0.03, 1.0)
         if not found:
             self._record("pause_grant", start, None, skipped=True)
             return
         i = self._pick(found, f)
+        near = self._accounts(i)
         freeze = self._freeze(i)
         self._halt.wait(self.ttl + 0.05)
 
-        def blind_batch_acked() -> list[int]:
+        def blind_batch_acked() -> list[int]:  # a multi-lock one must share a lock with ours
             return [j for j in self.pool.candidates("ack", exclude=[i], fresh=0.03)
-                    if (self.pool.slots[j].last_rec or {}).get("via") == "batch"
-                    and "mark" in (self.pool.slots[j].last_rec or {})]
+                    if (self.pool.slots[j].last_rec or {}).get("via") in ("batch", "sql")
+                    and "mark" in (self.pool.slots[j].last_rec or {})
+                    and self._overlaps(j, near)]
 
         other = self._wait_until(blind_batch_acked, timeout=2 * self.ttl + 4.0)
         self._record("pause_grant", start, self.pool.slots[i].name,

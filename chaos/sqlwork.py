@@ -138,7 +138,10 @@ class SqlOps:
         self.w.log("write", op=op, fence=lease.fence, via=what, sql=what, **fields)
 
     def _ack(self, op: str, lease: Any, what: str, rows: int) -> None:
-        self.w.log("ack", op=op, fence=lease.fence, via=what, rows=rows)
+        """A blind write committed (``via = sql``, ``mark``: the nemesis's ``pause_grant``
+        thaws a frozen holder of one of ``fences`` right after it)."""
+        self.w.log("ack", op=op, fence=lease.fence, via="sql", sql=what, mark=op, rows=rows,
+                   fences=dict(lease.fences))
 
     def _rmw(self, op: str, lease: Any, fences: dict[str, int], a: int, b: int,
              claimed: bool) -> None:

@@ -378,7 +378,7 @@ class Worker:
         except LockClientError as exc:
             self._outcome(op, "write", exc, lease.fence)
             return
-        self.log("ack", op=op, fence=lease.fence, via="batch", mark=op)
+        self.log("ack", op=op, fence=lease.fence, via="batch", mark=op, fences=fences)
 
     def _acquire(self) -> Lease:
         """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
@@ -500,7 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accounts", type=int, default=8, help="account rows (transfer workload)")
     p.add_argument("--blind", type=float, default=0.35,
                    help="share of operations that write a mark with no claim (fenced mode)")
-    p.add_argument("--claim-then-read", type=float, default=0.35,
+    p.add_argument("--claim-then-read", type=float, default=0.5,
                    help="share of read-modify-writes that claim explicitly, then read without "
                         "the token (counter workload, fenced mode)")
     p.add_argument("--peek", type=float, default=0.05,
