@@ -165,7 +165,8 @@ class SqlOps:
                              "read_balance = %s WHERE id = %s",
                              (new[account], op, fences[f"accounts/{account}"], reads[account],
                               account))
-        self.w.log("ack", op=op, fence=lease.fence, read=reads[a], wrote=new[a])
+        self.w.log("ack", op=op, fence=lease.fence, read=reads[a], wrote=new[a],
+                   fences=dict(lease.fences))
 
     def _blind(self, op: str, lease: Any, fences: dict[str, int], a: int, b: int,
                claimed: bool) -> None:

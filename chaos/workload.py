@@ -24,7 +24,7 @@ The ``transfer`` workload (``_op_transfer``): acquire_many of two random account
 fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
 names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
 the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
-Some transfers (85 % in the blind phases, 15 % otherwise) are instead a blind multi-lock batch:
+Some transfers (85 % in the blind phases, 40 % otherwise) are instead a blind multi-lock batch:
 no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
 
 The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
@@ -41,6 +41,8 @@ committed write is known whatever the worker heard. The read and write go, by ``
 - ``unfenced-read`` (control): a plain GET without the token (no claim), then the batch with
   the token: the lost-update window of invariant 7 stays open.
 - ``nofence`` (control): the lock alone; read and write straight to the database.
+- ``noclaim`` (control of the ``sql`` workload): plain SQL transactions without the claims;
+  the database's fence triggers must refuse every write.
 
 The worker never looks at ``lease.lost`` before writing: a frozen holder that wakes up sends its
 write regardless, as a real one could after the check passed. Stopping the write is the fence's
@@ -122,6 +124,8 @@ def _fix_faketime_sleep() -> None:
     if "faketime" in os.environ.get("LD_PRELOAD", "") and \
             os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1":
         time.sleep = _sleep
+        # the client binds time.sleep as a default argument at import: rebind it there too
+        LockClient._run.__defaults__ = (_sleep,)
 
 
 class EventLog:
@@ -310,7 +314,7 @@ class Worker:
         each row's history matter."""
         fences = dict(getattr(lease, "fences", {}))
         blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
-        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.15):
+        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.4):
             self._blind_marks(op, lease, fences)
             return
         accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
@@ -356,7 +360,7 @@ class Worker:
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "write", exc, lease.fence)
             return
-        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src])
+        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src], fences=fences)
 
     def _op_sql(self, op: str, lease: Lease) -> None:
         """The ``sql`` workload: plain SQL on the protected database (``chaos.sqlwork``)."""

@@ -21,8 +21,19 @@ The table (issue 20's audit, plus ``single_write_unchecked``):
 ``check_then_act_stall``     the same, with a 300 ms stall between check and write
 ``lockd_early_expiry``       lockd treats a lease with < 800 ms left as expired
 ``single_write_unchecked``   single-row writes (POST/PUT/PATCH/DELETE) skip the fence comparison
+``claim_no_raise``           an explicit claim checks but does not raise the highest (``counter``:
+                             claim, then plain reads, then write)
+``batch_partial_raise``      a multi-lock batch raises only its first lock's fence
+                             (``transfer``: blind multi-lock batches)
+``dbfence_new_image``        the database's fence trigger computes an UPDATE/DELETE's lock from
+                             NEW, not OLD (``sql``)
+``dbfence_claim_no_raise``   ``fencing.claim`` records a stale claim instead of raising (``sql``)
+``dbfence_cascade_unchecked`` the fence trigger returns early for cascaded writes (``sql``)
 ===========================  ==================================================================
 
+Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
+first unless ``--workload`` says otherwise). The database-side mutants edit the SQL that
+``resource_proxy.dbfence`` installs; their runs install it on the chaos database (``sql``).
 The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store: mutant runs
 use lockd on SQLite and a PostgreSQL protected database. A mutant about batches edits the one path
 that serves batches of one lock and of several (``_batch_on``), and lockd's mutants edit the
@@ -212,7 +223,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "kill_after_read,pause", ("counter",)),
     Mutant("batch_partial_raise", "a multi-lock batch checks every fence but raises only its "
            "first lock's", "fence_decrease, stale_commit (blind multi-lock batches: no claim "
-           "first)", (Edit(_PG, _BATCH_RAISE, _BATCH_RAISE_FIRST),), "pause_grant,handoff",
+           "first)", (Edit(_PG, _BATCH_RAISE, _BATCH_RAISE_FIRST),), "pause_grant",
            ("transfer",)),
     Mutant("dbfence_new_image", "the fence trigger computes the lock of UPDATE/DELETE from NEW, "
            "not OLD", "unclaimed_commit (a key-changing UPDATE moves lines out of an account "
