@@ -31,7 +31,7 @@ def _explain(report: dict) -> str:
 
 
 def test_plain_sql_in_fenced_transactions_holds_the_fence_under_faults(chaos_pg, tmp_path):
-    report = run(RunConfig(store="sqlite", seconds=14, seed=26, workload="sql", pg=chaos_pg,
+    report = run(RunConfig(store="sqlite", seconds=20, seed=26, workload="sql", pg=chaos_pg,
                            kinds=("pause_grant", "pause", "kill_worker", "db_delay"),
                            workdir=tmp_path / "run"))
     why = _explain(report)
@@ -51,7 +51,7 @@ def test_plain_sql_in_fenced_transactions_holds_the_fence_under_faults(chaos_pg,
 
 
 def test_plain_sql_without_a_claim_commits_nothing(chaos_pg, tmp_path):
-    report = run(RunConfig(store="sqlite", seconds=8, seed=7, workload="sql", mode="noclaim",
+    report = run(RunConfig(store="sqlite", seconds=6, seed=7, workload="sql", mode="noclaim",
                            pg=chaos_pg, workdir=tmp_path / "run"))
     why = _explain(report)
     assert report["violation_count"] == 0, why
