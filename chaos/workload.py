@@ -24,7 +24,7 @@ The ``transfer`` workload (``_op_transfer``): acquire_many of two random account
 fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
 names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
 the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
-Some transfers (85 % in the blind phases, half otherwise) are instead a blind multi-lock batch:
+Some transfers (85 % in the blind phases, 20 % otherwise) are instead a blind multi-lock batch:
 no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
 
 The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
@@ -314,7 +314,7 @@ class Worker:
         each row's history matter."""
         fences = dict(getattr(lease, "fences", {}))
         blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
-        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.5):
+        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.2):
             self._blind_marks(op, lease, fences)
             return
         accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
