@@ -220,7 +220,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
            "stale_commit, interleaving (claim, then plain reads without the token, then write)",
            (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
-           "kill_after_read,pause", ("counter",)),
+           "kill_after_read", ("counter",)),
     Mutant("batch_partial_raise", "a multi-lock batch checks every fence but raises only its "
            "first lock's", "fence_decrease, stale_commit (blind multi-lock batches: no claim "
            "first)", (Edit(_PG, _BATCH_RAISE, _BATCH_RAISE_FIRST),), "pause_grant",
