@@ -50,8 +50,9 @@ bench: install
 
 ## Fault injection + history checker (issue 9): one run per store, summary on stdout, JSON report
 ## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
-## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer (default
-## counter; transfer: two-account transfers through multi-lock leases, issue 14).
+## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql (default
+## counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL inside
+## fenced_transaction on a database with the fence triggers, no proxy).
 ## Exit 1 if the checker found a violation.
 CHAOS_STORE    ?= all
 CHAOS_WORKLOAD ?= counter
@@ -64,13 +65,14 @@ chaos: install
 ## Mutation testing of the chaos suite (issue 20): plant each bug of chaos/mutants in a copy of
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40), one line per mutant, then
 ## "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some. About 8 minutes.
-## MUTANT_WORKLOAD=transfer runs them under the transfer workload (multi-lock leases and batches).
+## MUTANT_WORKLOAD=counter|transfer|sql runs the mutants that workload reaches, under it (default:
+## each mutant under its own first workload; sql: the database's fence triggers, plain SQL).
 MUTANT_SECONDS  ?= 40
 MUTANT_ONLY     ?=
-MUTANT_WORKLOAD ?= counter
+MUTANT_WORKLOAD ?=
 .PHONY: mutants
 mutants: install
-	$(BIN)/python -m chaos.mutants --seconds $(MUTANT_SECONDS) --workload $(MUTANT_WORKLOAD) $(if $(MUTANT_ONLY),--only $(MUTANT_ONLY))
+	$(BIN)/python -m chaos.mutants --seconds $(MUTANT_SECONDS) $(if $(MUTANT_WORKLOAD),--workload $(MUTANT_WORKLOAD)) $(if $(MUTANT_ONLY),--only $(MUTANT_ONLY))
 
 ## The docs site (mkdocs.yml, docs/): `make docs` builds it into site/ with --strict, so a broken
 ## link or anchor fails; `make docs-serve` serves it, rebuilt on every edit, at http://127.0.0.1:8000.

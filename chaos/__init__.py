@@ -14,12 +14,22 @@ Modules: ``workload`` (the worker process), ``nemesis`` (the fault schedule and 
 latency), ``db`` (the protected tables and their triggers), ``checker`` (the history checker;
 ``transfers``: its twin for the ``transfer`` workload of issue 14, two-account transfers through
 multi-lock leases),
+``sqldb``/``sqlwork``/``sqlcheck`` (the ``sql`` workload: plain SQL inside
+``fenced_transaction`` on a database whose own fence triggers decide, no proxy; ``rowlocks``:
+the row-by-row lock rule it shares with ``transfers``),
 ``runner`` (one run, its report), ``__main__`` (the CLI), ``mutants`` (plant a bug in a copy of
 the tree and check that a chaos run catches it: ``make mutants``).
 
 Two control modes must make the checker fail, proof that it can: ``nofence`` (the lock alone,
 reads and writes straight to the database) and ``unfenced-read`` (fenced writes, reads without
 the token, so no claim: the read-modify-write window of ARCHITECTURE invariant 7 stays open).
+The ``sql`` workload's control, ``noclaim`` (the same SQL without ``fenced_transaction``), must
+instead commit nothing: the database's triggers refuse every row.
+
+Every write path also runs blind in some phase (no claim and no read first), so that no path's
+own fence check or raise is masked by an earlier claim: blind mark writes and batches
+(``counter``), blind multi-lock batches (``transfer``), blind SQL statements (``sql``); and the
+explicit claim runs alone, followed by plain reads without the token (``counter``).
 """
 
 __all__: list[str] = []

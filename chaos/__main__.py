@@ -3,8 +3,8 @@
 ::
 
     python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
-                    [--mode fenced|unfenced-read|nofence] [--workers 4] [--resource postgres|sqlite]
-                    [--workload counter|transfer] [--faults pause,handoff,...]
+                    [--mode fenced|unfenced-read|nofence|noclaim] [--workers 4] [--resource postgres|sqlite]
+                    [--workload counter|transfer|sql] [--faults pause,handoff,...]
                     [--results-dir chaos/results] [--keep]
 
 Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and

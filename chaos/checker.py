@@ -229,9 +229,12 @@ def collect_ops(events: Iterable[Mapping[str, Any]]) -> dict[str, OpRecord]:
             if "mark" in e:
                 rec.write = {"fence": int(e["fence"]), "mark": str(e["mark"]),
                              "via": e.get("via"), "up": e.get("up")}
-            else:
+            elif e.get("read") is not None:
                 rec.write = {"fence": int(e["fence"]), "read": int(e["read"]),
                              "wrote": int(e["wrote"]), "up": e.get("up")}
+            else:  # a blind SQL statement (the ``sql`` workload): no value read
+                rec.write = {"fence": int(e["fence"]), "via": e.get("via"), "up": e.get("up"),
+                             "claimed": bool(e.get("claimed", True))}
         elif kind == "renewed":
             if isinstance(e.get("sent"), int | float):
                 rec.renewals.append(float(e["sent"]))
@@ -524,7 +527,9 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
     definite refusal), ``committed`` (in the history), else ``unknown`` (no commit, no refusal).
     Returns totals and, per pause, its revived writes."""
     ops = collect_ops(events)
-    committed = {r.op for r in history if r.kind in ("counter", "mark_ins", "account")}
+    committed = {r.op for r in history if r.kind in (
+        "counter", "mark_ins", "account", "order_ins", "order_del", "line_ins", "line_upd",
+        "line_out", "line_del")}
     deleters = _deleters(ops)
     deleted = {deleters[r.op].op for r in history if r.kind == "mark_del" and r.op in deleters}
     totals = {"pauses": len(pauses), "attempted": 0, "refused": 0, "committed": 0, "unknown": 0}

@@ -7,6 +7,7 @@
     marks   (id text PRIMARY KEY, worker text, fence bigint)         -- blind writes (no claim)
     accounts (id integer PRIMARY KEY, balance bigint NOT NULL,       -- ACCOUNTS rows, 1..N, each
               op text, fence bigint, read_balance bigint)            -- starts at INITIAL_BALANCE
+    account_marks (account integer, id text, fence bigint)          -- blind multi-lock batches
     history (id, kind, op, worker, fence, read_value, wrote_value, commit_seq)   -- not served
 
 The proxy serves ``counter`` and ``marks`` (it reflects them at start, so ``create_schema`` runs
@@ -18,6 +19,9 @@ first); ``history`` is written by the database itself, by triggers, never throug
 - ``kind = 'account'``: EVERY update of an account row (the ``transfer`` workload): the transfer
   id (``op``), the account (``worker`` = its id), the fence of its lock, the balance the
   transfer read and the one it wrote. Every update, so a transfer applied twice shows twice.
+- ``kind = 'amark'``: every insert of an account mark (the ``transfer`` workload's blind
+  multi-lock batches: one mark per account of the lease, ``op`` = the transfer id, ``worker`` =
+  the account, ``fence`` = its lock's fence).
 - ``kind = 'fence'``: every change of the proxy's own fence table (``watch_fences``, installed
   once the proxy created it): the highest fence the proxy honoured, as the database committed it.
 
@@ -40,12 +44,13 @@ import psycopg
 
 from chaos.checker import HistoryRow
 
-__all__ = ["COUNTER_TABLE", "MARKS_TABLE", "ACCOUNTS_TABLE", "HISTORY_TABLE", "ACCOUNTS",
+__all__ = ["COUNTER_TABLE", "MARKS_TABLE", "ACCOUNTS_TABLE", "ACCOUNT_MARKS_TABLE", "HISTORY_TABLE", "ACCOUNTS",
            "INITIAL_BALANCE", "ResourceDB", "Direct"]
 
 COUNTER_TABLE = "counter"
 MARKS_TABLE = "marks"
 ACCOUNTS_TABLE = "accounts"
+ACCOUNT_MARKS_TABLE = "account_marks"
 HISTORY_TABLE = "history"
 ACCOUNTS = 8
 """Account rows of the ``transfer`` workload (ids 1..ACCOUNTS)."""
@@ -65,6 +70,16 @@ CREATE TABLE IF NOT EXISTS accounts (id integer PRIMARY KEY, balance bigint NOT 
     fence bigint, read_balance bigint);
 INSERT INTO accounts (id, balance) SELECT g, {initial} FROM generate_series(1, {accounts}) AS g
     ON CONFLICT (id) DO NOTHING;
+CREATE TABLE IF NOT EXISTS account_marks (account integer NOT NULL, id text NOT NULL,
+    fence bigint, PRIMARY KEY (account, id));
+CREATE OR REPLACE FUNCTION chaos_log_account_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO history (kind, op, worker, fence) VALUES ('amark', NEW.id, NEW.account::text, NEW.fence);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_account_mark ON account_marks;
+CREATE TRIGGER chaos_log_account_mark AFTER INSERT ON account_marks FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_account_mark();
 
 CREATE OR REPLACE FUNCTION chaos_log_account() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -132,6 +147,11 @@ CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT
     fence INTEGER, read_balance INTEGER);
 WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {accounts})
     INSERT OR IGNORE INTO accounts (id, balance) SELECT n, {initial} FROM g;
+CREATE TABLE IF NOT EXISTS account_marks (account INTEGER NOT NULL, id TEXT NOT NULL,
+    fence INTEGER, PRIMARY KEY (account, id));
+CREATE TRIGGER IF NOT EXISTS chaos_log_account_mark AFTER INSERT ON account_marks FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence)
+          VALUES ('amark', NEW.id, CAST(NEW.account AS TEXT), NEW.fence); END;
 CREATE TRIGGER IF NOT EXISTS chaos_log_account AFTER UPDATE ON accounts FOR EACH ROW
     BEGIN INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
           VALUES ('account', NEW.op, CAST(NEW.id AS TEXT), NEW.fence, NEW.read_balance,

@@ -341,24 +341,38 @@ class Nemesis(threading.Thread):
     def _pause_grant(self, f: Planned) -> None:
         """Freeze a worker right after its grant (before any claim; a blind writer preferred:
         its think time has passed when it wakes, so it writes at once) past its TTL; thaw it
-        within 30 ms of another worker's acknowledged blind batch (or after 2 x TTL + 4 s)."""
+        within 30 ms of another worker's acknowledged blind batch (or after 2 x TTL + 4 s).
+        Under a multi-lock workload: within 30 ms of the first write acknowledged on one of
+        its accounts (blind or not: the record's ``after_blind`` says)."""
         start = self._now()
         found = self._fresh("blind", 0.03, 3.0) or self._fresh("acquired", 0.03, 1.0)
         if not found:
             self._record("pause_grant", start, None, skipped=True)
             return
         i = self._pick(found, f)
+        near = self._accounts(i)
         freeze = self._freeze(i)
         self._halt.wait(self.ttl + 0.05)
 
+        def acked(j: int) -> dict:
+            return self.pool.slots[j].last_ack or {}
+
+        def blind(j: int) -> bool:
+            return acked(j).get("via") in ("batch", "sql") and "mark" in acked(j)
+
         def blind_batch_acked() -> list[int]:
-            return [j for j in self.pool.candidates("ack", exclude=[i], fresh=0.03)
-                    if (self.pool.slots[j].last_rec or {}).get("via") == "batch"
-                    and "mark" in (self.pool.slots[j].last_rec or {})]
+            if near is None:  # one lock: the next blind batch of whoever holds it now
+                return [j for j in self.pool.recent_acks(exclude=[i], fresh=0.03) if blind(j)]
+            # several locks: the first write acknowledged on one of ours, whatever it was
+            # (a claim after the freeze would have raised the shared lock anyway)
+            return [j for j in self.pool.recent_acks(exclude=[i], fresh=0.03)
+                    if near & {n.rsplit("/", 1)[-1] for n in acked(j).get("fences", {})}]
 
         other = self._wait_until(blind_batch_acked, timeout=2 * self.ttl + 4.0)
         self._record("pause_grant", start, self.pool.slots[i].name,
-                     resumed_after_other_ack=bool(other), freezes=[self._thaw(i, freeze)])
+                     resumed_after_other_ack=bool(other),
+                     after_blind=bool(other) and blind(other[0]),
+                     freezes=[self._thaw(i, freeze)])
 
     def _pause_write(self, f: Planned) -> None:
         """Freeze a worker whose write request is in flight (logged within 20 ms)."""

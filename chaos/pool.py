@@ -59,6 +59,10 @@ class Slot:
     """``time.monotonic()`` when the pool first saw ``last``."""
     acks: int = 0
     """Acknowledged writes seen in this slot's logs (all incarnations)."""
+    last_ack: dict | None = None
+    """The last ``ack`` event in full, and when the pool first saw it (``last_ack_seen``): a
+    worker logs its next events within milliseconds, so ``last`` is rarely still the ack."""
+    last_ack_seen: float = 0.0
     paused: bool = False
     busy: bool = False
     """Being replaced (a skew change): no other fault touches it meanwhile."""
@@ -218,6 +222,8 @@ class WorkerPool:
                     slot.last = slot.last_rec.get("ev")
                     slot.last_seen = time.monotonic()
                     slot.acks += slot.last == "ack"
+                    if slot.last == "ack":
+                        slot.last_ack, slot.last_ack_seen = slot.last_rec, slot.last_seen
         return slot.last
 
     def candidates(self, state: str | None = None, exclude: Sequence[int] = (),
@@ -237,6 +243,20 @@ class WorkerPool:
                 if fresh is not None and now - slot.last_seen > fresh:
                     continue
                 out.append(slot.index)
+            return out
+
+    def recent_acks(self, exclude: Sequence[int] = (), fresh: float = 0.03) -> list[int]:
+        """Running, unpaused workers whose last ``ack`` was first seen at most ``fresh`` s ago
+        (``slots[i].last_ack``: the event), whatever they logged since."""
+        with self._mutex:
+            now = time.monotonic()
+            out = []
+            for slot in self.slots:
+                if slot.index in exclude or slot.paused or not self._running(slot):
+                    continue
+                self.last_event(slot.index)
+                if slot.last_ack is not None and now - slot.last_ack_seen <= fresh:
+                    out.append(slot.index)
             return out
 
     def acks(self, exclude: Sequence[int] = ()) -> int:

@@ -34,6 +34,7 @@ from chaos.db import ACCOUNTS, INITIAL_BALANCE, ResourceDB
 from chaos.nemesis import Nemesis, kinds_for, make_schedule
 from chaos.pool import WorkerPool, faketime_lib
 from chaos.services import ACCOUNT_LOCKS, LOCK, Services
+from chaos.sqlcheck import check_sql
 from chaos.transfers import check_transfers
 from chaos.workload import MODES, WORKLOADS
 from lockd.client.fenced import FencedSession
@@ -77,7 +78,8 @@ class RunConfig:
 
 def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
     return [sys.executable, "-m", "chaos.workload", "--lockd", services.lockd_url,
-            "--proxy", services.proxy_url, "--db", services.db_url, "--mode", cfg.mode,
+            "--proxy", services.proxy_url, "--mode", cfg.mode,
+            "--db", services.worker_db_url if cfg.workload == "sql" else services.db_url,
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
             "--workload", cfg.workload, "--accounts", str(cfg.accounts)]
@@ -94,12 +96,16 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     lib = faketime_lib()
     kinds = cfg.kinds or (("pause",) if cfg.mode != "fenced"
                           else kinds_for(cfg.store, cfg.resource, faketime=lib is not None))
+    if cfg.workload == "sql" and cfg.kinds is None:  # no proxy in the workers' path
+        kinds = tuple(k for k in kinds if k != "stop_proxy")
     ttl = cfg.effective_ttl
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
     lock = LOCK  # what the proxy names for table counter; checked once it runs
-    services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg, accounts=cfg.accounts)
+    services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg, accounts=cfg.accounts,
+                        workload=cfg.workload)
     pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
-    variants = {"unfenced-read": ("race",), "nofence": ("race", "late")}.get(
+    variants = {"unfenced-read": ("race",), "nofence": ("race", "late"),
+                "noclaim": ("race", "late")}.get(
         cfg.mode, ("race", "late", "edge"))
     nemesis = Nemesis(schedule, services, pool, ttl=ttl, faketime=lib, pause_variants=variants)
     started = time.monotonic()
@@ -134,11 +140,17 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     events = load_events(pool.log_paths())
     if cfg.workload == "transfer":
         result = check_transfers(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
+    elif cfg.workload == "sql":
+        result = check_sql(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
     else:
         result = check(history, counter, events, ttl=ttl)
     revived = revived_writes(events, history, nemesis.pauses())
-    expect = cfg.mode != "fenced"
+    expect = cfg.mode in ("unfenced-read", "nofence")
     idle_pauses = revived["pauses"] > 0 and revived["attempted"] == 0
+    verdict = (result.violations != []) == expect and not idle_pauses
+    if cfg.mode == "noclaim":  # every write refused by the triggers: none committed
+        verdict = (not result.violations and result.stats.get("committed_writes") == 0
+                   and result.stats.get("sql_refused", 0) > 0)
     report: dict[str, Any] = {
         "store": cfg.store, "resource": cfg.resource, "mode": cfg.mode, "seed": cfg.seed,
         "seconds": cfg.seconds, "workers": cfg.workers, "ttl": ttl, "lock": lock,
@@ -149,7 +161,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         "worker_crashes": pool.crashes, "nemesis_errors": nemesis.errors,
         "fault_log": nemesis.records, "schedule": nemesis.planned(),
         "faketime": lib, "expect_violations": expect,
-        "passed": (result.violations != []) == expect and not idle_pauses,
+        "passed": verdict,
         "workdir": str(workdir), **cfg.extra,
     }
     if cfg.results_dir is not None:
@@ -173,6 +185,8 @@ def format_summary(report: dict[str, Any]) -> str:
     kinds = report["violations_by_kind"]
     verdict = "PASS" if report["passed"] else "FAIL"
     expect = "violations expected" if report["expect_violations"] else "no violation allowed"
+    if report["mode"] == "noclaim":
+        expect = "every write refused, none committed"
     lines = [
         f"chaos {report['store']} (protected {report['resource']}, mode {report['mode']}, "
         f"seed {report['seed']}, {report['seconds']:g} s, {report['workers']} workers, "
@@ -184,6 +198,9 @@ def format_summary(report: dict[str, Any]) -> str:
         (f"  transfers committed {ops['transfers_committed']} ({ops['history_rows']} account "
          f"updates), total balance {ops['counter']}" if "transfers_committed" in ops else
          f"  history rows {ops['history_rows']}, counter {ops['counter']}"),
+        *([f"  sql: operations committed {ops['committed_writes']}, order/line rows "
+           f"{ops['sql_rows']}, writes refused by the triggers {ops['sql_refused']}"]
+          if "sql_rows" in ops else []),
         f"  faults: {faults}",
         f"  pauses {report['revived']['pauses']}: revived writes attempted "
         f"{report['revived']['attempted']}, refused {report['revived']['refused']}, committed "

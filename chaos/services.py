@@ -13,7 +13,8 @@ the same port and store), ``crash_pg``/``start_pg`` (``pg_ctl -m immediate``: a 
 recovery at the next start), ``kill_etcd``/``restart_etcd`` (SIGKILL of one member),
 ``stop_proxy``/``cont_proxy`` (SIGSTOP/SIGCONT of the proxy, requests in flight), and
 ``db_delay`` (the proxy reaches a PostgreSQL protected database through ``chaos.relay.Relay``,
-whose per-chunk latency the nemesis raises for a while).
+whose per-chunk latency the nemesis raises for a while; so do the ``sql`` workload's workers,
+whose tables carry the database's own fence triggers, ``chaos.sqldb.protect``).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.db import ACCOUNTS, ACCOUNTS_TABLE, MARKS_TABLE, ResourceDB
+from chaos.db import ACCOUNT_MARKS_TABLE, ACCOUNTS, ACCOUNTS_TABLE, MARKS_TABLE, ResourceDB
 from chaos.relay import Relay
+from chaos.sqldb import create_sql_schema, protect
 from tests.etcd_support import EtcdCluster
 from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 
@@ -51,11 +53,15 @@ class Services:
     """
 
     def __init__(self, store: str, resource: str, workdir: Path, *,
-                 pg: ThrowawayPostgres | None = None, accounts: int = ACCOUNTS):
+                 pg: ThrowawayPostgres | None = None, accounts: int = ACCOUNTS,
+                 workload: str = "counter"):
         if store not in STORES or resource not in RESOURCES:
             raise ValueError(f"store must be one of {STORES}, resource one of {RESOURCES}")
         self.store, self.resource, self.dir = store, resource, workdir
         self.accounts = accounts
+        self.workload = workload
+        self.worker_db_url = ""
+        """The protected database as the workers reach it (through the relay, if any)."""
         self.needs_pg = store == "postgres" or resource == "postgres"
         self.pg = pg
         self._own_pg = pg is None and self.needs_pg
@@ -98,12 +104,18 @@ class Services:
         else:
             self.db_url = f"sqlite:///{(self.dir / 'resource.db').resolve()}"
         ResourceDB(self.db_url).create_schema(self.accounts)
+        if self.workload == "sql":  # the database's own fence triggers, before the proxy starts
+            if self.resource != "postgres":
+                raise ValueError("the sql workload needs a PostgreSQL protected database")
+            create_sql_schema(self.db_url)
+            protect(self.db_url)
         proxy_db = self.db_url
         if self.resource == "postgres":
             assert self.pg is not None
             self.relay = Relay("127.0.0.1", self.pg.port).start()
             proxy_db = self.db_url.replace(f"127.0.0.1:{self.pg.port}/",
                                            f"127.0.0.1:{self.relay.port}/", 1)
+        self.worker_db_url = proxy_db
         if self.store == "sqlite":
             self.lockd_store = f"sqlite:///{(self.dir / 'lockd.db').resolve()}"
         elif self.store == "postgres":
@@ -120,10 +132,12 @@ class Services:
         self.lockd.start(timeout=30)
         policy = self.dir / "policy.yaml"  # one lock writes the counter AND the marks
         policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}, "
-                          f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\"}}\n")
+                          f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\", "
+                          f"{ACCOUNT_MARKS_TABLE}: \"accounts/{{account}}\"}}\n")
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
-             "--lockd-url", self.lockd_url, "--tables", f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE}",
+             "--lockd-url", self.lockd_url, "--tables",
+             f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE},{ACCOUNT_MARKS_TABLE}",
              "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning",
              "--workers", "1"],  # one process: the nemesis SIGSTOPs the proxy by its pid
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")

@@ -29,6 +29,11 @@ Violations (beside the lease checks of ``chaos.checker``, run per account lock:
 ``ack_mismatch``        a committed update carries a fence other than its lease's for that lock
 ======================  ==============================================================
 
+Blind multi-lock batches (no claim, no read first) insert one ``amark`` row per account of
+their lease; ``chaos.rowlocks`` holds them to the lock rule (``unclaimed_commit``, ``phantom``,
+``rejected_committed``, ``fence_decrease``, ``stale_commit`` per account lock, in commit order
+with the account updates).
+
 A transfer whose outcome was unknown (timeout, 503, killed) may have committed or not, but at
 most once and whole: ``doubled_transfer`` and ``partial_transfer`` hold it to that.
 """
@@ -52,6 +57,7 @@ from chaos.checker import (
     _stats,
     collect_ops,
 )
+from chaos.rowlocks import check_row_locks
 
 __all__ = ["TRANSFER_VIOLATION_KINDS", "check_transfers", "account_lock"]
 
@@ -217,7 +223,7 @@ def check_transfers(history: Sequence[HistoryRow], balances: Mapping[int, int],
     for rec in ops.values():
         if rec.write is None:
             continue
-        if rec.outcome == "ack" and rec.op not in applied:
+        if rec.outcome == "ack" and "src" in fields.get(rec.op, {}) and rec.op not in applied:
             add(Violation("acked_missing", f"acknowledged transfer {rec.op} is not wholly in the "
                                            "history", rec.op))
         elif rec.op in by_op and rec.phase == "write" and rec.outcome in ("stale", "rejected"):
@@ -239,8 +245,12 @@ def check_transfers(history: Sequence[HistoryRow], balances: Mapping[int, int],
         if ttl is not None:
             _check_leases(list(seen.values()), ttl, add)
 
+    # 5. The blind multi-lock batches' marks: each under a lock its batch held, fences in order.
+    marks = check_row_locks(history, events, ("amark",), add)
+
     out.stats = _stats(ops, set(by_op))
     out.stats["transfers_committed"] = len(applied)
+    out.stats["account_marks"] = marks
     out.stats["history_rows"] = len(rows)
     out.stats["counter"] = total
     return out

@@ -7,7 +7,9 @@ second workload plugs in as another ``Worker._op_<name>`` method and a ``--workl
 
     attempt -> acquire L (no auto-renewal: the worker's own renewal  -> acquired {fence}
                thread logs each success as renewed {sent})
-            -> rmw (most ops): read the counter (fenced: claim first)  -> read {value}
+            -> rmw (most ops): read the counter (fenced: claim first,   -> read {value}
+               by a fenced read, or by POST .../claim then a plain GET
+               without the token: the claim alone must raise the highest)
                think a random while (the nemesis likes to freeze us here)
                write counter = value + 1, naming the op, by one of    -> write {via} (sent)
                batch (+ a mark row) / PATCH / PUT
@@ -22,6 +24,13 @@ The ``transfer`` workload (``_op_transfer``): acquire_many of two random account
 fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
 names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
 the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
+Some transfers (85 % in the blind phases, 20 % otherwise) are instead a blind multi-lock batch:
+no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
+
+The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
+inside ``fenced_transaction`` on the protected database (no proxy): transfers read-modify-write
+or blind, orders and lines inserted, updated set-wise, deleted by cascade. ``--mode noclaim``
+is its control: the same SQL without the claims, every write refused by the triggers.
 
 Every write is logged by the database itself (``chaos.db``: triggers into ``history``), so a
 committed write is known whatever the worker heard. The read and write go, by ``--mode``:
@@ -32,6 +41,8 @@ committed write is known whatever the worker heard. The read and write go, by ``
 - ``unfenced-read`` (control): a plain GET without the token (no claim), then the batch with
   the token: the lost-update window of invariant 7 stays open.
 - ``nofence`` (control): the lock alone; read and write straight to the database.
+- ``noclaim`` (control of the ``sql`` workload): plain SQL transactions without the claims;
+  the database's fence triggers must refuse every write.
 
 The worker never looks at ``lease.lost`` before writing: a frozen holder that wakes up sends its
 write regardless, as a real one could after the check passed. Stopping the write is the fence's
@@ -82,8 +93,9 @@ from lockd.client.fenced import FencedSession
 
 __all__ = ["MODES", "WORKLOADS", "main", "uptime"]
 
-MODES = ("fenced", "unfenced-read", "nofence")
-WORKLOADS = ("counter", "transfer")
+MODES = ("fenced", "unfenced-read", "nofence", "noclaim")
+"""``noclaim``: the ``sql`` workload's control, plain SQL with no claim (see ``chaos.sqlwork``)."""
+WORKLOADS = ("counter", "transfer", "sql")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_S = 4.0
@@ -112,6 +124,8 @@ def _fix_faketime_sleep() -> None:
     if "faketime" in os.environ.get("LD_PRELOAD", "") and \
             os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1":
         time.sleep = _sleep
+        # the client binds time.sleep as a default argument at import: rebind it there too
+        LockClient._run.__defaults__ = (_sleep,)
 
 
 class EventLog:
@@ -151,13 +165,24 @@ class Worker:
             from chaos.db import Direct
 
             self.direct = Direct(args.db)
+        self.sql = None
+        if args.workload == "sql":
+            from chaos.sqlwork import SqlOps
+
+            self.sql = SqlOps(self, args.db, _sleep)
         self.stopping = False
         self._last_mark: str | None = None
         """The last mark this worker saw committed (the target of its next DELETE)."""
 
     # -- the three ways to read and write -------------------------------------------------
 
-    def _read(self, lease: Lease, session: FencedSession) -> int:
+    def _read(self, lease: Lease, session: FencedSession, claim_first: bool = False) -> int:
+        """The counter's value. ``fenced``: a fenced read (claim + read with the token), or
+        with ``claim_first`` the documented pattern "claim, then plain reads": ``POST
+        /v1/fences/{lock}/claim``, then a GET without the token (which raises nothing)."""
+        if self.a.mode == "fenced" and claim_first:
+            session.claim()
+            return int(self._plain("GET", "/v1/tables/counter/rows/1", None)["value"])
         if self.a.mode == "fenced":
             return int(session.get("counter", 1)["value"])
         if self.a.mode == "unfenced-read":
@@ -228,14 +253,15 @@ class Worker:
     def _rmw(self, op: str, lease: Lease) -> None:
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
         _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
+        claim_first = self.rng.random() < self.a.claim_then_read
         try:
-            value = self._read(lease, session)
+            value = self._read(lease, session, claim_first)
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "read", exc, lease.fence)
             return
         via = self.rng.choice(RMW_VIAS) if self.a.mode == "fenced" else "batch"
         self.log("read", op=op, fence=lease.fence, value=value, fenced=self.a.mode == "fenced",
-                 via=via)
+                 via=via, read_via="claim+plain" if claim_first else "fenced")
         _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
         wrote = value + 1
         self.log("write", op=op, fence=lease.fence, read=value, wrote=wrote, via=via)
@@ -287,6 +313,10 @@ class Worker:
         token). The amount may exceed the balance: balances may go negative, only the sum and
         each row's history matter."""
         fences = dict(getattr(lease, "fences", {}))
+        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
+        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.2):
+            self._blind_marks(op, lease, fences)
+            return
         accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
         src, dst = (accounts if self.rng.random() < 0.5 else accounts[::-1])
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
@@ -330,11 +360,34 @@ class Worker:
         except (LockClientError, *_DIRECT_ERRORS) as exc:
             self._outcome(op, "write", exc, lease.fence)
             return
-        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src])
+        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src], fences=fences)
+
+    def _op_sql(self, op: str, lease: Lease) -> None:
+        """The ``sql`` workload: plain SQL on the protected database (``chaos.sqlwork``)."""
+        assert self.sql is not None
+        self.sql.run(op, lease)
+
+    def _blind_marks(self, op: str, lease: Lease, fences: dict[str, int]) -> None:
+        """A blind multi-lock batch (``transfer`` workload): no claim and no read first, one
+        ``account_marks`` row per account of the lease, so the batch's own fence check and raise
+        of EVERY lock is all that stands between a frozen holder and a stale commit."""
+        self.log("blind", op=op, fence=lease.fence, via="batch", fences=fences)
+        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
+        ops = [{"op": "insert", "table": "account_marks",
+                "row": {"account": int(name.rsplit("/", 1)[1]), "id": op, "fence": fence}}
+               for name, fence in sorted(fences.items())]
+        self.log("write", op=op, fence=lease.fence, via="batch", mark=op)
+        try:
+            self._plain("POST", "/v1/batch", lease, {"ops": ops})
+        except LockClientError as exc:
+            self._outcome(op, "write", exc, lease.fence)
+            return
+        self.log("ack", op=op, fence=lease.fence, via="batch", mark=op, fences=fences)
 
     def _acquire(self) -> Lease:
-        """The lease of one operation: lock L, or (``transfer``) two random account locks."""
-        if self.a.workload != "transfer":
+        """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
+        locks."""
+        if self.a.workload == "counter":
             return self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
                                        auto_renew=False)
         pair = self.rng.sample(range(1, self.a.accounts + 1), 2)
@@ -427,6 +480,8 @@ class Worker:
         self.http.close()
         if self.direct is not None:
             self.direct.close()
+        if self.sql is not None:
+            self.sql.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -449,6 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accounts", type=int, default=8, help="account rows (transfer workload)")
     p.add_argument("--blind", type=float, default=0.35,
                    help="share of operations that write a mark with no claim (fenced mode)")
+    p.add_argument("--claim-then-read", type=float, default=0.5,
+                   help="share of read-modify-writes that claim explicitly, then read without "
+                        "the token (counter workload, fenced mode)")
     p.add_argument("--peek", type=float, default=0.05,
                    help="share of iterations that are a plain read without lock or token")
     return p

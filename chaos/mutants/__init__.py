@@ -21,8 +21,19 @@ The table (issue 20's audit, plus ``single_write_unchecked``):
 ``check_then_act_stall``     the same, with a 300 ms stall between check and write
 ``lockd_early_expiry``       lockd treats a lease with < 800 ms left as expired
 ``single_write_unchecked``   single-row writes (POST/PUT/PATCH/DELETE) skip the fence comparison
+``claim_no_raise``           an explicit claim checks but does not raise the highest (``counter``:
+                             claim, then plain reads, then write)
+``batch_partial_raise``      a multi-lock batch raises only its first lock's fence
+                             (``transfer``: blind multi-lock batches)
+``dbfence_new_image``        the database's fence trigger computes an UPDATE/DELETE's lock from
+                             NEW, not OLD (``sql``)
+``dbfence_claim_no_raise``   ``fencing.claim`` records a stale claim instead of raising (``sql``)
+``dbfence_cascade_unchecked`` the fence trigger returns early for cascaded writes (``sql``)
 ===========================  ==================================================================
 
+Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
+first unless ``--workload`` says otherwise). The database-side mutants edit the SQL that
+``resource_proxy.dbfence`` installs; their runs install it on the chaos database (``sql``).
 The proxy's mutants are in its PostgreSQL store and lockd's in its SQLite store: mutant runs
 use lockd on SQLite and a PostgreSQL protected database. A mutant about batches edits the one path
 that serves batches of one lock and of several (``_batch_on``), and lockd's mutants edit the
@@ -74,6 +85,8 @@ class Mutant:
     edits: tuple[Edit, ...]
     faults: str | None = None
     """Fault kinds of its chaos run (None: every kind that applies)."""
+    workloads: tuple[str, ...] = ("counter", "transfer")
+    """The chaos workloads whose write paths reach the bug (the first one by default)."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -113,6 +126,45 @@ _LOCKD_FENCE = "    fence = (row[0] if row is not None else 0) + 1\n"
 _LOCKD_FENCE_MANY = "        fence = (rows[name][0] if name in rows else 0) + 1\n"
 _LOCKD_LIVE = "    if row is not None and row[1] is not None and row[4] > now:\n"
 _LOCKD_LIVE_MANY = "if r[1] is not None and r[3] > now)"
+_CLAIM_ONE = ("            cur = await conn.execute(self.sql.d.fence_upsert, {\"lock\": fence.lock, "
+              "\"fence\": fence.fence})\n"
+              "            (highest,) = await cur.fetchone()  # type: ignore[misc]\n"
+              "        check(fence, highest)\n        return highest\n")
+"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert."""
+_CLAIM_ONE_SELECT = ("            cur = await conn.execute(self.sql.d.fence_select, "
+                     "{\"lock\": fence.lock})\n"
+                     "            found = await cur.fetchone()\n"
+                     "            highest = max(found[0] if found else 0, fence.fence)\n"
+                     "        check(fence, highest)\n        return highest\n")
+_CLAIM_ALL = ("                highest = await self._raise_fences(conn, fences)\n"
+              "                check_all(fences, highest)\n")
+"""The explicit claim of several locks (``POST /v1/fences/claim``)."""
+_CLAIM_ALL_SELECT = (
+    "                highest = []\n"
+    "                for f in fences:\n"
+    "                    cur = await conn.execute(self.sql.d.fence_select, {\"lock\": f.lock})\n"
+    "                    found = await cur.fetchone()\n"
+    "                    highest.append(max(found[0] if found else 0, f.fence))\n"
+    "                check_all(fences, highest)\n")
+_BATCH_RAISE_FIRST = (
+    "            highest = await self._raise_fences(conn, fences[:1])\n"
+    "            for f in fences[1:]:\n"
+    "                cur = await conn.execute(self.sql.d.fence_select, {\"lock\": f.lock})\n"
+    "                found = await cur.fetchone()\n"
+    "                highest.append(max(found[0] if found else 0, f.fence))\n"
+    "            try:\n")
+_DBFENCE = "resource_proxy/dbfence/sql.py"
+_OLD_IMAGE = "        o := {lock_call_old};\n"
+"""The guard's lock of the row's OLD image (UPDATE and DELETE)."""
+_DB_CLAIM = '    ("fencing.claim(text,bigint)", _claim("claim", _RAISE_STALE)),\n'
+_GUARD_TEMPLATED = "    o text;\nBEGIN\n"
+_GUARD_LITERAL = "        body = f\"\"\"BEGIN\n"
+_DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another trigger's write\n"
+               "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
+               "        RETURN NEW;\n"
+               "    END IF;\n")
+_SQL_FAULTS = "pause_grant,pause_write,pause,kill_worker"
+"""Freezes before a claim (blind SQL writes) and in flight: stale claims reach the database."""
 
 _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 """The faults that hold a check-then-act window open while a stale write arrives."""
@@ -165,6 +217,29 @@ MUTANTS: tuple[Mutant, ...] = (
            "stale_commit, fence_decrease (PATCH/PUT/POST/DELETE run in chaos)",
            (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
            _STALE_FAULTS),
+    Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
+           "stale_commit, interleaving (claim, then plain reads without the token, then write)",
+           (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
+           "kill_after_read", ("counter",)),
+    Mutant("batch_partial_raise", "a multi-lock batch checks every fence but raises only its "
+           "first lock's", "fence_decrease, stale_commit (blind multi-lock batches: no claim "
+           "first)", (Edit(_PG, _BATCH_RAISE, _BATCH_RAISE_FIRST),), "pause_grant",
+           ("transfer",)),
+    Mutant("dbfence_new_image", "the fence trigger computes the lock of UPDATE/DELETE from NEW, "
+           "not OLD", "unclaimed_commit (a key-changing UPDATE moves lines out of an account "
+           "lock the lease lacks)",
+           (Edit(_DBFENCE, _OLD_IMAGE, _OLD_IMAGE.replace("lock_call_old", "lock_call_new")),),
+           "pause,kill_worker", ("sql",)),
+    Mutant("dbfence_claim_no_raise", "fencing.claim records a stale claim instead of raising",
+           "fence_decrease, stale_commit (blind SQL writes of frozen holders commit)",
+           (Edit(_DBFENCE, _DB_CLAIM, _DB_CLAIM.replace("_RAISE_STALE", '"NULL;"')),),
+           _SQL_FAULTS, ("sql",)),
+    Mutant("dbfence_cascade_unchecked", "the fence trigger returns early for cascaded writes "
+           "(pg_trigger_depth() > 1)", "unclaimed_commit (ON DELETE CASCADE deletes lines of "
+           "an account lock the lease lacks)",
+           (Edit(_DBFENCE, _GUARD_TEMPLATED, _GUARD_TEMPLATED + _DEPTH_SKIP),
+            Edit(_DBFENCE, _GUARD_LITERAL, _GUARD_LITERAL + _DEPTH_SKIP)),
+           "pause,kill_worker", ("sql",)),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
@@ -175,13 +250,14 @@ def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
 
 def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store: str = "sqlite",
                faults: str | None = None, keep: bool = False,
-               workload: str = "counter") -> dict[str, Any]:
+               workload: str | None = None) -> dict[str, Any]:
     """Plant ``mutant`` in a copy of the tree and run chaos there (fenced mode, ``workload``:
     ``counter`` exercises single-lock batches and writes, ``transfer`` multi-lock leases and
     batches). Returns
     ``{name, detected, kinds, violations, elapsed_s, report}``; ``MutantNoLongerApplies`` if
     a snippet is gone. The venv's python runs the copy (``PYTHONPATH`` puts it first)."""
     started = time.monotonic()
+    workload = workload or mutant.workloads[0]
     base = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.name}-"))
     try:
         root = copy_tree(base / "tree")

@@ -3,9 +3,10 @@
 ::
 
     python -m chaos.mutants [--seconds 40] [--seed 4242] [--only name,name] [--keep]
-                            [--workload counter|transfer]
+                            [--workload counter|transfer|sql]
 
-Prints one line per mutant, ``<name>: detected (<violation kinds>)`` or ``<name>: UNDETECTED``,
+``--workload W`` runs the mutants whose ``workloads`` include W, under W (without it, each
+mutant under its first workload). Prints one line per mutant, ``<name>: detected (<violation kinds>)`` or ``<name>: UNDETECTED``,
 then ``undetected: N``. Exit 1 when N > 0 or when a mutant no longer applies (its line says
 ``NO LONGER APPLIES``, counted as undetected).
 """
@@ -27,10 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=4242)
     p.add_argument("--only", default="", help="comma-separated mutant names")
     p.add_argument("--keep", action="store_true", help="keep each mutant's tree and logs")
-    p.add_argument("--workload", choices=("counter", "transfer"), default="counter",
-                   help="the chaos workload of each run (transfer: multi-lock leases and batches)")
+    p.add_argument("--workload", choices=("counter", "transfer", "sql"), default=None,
+                   help="run the mutants that this workload reaches, under it (default: every "
+                        "mutant under its first workload; transfer: multi-lock leases and "
+                        "batches; sql: plain SQL on the database's fence triggers)")
     args = p.parse_args(argv)
-    chosen = [m for m in MUTANTS if not args.only or m.name in args.only.split(",")]
+    chosen = [m for m in MUTANTS if (not args.only or m.name in args.only.split(","))
+              and (args.workload is None or args.workload in m.workloads)]
     undetected = 0
     started = time.monotonic()
     for mutant in chosen:

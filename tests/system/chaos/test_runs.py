@@ -84,15 +84,18 @@ TRANSFER_S = 30
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_transfers_through_multi_lock_leases_are_conserved_under_faults(store, chaos_pg, tmp_path):
     """The ``transfer`` workload (issue 14): two-account transfers through multi-lock leases
-    and fenced batches, under the nemesis: money conserved, each transfer once and whole, no
-    lower fence after a higher one on any account lock, leases exclusive per lock."""
+    and fenced batches, and blind multi-lock batches, under the nemesis: money conserved, each
+    transfer once and whole, no lower fence after a higher one on any account lock, leases
+    exclusive per lock."""
     report = run(RunConfig(store=store, seconds=TRANSFER_S, seed=31 + len(store),
                            workload="transfer", pg=chaos_pg, workdir=tmp_path / "run"))
     why = _explain(report)
     assert report["violation_count"] == 0, why
     assert report["passed"], why
     ops = report["ops"]
-    assert ops["transfers_committed"] >= 20, why
+    # about two ops in five are blind multi-lock batches (no claim first): both kinds committed
+    assert ops["transfers_committed"] >= 10, why
+    assert ops["account_marks"] >= 5, why
     assert ops["counter"] == 8 * 1000, why  # the total balance, read back from the database
     assert ops["stale"] >= 1, why  # frozen holders were turned away
     assert report["revived"]["attempted"] >= 1, why
