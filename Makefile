@@ -53,7 +53,7 @@ bench: install
 ## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql (default
 ## counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL inside
 ## fenced_transaction on a database with the fence triggers, no proxy).
-## Exit 1 if the checker found a violation.
+## Prints the total time up front and a progress line every 30 s. Exit 1 if the checker found a violation.
 CHAOS_STORE    ?= all
 CHAOS_WORKLOAD ?= counter
 CHAOS_SECONDS  ?= 600

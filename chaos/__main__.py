@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
     stores = STORES if args.store == "all" else (args.store,)
     ok = True
+    total = args.seconds * len(stores)
+    print(f"chaos: {len(stores)} run(s) of {args.seconds:g} s ({', '.join(stores)}): about "
+          f"{total / 60:.0f} min of faults plus start-up and checking; a progress line every "
+          "30 s", flush=True)
     for store in stores:
         print(f"chaos: store {store}, {args.seconds:g} s, seed {seed}, mode {args.mode} ...",
               flush=True)
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                                workers=args.workers, resource=args.resource,
                                workload=args.workload,
                                kinds=tuple(args.faults.split(",")) if args.faults else None,
-                               results_dir=args.results_dir, keep=args.keep))
+                               results_dir=args.results_dir, keep=args.keep,
+                               progress=lambda line: print(line, flush=True)))
         print(format_summary(report), flush=True)
         if report["workdir"]:
             print(f"  logs kept in {report['workdir']}")
