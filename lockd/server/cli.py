@@ -51,6 +51,7 @@ from lockd.common.serving.listen import ListenError, bind_listener
 from lockd.common.serving.server import Server
 from lockd.common.serving.server import uvicorn_config as _uvicorn_config
 from lockd.common.serving.workers import listening_sockets, run_workers
+from lockd.server import keys_cli
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
@@ -92,12 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="event streams beyond this get 503 (env LOCKD_MAX_EVENT_STREAMS; "
                             "default 100)")
     add_tls_arguments(serve, "LOCKD")
+    keys_cli.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lockd`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "keys":
+        return keys_cli.run(args)
     overrides = {key: value for key, value in vars(args).items()
                  if key != "command" and value is not None}
     try:
