@@ -130,3 +130,35 @@ def test_a_running_lockd_picks_up_rotation_and_retirement(tmp_path, lockd_factor
 
 def _published(http, url: str) -> set[str]:
     return {k["kid"] for k in http.get(url + "/v1/keys").json()["keys"]}
+
+
+def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
+    """``resource_proxy.jwks.KeySource`` refetches a set older than ``max_age_s`` before it
+    verifies, so a retired key stops verifying (cached tokens too) within that bound."""
+    import asyncio
+
+    from resource_proxy.errors import InvalidTokenError
+    from resource_proxy.jwks import KeySource
+
+    old, new = KeyRing.generate(), KeyRing.generate()
+    served = {"keys": old.jwks()["keys"] + new.jwks()["keys"]}
+    now = [0.0]
+
+    async def load():
+        return served
+
+    async def run() -> None:
+        keys = KeySource(load, max_age_s=60, clock=lambda: now[0])
+        await keys.reload(force=True)
+        token = old.sign("a", 1)
+        assert (await keys.verify(token)).kid == old.kid  # verified, now cached
+        served["keys"] = new.jwks()["keys"]  # lockd retired the old key
+        now[0] += 59
+        assert (await keys.verify(token)).kid == old.kid  # within max-age: still the old set
+        now[0] += 1
+        with pytest.raises(InvalidTokenError):
+            await keys.verify(token)
+        assert (await keys.verify(new.sign("a", 2))).kid == new.kid
+        assert keys.loads == 2
+
+    asyncio.run(run())
