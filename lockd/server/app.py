@@ -85,12 +85,14 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             await the_store.open()
         observed = ObservedStore(the_store, metrics, events,
                                  skew_interval_s=settings.skew_interval_ms / 1000)
+        keys_task: asyncio.Task[None] | None = None
         try:
             service = LockService(observed, ring, settings)
             app.state.service = service
             app.state.jwks = ring.jwks()
             metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
             await observed.start()
+            # a rotation or retirement reaches this process within key_reload_ms
             keys_task = asyncio.create_task(watch_keys(
                 ring, settings.key_reload_ms / 1000,
                 on_change=lambda r: setattr(app.state, "jwks", r.jwks())))
@@ -98,7 +100,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             events.close()
             service.shutdown()
         finally:
-            if "keys_task" in locals():
+            if keys_task is not None:
                 keys_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await keys_task

@@ -1,35 +1,12 @@
 """Key rotation as an operation on the key directory: list, rotate, retire (``lockd keys ...``).
 
 The key directory (``--key-dir``, ``lockd.tokens``) is the one key set of every replica that
-shares it (a shared volume). Chosen over keys kept in the store, encrypted with a key-encryption
-key from the environment, because it is the simplest sound choice: it works the same for all
-three stores, needs no new secret to distribute, and a running lockd already reads it; the
-store-kept variant is future work. Each running lockd re-reads the directory every
-``key_reload_ms`` (default 5 s; ``watch``), so a rotation needs no restart and reaches every
-replica (and every ``--workers`` process) within that bound.
-
-Rotation, step by step (``rotate``)::
-
-    t0            keys.json gets the new kid with signs_from = t0 + publish_delay, then
-                  <kid>.pem is written (in that order: a replica never sees the file without
-                  its future signs_from, so it never signs with a key others do not publish)
-    ≤ t0+reload   every replica publishes the new key in its JWKS, still signs with the old
-    t0+delay      every replica signs with the new key (KeyRing picks the signer by time);
-                  renewals are re-signed too, so live leases move to the new key as they renew
-    +max TTL      no live lease holds only a token of the old key: ``retire`` allows it
-
-Retirement (``retire``) deletes the key's file and records ``retired_at``; running lockds stop
-publishing it within ``key_reload_ms``, proxies drop it at their next JWKS refresh
-(``resource_proxy.jwks``: lockd's ``Cache-Control: max-age=60``, so within 60 s plus the
-reload). It is refused while the key signs (rotate first) and, without ``force``, until
-``max_ttl_ms`` has passed since the key stopped signing. Why a time rule and not "ask lockd
-which live leases hold the key's tokens": no store records which key signed a lease's token
-(tokens are made per response, per replica), and every replica would have to be asked; while
-the time rule is sound from what the directory records alone, because a lease lives at most
-``max_ttl_ms`` past its last grant or renewal and every grant or renewal after the switch
-carries a token of the new key (clients keep the token of their latest renewal:
-``lockd.client``). It assumes the hosts' clocks agree to well within the proxies' JWKS refresh
-(which keeps the key verifiable that long after retirement anyway).
+shares it; each running lockd re-reads it every ``key_reload_ms`` (``watch``), so rotation needs
+no restart. ``rotate`` records the new key with a ``signs_from`` in the future and only then
+writes its file: every replica publishes it before any signs with it. ``retire`` deletes a key's
+file once ``max_ttl_ms`` has passed since it stopped signing (a lease lives at most that long
+past its last renewal, and renewals after the switch are signed by the new key), or at once with
+``force``. The steps, and why this time rule rather than asking lockd: docs/keys.md.
 """
 
 from __future__ import annotations
