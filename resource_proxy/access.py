@@ -4,7 +4,8 @@ The file has the shape of lockd's (``lockd.common.access``) with ``tables:`` as 
 scope field: the tables the identity may write, claim and read with a token (``"*"``: every
 table); ``admins:`` may touch every table. Its keys and subjects authenticate like API keys
 (they are added to the proxy's ``api_keys`` and certificate clients); ``PROXY_API_KEYS`` stay
-unscoped identities. Reads without a token stay open to every authenticated caller: they fence
+unscoped identities (a key listed in both is scoped: the file names it). Subjects need mTLS
+(``--tls-client-ca``; the CLI refuses them without). Reads without a token stay open to every authenticated caller: they fence
 nothing.
 
 ``AccessMiddleware`` (inside ``RequestMiddleware``, which authenticated the request and left its

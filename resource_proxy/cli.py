@@ -147,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     except AccessFileError as exc:
         print(f"resource-proxy: {exc}", file=sys.stderr)
         return 2
+    if access is not None and settings.tls_client_ca is None and any(
+            i.subject for i in access.identities):
+        print(f"resource-proxy: access file {settings.access_file}: certificate subjects need "
+              "--tls-client-ca (without mTLS no client certificate is seen)", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
     workers = settings.workers or (1 if settings.is_sqlite else default_workers())
     if workers > 1 and settings.is_sqlite:

@@ -140,6 +140,7 @@ BAD_FILES = [
     ("clients:\n  - {name: a, key: aaaaaaaa, subject: CN=a, tables: [t]}\n", "exactly one of"),
     ("users: []\n", "unknown field(s) users"),
     ("clients: [\n", "not valid YAML"),
+    ("clients:\n  - {name: a, subject: CN=a, tables: [t]}\n", "need --tls-client-ca"),
 ]
 
 
