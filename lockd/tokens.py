@@ -243,6 +243,11 @@ class KeyRing:
         return self._signer()[0]
 
     @property
+    def _signing(self) -> Ed25519PrivateKey:
+        """The private key that signs now."""
+        return self._signer()[1]
+
+    @property
     def kids(self) -> tuple[str, ...]:
         """Every published ``kid``, signers in ``signs_from`` order first."""
         return tuple(jwk["kid"] for jwk in self._jwks["keys"])
