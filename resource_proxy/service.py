@@ -2,10 +2,10 @@
 
 Order of checks for a write (the first failure answers): token present (428) and genuine (401),
 table served (404), the caller's identity may write the table (403 ``forbidden_table``, with an
-access file: ``access``; checked before the token for a single-row write), key and row valid (422), the token's lock IS the row's governing lock
-(``policy.TableBinding``; 403 ``lock_not_allowed`` naming the lock needed), then the store:
-fence check (409 ``stale_token``) and the write in one transaction (404 absent row, 409
-``conflict``, 422 refused value, 503). A batch checks every op before the store sees any of
+access file: ``access``; for a single-row write checked before the token), key and row valid
+(422), the token's lock IS the row's governing lock (``policy.TableBinding``; 403
+``lock_not_allowed`` naming the lock needed), then the store: fence check (409 ``stale_token``)
+and the write in one transaction (404 absent row, 409 ``conflict``, 422 refused value, 503). A batch checks every op before the store sees any of
 them (every fenced op must be governed by the token's lock); a failing op's problem carries its
 ``op_index``. A table the policy declares ``unfenced`` is written with no token and no fence
 check (a token, if sent, must still be genuine).
