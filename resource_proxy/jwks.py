@@ -11,8 +11,9 @@ The set is also refreshed when it is older than ``max_age_s`` (default 60 s, the
 ``Cache-Control: max-age=60`` lockd serves its JWKS with; ``PROXY_JWKS_MAX_AGE_MS``): the first
 token verified after that waits for the refetch. So a key lockd retired (``lockd keys retire``)
 stops verifying within ``max_age_s`` plus lockd's ``key_reload_ms``, cached tokens included
-(the cache is cleared when the set changes); while lockd cannot be reached the proxy keeps the
-set it has (retrying every ``min_interval_s``) rather than refuse every token.
+(the cache is cleared when the set changes). While lockd cannot be reached the proxy keeps the
+set it has rather than refuse every token, and retries every ``min_interval_s`` in the
+background (no request waits for a lockd that does not answer).
 
 Verified tokens are cached by their exact text (LRU, at most 4096; cleared when the key set
 changes): a holder sends the same token with every write, and an Ed25519 check (~0.1 ms of CPU
@@ -105,6 +106,7 @@ class KeySource:
         self._last_load: float | None = None
         self._lock = asyncio.Lock()
         self._cache: OrderedDict[str, Claims] = OrderedDict()
+        self._background: asyncio.Task[bool] | None = None
         self.loads = 0
 
     @property
@@ -150,10 +152,17 @@ class KeySource:
         age = self._clock() - self._last_load
         return age >= (self._min_interval if self.available is False else self._max_age)
 
+    def _reload_in_background(self) -> None:
+        if self._background is None or self._background.done():
+            self._background = asyncio.create_task(self.reload())
+
     async def verify(self, token: str) -> Claims:
         """The claims of a genuine token; ``InvalidTokenError`` (401) otherwise."""
         if self._stale():
-            await self.reload()  # a retired key must stop verifying, cached tokens too
+            if self.available is False:  # lockd is down: retry without holding requests up
+                self._reload_in_background()
+            else:  # a retired key must stop verifying, cached tokens too: wait for the set
+                await self.reload()
         claims = self._cache.get(token)
         if claims is not None:
             self._cache.move_to_end(token)

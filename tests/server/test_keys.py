@@ -134,7 +134,8 @@ def _published(http, url: str) -> set[str]:
 
 def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
     """``resource_proxy.jwks.KeySource`` refetches a set older than ``max_age_s`` before it
-    verifies, so a retired key stops verifying (cached tokens too) within that bound."""
+    verifies, so a retired key stops verifying (cached tokens too) within that bound; while
+    lockd does not answer it keeps the set and retries in the background."""
     import asyncio
 
     from resource_proxy.errors import InvalidTokenError
@@ -143,8 +144,13 @@ def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
     old, new = KeyRing.generate(), KeyRing.generate()
     served = {"keys": old.jwks()["keys"] + new.jwks()["keys"]}
     now = [0.0]
+    lockd = ["up"]
 
     async def load():
+        if lockd[0] == "refusing":
+            raise OSError("connection refused")
+        if lockd[0] == "hanging":
+            await asyncio.sleep(3600)
         return served
 
     async def run() -> None:
@@ -158,7 +164,19 @@ def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
         now[0] += 1
         with pytest.raises(InvalidTokenError):
             await keys.verify(token)
-        assert (await keys.verify(new.sign("a", 2))).kid == new.kid
+        fresh = new.sign("a", 2)
+        assert (await keys.verify(fresh)).kid == new.kid
         assert keys.loads == 2
+        lockd[0] = "refusing"
+        now[0] += 60
+        assert (await keys.verify(fresh)).kid == new.kid  # the set is kept
+        assert keys.available is False and keys.loads == 3
+        lockd[0] = "hanging"
+        now[0] += 2
+        claims = await asyncio.wait_for(keys.verify(fresh), timeout=1)  # nobody waits
+        assert claims.kid == new.kid
+        await asyncio.sleep(0)
+        assert keys.loads == 4  # the retry runs in the background
+        keys._background.cancel()
 
     asyncio.run(run())
