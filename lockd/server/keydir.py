@@ -94,10 +94,11 @@ def rotate(key_dir: str | os.PathLike[str], *, publish_delay_s: float,
            now: float | None = None) -> KeyState:
     """Make a new key that is published at once and signs ``publish_delay_s`` from now.
 
-    ``publish_delay_s`` must exceed every replica's ``key_reload_ms`` (plus clock skew), so
-    each publishes the key before any signs with it. Raises ``KeyDirError`` while another
-    rotation is still pending (two pending keys would leave the order to chance),
-    ``OSError``/``ValueError`` for an unreadable directory."""
+    ``publish_delay_s`` must exceed every replica's ``key_reload_ms`` plus the proxies'
+    ``jwks_refetch_interval_ms`` (plus clock skew): each replica publishes the key before any
+    signs with it, and a proxy whose last load just missed it may refetch on the new ``kid``
+    by then. Raises ``KeyDirError`` while another rotation is still pending (two pending keys
+    would leave the order to chance), ``OSError``/``ValueError`` for an unreadable directory."""
     directory = Path(key_dir)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     now = time.time() if now is None else now

@@ -8,8 +8,8 @@
 
 ``--key-dir`` defaults to ``LOCKD_KEY_DIR`` (else ``./lockd-keys``), ``--max-ttl-ms`` to
 ``LOCKD_MAX_TTL_MS`` (else 3600000): give the values the servers run with. ``--publish-delay-ms``
-(default 15000) must exceed every replica's ``LOCKD_KEY_RELOAD_MS`` (default 5000) plus clock
-skew. What each step does and why retirement waits: ``lockd.server.keydir``. Exit status: 0 done,
+(default 15000) must exceed every replica's ``LOCKD_KEY_RELOAD_MS`` (default 5000) plus the
+proxies' ``PROXY_JWKS_REFETCH_INTERVAL_MS`` (default 1000) plus clock skew. What each step does and why retirement waits: ``lockd.server.keydir``. Exit status: 0 done,
 1 refused or failed (one line on stderr saying why), 2 bad arguments.
 """
 
@@ -44,7 +44,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                              help="add a key: published now, signing after the delay")
     rot.add_argument("--publish-delay-ms", type=int, default=DEFAULT_PUBLISH_DELAY_MS,
                      help="published this long before it signs; more than every replica's "
-                          f"LOCKD_KEY_RELOAD_MS (default {DEFAULT_PUBLISH_DELAY_MS})")
+                          "LOCKD_KEY_RELOAD_MS plus the proxies' PROXY_JWKS_REFETCH_INTERVAL_MS "
+                          f"(default {DEFAULT_PUBLISH_DELAY_MS})")
     ret = actions.add_parser("retire", parents=[common],
                              help="stop publishing a key that no longer signs")
     ret.add_argument("kid", metavar="KID")
