@@ -55,7 +55,9 @@ class Writer(threading.Thread):
                     self.writes.append(time.monotonic())
                     time.sleep(0.02)
         except Exception as exc:  # every failure is one, whatever its kind
-            self.errors.append(f"{self.key}: {type(exc).__name__}: {exc}")
+            kid = _kid(self.lease.token) if self.lease is not None else "-"
+            self.errors.append(f"{self.key}: {type(exc).__name__}: {exc} (token of key {kid} "
+                               f"at {time.time():.2f})")
 
 
 def test_rotate_and_retire_while_clients_hold_renew_and_write(tmp_path, pg_url, pg_admin_dsn,
@@ -113,7 +115,7 @@ def test_rotate_and_retire_while_clients_hold_renew_and_write(tmp_path, pg_url, 
         stop.set()
         for writer in writers:
             writer.join(15)
-        assert [e for w in writers for e in w.errors] == []
+        assert [e for w in writers for e in w.errors] == [], (old, new, signs_from)
         for writer in writers:  # every client went on writing after the retirement
             assert writer.writes[-1] > retired_at + 1, writer.key
             assert _kid(writer.lease.token) == new, writer.key
