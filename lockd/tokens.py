@@ -206,8 +206,8 @@ class KeyRing:
     def _install(self, schedule: list[tuple[float, Ed25519PrivateKey]],
                  published: list[Ed25519PublicKey] | None = None) -> None:
         """Take ``schedule`` ((signs_from, key), any order; at least one) as the signing keys
-        and publish them with ``published``; one assignment, so a concurrent ``sign`` sees the
-        old ring or the new one."""
+        and publish them with ``published``. Not thread-safe: call it where ``sign`` runs (lockd
+        reads the files in a thread and replaces the ring on its event loop)."""
         if not schedule:
             raise ValueError("a key ring needs at least one signing key")
         ordered = sorted(schedule, key=lambda entry: entry[0])
