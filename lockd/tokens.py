@@ -25,7 +25,12 @@ check itself, and the proxy verifies every new lease's token on its first write.
 
 Keys live in a key directory as PEM files (``<kid>.pem``, mode 0600). ``KeyRing.load_or_create``
 creates one Ed25519 key pair on first start and reuses it afterwards; every key in the directory is
-published in the JWKS, the newest one signs, so a key can be rotated by adding a newer file.
+published in the JWKS. Each key signs from a moment on: its ``signs_from`` in the directory's
+``keys.json`` (written by ``lockd keys rotate``, ``lockd.server.keydir``), else its file's
+modification time; the key with the latest ``signs_from`` not in the future signs. So a rotation
+publishes the new key at once and lets it sign only later, after every replica re-read the
+directory (``KeyRing.reload``) and so publishes it too: a proxy that refetches the JWKS on the new
+``kid`` finds it at whichever replica it asks.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,13 +57,17 @@ __all__ = [
     "MAX_TOKEN_CHARS",
     "multi_token_fits",
     "Claims",
+    "KEYS_MANIFEST",
     "KeyRing",
     "TokenError",
     "InvalidToken",
     "UnknownKey",
     "Verifier",
     "public_jwk",
+    "read_key_dir",
+    "read_manifest",
     "thumbprint",
+    "write_private_key",
 ]
 
 ALGORITHM = "EdDSA"
@@ -70,6 +79,9 @@ MAX_TOKEN_CHARS = 8192
 proxies commonly cap a header line at 8 KiB, so lockd never issues a longer one: a multi-lock set
 whose names could make a longer token is refused up front (``multi_token_fits``)."""
 _FENCE_DIGITS = 19  # a fence is a 64-bit signed integer at most
+KEYS_MANIFEST = "keys.json"
+"""The key directory's record of each key: ``{"keys": {kid: {"created_at", "signs_from",
+"retired_at"}}}`` (unix seconds; ``lockd.server.keydir`` writes it, ``read_key_dir`` reads it)."""
 
 
 class TokenError(Exception):
@@ -179,16 +191,66 @@ def multi_token_fits(names: list[str] | tuple[str, ...]) -> bool:
 class KeyRing:
     """The signing key and every published public key of one lockd.
 
-    ``signing`` signs new tokens; ``jwks()`` lists all public keys so tokens signed by an older key
-    still verify after a rotation.
+    ``sign``/``sign_many`` sign with the current signer (``kid``): of the scheduled keys, the one
+    with the latest ``signs_from`` at or before ``clock()`` (the earliest if all are later);
+    ``jwks()`` lists every key, so tokens signed by an older key still verify after a rotation
+    until it is retired. ``reload()`` re-reads the key directory (a ring loaded from one).
     """
 
-    def __init__(self, signing: Ed25519PrivateKey, others: list[Ed25519PublicKey] | None = None):
-        self._signing = signing
-        self.kid = thumbprint(signing.public_key())
-        self._public = [signing.public_key(), *(others or [])]
-        header = {"alg": ALGORITHM, "kid": self.kid, "typ": "JWT"}  # sorted, as PyJWT writes it
-        self._header = _b64url(json.dumps(header, separators=(",", ":")).encode())
+    def __init__(self, signing: Ed25519PrivateKey, others: list[Ed25519PublicKey] | None = None,
+                 *, clock: Callable[[], float] = time.time):
+        self._clock = clock
+        self.directory: Path | None = None
+        self._install([(float("-inf"), signing)], list(others or []))
+
+    def _install(self, schedule: list[tuple[float, Ed25519PrivateKey]],
+                 published: list[Ed25519PublicKey] | None = None) -> None:
+        """Take ``schedule`` ((signs_from, key), any order; at least one) as the signing keys
+        and publish them with ``published``. Not thread-safe: call it where ``sign`` runs (lockd
+        reads the files in a thread and replaces the ring on its event loop)."""
+        if not schedule:
+            raise ValueError("a key ring needs at least one signing key")
+        ordered = sorted(schedule, key=lambda entry: entry[0])
+        signers = tuple((at, thumbprint(key.public_key()), key) for at, key in ordered)
+        public = [key.public_key() for _, key in ordered] + list(published or [])
+        jwks = {"keys": [public_jwk(k) for k in public]}
+        self._signers, self._jwks = signers, jwks
+        self._pick()
+
+    def _pick(self) -> None:
+        now = self._clock()
+        current = self._signers[0]
+        upcoming = float("inf")
+        for entry in self._signers:
+            if entry[0] <= now:
+                current = entry
+            else:
+                upcoming = entry[0]
+                break
+        _, kid, key = current
+        header = {"alg": ALGORITHM, "kid": kid, "typ": "JWT"}  # sorted, as PyJWT writes it
+        self._current = (kid, key, _b64url(json.dumps(header, separators=(",", ":")).encode()))
+        self._next_switch = upcoming
+
+    def _signer(self) -> tuple[str, Ed25519PrivateKey, str]:
+        if self._next_switch <= self._clock():
+            self._pick()
+        return self._current
+
+    @property
+    def kid(self) -> str:
+        """The ``kid`` of the key that signs now."""
+        return self._signer()[0]
+
+    @property
+    def _signing(self) -> Ed25519PrivateKey:
+        """The private key that signs now."""
+        return self._signer()[1]
+
+    @property
+    def kids(self) -> tuple[str, ...]:
+        """Every published ``kid``, signers in ``signs_from`` order first."""
+        return tuple(jwk["kid"] for jwk in self._jwks["keys"])
 
     @classmethod
     def generate(cls) -> KeyRing:
@@ -196,39 +258,44 @@ class KeyRing:
         return cls(Ed25519PrivateKey.generate())
 
     @classmethod
-    def load_or_create(cls, key_dir: str | os.PathLike[str]) -> KeyRing:
-        """Load every ``*.pem`` private key in ``key_dir``; create the directory and a key if none.
+    def load_or_create(cls, key_dir: str | os.PathLike[str], *,
+                       clock: Callable[[], float] = time.time) -> KeyRing:
+        """Load every ``*.pem`` private key in ``key_dir`` (``read_key_dir``); create the
+        directory and a key if none. ``reload()`` re-reads the directory later.
 
-        The newest file (by modification time) signs. Files are written 0600 and atomically
-        (temp file + rename), so two processes starting at once at worst create two valid keys.
+        Files are written 0600 and atomically (temp file + rename), so two processes starting
+        at once at worst create two valid keys. Raises ``OSError``/``ValueError`` for an
+        unreadable directory or a file that is not an Ed25519 private key.
         """
         directory = Path(key_dir)
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        files = sorted(directory.glob("*.pem"), key=lambda p: (p.stat().st_mtime, p.name))
-        keys: list[Ed25519PrivateKey] = []
-        for path in files:
-            key = serialization.load_pem_private_key(path.read_bytes(), password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise ValueError(f"{path} is not an Ed25519 private key")
-            keys.append(key)
-        if not keys:
+        schedule = read_key_dir(directory)
+        if not schedule:
             key = Ed25519PrivateKey.generate()
-            pem = key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-            final = directory / f"{thumbprint(key.public_key())}.pem"
-            tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(pem)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-            keys.append(key)
-        signing = keys[-1]
-        return cls(signing, [k.public_key() for k in keys[:-1]])
+            write_private_key(directory, key)
+            schedule = [(time.time(), key)]
+        ring = cls.__new__(cls)
+        ring._clock = clock
+        ring.directory = directory
+        ring._install(schedule)
+        return ring
+
+    def reload(self) -> bool:
+        """Re-read the key directory (``read_key_dir``, then ``replace``); returns whether the
+        published keys or the signer changed. ``OSError``/``ValueError`` keep the ring as is."""
+        if self.directory is None:
+            return False
+        return self.replace(read_key_dir(self.directory))
+
+    def replace(self, schedule: list[tuple[float, Ed25519PrivateKey]]) -> bool:
+        """Take ``schedule`` ((signs_from, key) from ``read_key_dir``) as the key set; returns
+        whether the published keys or the signer changed. An empty schedule keeps the ring
+        (``ValueError``: a directory that lost every key is a mistake, not a retirement)."""
+        if not schedule:
+            raise ValueError(f"no key left in {self.directory}: keeping the keys loaded")
+        before = (self.kids, self.kid)
+        self._install(schedule)
+        return (self.kids, self.kid) != before
 
     def sign(self, lock: str, fence: int, *, extra: Mapping[str, Any] | None = None) -> str:
         """A compact JWS for a grant of ``lock`` with ``fence``; ``extra`` claims are added."""
@@ -255,16 +322,72 @@ class KeyRing:
         return self._sign_claims(claims)
 
     def _sign_claims(self, claims: Mapping[str, Any]) -> str:
+        _, key, header = self._signer()
         payload = _b64url(json.dumps(claims, separators=(",", ":")).encode())
-        signing_input = f"{self._header}.{payload}"
-        return f"{signing_input}.{_b64url(self._signing.sign(signing_input.encode()))}"
+        signing_input = f"{header}.{payload}"
+        return f"{signing_input}.{_b64url(key.sign(signing_input.encode()))}"
 
     def jwks(self) -> dict[str, list[dict[str, str]]]:
-        """The JWKS document served at ``GET /v1/keys``."""
-        return {"keys": [public_jwk(k) for k in self._public]}
+        """The JWKS document served at ``GET /v1/keys`` (every published key)."""
+        return self._jwks
 
     def verifier(self) -> Verifier:
         return Verifier(self.jwks())
+
+
+def read_manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """``keys.json``'s ``keys`` object ({} without the file). ``ValueError`` if malformed."""
+    path = directory / KEYS_MANIFEST
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    keys = doc.get("keys") if isinstance(doc, dict) else None
+    if not isinstance(keys, dict) or not all(isinstance(v, dict) for v in keys.values()):
+        raise ValueError(f"{path} is not a key manifest ({{\"keys\": {{kid: {{...}}}}}})")
+    return keys
+
+
+def read_key_dir(directory: str | os.PathLike[str]) -> list[tuple[float, Ed25519PrivateKey]]:
+    """(signs_from, key) of every ``*.pem`` private key in ``directory``, in ``signs_from``
+    order: the manifest's value for the key's ``kid``, else the file's modification time.
+    Raises ``OSError`` for an unreadable file, ``ValueError`` for one that is not an Ed25519
+    private key or a malformed manifest."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    schedule: list[tuple[float, Ed25519PrivateKey]] = []
+    for path in sorted(directory.glob("*.pem")):
+        try:
+            data, mtime = path.read_bytes(), path.stat().st_mtime
+        except FileNotFoundError:  # retired between the listing and the read
+            continue
+        key = serialization.load_pem_private_key(data, password=None)
+        if not isinstance(key, Ed25519PrivateKey):
+            raise ValueError(f"{path} is not an Ed25519 private key")
+        entry = manifest.get(thumbprint(key.public_key()), {})
+        signs_from = entry.get("signs_from")
+        schedule.append((float(signs_from) if _is_number(signs_from) else mtime, key))
+    schedule.sort(key=lambda item: item[0])
+    return schedule
+
+
+def write_private_key(directory: Path, key: Ed25519PrivateKey) -> Path:
+    """Write ``key`` as ``<kid>.pem`` (PKCS#8, mode 0600) atomically: temp file, fsync, rename."""
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    final = directory / f"{thumbprint(key.public_key())}.pem"
+    tmp = directory / f".{final.name}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+    return final
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 class Verifier:

@@ -17,9 +17,11 @@ from contextlib import asynccontextmanager
 import httpx
 from fastapi import FastAPI
 
+from lockd.common.access import AccessFile
 from lockd.common.keys import KeySet, load_keys
 from lockd.common.middleware import RequestMiddleware
 from lockd.common.tls import CertRoles
+from resource_proxy.access import AccessMiddleware, load_table_access
 from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader, lockd_verify
@@ -36,7 +38,7 @@ log = logging.getLogger("resource_proxy")
 
 
 def create_app(settings: Settings, *, policy: Policy | None = None,
-               binding: Binding | None = None) -> FastAPI:
+               binding: Binding | None = None, access: AccessFile | None = None) -> FastAPI:
     """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file,
     ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
 
@@ -47,10 +49,13 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
 
     ``policy``/``binding``: already loaded and prepared (the CLI does that before it starts the
     server, to fail with one clear line); by default the policy is read here and the database
-    prepared at startup.
+    prepared at startup. ``access``: the identities of ``settings.access_file``, already
+    read (by default read here: ``AccessFileError``, a ``ValueError``, for a bad file).
     """
     if policy is None:
         policy = load_policy(settings.policy)
+    if access is None and settings.access_file is not None:
+        access = load_table_access(settings.access_file)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +75,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         source = (settings.lockd_url.rstrip("/") + "/v1/keys" if settings.lockd_url is not None
                   else str(settings.jwks_file))
         keys = KeySource(loader, min_interval_s=settings.jwks_refetch_interval_ms / 1000,
-                         source=source)
+                         max_age_s=settings.jwks_max_age_ms / 1000, source=source)
         await keys.reload(force=True)
         if settings.jwks_file is not None and not keys.kids:
             raise RuntimeError(f"no usable Ed25519 key in {settings.jwks_file}")
@@ -95,11 +100,17 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     app.router.routes.extend(activity_routes)
     install_problem_handlers(app)
     app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
-    api_keys = KeySet(load_keys([k.get_secret_value() for k in settings.api_keys],
-                                settings.api_keys_file))
+    keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
+    subjects = list(settings.cert_clients)
+    if access is not None:  # its identities authenticate like API keys, scoped by tables
+        app.add_middleware(AccessMiddleware, access=access)
+        api_keys = KeySet.from_digests(access.digests("client") + access.digests("admin"), keys)
+        subjects += access.subjects("client") + access.subjects("admin")
+    else:
+        api_keys = KeySet(keys)
     app.add_middleware(RequestMiddleware, api_keys=api_keys, admin_keys=KeySet(),
                        open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
                        on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
                        logger=logging.getLogger("resource_proxy.http"),
-                       cert_roles=CertRoles(settings.cert_clients))
+                       cert_roles=CertRoles(subjects))
     return app

@@ -33,12 +33,14 @@ from pathlib import Path
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
 
+from lockd.common.access import AccessFileError
 from lockd.common.logs import configure_logging
 from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
 from lockd.common.serving.listen import ListenError, bind_listener
 from lockd.common.serving.server import Server, uvicorn_config
 from lockd.common.serving.workers import default_workers, listening_sockets, run_workers
 from lockd.tokens import Verifier
+from resource_proxy.access import load_table_access
 from resource_proxy.app import create_app
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
@@ -95,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
                        "default: every table)")
     serve.add_argument("--policy", help="YAML/JSON file giving tables their lock template "
                        "(env PROXY_POLICY; default: table T is written under lock T)")
+    serve.add_argument("--access-file", help="YAML identities (clients with tables:, admins) "
+                       "scoping which tables each may write (env PROXY_ACCESS_FILE)")
     serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
     serve.add_argument("--workers", type=int, help="worker processes serving the port (env "
@@ -137,6 +141,17 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ssl.SSLError) as exc:
             print(f"resource-proxy: cannot use the TLS files for lockd: {exc}", file=sys.stderr)
             return 2
+    try:
+        access = (load_table_access(settings.access_file)
+                  if settings.access_file is not None else None)
+    except AccessFileError as exc:
+        print(f"resource-proxy: {exc}", file=sys.stderr)
+        return 2
+    if access is not None and settings.tls_client_ca is None and any(
+            i.subject for i in access.identities):
+        print(f"resource-proxy: access file {settings.access_file}: certificate subjects need "
+              "--tls-client-ca (without mTLS no client certificate is seen)", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
     workers = settings.workers or (1 if settings.is_sqlite else default_workers())
     if workers > 1 and settings.is_sqlite:
@@ -172,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("resource-proxy cannot start: no usable Ed25519 key in %s", settings.jwks_file)
         return 1
     try:
-        app = create_app(settings, policy=policy, binding=binding)
+        app = create_app(settings, policy=policy, binding=binding, access=access)
     except (OSError, ValueError) as exc:  # an unreadable API key file, a too short key
         log.error("resource-proxy cannot start: %s", exc)
         return 1
@@ -182,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def serve(listening: socket.socket) -> int:
         # each worker builds its own app: it reflects the tables and loads the key set itself
-        return _serve(create_app(settings, policy=policy), settings, listening)
+        return _serve(create_app(settings, policy=policy, access=access), settings, listening)
 
     return run_workers(sockets, serve, name="resource-proxy")
 

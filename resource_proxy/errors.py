@@ -14,6 +14,9 @@
     ├── InvalidTokenError           401  invalid_token      bad signature, unknown key, malformed
     ├── LockNotAllowed              403  lock_not_allowed   the policy does not let that lock write
     │                                                       that table (or that row)
+    ├── ForbiddenTable              403  forbidden_table    the caller's identity (access file)
+    │                                                       may not write or fenced-read that
+    │                                                       table (``table``, ``identity``)
     ├── StaleToken                  409  stale_token        fence below the highest honoured
     │                                                       (``lock``, ``presented``, ``highest``)
     ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
@@ -51,6 +54,7 @@ __all__ = [
     "TokenRequired",
     "InvalidTokenError",
     "LockNotAllowed",
+    "ForbiddenTable",
     "StaleToken",
     "Conflict",
     "StoreUnavailable",
@@ -103,6 +107,13 @@ class LockNotAllowed(ProxyError):
     """The token is genuine but its lock may not write this table or row (403)."""
 
     status, code, title = 403, "lock_not_allowed", "Lock not allowed"
+
+
+class ForbiddenTable(ProxyError):
+    """The caller's identity (``--access-file``) may not write or fenced-read the table (403);
+    the problem names the ``table`` and the ``identity``'s name, never its secret."""
+
+    status, code, title = 403, "forbidden_table", "Table outside the identity's scope"
 
 
 class StaleToken(ProxyError):

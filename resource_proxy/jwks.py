@@ -7,6 +7,14 @@ shared by concurrent requests, so a flood of tokens with invented ``kid`` values
 into a flood of requests to lockd. A reload that fails keeps the old set (tokens then fail with
 ``InvalidTokenError``, 401: the proxy never honours a token it could not verify).
 
+The set is also refreshed when it is older than ``max_age_s`` (default 60 s, the
+``Cache-Control: max-age=60`` lockd serves its JWKS with; ``PROXY_JWKS_MAX_AGE_MS``): the first
+token verified after that waits for the refetch. So a key lockd retired (``lockd keys retire``)
+stops verifying within ``max_age_s`` plus lockd's ``key_reload_ms``, cached tokens included
+(the cache is cleared when the set changes). While lockd cannot be reached the proxy keeps the
+set it has rather than refuse every token, and retries every ``min_interval_s`` in the
+background (no request waits for a lockd that does not answer).
+
 Verified tokens are cached by their exact text (LRU, at most 4096; cleared when the key set
 changes): a holder sends the same token with every write, and an Ed25519 check (~0.1 ms of CPU
 here) costs more than the rest of the request's Python work, so a new lease's token is verified
@@ -76,15 +84,19 @@ def lockd_loader(lockd_url: str, client: httpx.AsyncClient) -> Loader:
 class KeySource:
     """Verifies tokens against a JWKS that ``loader`` provides, reloading on unknown keys.
 
-    ``min_interval_s``: least time between two reloads (default 1 s). ``clock``: monotonic
+    ``min_interval_s``: least time between two reloads (default 1 s). ``max_age_s``: the set
+    is refetched before a verification once it is this old (default 60 s; None: never, only on
+    an unknown ``kid``). ``clock``: monotonic
     seconds, injectable for tests. ``source``: where the keys come from (a URL or a file),
     named in the warning of a failed load and in the 503 while no load has succeeded since.
     ``available`` is False after a failed load (until one succeeds), None before any.
     """
 
     def __init__(self, loader: Loader, *, min_interval_s: float = 1.0,
+                 max_age_s: float | None = 60.0,
                  clock: Callable[[], float] = time.monotonic, source: str = "the JWKS"):
         self._loader = loader
+        self._max_age = max_age_s
         self.source = source
         self.available: bool | None = None
         self.last_error = ""
@@ -94,6 +106,7 @@ class KeySource:
         self._last_load: float | None = None
         self._lock = asyncio.Lock()
         self._cache: OrderedDict[str, Claims] = OrderedDict()
+        self._background: asyncio.Task[bool] | None = None
         self.loads = 0
 
     @property
@@ -131,8 +144,25 @@ class KeySource:
         """The claims of ``token`` if it was verified already (cache only; never verifies)."""
         return self._cache.get(token)
 
+    def _stale(self) -> bool:
+        """Whether the set is due for a refetch: older than ``max_age_s``, or (after a failed
+        load) older than ``min_interval_s``."""
+        if self._max_age is None or self._last_load is None:
+            return False
+        age = self._clock() - self._last_load
+        return age >= (self._min_interval if self.available is False else self._max_age)
+
+    def _reload_in_background(self) -> None:
+        if self._background is None or self._background.done():
+            self._background = asyncio.create_task(self.reload())
+
     async def verify(self, token: str) -> Claims:
         """The claims of a genuine token; ``InvalidTokenError`` (401) otherwise."""
+        if self._stale():
+            if self.available is False:  # lockd is down: retry without holding requests up
+                self._reload_in_background()
+            else:  # a retired key must stop verifying, cached tokens too: wait for the set
+                await self.reload()
         claims = self._cache.get(token)
         if claims is not None:
             self._cache.move_to_end(token)

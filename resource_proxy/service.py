@@ -1,10 +1,11 @@
 """What each call of the HTTP contract does, free of HTTP: token -> table -> op -> policy -> store.
 
 Order of checks for a write (the first failure answers): token present (428) and genuine (401),
-table served (404), key and row valid (422), the token's lock IS the row's governing lock
-(``policy.TableBinding``; 403 ``lock_not_allowed`` naming the lock needed), then the store:
-fence check (409 ``stale_token``) and the write in one transaction (404 absent row, 409
-``conflict``, 422 refused value, 503). A batch checks every op before the store sees any of
+table served (404), the caller's identity may write the table (403 ``forbidden_table``, with an
+access file: ``access``; for a single-row write checked before the token), key and row valid
+(422), the token's lock IS the row's governing lock (``policy.TableBinding``; 403
+``lock_not_allowed`` naming the lock needed), then the store: fence check (409 ``stale_token``)
+and the write in one transaction (404 absent row, 409 ``conflict``, 422 refused value, 503). A batch checks every op before the store sees any of
 them (every fenced op must be governed by the token's lock); a failing op's problem carries its
 ``op_index``. A table the policy declares ``unfenced`` is written with no token and no fence
 check (a token, if sent, must still be genuine).
@@ -31,7 +32,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lockd.tokens import Claims
+from resource_proxy.access import allows, caller, check_table
 from resource_proxy.errors import (
+    ForbiddenTable,
     InvalidRequest,
     LockNotAllowed,
     NotFound,
@@ -135,6 +138,7 @@ class ProxyService:
         is unfenced: the row written (None for a delete), or with ``keyed`` the ``Reply``
         (recorded or replayed)."""
         table = self.table(table_name)
+        check_table(table.name)
         bound = self.bound(table)
         claims = (await self._optional_claims(token) if bound.unfenced
                   else await self.claims_of(token))
@@ -167,6 +171,7 @@ class ProxyService:
         if not isinstance(name, str):
             raise InvalidRequest("each op names its table")
         table = self.table(name)
+        check_table(table.name)
         bound = self.bound(table)
         key = parse_json_key(table, raw["key"]) if raw.get("key") is not None else None
         op = build_op(kind, table, key, raw.get("row"))
@@ -232,6 +237,7 @@ class ProxyService:
         bound = self.bound(table)
         fence = None
         if claims is not None and not bound.unfenced:
+            check_table(table.name, "read fenced")
             fence = self._require(claims, bound, key, "read")
         return await self.store.read_row(table, key, fence)
 
@@ -259,6 +265,7 @@ class ProxyService:
         bound = self.bound(table)
         fence = None
         if claims is not None and not bound.unfenced:
+            check_table(table.name, "read fenced")
             needed = bound.lock_for_filters(filters)
             assert needed is not None  # bound is fenced
             fence = self._fence_for(claims, bound, needed, None, "read")
@@ -267,12 +274,23 @@ class ProxyService:
     # -- fences --------------------------------------------------------------------------
 
     def _governed(self, lock: str, claims: Claims) -> None:
+        """403 unless ``lock`` governs a row of a served table the caller may write (a claim
+        does what a write to that table under ``lock`` does to the fence)."""
         if not self.binding.governs(lock):
             held = ({"token_locks": sorted(claims.locks)} if claims.multi
                     else {"token_lock": claims.lock})
             raise LockNotAllowed(f"lock {lock!r} governs no row of any table this proxy serves "
                                  "(GET /v1/tables/{table}/lock?key= names the lock of a row)",
                                  lock=lock, **held)
+        identity = caller()
+        if identity is not None and identity.scope is not None:
+            governed = sorted(n for n, b in self.binding.tables.items() if b.governs(lock))
+            if not any(allows(identity, name) for name in governed):
+                raise ForbiddenTable(
+                    f"identity {identity.name!r} may not claim lock {lock!r}: it governs rows "
+                    f"of {', '.join(governed)}, none of its tables "
+                    f"({', '.join(identity.scope)})", table=governed[0],
+                    identity=identity.name, lock=lock)
 
     async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
         """Raise the highest fence of ``lock`` to the token's, writing no data. A multi-lock

@@ -2,7 +2,10 @@
 
 Defaults: the embedded SQLite database ``sqlite:///./resource.db``, ``127.0.0.1:7071``. Exactly
 one key source is required: ``lockd_url`` (JWKS fetched from ``{lockd_url}/v1/keys``, refetched
-on an unknown ``kid`` at most once per ``jwks_refetch_interval_ms``) or ``jwks_file``.
+on an unknown ``kid`` at most once per ``jwks_refetch_interval_ms``, and when older than
+``jwks_max_age_ms``, 60000 like lockd's ``Cache-Control``: a retired key stops verifying within
+it) or ``jwks_file`` (re-read as often). ``access_file`` (``PROXY_ACCESS_FILE``): which tables
+each client identity may write or read fenced (``resource_proxy.access``).
 
 TLS (opt-in, ``lockd.common.tls``): ``tls_cert``/``tls_key`` (``PROXY_TLS_CERT``,
 ``PROXY_TLS_KEY``; both or neither: the proxy then serves https only), ``tls_client_ca``
@@ -51,6 +54,8 @@ class Settings(BaseSettings):
     # How long a request waits for a database connection (and a connect attempt) before 503.
     db_timeout_ms: int = Field(3000, ge=100)
     jwks_refetch_interval_ms: int = Field(1000, ge=0)
+    jwks_max_age_ms: int = Field(60_000, ge=100)
+    access_file: Path | None = None
     # How long an Idempotency-Key's recorded answer is kept (default 24 h; at least 1 s).
     idempotency_ttl_ms: int = Field(86_400_000, ge=1000)
     log_level: str = "info"

@@ -52,6 +52,14 @@ class KeySet:
     def __init__(self, keys: Iterable[str] = ()):
         self._digests = tuple({hashlib.sha256(k.encode()).digest() for k in keys})
 
+    @classmethod
+    def from_digests(cls, digests: Iterable[bytes], keys: Iterable[str] = ()) -> KeySet:
+        """A set of ``keys`` plus keys known only by their SHA-256 ``digests`` (access files'
+        ``key_sha256``)."""
+        made = cls(keys)
+        made._digests = tuple({*made._digests, *digests})
+        return made
+
     def __bool__(self) -> bool:
         return bool(self._digests)
 

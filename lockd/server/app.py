@@ -8,6 +8,8 @@ ring: passed in, or loaded (created on first start) from ``settings.key_dir``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -23,6 +25,7 @@ from lockd.server.api import (
     is_hot_path,
 )
 from lockd.server.events import EventHub
+from lockd.server.keydir import watch as watch_keys
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
 from lockd.server.ops_api import create_ops_router, install_request_middleware, operation_id
@@ -82,16 +85,25 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             await the_store.open()
         observed = ObservedStore(the_store, metrics, events,
                                  skew_interval_s=settings.skew_interval_ms / 1000)
+        keys_task: asyncio.Task[None] | None = None
         try:
             service = LockService(observed, ring, settings)
             app.state.service = service
             app.state.jwks = ring.jwks()
             metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
             await observed.start()
+            # a rotation or retirement reaches this process within key_reload_ms
+            keys_task = asyncio.create_task(watch_keys(
+                ring, settings.key_reload_ms / 1000,
+                on_change=lambda r: setattr(app.state, "jwks", r.jwks())))
             yield
             events.close()
             service.shutdown()
         finally:
+            if keys_task is not None:
+                keys_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keys_task
             await observed.stop()
             if owned:
                 await the_store.close()

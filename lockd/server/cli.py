@@ -51,6 +51,7 @@ from lockd.common.serving.listen import ListenError, bind_listener
 from lockd.common.serving.server import Server
 from lockd.common.serving.server import uvicorn_config as _uvicorn_config
 from lockd.common.serving.workers import listening_sockets, run_workers
+from lockd.server import keys_cli
 from lockd.server.access import access_file_problem
 from lockd.server.app import create_app
 from lockd.server.errors import StoreUnavailable
@@ -99,12 +100,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="live leases per identity, beyond: 429 (default 100000)")
     serve.add_argument("--max-waiters-per-identity", type=int,
                        help="queued acquires per identity, beyond: 429 (default 10000)")
+    keys_cli.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lockd`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "keys":
+        return keys_cli.run(args)
     overrides = {key: value for key, value in vars(args).items()
                  if key != "command" and value is not None}
     try:

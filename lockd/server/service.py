@@ -200,6 +200,7 @@ class LockService:
         self.keyring = keyring
         self.settings = settings
         self._tokens: dict[tuple[str, int], str] = {}
+        self._tokens_kid = keyring.kid  # the signer of the cached tokens (a rotation clears them)
         self._waiting = WaitQueues(store)
         self._queues = self._waiting.queues  # read by the single-lock fast path
         self._may_be_free = self._waiting.may_be_free
@@ -226,9 +227,19 @@ class LockService:
 
     # --- leases ---------------------------------------------------------------------------------
 
+    def _cached_token(self, key: tuple[str, int]) -> str | None:
+        """The token made for ``key`` by the current signer: after a rotation every grant and
+        renewal is signed anew, so live leases move to the new key as they renew (and the old
+        key can be retired once ``max_ttl_ms`` has passed: ``lockd.server.keydir``)."""
+        kid = self.keyring.kid
+        if kid != self._tokens_kid:
+            self._tokens.clear()
+            self._tokens_kid = kid
+        return self._tokens.get(key)
+
     def _lease(self, grant: Grant) -> Lease:
         key = (grant.lock, grant.fence)
-        token = self._tokens.get(key)
+        token = self._cached_token(key)
         if token is None:
             token = self.keyring.sign(grant.lock, grant.fence)
             if len(self._tokens) >= _TOKEN_CACHE_SIZE:
@@ -314,7 +325,7 @@ class LockService:
 
     def _multi_lease(self, grant: MultiGrant) -> MultiLease:
         key = (grant.lease_id, -1)  # the fences of a lease never change: one token per lease
-        token = self._tokens.get(key)
+        token = self._cached_token(key)
         if token is None:
             token = self.keyring.sign_many(grant.fences)
             if len(self._tokens) >= _TOKEN_CACHE_SIZE:

@@ -22,7 +22,9 @@ needed) and ``api_keys_file`` (one key a line, ``#`` comments; adds to ``api_key
 force-release is disabled, 403); ``max_header_bytes`` (16384: larger request headers get 431);
 ``events_heartbeat_ms`` (15000: keep-alive comment on idle event streams);
 ``events_queue_size`` (256: events a slow stream client may lag by before its stream is dropped);
-``skew_interval_ms`` (10000: how often the store's clock is sampled).
+``skew_interval_ms`` (10000: how often the store's clock is sampled);
+``key_reload_ms`` (5000: how often the key directory is re-read, so ``lockd keys rotate`` and
+``retire`` reach a running lockd without a restart; ``lockd.server.keydir``).
 
 Connection bounds (``lockd.common.serving.connections``; flags ``--request-timeout-ms`` and alike):
 ``request_timeout_ms`` (``LOCKD_REQUEST_TIMEOUT_MS``, 10000: a request must arrive whole,
@@ -70,6 +72,7 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(7070, ge=0, le=65535)
     key_dir: Path = Path("./lockd-keys")
+    key_reload_ms: int = Field(5000, ge=50)
     min_ttl_ms: int = Field(100, ge=1)
     max_ttl_ms: int = Field(3_600_000, ge=1)
     max_wait_ms: int = Field(300_000, ge=0)
