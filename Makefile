@@ -41,14 +41,14 @@ system-deps:
 demo: install
 	$(BIN)/python -m lockd.demo
 
-## Benchmarks (issue 8): table on stdout, bench/results/latest.{json,md,png}; ~10 min.
+## Benchmarks: table on stdout, bench/results/latest.{json,md,png}; ~10 min.
 ## Knobs: BENCH_SECONDS, BENCH_ROUNDS, BENCH_ONLY=1,5 (see bench/__main__.py).
 .PHONY: bench
 bench: install
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench
 
-## Fault injection + history checker (issue 9): one run per store, summary on stdout, JSON report
+## Fault injection + history checker: one run per store, summary on stdout, JSON report
 ## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
 ## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql (default
 ## counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL inside
@@ -62,7 +62,7 @@ CHAOS_SEED     ?=
 chaos: install
 	$(BIN)/python -m chaos --store $(CHAOS_STORE) --seconds $(CHAOS_SECONDS) --workload $(CHAOS_WORKLOAD) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
-## Mutation testing of the chaos suite (issue 20): plant each bug of chaos/mutants in a copy of
+## Mutation testing of the chaos suite: plant each bug of chaos/mutants in a copy of
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40), one line per mutant, then
 ## "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some. About 8 minutes.
 ## MUTANT_WORKLOAD=counter|transfer|sql runs the mutants that workload reaches, under it (default:

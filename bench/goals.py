@@ -1,4 +1,4 @@
-"""Issue 16's goals, read off the sections of the same run: one row per goal with the measured
+"""Goals, read off the sections of the same run: one row per goal with the measured
 figure, the target and whether it is met.
 
 Every goal is a ratio to a peer measured side by side in the same run, or a latency/memory
@@ -91,7 +91,7 @@ def goals(sections: list[Section]) -> Section | None:
     kept = [r for r in rows if r is not None]
     if not kept:
         return None
-    section = Section("G", "Goals of issue 16, from this run", "each goal's own peer or limit, "
+    section = Section("G", "Goals, from this run", "each goal's own peer or limit, "
                       "measured in this run (see its section)",
                       [("goal", "str"), ("measured", "str"), ("target", "str"), ("", "str")],
                       rows=kept)

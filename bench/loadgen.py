@@ -392,7 +392,7 @@ WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], A
     "lockd_sql": _lockd_sql,
 }
 
-from bench.transfer import WORKLOADS as _TRANSFER_WORKLOADS  # noqa: E402 - section 8 (issue 14)
+from bench.transfer import WORKLOADS as _TRANSFER_WORKLOADS  # noqa: E402 - section 8
 
 WORKLOADS.update(_TRANSFER_WORKLOADS)
 

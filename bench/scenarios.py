@@ -1,4 +1,4 @@
-"""The seven measurements of issue 8, each returning a ``report.Section``.
+"""The seven measurements, each returning a ``report.Section``.
 
 Servers are started lazily and shared between scenarios (``Bench.server``); each scenario uses
 its own lock names. Settings come from the environment (see ``bench/__main__.py``).
@@ -142,11 +142,11 @@ def lock_cycles(bench: Bench) -> Section:
             **_lockd_server(bench, "lockd · PostgreSQL").addr(), "prefix": "bench1"}),
         "lockd · etcd": lambda: ("lockd", {**_lockd_server(bench, "lockd · etcd").addr(),
                                            "prefix": "bench1"}),
-        # Multi-lock leases (issue 14): one atomic grant of 2 or 8 locks, then one release.
+        # Multi-lock leases: one atomic grant of 2 or 8 locks, then one release.
         **{f"{label} · {n} locks/lease": (lambda label=label, n=n: ("lockd_many", {
             **_lockd_server(bench, label).addr(), "prefix": f"bench1m{n}", "locks": n}))
            for label in LOCKD_STORES for n in (2, 8)},
-        # TLS (issue 19): the handshake is paid once per keep-alive connection; the last two
+        # TLS: the handshake is paid once per keep-alive connection; the last two
         # rows open a new connection every cycle, with and without TLS, to show its price.
         "lockd · SQLite · TLS": lambda: ("lockd", _tls_spec(bench, "bench1t")),
         "lockd · SQLite · TLS, new connection each cycle": lambda: ("lockd", {
@@ -158,7 +158,7 @@ def lock_cycles(bench: Bench) -> Section:
             **bench.server("lockd-postgres-workers").addr(), "prefix": "bench1w"}),
         f"lockd · etcd · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
             **bench.server("lockd-etcd-workers").addr(), "prefix": "bench1w"}),
-        # The physical limit (issue 16): lockd's own grant + release statements sent by psycopg
+        # The physical limit: lockd's own grant + release statements sent by psycopg
         # from the generator, no HTTP and no lockd: what PostgreSQL can do for one lock cycle.
         "PostgreSQL limit: lockd's grant + release statements, psycopg": lambda: (
             "lockd_sql", {"dsn": _lockd_schema(bench.ws.database()), "prefix": "bench1s"}),

@@ -1,4 +1,4 @@
-"""Section 8 of ``make bench``: fenced transfers through the proxy (multi-lock batches, issue 14).
+"""Section 8 of ``make bench``: fenced transfers through the proxy (multi-lock batches).
 
 A *transfer* is one two-row transaction: the balances of accounts ``a`` and ``b`` (row ``a`` is
 governed by lock ``xfer/a``, row ``b`` by ``xfer/b``) set in one ``POST /v1/batch`` under ONE

@@ -1,4 +1,4 @@
-"""What one queued acquire costs lockd in memory, and where it goes (issue 16, section 7).
+"""What one queued acquire costs lockd in memory, and where it goes.
 
 ::
 

@@ -12,7 +12,7 @@ violation, and the run counts the writes frozen holders sent once thawed.
 Modules: ``workload`` (the worker process), ``nemesis`` (the fault schedule and its injector),
 ``services`` (lockd, proxy, databases as real processes), ``relay`` (the TCP relay with injected
 latency), ``db`` (the protected tables and their triggers), ``checker`` (the history checker;
-``transfers``: its twin for the ``transfer`` workload of issue 14, two-account transfers through
+``transfers``: its twin for the ``transfer`` workload, two-account transfers through
 multi-lock leases),
 ``sqldb``/``sqlwork``/``sqlcheck`` (the ``sql`` workload: plain SQL inside
 ``fenced_transaction`` on a database whose own fence triggers decide, no proxy; ``rowlocks``:

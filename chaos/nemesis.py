@@ -23,7 +23,7 @@ Fault kinds (``FAULT_KINDS``):
                 B's claim land between them; a correct one makes B's claim wait for A's COMMIT.
 ``kill_after_read`` combined: freeze A after its read; once B has claimed and read, SIGKILL B
                 (it never writes), thaw A: A's write must be refused although nothing newer
-                was written (the blind-spot history of issue 20).
+                was written (the blind-spot history).
 ``stop_proxy``  SIGSTOP the proxy while a write is in flight, past a TTL, then SIGCONT it: the
                 frozen requests proceed beside the new holders'.
 ``db_delay``    the proxy's database connection (``chaos.relay``) holds each chunk 30..250 ms
@@ -191,7 +191,7 @@ class Nemesis(threading.Thread):
         self.t0 = time.monotonic()
         super().start()
 
-    # -- plumbing ----------------------------------------------------------------------------
+    # -- Plumbing ----------------------------------------------------------------------------
 
     def _now(self) -> float:
         return time.monotonic() - self.t0
@@ -223,7 +223,7 @@ class Nemesis(threading.Thread):
         except Exception as exc:  # a failed fault or heal is reported, the run goes on
             self.errors.append(f"{getattr(fn, '__name__', fn)}{args}: {exc!r}")
 
-    # -- the loop ----------------------------------------------------------------------------
+    # -- The loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
         for fault in self.schedule:
@@ -254,7 +254,7 @@ class Nemesis(threading.Thread):
     def planned(self) -> list[dict[str, Any]]:
         return [asdict(p) for p in self.schedule]
 
-    # -- the faults --------------------------------------------------------------------------
+    # -- The faults --------------------------------------------------------------------------
 
     def _inject(self, f: Planned) -> None:
         getattr(self, "_" + f.kind)(f)

@@ -1,4 +1,4 @@
-"""The package walls of issue 12: who may import whom, read from the source with ``ast``.
+"""The package walls: who may import whom, read from the source with ``ast``.
 
 ::
 

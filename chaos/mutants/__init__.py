@@ -9,7 +9,7 @@ once, so drift in the product code fails loudly instead of silently testing noth
 the mutant is *detected* when the checker reports at least one violation. ``python -m
 chaos.mutants`` (``make mutants``) runs them all.
 
-The table (issue 20's audit, plus ``single_write_unchecked``):
+The table:
 
 ===========================  ==================================================================
 ``off_by_one``               the proxy accepts a fence one below the highest

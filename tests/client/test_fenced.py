@@ -192,7 +192,7 @@ def test_proxy_validation_errors_are_typed(api, proxy):
 
 
 def test_a_real_multi_lock_lease_fences_a_two_row_batch_end_to_end(shared_lockd, proxy):
-    """Issue 14 end to end: lockd grants a multi-lock lease, FencedSession claims both locks and
+    """lockd grants a multi-lock lease, FencedSession claims both locks and
     writes a two-row batch; after a newer single-lock holder of one row wrote, the old set's batch
     is refused as a whole (409 listing the stale lock) and neither row changes."""
     from lockd import FencedSession, LockClient, StaleTokenError

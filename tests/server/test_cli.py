@@ -64,7 +64,7 @@ def test_ready_line_redacts_the_store_password(pg_url, tmp_path, http):
 
 def test_connection_bounds_come_from_flags_and_environment(tmp_path, http):
     """``--request-timeout-ms`` / ``LOCKD_REQUEST_TIMEOUT_MS`` and ``--max-event-streams`` /
-    ``LOCKD_MAX_EVENT_STREAMS`` reach the server (issue 15); nonsense is exit 2."""
+    ``LOCKD_MAX_EVENT_STREAMS`` reach the server; nonsense is exit 2."""
     import socket
     import time
 
@@ -92,7 +92,7 @@ def test_connection_bounds_come_from_flags_and_environment(tmp_path, http):
 
 
 def test_a_bad_postgres_url_says_why_in_its_last_line(pg_admin_dsn, tmp_path):
-    """Issue 18: the final line carries the cause, not only the timeout; a bad parameter is named."""
+    """The final line carries the cause, not only the timeout; a bad parameter is named."""
     base = pg_admin_dsn.rsplit("/", 1)[0]
     cases = {
         f"{base}/no_such_db_18": 'FATAL: database "no_such_db_18" does not exist',
@@ -112,7 +112,7 @@ def test_a_bad_postgres_url_says_why_in_its_last_line(pg_admin_dsn, tmp_path):
 
 
 def test_port_in_use_is_one_line_and_exit_1_for_both_servers(tmp_path):
-    """Issue 18: before any start-up, one line naming the address; the same status for both."""
+    """Before any start-up, one line naming the address; the same status for both."""
     import socket
 
     from tests.support import VENV_BIN
@@ -137,7 +137,7 @@ def test_port_in_use_is_one_line_and_exit_1_for_both_servers(tmp_path):
 
 
 def test_lockd_sends_each_response_in_one_write(tmp_path):
-    """Issue 16: lockd's HTTP protocol writes through the coalescing transport (head and body
+    """lockd's HTTP protocol writes through the coalescing transport (head and body
     of a response leave in one ``send``), on top of the connection bounds."""
     from fastapi import FastAPI
 

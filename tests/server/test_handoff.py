@@ -1,5 +1,5 @@
 """Handoff on a store that applies operations in call order (SQLite): the head waiter's acquire
-is queued right behind the release, before the release has completed (issue 16, handoff).
+is queued right behind the release, before the release has completed.
 
 Order is observed at the store's own entry point; no timing is asserted (figures are in
 bench/notes/waiters.md).

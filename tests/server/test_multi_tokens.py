@@ -1,4 +1,4 @@
-"""Issue 14: the multi-lock token format (``locks: {name: fence}``) and how it verifies.
+"""The multi-lock token format (``locks: {name: fence}``) and how it verifies.
 
 Single-lock tokens keep their claims; a multi-lock token carries ``locks`` only; a token that
 carries both, an empty or oversized map, or a non-positive fence is refused."""

@@ -1,4 +1,4 @@
-"""``lockd serve --workers N`` (issue 16): N processes on one port, one PostgreSQL store.
+"""``lockd serve --workers N``: N processes on one port, one PostgreSQL store.
 
 Real processes, real HTTP, real PostgreSQL and etcd. Which worker a keep-alive connection landed on is
 read from ``/proc`` (the worker that holds the server side of the TCP connection), so each test

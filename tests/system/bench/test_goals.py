@@ -1,4 +1,4 @@
-"""bench/goals.py: issue 16's goal rows are read off the run's own sections and marked met or
+"""bench/goals.py: goal rows are read off the run's own sections and marked met or
 not met by the right comparison (more is better for ratios, less for latency and memory)."""
 
 from __future__ import annotations

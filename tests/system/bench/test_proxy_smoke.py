@@ -22,7 +22,7 @@ def test_bench_section_5_proxy_rows_run_and_report(tmp_path: Path, pg_admin_dsn:
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     sections = json.loads((tmp_path / "latest.json").read_text())["sections"]
-    assert [s["key"] for s in sections] == ["G", "5"]  # issue 16's goals table comes first
+    assert [s["key"] for s in sections] == ["G", "5"]  # the goals table comes first
     section = sections[1]
     goals = {row[0]: row for row in sections[0]["rows"]}
     assert goals["§5 through the proxy (PUT, fenced) vs direct fenced, 2 clients"][2] == "≥ 0.6×"

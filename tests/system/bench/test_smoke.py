@@ -30,7 +30,7 @@ def test_bench_section_1_on_sqlite_runs_and_reports(tmp_path: Path) -> None:
     sections = {s["key"]: s for s in doc["sections"]}
     section = sections["1"]
     if "etcd lock API (baseline)" in {r[0] for r in section["rows"]}:
-        # issue 16's goals table comes first, read off this run's section 1
+        # the goals table comes first, read off this run's section 1
         assert doc["sections"][0]["key"] == "G"
         [goal] = [r for r in sections["G"]["rows"] if "lockd · SQLite" in r[0]]
         assert goal[2] == "≥ 3×" and goal[3] in ("met", "NOT met")

@@ -172,7 +172,7 @@ def test_logs_load_with_a_torn_last_line(tmp_path):
         "fence": 1, "read": 0, "wrote": 1, "up": 100.0}
 
 
-# -- issue 20: stale commits, commit order by the database, lease exclusivity, blind writes ------
+# -- Stale commits, commit order by the database, lease exclusivity, blind writes ------
 
 def ev(kind: str, op_id: str, up: float, worker: str = "w1", **fields) -> dict:
     return {"ev": kind, "op": op_id, "w": worker, "i": 0, "up": up, **fields}

@@ -83,7 +83,7 @@ TRANSFER_S = 30
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_transfers_through_multi_lock_leases_are_conserved_under_faults(store, chaos_pg, tmp_path):
-    """The ``transfer`` workload (issue 14): two-account transfers through multi-lock leases
+    """The ``transfer`` workload: two-account transfers through multi-lock leases
     and fenced batches, and blind multi-lock batches, under the nemesis: money conserved, each
     transfer once and whole, no lower fence after a higher one on any account lock, leases
     exclusive per lock."""

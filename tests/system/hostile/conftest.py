@@ -1,4 +1,4 @@
-"""Fixtures of the hostile-client suite (issue 15): the lockd and proxy fixtures of their own
+"""Fixtures of the hostile-client suite: the lockd and proxy fixtures of their own
 suites, re-exported so these tests run against the same real processes."""
 
 from __future__ import annotations

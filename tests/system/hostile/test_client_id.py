@@ -1,4 +1,4 @@
-"""Issue 15 item 1, the client side: the ``client_id`` the library makes for each acquire call
+"""The client side: the ``client_id`` the library makes for each acquire call
 holds 128 random bits in the form lockd accepts, and lockd accepts it on the wire."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15 item 7: a client that disconnects in the middle of its request body costs lockd one
+"""A client that disconnects in the middle of its request body costs lockd one
 DEBUG line, never an ERROR with a traceback (any client could otherwise flood the logs)."""
 
 from __future__ import annotations

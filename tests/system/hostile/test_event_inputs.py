@@ -1,4 +1,4 @@
-"""Issue 15 item 4, lockd's side: a ``Last-Event-ID`` that is not a plain decimal event id (``²``
+"""lockd's side: a ``Last-Event-ID`` that is not a plain decimal event id (``²``
 passes ``str.isdigit()``) is a 422 problem, never a 500; an empty one is no id at all."""
 
 from __future__ import annotations

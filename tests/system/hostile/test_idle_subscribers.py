@@ -1,4 +1,4 @@
-"""Issue 15 item 3, event streams: 300 subscribers that never read cannot slow lockd down.
+"""Event streams: 300 subscribers that never read cannot slow lockd down.
 
 Measured, not asserted (printed in the test output): lockd's CPU per acquire+release with no
 subscriber, then with 300 event streams whose clients never read a byte. Asserted: the stream

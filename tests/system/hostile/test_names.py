@@ -1,4 +1,4 @@
-"""Issue 15 item 6: lock names with an empty, ``.`` or ``..`` segment are invalid everywhere, so a
+"""Lock names with an empty, ``.`` or ``..`` segment are invalid everywhere, so a
 name means the same lock on every path: 422 at lockd (raw socket: no client rewrote the path),
 422 at the proxy's fence routes, and refused by the client library before any request."""
 

@@ -1,4 +1,4 @@
-"""Issue 15 item 3 at the proxy: the same connection bounds as lockd (``resource-proxy serve
+"""At the proxy: the same connection bounds as lockd (``resource-proxy serve
 --request-timeout-ms --max-connections``): half-open connections are closed once the request
 timeout passes, and connections beyond the cap are answered 503 ``overloaded`` with
 ``Retry-After``; the one cut in the middle of its body costs no ERROR traceback (an empty

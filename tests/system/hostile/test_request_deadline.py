@@ -1,6 +1,6 @@
 """The request deadline (``--request-timeout-ms``) bounds how long a request takes to ARRIVE,
 not how long it takes to answer: a waiting acquire outlives it; a pipelined half-sent request
-behind a complete one does not (issue 15 item 3)."""
+behind a complete one does not."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15 item 3, time and number of connections: a slowloris flood does not take lockd down.
+"""Time and number of connections: a slowloris flood does not take lockd down.
 
 lockd runs under a low descriptor limit (``prlimit --nofile``) as in the review that found the
 problem. Three waves of 200 half-open connections (a third idle, a third with half their headers,

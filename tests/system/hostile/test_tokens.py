@@ -1,4 +1,4 @@
-"""Issue 15 item 5: only the canonical base64url form of a token verifies (RFC 7515: no ``=``
+"""Only the canonical base64url form of a token verifies (RFC 7515: no ``=``
 padding, no ``+`` or ``/``, no non-zero trailing bits in any segment); every other spelling of
 the same bytes is 401 ``invalid_token`` at the proxy and changes no fence."""
 

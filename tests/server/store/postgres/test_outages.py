@@ -185,7 +185,7 @@ def _wal_syncs(dsn: str) -> int:
 
 
 def test_release_commits_without_waiting_for_its_flush_and_a_crash_keeps_fences(throwaway_pg):
-    """Issue 16: a release's commit does not wait for its WAL flush (with the NOTIFY, a synchronous
+    """A release's commit does not wait for its WAL flush (with the NOTIFY, a synchronous
     release held PostgreSQL's notify queue lock across an fsync: releases serialized on the disk).
     Safe, because every later grant commits synchronously and so flushes the release before it is
     acknowledged: a crash can lose a release only together with every grant that followed it.

@@ -339,7 +339,7 @@ def test_url_forms_and_pool_parameters():
 
 def test_default_pool_serves_32_concurrent_calls_without_queueing(pg_url, pg_dsn):
     """32 clients need 32 connections: with the old default of 10, calls queued in the pool
-    (issue 16: measured as the limit at 32 clients). The pool grows to what the load needs."""
+    (measured as the limit at 32 clients). The pool grows to what the load needs."""
 
     async def main():
         async with opened(pg_url) as store:

@@ -1,4 +1,4 @@
-"""Two ``lockd serve`` processes on one PostgreSQL database (must-show 2 of issue 2).
+"""Two ``lockd serve`` processes on one PostgreSQL database.
 
 Real processes, real HTTP, real PostgreSQL. 20 client threads race for one lock through both
 servers, each waiting in its server's queue; every holder checks in the database itself that the

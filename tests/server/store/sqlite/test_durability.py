@@ -1,4 +1,4 @@
-"""SQLite store durability per batch (issue 16): a commit that grants or renews is fsynced
+"""SQLite store durability per batch: a commit that grants or renews is fsynced
 (``synchronous=FULL``) before anyone hears of it; a batch of nothing but releases and reads
 commits without an fsync of its own (``NORMAL``), made durable by the next fsynced commit.
 
