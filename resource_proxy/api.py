@@ -275,8 +275,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            error: ProxyError = NotFound("no such route; GET /openapi.json describes the API "
-                                         "(the proxy has no /docs page)")
+            error: ProxyError = NotFound("no such route; /docs (or GET /openapi.json) "
+                                         "describes the API")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"{request.method} is not allowed here")
         else:
