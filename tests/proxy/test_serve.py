@@ -64,7 +64,9 @@ def test_bad_configuration_refuses_to_start(tmp_path):
     port = free_port()
 
     neither = _run(*proxy_argv(url, port))
-    assert neither.returncode == 2 and "lockd_url" in neither.stderr
+    assert neither.returncode == 2 and neither.stderr == (
+        "resource-proxy: settings: give exactly one of lockd_url (--lockd-url) or jwks_file "
+        "(--jwks-file)\n")  # the validator's words, without pydantic's "Value error, "
     bad_url = _run(*proxy_argv("mysql://x/y", port, "--jwks-file", jwks))
     assert bad_url.returncode == 2 and "database_url" in bad_url.stderr
 
