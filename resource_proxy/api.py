@@ -37,6 +37,7 @@ from resource_proxy.errors import (
     NotFound,
     PayloadTooLarge,
     ProxyError,
+    StaleToken,
     StoreUnavailable,
 )
 from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
@@ -257,6 +258,8 @@ async def metrics(request: Request) -> Response:
 
 def _problem(request: Request, error: ProxyError) -> Response:
     record(request, call_of(request), error.status, error)
+    if isinstance(error, StaleToken):  # an operator's first question: who was fenced off?
+        log.info("refused stale %s %s: %s", request.method, request.url.path, error.detail)
     headers = {"Retry-After": "1"} if isinstance(error, (StoreUnavailable, LockdUnreachable)) else None
     return error_response(error, headers)
 
