@@ -442,7 +442,7 @@ def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> Lock
         exc.detail += ("; a longer --wait may get it" if getattr(args, "wait", 0) > 0 else
                        "; to wait for it, pass --wait (e.g. --wait 30s)")
     elif isinstance(exc, TransportError):
-        cause = exc.detail.split(": ", 1)[-1]  # drop the "GET /v1/..." prefix
+        cause = exc.reason or exc.detail
         exc.detail = (f"cannot reach lockd at {url} ({cause}); is it running? Point lockctl "
                       "elsewhere with --url or LOCKD_URL")
     elif isinstance(exc, PermissionDenied) and exc.status == 401:
