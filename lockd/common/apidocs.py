@@ -39,7 +39,9 @@ def install_docs(app: FastAPI, *, title: str) -> None:
             openapi_url=f"{root}/openapi.json", title=f"{title} - API",
             swagger_js_url=f"{root}/docs/swagger-ui-bundle.js",
             swagger_css_url=f"{root}/docs/swagger-ui.css",
-            swagger_favicon_url=f"{root}/docs/favicon.png")
+            swagger_favicon_url=f"{root}/docs/favicon.png",
+            # no badge from validator.swagger.io: the page asks nothing of other hosts
+            swagger_ui_parameters={"validatorUrl": None})
 
     def asset(name: str, media_type: str) -> Route:
         path = ASSETS / name
