@@ -71,18 +71,18 @@ WORKERS_PROMISE = (
 )
 
 
-PAGES = ("Once running, lockd serves at http://HOST:PORT: / the status page (locks, holders, "
+_PAGES = ("Once running, lockd serves at http://HOST:PORT: / the status page (locks, holders, "
          "live events), /docs the API (Swagger UI, works offline), /openapi.json, /metrics "
          "(Prometheus), /healthz.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockd", description="A lease-and-fence lock service.",
-                                     epilog=PAGES)
+                                     epilog=_PAGES)
     parser.add_argument("--version", action="version", version=f"lockd {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the HTTP server",
-                                description="Run the lockd HTTP server.", epilog=PAGES)
+                                description="Run the lockd HTTP server.", epilog=_PAGES)
     serve.add_argument("--store", help="store URL (env LOCKD_STORE; default sqlite:///./lockd.db)")
     serve.add_argument("--host", help="address to listen on (env LOCKD_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="TCP port (env LOCKD_PORT; default 7070)")
