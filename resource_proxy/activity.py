@@ -25,7 +25,7 @@ from starlette.routing import Route
 from lockd.common.middleware import START
 from resource_proxy.errors import ProxyError, StaleToken
 from resource_proxy.metrics import OUTCOMES, WRITE_CALLS, ProxyMetrics
-from resource_proxy.status_page import STATUS_PAGE
+from resource_proxy.status_page import render as render_status_page
 
 __all__ = ["Activity", "activity_routes", "call_of", "record"]
 
@@ -123,7 +123,8 @@ def record(request: Request, call: str, status: int, error: ProxyError | None = 
 
 
 async def _status_page(request: Request) -> Response:
-    return HTMLResponse(STATUS_PAGE, headers={"Cache-Control": "no-cache"})
+    page = render_status_page(request.app.state.settings.lockd_url)
+    return HTMLResponse(page, headers={"Cache-Control": "no-cache"})
 
 
 async def _activity(request: Request) -> Response:

@@ -37,6 +37,7 @@ from resource_proxy.errors import (
     NotFound,
     PayloadTooLarge,
     ProxyError,
+    StaleToken,
     StoreUnavailable,
 )
 from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
@@ -257,6 +258,8 @@ async def metrics(request: Request) -> Response:
 
 def _problem(request: Request, error: ProxyError) -> Response:
     record(request, call_of(request), error.status, error)
+    if isinstance(error, StaleToken):  # an operator's first question: who was fenced off?
+        log.info("refused stale %s %s: %s", request.method, request.url.path, error.detail)
     headers = {"Retry-After": "1"} if isinstance(error, (StoreUnavailable, LockdUnreachable)) else None
     return error_response(error, headers)
 
@@ -275,8 +278,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            error: ProxyError = NotFound("no such route; GET /openapi.json describes the API "
-                                         "(the proxy has no /docs page)")
+            error: ProxyError = NotFound("no such route; /docs (or GET /openapi.json) "
+                                         "describes the API")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"{request.method} is not allowed here")
         else:

@@ -18,6 +18,7 @@ import httpx
 from fastapi import FastAPI
 
 from lockd.common.access import AccessFile
+from lockd.common.apidocs import install_docs
 from lockd.common.keys import KeySet, load_keys
 from lockd.common.middleware import RequestMiddleware
 from lockd.common.tls import CertRoles
@@ -43,9 +44,9 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
 
     Besides the API: ``/`` (status page), ``/v1/activity``, ``/metrics`` (prometheus-client),
-    ``/openapi.json`` (``openapi``), and ``lockd.common.middleware.RequestMiddleware`` outermost (API keys
+    ``/openapi.json`` (``openapi``), ``/docs`` (Swagger UI, ``lockd.common.apidocs``), and ``lockd.common.middleware.RequestMiddleware`` outermost (API keys
     from ``settings.api_keys``/``api_keys_file``; ``/``, ``/healthz``, ``/metrics`` and
-    ``/openapi.json`` stay open; request ids; header bound).
+    ``/openapi.json``, ``/docs`` stay open; request ids; header bound).
 
     ``policy``/``binding``: already loaded and prepared (the CLI does that before it starts the
     server, to fail with one clear line); by default the policy is read here and the database
@@ -99,6 +100,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     app.router.routes.extend(routes)
     app.router.routes.extend(activity_routes)
     install_problem_handlers(app)
+    install_docs(app, title="resource-proxy")
     app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
     keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
     subjects = list(settings.cert_clients)

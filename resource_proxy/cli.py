@@ -29,6 +29,7 @@ import sys
 from functools import partial
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,7 +37,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from lockd.common.access import AccessFileError
 from lockd.common.logs import configure_logging
 from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
-from lockd.common.serving.listen import ListenError, bind_listener
+from lockd.common.serving.listen import ListenError, bind_listener, listen_failure
 from lockd.common.serving.server import Server, uvicorn_config
 from lockd.common.serving.workers import default_workers, listening_sockets, run_workers
 from lockd.tokens import Verifier
@@ -69,6 +70,17 @@ def _usable_keys(path: Path) -> frozenset[str]:
 
 _DESCRIPTION = ("The fencing proxy: writes to the tables it serves must carry a lockd fencing "
                 "token whose fence is not older than the last one seen for that lock.")
+_PAGES = ("Once running, the proxy serves at http://HOST:PORT: / the status page (highest "
+          "fences, rejected stale writes, a link to lockd's page), /docs the API (Swagger UI, "
+          "works offline), /openapi.json, /metrics (Prometheus), /healthz.")
+
+
+def _problem_text(error: Any) -> str:
+    """A settings error's message as we wrote it: a validator's ``ValueError`` text without the
+    "Value error, " pydantic puts in front of it; pydantic's own messages as they are."""
+    if error.get("type") == "value_error" and "error" in error.get("ctx", {}):
+        return str(error["ctx"]["error"])
+    return str(error["msg"])
 
 
 def _version() -> str:
@@ -81,11 +93,13 @@ def _version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="resource-proxy", description=_DESCRIPTION,
-                                     epilog="Flags override PROXY_* environment variables.")
+                                     epilog="Flags override PROXY_* environment variables. "
+                                            + _PAGES)
     parser.add_argument("--version", action="version", version=f"resource-proxy {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the proxy",
-                                description="Run the fencing proxy's HTTP server.")
+                                description="Run the fencing proxy's HTTP server.",
+                                epilog=_PAGES)
     serve.add_argument("--database-url", help="sqlite:///PATH or postgresql://… (env "
                        "PROXY_DATABASE_URL; default sqlite:///./resource.db)")
     source = serve.add_mutually_exclusive_group()
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         for error in exc.errors():
             where = ".".join(str(p) for p in error["loc"]) or "settings"
-            print(f"resource-proxy: {where}: {error['msg']}", file=sys.stderr)
+            print(f"resource-proxy: {where}: {_problem_text(error)}", file=sys.stderr)
         return 2
     tls_files = tls_files_problem(settings)
     if tls_files:
@@ -165,8 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             sockets = listening_sockets(settings.host, settings.port, workers)
     except OSError as exc:
         reason = str(exc) if isinstance(exc, ListenError) else (
-            f"cannot listen on {settings.host}:{settings.port}: "
-            f"{(exc.strerror or str(exc)).lower()}")
+            listen_failure(settings.host, settings.port, exc))
         log.error("resource-proxy cannot start: %s", reason)
         return 1
     try:
@@ -207,7 +220,8 @@ def _serve(app, settings: Settings, sock: socket.socket) -> int:
     clean stop, 1 if it did not start."""
     config = uvicorn_config(app, settings, name="resource-proxy", logger=log,
                             log_level=settings.log_level.lower())
-    server = Server(config, logger=log, ready=partial(_ready_line, app, settings))
+    server = Server(config, logger=log, name="resource-proxy",
+                    ready=partial(_ready_line, app, settings))
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when the lifespan fails
         server.run(sockets=[sock])
     return 0 if server.started else 1

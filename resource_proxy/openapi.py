@@ -13,12 +13,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from lockd.common.apidocs import DOCS_PATHS
 from lockd.common.problems import PROBLEM_JSON
 from resource_proxy.tables import Catalog, Column, Kind, Table
 
 __all__ = ["build_openapi", "OPEN_PATHS"]
 
-OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/openapi.json"})
+OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/openapi.json", *DOCS_PATHS})
 _PROBLEM = {
     "type": "object",
     "required": ["type", "title", "status", "detail", "code"],

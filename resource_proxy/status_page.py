@@ -5,15 +5,26 @@ lock and the latest rejected fenced calls (stale tokens with presented and highe
 once, from ``GET /v1/tables``, the lock template that governs each table, with every table the
 policy declares unfenced marked UNFENCED (written without a token). When
 the proxy answers 401 the page asks for an API key (kept in the tab's ``sessionStorage``).
+The header links to ``/docs``, ``/metrics`` and, with ``--lockd-url``, lockd's status page.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from lockd.common.page import status_page
 
-__all__ = ["STATUS_PAGE"]
+__all__ = ["STATUS_PAGE", "render"]
 
-STATUS_PAGE = status_page(
+
+@lru_cache(maxsize=4)
+def render(lockd_url: str | None) -> str:
+    """The page, linking to lockd's status page at ``lockd_url`` (none when ``None``)."""
+    links = [("lockd status", lockd_url.rstrip("/") + "/")] if lockd_url else []
+    return status_page(**_PARTS, links=links)
+
+
+_PARTS = dict(
     title="resource-proxy status", who="proxy", storage_key="proxy-key",
     columns="minmax(0, 2fr) minmax(0, 3fr)",
     css="""
@@ -70,3 +81,6 @@ poll(); bindings();
 setInterval(poll, 1000);
 """,
 )
+
+
+STATUS_PAGE = render(None)

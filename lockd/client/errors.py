@@ -219,9 +219,19 @@ class ServiceUnavailable(LockClientError):
 
 
 class TransportError(ServiceUnavailable):
-    """No usable HTTP answer at all: connection refused or reset, timeout, DNS failure."""
+    """No usable HTTP answer at all: connection refused or reset, timeout, DNS failure.
+
+    ``url``: the server's base URL (``scheme://host:port``) when known; ``reason``: the
+    transport's own words (e.g. ``ConnectError: [Errno 111] Connection refused``).
+    """
 
     default_code = "transport_error"
+
+    def __init__(self, detail: str, *, url: str | None = None, reason: str | None = None,
+                 **kw: Any):
+        super().__init__(detail, **kw)
+        self.url = url
+        self.reason = reason
 
 
 class OutcomeUnknown(LockClientError):
@@ -366,16 +376,37 @@ def error_from_response(response: httpx.Response) -> LockClientError:
 def translate_transport_errors(what: str) -> Iterator[None]:
     """Re-raise ``httpx`` errors raised inside the block as ``TransportError``/``ProtocolError``.
 
-    ``what`` names the call for the message (e.g. ``"POST /v1/locks/x/renew"``).
+    ``what`` names the call for the message (e.g. ``"POST /v1/locks/x/renew"``). A refused or
+    failed connection names the server's URL and asks whether it is running there::
+
+        GET /v1/locks/x: cannot reach http://127.0.0.1:7070 (ConnectError: [Errno 111]
+        Connection refused); is the server running there, and is that the right URL?
     """
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise TransportError(f"{what}: timed out ({type(exc).__name__})") from exc
+        url = _base_url(exc)
+        raise TransportError(f"{what}: timed out ({type(exc).__name__})", url=url,
+                             reason=type(exc).__name__) from exc
     except httpx.LocalProtocolError as exc:
         raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except httpx.ConnectError as exc:
+        url, reason = _base_url(exc), f"{type(exc).__name__}: {exc}"
+        raise TransportError(
+            f"{what}: cannot reach {url or 'the server'} ({reason}); is the server running "
+            "there, and is that the right URL?", url=url, reason=reason) from exc
     except httpx.TransportError as exc:
         # Includes RemoteProtocolError (the server went away mid-answer): transient.
-        raise TransportError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        reason = f"{type(exc).__name__}: {exc}"
+        raise TransportError(f"{what}: {reason}", url=_base_url(exc), reason=reason) from exc
     except (httpx.DecodingError, httpx.TooManyRedirects) as exc:
         raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+
+def _base_url(exc: httpx.RequestError) -> str | None:
+    """``scheme://host[:port]`` of the request that failed (``None`` if httpx did not say)."""
+    try:
+        url = exc.request.url
+    except RuntimeError:  # raised outside a request
+        return None
+    return f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}"

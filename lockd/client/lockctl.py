@@ -298,6 +298,8 @@ def _status_text(s: LockStatus) -> str:
 def _holders_text(s: LockStatus) -> str:
     owners = s.waiting_owners or ()
     holder = f"held by {s.owner!r} (fence {s.fence})" if s.held else "free"
+    if not owners:
+        return f"{s.lock}: {holder}; nobody waiting at this lockd"
     lines = [f"{s.lock}: {holder}; {len(owners)} waiting at this lockd, head first:"]
     lines += [f"  {i}. {owner!r}" if owner else f"  {i}. (no owner)"
               for i, owner in enumerate(owners, 1)]
@@ -407,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd != "run" and command:
         parser.error(f"{args.cmd} takes no command after --")
     if args.cmd in ("renew", "release"):
-        args.lease_id = _lease_id(parser, args.lease_id)
+        args.lease_id = _lease_id(args.lease_id)
     url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
     if not url.lower().startswith(("http://", "https://")):
         where = "--url" if getattr(args, "url", None) else "LOCKD_URL"
@@ -430,14 +432,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         with client:
             return _dispatch(client, args, command, out)
     except LockClientError as exc:
-        out.error(_explained(exc, url))
+        out.error(_explained(exc, url, args))
         return _exit_code(exc)
 
 
-def _explained(exc: LockClientError, url: str) -> LockClientError:
+def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> LockClientError:
     """``exc`` with a detail that says what to do, for the errors a newcomer meets first."""
-    if isinstance(exc, TransportError):
-        cause = exc.detail.split(": ", 1)[-1]  # drop the "GET /v1/..." prefix
+    if isinstance(exc, LockNotAcquired) and args.cmd in ("acquire", "run"):
+        exc.detail += ("; a longer --wait may get it" if getattr(args, "wait", 0) > 0 else
+                       "; to wait for it, pass --wait (e.g. --wait 30s)")
+    elif isinstance(exc, TransportError):
+        cause = exc.reason or exc.detail
         exc.detail = (f"cannot reach lockd at {url} ({cause}); is it running? Point lockctl "
                       "elsewhere with --url or LOCKD_URL")
     elif isinstance(exc, PermissionDenied) and exc.status == 401:
@@ -447,20 +452,23 @@ def _explained(exc: LockClientError, url: str) -> LockClientError:
     return exc
 
 
-def _lease_id(parser: argparse.ArgumentParser, given: str | None) -> str:
+def _lease_id(given: str | None) -> str:
     """The lease id of renew/release: the argument, ``-`` (first line of stdin) or, left out,
-    ``$LOCKD_LEASE_ID``; a usage error (exit 2) if none is there."""
+    ``$LOCKD_LEASE_ID``; if none is there, one line saying which and exit 2 (no usage dump:
+    the arguments were fine, the id was missing)."""
     if given == "-":
         value = sys.stdin.readline().strip()
-        source = "standard input"
+        missing = "standard input is empty"
     elif given is None:
-        value = os.environ.get("LOCKD_LEASE_ID", "").strip()
-        source = "LOCKD_LEASE_ID"
+        raw = os.environ.get("LOCKD_LEASE_ID")
+        value = (raw or "").strip()
+        missing = "LOCKD_LEASE_ID is unset" if raw is None else "LOCKD_LEASE_ID is empty"
     else:
-        value, source = given.strip(), "LEASE_ID"
+        value, missing = given.strip(), "LEASE_ID is empty"
     if not value:
-        parser.error(f"no lease id: {source} is empty (pass LEASE_ID, '-' to read it from "
-                     "stdin, or set LOCKD_LEASE_ID)")
+        print(f"lockctl: no lease id: {missing} (pass LEASE_ID, '-' to read it from stdin, or "
+              f"set LOCKD_LEASE_ID to the lease_id `lockctl acquire` printed)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
     return value
 
 

@@ -13,6 +13,7 @@
     options.py      the command-line options both servers take alike (bounds, TLS)
     names.py        the lock-name rule (alphabet, length, no empty/./.. segment)
     page.py         the shell of both status pages
+    apidocs.py      /docs: Swagger UI from packaged files (no CDN), open without a key
 
 ``lockd.tokens`` (sign, verify, JWKS) sits beside this package for the same reason. The client
 (``lockd.client``) may use ``names`` and ``tls`` too.

@@ -6,7 +6,9 @@ and ``exc`` (a traceback). ``format="text"``: the classic one-line format with `
 when there is one. Either way the FINAL line passes through ``redact``, which replaces compact
 JWS tokens, ``Bearer`` credentials and lease-id-shaped words (32 URL-safe base64 characters with
 upper- and lower-case letters) by ``[redacted]``. ``REQUEST_ID`` holds the id of the request
-being served (set by ``lockd.common.middleware.RequestMiddleware``).
+being served (set by ``lockd.common.middleware.RequestMiddleware``). Third-party request
+loggers (``QUIET``: httpx's one INFO line per request, e.g. the proxy fetching lockd's keys) log
+from WARNING up unless the level is ``debug``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import sys
 import time
 from typing import Any, Literal
 
-__all__ = ["REQUEST_ID", "configure_logging", "redact"]
+__all__ = ["QUIET", "REQUEST_ID", "configure_logging", "redact"]
+
+QUIET = ("httpx", "httpcore")
+"""Loggers kept to WARNING at any level but debug: their INFO lines are per request."""
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 """The id of the request being served (``None`` outside a request)."""
@@ -88,3 +93,6 @@ def configure_logging(level: str = "info", fmt: Literal["text", "json"] = "text"
         formatter = _TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     handler.setFormatter(formatter)
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    quiet = logging.NOTSET if level.lower() == "debug" else logging.WARNING
+    for name in QUIET:
+        logging.getLogger(name).setLevel(quiet)

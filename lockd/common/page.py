@@ -7,9 +7,15 @@ A page is plain HTML with inline JavaScript and no build step. ``status_page`` w
 - ``key`` (the API key, kept in the tab's ``sessionStorage`` under ``storage_key`` only),
   ``headers()`` (``Authorization: Bearer`` when a key is set) and ``askKey()``;
 - the key form, which stores the key and calls the page's own ``onKey()``.
+
+The header links to the server's ``/docs`` (Swagger UI) and ``/metrics``, and to any other page
+the server names (``links``: the proxy links to its lockd's status page).
 """
 
 from __future__ import annotations
+
+import html
+from collections.abc import Sequence
 
 __all__ = ["status_page"]
 
@@ -22,6 +28,9 @@ _BASE_CSS = """
   header { display: flex; align-items: baseline; gap: 16px; padding: 14px 24px;
            background: #fff; border-bottom: 1px solid var(--line); }
   header h1 { margin: 0; font-size: 18px; }
+  header nav { margin-left: auto; display: flex; gap: 14px; font-size: 13px; }
+  header nav a { color: var(--accent); text-decoration: none; }
+  header nav a:hover { text-decoration: underline; }
   #conn { color: var(--muted); font-size: 13px; }
   #conn.live::before { content: "\\25CF\\00a0"; color: var(--ok); }
   #conn.down::before { content: "\\25CF\\00a0"; color: var(--bad); }
@@ -58,14 +67,17 @@ $("auth").addEventListener("submit", (e) => {
 
 
 def status_page(*, title: str, who: str, storage_key: str, columns: str, css: str, main: str,
-                script: str) -> str:
+                script: str, links: Sequence[tuple[str, str]] = ()) -> str:
     """One complete HTML page.
 
     ``title``: the ``<title>`` and the header; ``who``: named in the key prompt ("This lockd needs
     an API key"); ``storage_key``: the ``sessionStorage`` slot of the key; ``columns``: the CSS
     grid columns of ``<main>``; ``css``, ``main``, ``script``: the page's own style, markup inside
-    ``<main>`` and script (which must define ``onKey()``).
+    ``<main>`` and script (which must define ``onKey()``); ``links``: (text, URL) pairs shown
+    after the page's own ``/docs`` and ``/metrics`` links.
     """
+    nav = "".join(f'<a href="{html.escape(href)}">{html.escape(text)}</a>'
+                  for text, href in [("API docs", "/docs"), ("Metrics", "/metrics"), *links])
     base_css = _BASE_CSS % {"columns": columns}
     base_js = _BASE_JS % {"storage_key": '"' + storage_key + '"'}
     return f"""<!doctype html>
@@ -78,7 +90,7 @@ def status_page(*, title: str, who: str, storage_key: str, columns: str, css: st
 </head>
 <body>
 <header><h1>{title}</h1><span id="conn" class="down">connecting</span>
-<span id="summary" style="color: var(--muted)"></span></header>
+<span id="summary" style="color: var(--muted)"></span><nav id="links">{nav}</nav></header>
 <form id="auth"><label>This {who} needs an API key:
   <input id="key" type="password" autocomplete="off"></label> <button>Use key</button></form>
 <main>

@@ -10,6 +10,11 @@ fence, HTTP result), the final table, and exits 0 only if every scene ended as i
     python -m lockd.demo --lockd-url URL --proxy-url URL # against running services (compose)
     python -m lockd.demo --init-only --database-url URL  # just create the table, then exit
     python -m lockd.demo --tls                           # the same three scenes over mTLS
+    python -m lockd.demo --scene 3                       # only scene 3 (the revived holder)
+
+Before scene 1 it says in two lines what a fence is; after the last scene, one takeaway line
+names the write the proxy refused, its fence and the fence that beat it. Each holder's first
+renewal is printed and the rest counted (``--verbose``: every renewal).
 
 ``--tls`` makes a throwaway CA, a server and a client certificate in the temporary directory
 (``lockd.demo.certs``); lockd and the proxy then serve https only and require client
@@ -35,7 +40,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -52,13 +57,43 @@ from lockd.demo.timeline import Timeline, format_event, format_header, format_ta
 
 __all__ = ["main", "play"]
 
+INTRO = (
+    "A fence is a number lockd hands out with every grant of a lock, one higher each time.",
+    "The proxy refuses a write whose fence is below the highest it has seen for that lock: "
+    "a holder whose lease lapsed cannot overwrite the next holder's work.",
+)
+"""The two lines printed before scene 1."""
+
+_DESCRIPTION = """\
+The revived-holder demo (make demo): three scenes with real worker processes show what a
+fencing token protects against. By default it starts lockd and the fencing proxy itself on
+free ports, with SQLite files in a temporary directory, and prints a timeline (seconds since
+start, worker, fence, HTTP result, event) of each scene, the final table and a one-line
+takeaway. Exit status: 0 every scene passed, 1 a scene failed, 2 the services or the table
+could not be set up, 130 interrupted.
+
+scenes:
+  1  happy path: A renews past its TTL, writes and releases; B, waiting, acquires at once
+  2  crash: A is killed (SIGKILL) while holding; B takes over when A's lease lapses
+  3  revived holder: A is frozen (SIGSTOP) past its lease, B acquires and writes, A wakes
+     (SIGCONT) and its write with the old fence is refused (409 stale_token)
+
+examples:
+  python -m lockd.demo                                 everything embedded (SQLite)
+  python -m lockd.demo --scene 3                       only the revived holder
+  python -m lockd.demo --store URL --database-url URL  the same, on PostgreSQL
+  python -m lockd.demo --lockd-url URL --proxy-url URL against running services
+  python -m lockd.demo --init-only --database-url URL  just create the table, then exit
+  python -m lockd.demo --tls                           the same scenes over mTLS
+"""
+
 
 class SetupError(RuntimeError):
     """The services or the table are not usable; nothing was played."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m lockd.demo", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m lockd.demo", description=_DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lockd-url", help="use this running lockd (with --proxy-url)")
     p.add_argument("--proxy-url", help="use this running resource-proxy (with --lockd-url)")
@@ -74,6 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "made for this run")
     p.add_argument("--ttl", type=float, default=1.0,
                    help="lease TTL of every worker, seconds (default 1.0; 0.3 .. 10)")
+    p.add_argument("--scene", type=int, action="append", choices=range(1, len(SCENES) + 1),
+                   metavar="N", help="play only scene N (1, 2 or 3; repeat for more; "
+                                     "default: all three, in order)")
+    p.add_argument("--verbose", action="store_true",
+                   help="print every renewal (default: each holder's first, then a count)")
     p.add_argument("--json-report", metavar="FILE",
                    help="also write the outcome as JSON: scenes, checks, facts, events, rows")
     args = p.parse_args(argv)
@@ -87,6 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--init-only needs --database-url")
     if not 0.3 <= args.ttl <= 10:
         p.error("--ttl must be between 0.3 and 10 seconds")
+    args.scenes = sorted(set(args.scene or range(1, len(SCENES) + 1)))
     return args
 
 
@@ -139,25 +180,33 @@ def play(args: argparse.Namespace, report: dict[str, Any], out: TextIO = sys.std
         _print(out, f"lockd demo, run {run}: {endpoints.description}")
         _print(out, f"every worker is its own process; lease TTL {args.ttl:g}s, "
                     f"renewed every {args.ttl / 3:.2f}s; table {TABLE}")
+        _print(out)
+        for line in INTRO:
+            _print(out, line)
         director = Director(endpoints.lockd_url, endpoints.proxy_url, run=run, ttl=args.ttl,
                             timeline=timeline, children=children, tls=tls)
-        results: list[SceneResult] = []
-        for number, scene in enumerate(SCENES, 1):
+        results: list[tuple[int, SceneResult]] = []
+        for number in args.scenes:
             started = timeline.now()
-            result = scene(director)
-            results.append(result)
+            result = SCENES[number - 1](director)
+            results.append((number, result))
             report["scenes"].append(result.to_json())
-            _print_scene(out, number, result, timeline, timeline.now() - started)
+            _print_scene(out, number, result, timeline, timeline.now() - started,
+                         verbose=args.verbose)
         rows = director.rows()
         report["rows"] = rows
         _print(out, f"\nFinal table {TABLE} (this run's rows, read through the proxy):")
         _print(out, format_table(rows or [], COLUMNS))
-        report["ok"] = rows is not None and len(results) == len(SCENES) and all(
-            r.ok for r in results)
+        report["ok"] = rows is not None and len(results) == len(args.scenes) and all(
+            r.ok for _, r in results)
         verdict = "PASSED" if report["ok"] else "FAILED"
         _print(out, f"\n{verdict}: " + ", ".join(
-            f"scene {i} {'ok' if r.ok else 'FAILED'}" for i, r in enumerate(results, 1))
+            f"scene {i} {'ok' if r.ok else 'FAILED'}" for i, r in results)
             + f" in {timeline.now():.1f}s")
+        line = takeaway([r for _, r in results])
+        if line:
+            report["takeaway"] = line
+            _print(out, line)
         return report["ok"]
     except SetupError as exc:
         report["error"] = str(exc)
@@ -179,13 +228,38 @@ def play(args: argparse.Namespace, report: dict[str, Any], out: TextIO = sys.std
                 signal.signal(sig, handler)
 
 
+def takeaway(results: list[SceneResult]) -> str | None:
+    """The last line: the write the proxy refused, its fence and the fence that beat it (from
+    the revived-holder scene's facts); ``None`` when that scene did not run or saw no refusal."""
+    for result in results:
+        stale = result.facts.get("stale") if result.scene == "revived" else None
+        if stale and stale.get("code") == "stale_token":
+            return (f"Takeaway: A woke up and sent write step {stale.get('step')} with fence "
+                    f"{stale.get('presented')}, but B had already written with fence "
+                    f"{stale.get('highest')}; the proxy refused it (409 stale_token), so the "
+                    "lapsed holder's late write left no trace.")
+    return None
+
+
 def _print_scene(out: TextIO, number: int, result: SceneResult, timeline: Timeline,
-                 took: float) -> None:
+                 took: float, *, verbose: bool = False) -> None:
     _print(out, f"\nScene {number}. {result.title}")
     _print(out, format_header())
+    renewals: dict[str, int] = {}
     for event in timeline.events(result.scene):
-        if event.event != "started":
-            _print(out, format_event(event))
+        if event.event == "started":
+            continue
+        if event.event == "renewed" and not verbose:
+            renewals[event.worker] = renewals.get(event.worker, 0) + 1
+            if renewals[event.worker] > 1:
+                continue
+            event = replace(event, detail=f"{event.detail or 'renewed'}; later renewals "
+                                          "counted below")
+        _print(out, format_event(event))
+    if renewals:
+        _print(out, "  (renewals: " + ", ".join(
+            f"{worker} {count}" for worker, count in renewals.items())
+            + "; --verbose prints each)")
     for check in result.checks:
         mark = "ok  " if check.ok else "FAIL"
         _print(out, f"  {mark} {check.name}" + (f": {check.detail}" if check.detail else ""))

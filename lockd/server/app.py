@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from lockd.common.apidocs import install_docs
 from lockd.server.api import (
     HotPathMiddleware,
     create_router,
@@ -114,11 +115,14 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         version="1",
         lifespan=lifespan,
         generate_unique_id_function=operation_id,
+        docs_url=None,  # install_docs: Swagger UI from packaged files, not a CDN
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.events = events
     install_error_handlers(app)
+    install_docs(app, title="lockd")
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
     # outermost middleware: keys, request ids; the hot path gets the same in front of it

@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from lockd import __version__
 from lockd.common.logs import configure_logging
 from lockd.common.options import add_bound_arguments, add_tls_arguments, tls_files_problem
-from lockd.common.serving.listen import ListenError, bind_listener
+from lockd.common.serving.listen import ListenError, bind_listener, listen_failure
 from lockd.common.serving.server import Server
 from lockd.common.serving.server import uvicorn_config as _uvicorn_config
 from lockd.common.serving.workers import listening_sockets, run_workers
@@ -73,12 +73,18 @@ WORKERS_PROMISE = (
 )
 
 
+_PAGES = ("Once running, lockd serves at http://HOST:PORT: / the status page (locks, holders, "
+         "live events), /docs the API (Swagger UI, works offline), /openapi.json, /metrics "
+         "(Prometheus), /healthz.")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lockd", description="A lease-and-fence lock service.")
+    parser = argparse.ArgumentParser(prog="lockd", description="A lease-and-fence lock service.",
+                                     epilog=_PAGES)
     parser.add_argument("--version", action="version", version=f"lockd {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="run the HTTP server",
-                                description="Run the lockd HTTP server.")
+                                description="Run the lockd HTTP server.", epilog=_PAGES)
     serve.add_argument("--store", help="store URL (env LOCKD_STORE; default sqlite:///./lockd.db)")
     serve.add_argument("--host", help="address to listen on (env LOCKD_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="TCP port (env LOCKD_PORT; default 7070)")
@@ -158,9 +164,7 @@ def _serve_workers(settings: Settings) -> int:
     try:
         sockets = listening_sockets(settings.host, settings.port, settings.workers)
     except OSError as exc:
-        shown = f"[{settings.host}]" if ":" in settings.host else settings.host
-        log.error("lockd cannot start: cannot listen on %s:%d: %s", shown, settings.port,
-                  (exc.strerror or str(exc)).lower())
+        log.error("lockd cannot start: %s", listen_failure(settings.host, settings.port, exc))
         return 1
     try:
         keyring = KeyRing.load_or_create(settings.key_dir)  # once: workers do not race for it
@@ -205,7 +209,7 @@ async def serve(settings: Settings, listener: socket.socket | None = None,
         except (OSError, ValueError) as exc:  # e.g. an unreadable API key file
             log.error("lockd cannot start: %s", exc)
             return 1
-        server = Server(uvicorn_config(app, settings), logger=log,
+        server = Server(uvicorn_config(app, settings), logger=log, name="lockd",
                         ready=partial(_ready_line, settings), on_stop=partial(_on_stop, app))
         await server.serve(sockets=[listener])
         return 0 if server.started else 1
@@ -227,7 +231,6 @@ def _on_stop(app: FastAPI, signal_name: str) -> None:
     held up by clients waiting minutes) and end the open event streams."""
     service = getattr(app.state, "service", None)
     if service is not None:
-        log.info("lockd stopping (signal %s)", signal_name)
         service.shutdown()
     events = getattr(app.state, "events", None)
     if events is not None:

@@ -21,11 +21,11 @@ the store has expired it too). Tracking ends with:
   than 1.5 s left → the lease was renewed at another replica, which tracks it now; less → etcd
   has not reaped it yet (it checks about every 500 ms): look again later.
 
-So an expiry is counted once, by the replica that granted or last renewed the lease, and only
-for a lease that really lapsed. Known limits: a lease whose client alternates between replicas
-with a TTL under 1.5 s may be counted by two of them; a release at another replica in the last
-0.25 s before the deadline counts as an expiry; a lease granted here by a lockd that then
-crashes is counted by nobody.
+So an expiry is counted (and logged: one INFO line naming lock, fence, owner and TTL) once, by
+the replica that granted or last renewed the lease, and only for a lease that really lapsed.
+Known limits: a lease whose client alternates between replicas with a TTL under 1.5 s may be
+counted by two of them; a release at another replica in the last 0.25 s before the deadline
+counts as an expiry; a lease granted here by a lockd that then crashes is counted by nobody.
 
 Clock skew: every ``skew_interval_s`` the store's ``clock_offset()`` sets
 ``lockd_store_clock_skew_seconds`` (SQLite: 0 by definition).
@@ -126,6 +126,8 @@ class ObservedStore:
             del self._live[lock]
         if outcome == "expired":
             self.metrics.expirations.inc()
+            log.info("lease expired: lock %r, fence %d, owner %r (TTL %d ms, not renewed in time)",
+                     lock, tracked.fence, tracked.owner, tracked.ttl_ms)
             end = min(now, tracked.deadline)
         else:
             end = now

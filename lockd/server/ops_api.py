@@ -23,7 +23,7 @@ event stream, the state of a lock whose name ends in ``/events`` cannot be read 
 
 Access (``lockd.common.middleware.RequestMiddleware``): with ``api_keys`` set, every call but ``/``,
 ``/healthz``, ``/metrics``, ``/v1/keys`` (public keys: proxies fetch them), ``/openapi.json`` and
-``/docs`` needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
+``/docs`` (with its assets) needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
 ``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
 Force-release needs an admin key: none sent or a wrong one is 401, a client key is 403
 ``forbidden``, and with no admin key configured it is disabled (403). With mTLS,
@@ -48,6 +48,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import ASGIApp
 
+from lockd.common.apidocs import DOCS_PATHS
 from lockd.common.keys import KeySet, bearer_key, load_keys
 from lockd.common.middleware import IDENTITY, REQUEST_ID_KEY, ROLE, RequestMiddleware
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
@@ -67,7 +68,7 @@ from lockd.server.status_page import STATUS_PAGE
 
 __all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_request_middleware"]
 
-OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", "/docs"})
+OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", *DOCS_PATHS})
 HISTORY_MAX = 256
 AUDIT_LIMIT_MAX = 1000
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

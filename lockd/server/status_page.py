@@ -6,6 +6,8 @@ SSE stream ``GET /v1/events?history=50``: an ``EventSource`` when lockd needs no
 it answers 401, the page asks for a key (kept in the tab's ``sessionStorage`` only) and reads
 the same stream with ``fetch`` so it can send ``Authorization: Bearer``. An event updates its
 row at once, before the next full re-read. The page itself holds no data and needs no key.
+The header links to ``/docs`` and ``/metrics``; not to a proxy: one lockd serves any number of
+proxies and is told of none (each proxy's page links back to its lockd).
 """
 
 from __future__ import annotations

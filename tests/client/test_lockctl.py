@@ -203,7 +203,12 @@ def test_lease_id_from_the_environment_or_stdin_not_the_command_line(shared_lock
     no_id = {k: v for k, v in os.environ.items() if k != "LOCKD_LEASE_ID"}
     r = subprocess.run([LOCKCTL, "--url", url, "release", name], capture_output=True, text=True,
                        timeout=30, env=no_id)
-    assert r.returncode == EXIT_USAGE and "LOCKD_LEASE_ID" in r.stderr
+    assert r.returncode == EXIT_USAGE and r.stderr.startswith(
+        "lockctl: no lease id: LOCKD_LEASE_ID is unset (pass LEASE_ID"), r.stderr
+    assert "usage:" not in r.stderr and len(r.stderr.splitlines()) == 1
+    r = subprocess.run([LOCKCTL, "--url", url, "release", name], capture_output=True, text=True,
+                       timeout=30, env={**no_id, "LOCKD_LEASE_ID": ""})
+    assert r.returncode == EXIT_USAGE and "LOCKD_LEASE_ID is empty" in r.stderr, r.stderr
     r = subprocess.run([LOCKCTL, "--url", url, "release", name, "-"], capture_output=True,
                        text=True, timeout=30, input="", env=no_id)
     assert r.returncode == EXIT_USAGE and "stdin" in r.stderr
@@ -211,12 +216,22 @@ def test_lease_id_from_the_environment_or_stdin_not_the_command_line(shared_lock
 
 def test_holders_lists_the_holder_and_the_waiters_owners_in_queue_order(shared_lockd, name):
     """Issue 18: GET /v1/locks/{name} names the waiters (this lockd's, head first); so does
-    ``lockctl holders``."""
+    ``lockctl holders`` (and says "nobody waiting" when nobody is). A failed acquire says what
+    to do about it."""
     import threading
 
     url = shared_lockd.url
+    assert lockctl(url, "holders", name).stdout == f"{name}: free; nobody waiting at this lockd\n"
     with LockClient(url) as client:
         lease = client.acquire(name, ttl=30, owner="holder-a")
+        assert lockctl(url, "holders", name).stdout == (
+            f"{name}: held by 'holder-a' (fence {lease.fence}); nobody waiting at this lockd\n")
+        r = lockctl(url, "acquire", name, "--ttl", "5s")  # a failed acquire says what to do
+        assert r.returncode == EXIT_NOT_ACQUIRED
+        assert r.stderr.strip().endswith("not acquired within 0 s; to wait for it, pass --wait "
+                                         "(e.g. --wait 30s)"), r.stderr
+        r = lockctl(url, "acquire", name, "--ttl", "5s", "--wait", "100ms")
+        assert r.stderr.strip().endswith("; a longer --wait may get it"), r.stderr
         waiting = []
         def wait_then_release(owner: str) -> None:
             client.release(client.acquire(name, ttl=5, wait=20, owner=owner))

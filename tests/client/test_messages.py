@@ -109,6 +109,24 @@ def test_stopped_lockd_names_the_url_and_how_to_point_elsewhere():
         " is it running? Point lockctl elsewhere with --url or LOCKD_URL"]
 
 
+def test_the_clients_connection_error_names_the_url_and_asks_if_the_server_runs():
+    from lockd import FencedSession
+    from lockd.client.errors import TransportError
+
+    url = f"http://127.0.0.1:{free_port()}"
+    with LockClient(url) as client, pytest.raises(TransportError) as caught:
+        client.status("x")
+    assert str(caught.value) == (
+        f"GET /v1/locks/x: cannot reach {url} (ConnectError: [Errno 111] Connection refused); "
+        "is the server running there, and is that the right URL?")
+    assert caught.value.url == url and caught.value.reason.startswith("ConnectError: ")
+    with FencedSession(url, retries=0) as db, pytest.raises(TransportError) as caught:
+        db.lock_for("accounts", 7)
+    assert str(caught.value) == (
+        f"GET /v1/tables/accounts/lock?key=7: cannot reach {url} (ConnectError: [Errno 111] "
+        "Connection refused); is the server running there, and is that the right URL?")
+
+
 def test_url_without_a_scheme_is_a_usage_error():
     r = lockctl("status", "x", env={"LOCKD_URL": "127.0.0.1:7070"})
     assert r.returncode == EXIT_USAGE

@@ -64,7 +64,9 @@ def test_bad_configuration_refuses_to_start(tmp_path):
     port = free_port()
 
     neither = _run(*proxy_argv(url, port))
-    assert neither.returncode == 2 and "lockd_url" in neither.stderr
+    assert neither.returncode == 2 and neither.stderr == (
+        "resource-proxy: settings: give exactly one of lockd_url (--lockd-url) or jwks_file "
+        "(--jwks-file)\n")  # the validator's words, without pydantic's "Value error, "
     bad_url = _run(*proxy_argv("mysql://x/y", port, "--jwks-file", jwks))
     assert bad_url.returncode == 2 and "database_url" in bad_url.stderr
 
@@ -131,6 +133,8 @@ def test_a_table_created_after_start_is_404_saying_how_to_serve_it(tmp_path, sta
         "it after creating one) and must be in --tables / PROXY_TABLES if that is set; "
         "GET /v1/tables lists them")
     assert db.query("SELECT count(*) FROM late") == [(0,)]
-    docs = assert_problem(httpx.get(f"{url}/docs"), 404, "not_found")  # no /docs on the proxy
-    assert docs["detail"] == ("no such route; GET /openapi.json describes the API (the proxy has "
-                              "no /docs page)")
+    nowhere = assert_problem(httpx.get(f"{url}/nowhere"), 404, "not_found")
+    assert nowhere["detail"] == "no such route; /docs (or GET /openapi.json) describes the API"
+    docs = httpx.get(f"{url}/docs")  # Swagger UI, its assets from the proxy itself
+    assert docs.status_code == 200 and "/docs/swagger-ui-bundle.js" in docs.text
+    assert "cdn" not in docs.text.lower()

@@ -133,7 +133,8 @@ def test_port_in_use_is_one_line_and_exit_1_for_both_servers(tmp_path):
             name = "lockd" if argv[0] == LOCKD else "resource-proxy"
             assert proc.returncode == 1, lines
             assert len(lines) == 1 and lines[0].endswith(
-                f"{name} cannot start: cannot listen on 127.0.0.1:{port}: address already in use"), lines
+                f"{name} cannot start: cannot listen on 127.0.0.1:{port}: address already in use (is "
+                "another server running on it? choose another port with --port)"), lines
 
 
 def test_lockd_sends_each_response_in_one_write(tmp_path):
@@ -146,3 +147,16 @@ def test_lockd_sends_each_response_in_one_write(tmp_path):
 
     config = uvicorn_config(FastAPI(), Settings(store=f"sqlite:///{tmp_path}/c.db"))
     assert config.http.__name__.startswith("Coalescing")
+
+
+def test_help_names_the_status_page_docs_and_metrics():
+    from tests.support import VENV_BIN
+
+    for argv in ([LOCKD, "--help"], [LOCKD, "serve", "--help"],
+                 [str(VENV_BIN / "resource-proxy"), "--help"],
+                 [str(VENV_BIN / "resource-proxy"), "serve", "--help"]):
+        shown = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        text = " ".join(shown.stdout.split())
+        assert "/ the status page" in text and "/docs the API (Swagger UI, works offline)" in text
+        assert "/metrics (Prometheus)" in text, argv

@@ -7,14 +7,26 @@ first gives one line naming the address and the same exit status (1, "cannot sta
 
 from __future__ import annotations
 
+import errno
 import socket
 
-__all__ = ["ListenError", "bind_listener"]
+__all__ = ["ListenError", "bind_listener", "listen_failure"]
 
 
 class ListenError(OSError):
     """The address cannot be bound (in use, not local, no permission); the message is one line
-    naming it, e.g. ``cannot listen on 127.0.0.1:7070: address already in use``."""
+    naming it, e.g. ``cannot listen on 127.0.0.1:7070: address already in use (is another
+    server running on it? choose another port with --port)``."""
+
+
+def listen_failure(host: str, port: int, exc: OSError) -> str:
+    """The one line for ``exc``, raised binding ``host:port``: the address, the reason, and for
+    a port in use what to do about it."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    reason = (exc.strerror or str(exc)).lower()
+    if exc.errno == errno.EADDRINUSE:
+        reason += " (is another server running on it? choose another port with --port)"
+    return f"cannot listen on {shown}: {reason}"
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -32,7 +44,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        reason = (exc.strerror or str(exc)).lower()
-        raise ListenError(f"cannot listen on {shown}: {reason}") from None
+        raise ListenError(listen_failure(host, port, exc)) from None
     sock.set_inheritable(True)
     return sock

@@ -3,7 +3,8 @@
 ``uvicorn_config`` gives uvicorn the servers' HTTP protocol, built from the inside out:
 uvicorn's httptools protocol with the connection bounds (``connections``), the ASGI TLS
 extension when TLS is on (``tls_protocol``), and one ``send`` per response (``coalesce``).
-``Server`` is uvicorn's server with a ready line once the socket listens and a clean stop:
+``Server`` is uvicorn's server with a ready line once the socket listens, a "stopping" line at the
+first stop signal, and a clean stop:
 uvicorn re-raises a caught SIGTERM after its graceful shutdown (the process would then die *by*
 the signal); ``Server`` returns instead, so the ``serve`` commands exit 0. Each command passes
 what differs (its logger, its ready line, what to do first on a stop signal) as arguments.
@@ -79,14 +80,16 @@ class Server(uvicorn.Server):
     ``ready(port)``: the line logged (INFO, to ``logger``) once the socket listens; it runs after
     the app's start-up, so it may describe what the start-up found. ``on_stop(signal_name)``:
     run on the event loop at the first stop signal, before the graceful shutdown waits for the
-    requests in flight (lockd answers its queued acquires there).
+    requests in flight (lockd answers its queued acquires there), after the line
+    ``{name} stopping (signal SIGTERM)`` (INFO) is logged.
     """
 
-    def __init__(self, config: uvicorn.Config, *, logger: logging.Logger,
+    def __init__(self, config: uvicorn.Config, *, logger: logging.Logger, name: str,
                  ready: Callable[[int], str],
                  on_stop: Callable[[str], None] | None = None) -> None:
         super().__init__(config)
         self._log = logger
+        self._name = name
         self._ready = ready
         self._on_stop = on_stop
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,5 +114,10 @@ class Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         first = not self.should_exit
         super().handle_exit(sig, frame)
-        if first and self._on_stop is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._on_stop, signal.Signals(sig).name)
+        if first and self._loop is not None:  # not in the signal handler: on the loop
+            self._loop.call_soon_threadsafe(self._stopping, signal.Signals(sig).name)
+
+    def _stopping(self, signal_name: str) -> None:
+        self._log.info("%s stopping (signal %s)", self._name, signal_name)
+        if self._on_stop is not None:
+            self._on_stop(signal_name)

@@ -10,7 +10,10 @@ import time
 
 import pytest
 
+from lockd.demo.__main__ import INTRO, _print_scene
+from lockd.demo.scenes import SceneResult
 from lockd.demo.table import create_table
+from lockd.demo.timeline import Event, Timeline
 from tests.support import (
     VENV_BIN,
     ServiceProcess,
@@ -29,6 +32,22 @@ def test_embedded_demo_tells_the_whole_story(tmp_path):
     assert run.report["mode"] == "embedded"
     # the printed timeline names the outcome the data asserts
     assert "409 stale_token" in run.stdout and "PASSED" in run.stdout
+    lines = run.stdout.splitlines()
+    scene1 = lines.index(next(line for line in lines if line.startswith("Scene 1. ")))
+    assert lines[scene1 - 3:scene1 - 1] == list(INTRO)  # what a fence is, before scene 1
+    revived = next(s for s in run.report["scenes"] if s["scene"] == "revived")["facts"]
+    stale = revived["stale"]
+    assert lines[-1] == run.report["takeaway"] == (
+        f"Takeaway: A woke up and sent write step {stale['step']} with fence "
+        f"{stale['presented']}, but B had already written with fence {stale['highest']}; the "
+        "proxy refused it (409 stale_token), so the lapsed holder's late write left no trace.")
+    assert (stale["presented"], stale["highest"]) == (revived["fences"]["A"],
+                                                     revived["fences"]["B"])
+    # renewals: each holder's first per scene is printed, the rest counted
+    renewed = [line for line in lines if "renewed (ttl" in line]
+    happy = next(s for s in run.report["scenes"] if s["scene"] == "happy")["facts"]
+    assert happy["renewals"]["A"] >= 2 and len(renewed) <= 6, renewed
+    assert sum(line.startswith("  (renewals: ") for line in lines) == 3
     assert marked_processes(run.marker) == []
     assert list(run.scratch.iterdir()) == [], "the temporary directory must be removed"
 
@@ -143,3 +162,39 @@ def test_init_only_creates_the_table_idempotently(tmp_path):
     finally:
         engine.dispose()
     assert columns == ["id", "run", "scene", "worker", "fence", "step"]
+
+
+def test_scene_3_alone(tmp_path):
+    run = run_demo(["--scene", "3"], tmp_path)
+    assert run.returncode == 0, run.output()
+    assert [s["scene"] for s in run.report["scenes"]] == ["revived"]
+    assert run.report["ok"] is True
+    assert "Scene 3. Revived holder" in run.stdout and "Scene 1." not in run.stdout
+    assert "Scene 2." not in run.stdout
+    assert "PASSED: scene 3 ok" in run.stdout
+    assert run.stdout.splitlines()[-1].startswith("Takeaway: A woke up and sent write step 2")
+    assert marked_processes(run.marker) == []
+
+
+def test_help_is_plain_text():
+    shown = subprocess.run([str(VENV_BIN / "python"), "-m", "lockd.demo", "--help"],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "``" not in shown.stdout and "::" not in shown.stdout
+    assert "--scene N" in shown.stdout and "--verbose" in shown.stdout
+    assert "3  revived holder" in shown.stdout
+
+
+def test_renewals_are_printed_once_per_holder_unless_verbose():
+    import io
+
+    timeline = Timeline(origin=0.0)
+    for i, worker in enumerate(["A", "A", "B", "A", "B"]):
+        timeline.add(Event(0.1 * i, worker, "renewed", 1, "200", "renewed (ttl 1s)", "happy"))
+    result = SceneResult("happy", "title")
+    quiet, loud = io.StringIO(), io.StringIO()
+    _print_scene(quiet, 1, result, timeline, 1.0)
+    _print_scene(loud, 1, result, timeline, 1.0, verbose=True)
+    assert quiet.getvalue().count("renewed (ttl 1s); later renewals counted below") == 2
+    assert "  (renewals: A 3, B 2; --verbose prints each)" in quiet.getvalue().splitlines()
+    assert loud.getvalue().count("renewed (ttl 1s)") == 5 and "(renewals:" not in loud.getvalue()

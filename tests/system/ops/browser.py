@@ -3,7 +3,10 @@ test dependencies. ``Browser.start(tmp)`` runs Debian's ``chromium`` with a fres
 free debugging port; ``browser.page()`` opens a tab to ``navigate``, ``evaluate`` JavaScript in,
 ``wait_for`` a condition and ``screenshot``. ``Browser.start(tmp, trust=[cert_file])`` makes
 Chromium accept https servers presenting exactly those certificates' keys (by SPKI hash,
-``--ignore-certificate-errors-spki-list``; every other certificate error still fails)."""
+``--ignore-certificate-errors-spki-list``; every other certificate error still fails).
+``Browser.start(tmp, offline=True)`` resolves no host name but ``127.0.0.1``/``localhost``: a
+page that needs the internet (a CDN) fails to load what it asks for, as on a machine with no
+network."""
 
 from __future__ import annotations
 
@@ -100,12 +103,15 @@ class Browser:
 
     @classmethod
     def start(cls, tmp: Path, width: int = 1280, height: int = 800,
-              trust: list[Path] = ()) -> Browser:
+              trust: list[Path] = (), offline: bool = False) -> Browser:
         binary = chromium_path()
         assert binary is not None
         port = free_port()
         pins = [f"--ignore-certificate-errors-spki-list={','.join(map(spki_hash, trust))}"] \
             if trust else []
+        if offline:
+            pins.append("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1, "
+                        "EXCLUDE localhost")
         proc = subprocess.Popen(
             [binary, "--headless", "--no-sandbox", "--disable-gpu", *pins,
              "--disable-background-networking", "--no-first-run", "--disable-extensions",
