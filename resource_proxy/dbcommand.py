@@ -98,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         engine.dispose()
-    for line in report.lines():
+    lines = report.lines()
+    if args.action == "uninstall":  # what it removed, then the count
+        lines = [*report.changed, *lines]
+    for line in lines:
         print(line)
     return 0 if args.action != "check" or report.ok else 1
