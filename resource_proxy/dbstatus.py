@@ -23,7 +23,7 @@ import resource_proxy.dbfence.sql as sql
 from resource_proxy.dbfence.plan import DbFencingError, Protected, plan
 from resource_proxy.policy import Policy
 
-__all__ = ["DbFencingRequired", "unprotected", "describe"]
+__all__ = ["DbFencingRequired", "unprotected", "describe", "listed"]
 
 
 class DbFencingRequired(ValueError):
@@ -84,6 +84,14 @@ def unprotected(engine: sa.Engine, policy: Policy, tables: Sequence[str] | None,
     return out
 
 
+def listed(missing: dict[str, str]) -> str:
+    """``a, b (why); c (why)``: the unprotected tables grouped by reason."""
+    grouped: dict[str, list[str]] = {}
+    for table, why in missing.items():
+        grouped.setdefault(why, []).append(table)
+    return "; ".join(f"{', '.join(tables)} ({why})" for why, tables in grouped.items())
+
+
 def describe(fenced: Sequence[str], missing: dict[str, str]) -> str:
     """The start-up line: which fenced tables the database protects too, and which not."""
     covered = [t for t in fenced if t not in missing]
@@ -91,7 +99,6 @@ def describe(fenced: Sequence[str], missing: dict[str, str]) -> str:
     if covered:
         parts.append(f"protected in the database too: {', '.join(covered)}")
     if missing:
-        listed = "; ".join(f"{t} ({why})" for t, why in missing.items())
         parts.append(f"NOT protected in the database (only writes through the proxy are "
-                     f"fenced; resource-proxy db install): {listed}")
+                     f"fenced; resource-proxy db install): {listed(missing)}")
     return "database-side fencing: " + ("; ".join(parts) if parts else "no fenced table")

@@ -143,7 +143,8 @@ def create_fence_table(engine: sa.Engine) -> None:
         if conn.exec_driver_sql(f"SELECT to_regclass('{_LEGACY}')").scalar() is not None:
             _merge_legacy(conn)
     if changed:
-        log.info("fence core in schema fencing: %s", "; ".join(changed))
+        log.info("fence table and claim functions (schema fencing): %d object(s) created or "
+                 "updated", len(changed))
 
 
 def _merge_legacy(conn: sa.Connection) -> None:

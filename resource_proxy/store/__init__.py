@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from resource_proxy.dbfence.keys import refusal
-from resource_proxy.dbstatus import DbFencingRequired, describe, unprotected
+from resource_proxy.dbstatus import DbFencingRequired, describe, listed, unprotected
 from resource_proxy.fencing import SQLITE_TABLE, create_fence_table
 from resource_proxy.idempotency import SQLITE_TABLE as IDEMPOTENCY_TABLE
 from resource_proxy.policy import Binding, Policy, PolicyError
@@ -60,11 +60,11 @@ def prepare(url: str, tables: Sequence[str] | None, policy: Policy, *,
     """
     engine = engine_for(url)
     try:
-        create_fence_table(engine)
         if engine.dialect.name == "sqlite":
             if require_db_fencing:
                 raise DbFencingRequired("--require-db-fencing: database-side fencing needs "
                                         "PostgreSQL")
+            create_fence_table(engine)
             exclude = {SQLITE_TABLE, IDEMPOTENCY_TABLE}
             return policy.bind(reflect(engine, tables, exclude), sqlite=True)
         derived = derived_tables(engine)
@@ -75,15 +75,14 @@ def prepare(url: str, tables: Sequence[str] | None, policy: Policy, *,
         catalog = reflect(engine, tables, ())
         _refuse_keys(catalog, policy)
         binding = policy.bind(catalog)
+        create_fence_table(engine)  # refused configurations leave the database untouched
         fenced = [name for name in catalog if not binding[name].unfenced]
         missing = unprotected(engine, policy, tables, fenced)
+        if require_db_fencing and missing:
+            raise DbFencingRequired("--require-db-fencing: not protected in the database: "
+                                    f"{listed(missing)} (resource-proxy db install)")
         if announce:
             log.info("%s", describe(fenced, missing))
-        if require_db_fencing and missing:
-            raise DbFencingRequired(
-                "--require-db-fencing: not protected in the database: "
-                + "; ".join(f"{t} ({why})" for t, why in missing.items())
-                + " (resource-proxy db install)")
         return binding
     finally:
         engine.dispose()
