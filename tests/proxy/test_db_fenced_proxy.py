@@ -186,7 +186,7 @@ def test_partitions_and_inheritance_children_are_served_through_their_root(
     ring = KeyRing.generate()
     url, _ = start_proxy(pg_dsn, "--jwks-file", str(write_jwks(tmp_path, ring)))
     with httpx.Client(base_url=url) as c:
-        served = {t["name"] for t in c.get("/v1/tables").json()["tables"]}
+        served = {t["table"] for t in c.get("/v1/tables").json()["items"]}
         assert served == {"meas", "parent"}, served
         assert c.put("/v1/tables/meas/rows/5", json={"v": "x"},
                      headers={"Fencing-Token": ring.sign("meas", 1)}).status_code == 200
