@@ -69,7 +69,10 @@ __all__ = ["PostgresStore", "libpq_dsn", "translate"]
 
 log = logging.getLogger("resource_proxy.store")
 
-_CONFLICT = {"23505", "23503", "23P01"}  # unique, foreign key, exclusion
+# unique, foreign key, exclusion; and a row of another lock refused by the database's fence
+# trigger (``dbfence``: a cascade or a trigger of the user's reached a row this write did not
+# claim): retrying cannot help, the message names the lock the write would need
+_CONFLICT = {"23505", "23503", "23P01", "LF002"}
 # A value the column's type cannot take (a cast or operator that does not exist for it), or a
 # generated column given a value: the client's input, not the database's health.
 _REFUSED = {"42804", "42846", "42883", "42P18", "428C9"}

@@ -231,3 +231,24 @@ def test_fences_of_an_older_proxy_are_kept(pg_dsn, tmp_path, start_proxy):
         ("items", 9), ("new", 4), ("other", 2)]
     assert "its 3 fence(s) were merged into fencing.fences" in proc.log()
     assert _sql(pg_dsn, "SELECT to_regclass('resource_proxy.fences')") == [(None,)]
+
+
+def test_a_cascade_into_rows_of_another_lock_is_a_conflict_naming_it(pg_dsn, tmp_path,
+                                                                      start_proxy):
+    _sql(pg_dsn, "CREATE TABLE acct (id int PRIMARY KEY);"
+                 "CREATE TABLE line (id int PRIMARY KEY, acct int REFERENCES acct ON DELETE CASCADE)")
+    policy = tmp_path / "p.yaml"
+    policy.write_text('tables:\n  acct: "acct/{key}"\n  line: "line/{key}"\n')
+    _install(pg_dsn, "--policy", str(policy))
+    ring = KeyRing.generate()
+    url, _ = start_proxy(pg_dsn, "--jwks-file", str(write_jwks(tmp_path, ring)),
+                         "--policy", str(policy))
+    with httpx.Client(base_url=url) as c:
+        assert c.put("/v1/tables/acct/rows/1", json={},
+                     headers={"Fencing-Token": ring.sign("acct/1", 1)}).status_code == 200
+        assert c.put("/v1/tables/line/rows/10", json={"acct": 1},
+                     headers={"Fencing-Token": ring.sign("line/10", 1)}).status_code == 200
+        refused = assert_problem(c.delete("/v1/tables/acct/rows/1", headers={
+            "Fencing-Token": ring.sign("acct/1", 1)}), 409, "conflict")
+    assert 'lock "line/10"' in refused["detail"], refused
+    assert _sql(pg_dsn, "SELECT count(*) FROM line") == [(1,)], "nothing was deleted"
