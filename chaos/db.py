@@ -124,13 +124,14 @@ CREATE TRIGGER chaos_log_mark AFTER INSERT OR DELETE ON marks FOR EACH ROW
     EXECUTE FUNCTION chaos_log_mark();
 """
 _PG_FENCES = """
-CREATE OR REPLACE FUNCTION chaos_log_fence() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION chaos_log_fence() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = public AS $$  -- fencing.try_claim runs with its own search_path
 BEGIN
     INSERT INTO history (kind, op, fence) VALUES ('fence', NEW.lock, NEW.highest);
     RETURN NULL;
 END $$;
-DROP TRIGGER IF EXISTS chaos_log_fence ON resource_proxy.fences;
-CREATE TRIGGER chaos_log_fence AFTER INSERT OR UPDATE ON resource_proxy.fences FOR EACH ROW
+DROP TRIGGER IF EXISTS chaos_log_fence ON fencing.fences;
+CREATE TRIGGER chaos_log_fence AFTER INSERT OR UPDATE ON fencing.fences FOR EACH ROW
     EXECUTE FUNCTION chaos_log_fence();
 """
 

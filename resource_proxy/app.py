@@ -1,8 +1,9 @@
 """The app factory: ``create_app(settings)`` builds one proxy with no module-level state.
 
 The policy file is read at once (a bad policy fails here, before any socket is opened). At
-startup the lifespan prepares the database (fence table, reflection; a missing allow-listed
-table or an unreachable database fails the start), opens the store, and loads the key set:
+startup the lifespan prepares the database (fence table, reflection, whether the database's fence
+triggers protect the tables too; a missing allow-listed table or an unreachable database fails
+the start), opens the store, and loads the key set:
 a ``--jwks-file`` must yield at least one key; lockd may still be starting, so with
 ``--lockd-url`` an empty set is fetched again on the first token.
 """
@@ -13,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 import httpx
 from fastapi import FastAPI
@@ -39,7 +41,8 @@ log = logging.getLogger("resource_proxy")
 
 
 def create_app(settings: Settings, *, policy: Policy | None = None,
-               binding: Binding | None = None, access: AccessFile | None = None) -> FastAPI:
+               binding: Binding | None = None, access: AccessFile | None = None,
+               announce: bool = True) -> FastAPI:
     """A FastAPI app serving ``settings``; raises ``PolicyError`` for a bad policy file,
     ``OSError``/``ValueError`` for an unreadable API key file or a key under 8 characters.
 
@@ -52,6 +55,8 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     server, to fail with one clear line); by default the policy is read here and the database
     prepared at startup. ``access``: the identities of ``settings.access_file``, already
     read (by default read here: ``AccessFileError``, a ``ValueError``, for a bad file).
+    ``announce``: log whether the database protects the fenced tables too (the CLI's workers
+    leave it to the parent, which said it once).
     """
     if policy is None:
         policy = load_policy(settings.policy)
@@ -62,7 +67,9 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         bound = binding
         if bound is None:
-            bound = await asyncio.to_thread(prepare, settings.database_url, settings.tables, policy)
+            bound = await asyncio.to_thread(
+                partial(prepare, settings.database_url, settings.tables, policy,
+                        require_db_fencing=settings.require_db_fencing, announce=announce))
         tables = bound.catalog
         store = open_store(settings, tables)
         await store.open()

@@ -4,9 +4,13 @@ Its help text is plain (``_DESCRIPTION``); this docstring is for readers of the 
 
 Exit status: 0 after a clean stop (SIGTERM/SIGINT), 2 for bad configuration (flags, a policy
 file that is malformed or does not bind every row to exactly one lock, found before or after
-reflecting the tables, unusable TLS files: see ``lockd.common.tls.check_server_files``), 1 if the
-start failed (database unreachable, an allow-listed table missing, no usable key in
+reflecting the tables; a partition or inheritance child named in ``--tables`` or the policy; a
+template key of a type the database cannot bind; ``--require-db-fencing`` with a fenced table
+the database does not protect; unusable TLS files: see ``lockd.common.tls.check_server_files``),
+1 if the start failed (database unreachable, an allow-listed table missing, no usable key in
 ``--jwks-file``): one line says why.
+
+``resource-proxy db install|check|uninstall``: ``dbcommand``.
 
 ``--workers N`` (``lockd.common.serving.workers``): N processes serve the one port. The proxy
 keeps no state between requests that the database does not hold (fence rows, Idempotency-Key
@@ -41,8 +45,10 @@ from lockd.common.serving.listen import ListenError, bind_listener, listen_failu
 from lockd.common.serving.server import Server, uvicorn_config
 from lockd.common.serving.workers import default_workers, listening_sockets, run_workers
 from lockd.tokens import Verifier
+from resource_proxy import dbcommand
 from resource_proxy.access import load_table_access
 from resource_proxy.app import create_app
+from resource_proxy.dbstatus import DbFencingRequired
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
 from resource_proxy.settings import Settings
@@ -113,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
                        "(env PROXY_POLICY; default: table T is written under lock T)")
     serve.add_argument("--access-file", help="YAML identities (clients with tables:, admins) "
                        "scoping which tables each may write (env PROXY_ACCESS_FILE)")
+    serve.add_argument("--require-db-fencing", action="store_true", default=None,
+                       help="refuse to start unless the database's fence triggers protect every "
+                       "fenced table too (resource-proxy db install; env PROXY_REQUIRE_DB_FENCING)")
     serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
     serve.add_argument("--workers", type=int, help="worker processes serving the port (env "
@@ -128,11 +137,14 @@ def _parser() -> argparse.ArgumentParser:
                                         "(env PROXY_LOCKD_CA)")
     tls.add_argument("--lockd-cert", help="client certificate for lockd (env PROXY_LOCKD_CERT)")
     tls.add_argument("--lockd-key", help="its private key (env PROXY_LOCKD_KEY)")
+    dbcommand.add_parser(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "db":
+        return dbcommand.run(args)
     given = {
         name: value
         for name, value in vars(args).items()
@@ -188,8 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"resource-proxy: {exc}", file=sys.stderr)
         return 2
     try:
-        binding = prepare(settings.database_url, settings.tables, policy)
-    except PolicyError as exc:
+        binding = prepare(settings.database_url, settings.tables, policy,
+                          require_db_fencing=settings.require_db_fencing)
+    except (PolicyError, DbFencingRequired) as exc:
         print(f"resource-proxy: {exc}", file=sys.stderr)
         return 2
     except (ValueError, SQLAlchemyError) as exc:
@@ -210,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def serve(listening: socket.socket) -> int:
         # each worker builds its own app: it reflects the tables and loads the key set itself
-        return _serve(create_app(settings, policy=policy, access=access), settings, listening)
+        return _serve(create_app(settings, policy=policy, access=access, announce=False),
+                      settings, listening)
 
     return run_workers(sockets, serve, name="resource-proxy")
 

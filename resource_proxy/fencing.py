@@ -28,25 +28,33 @@ fence passed iff the returned value equals it; otherwise the returned value is t
 of the 409, read under the row lock (a later ``SELECT`` could see an older snapshot). Equal
 fences pass: they are the same holder's next write.
 
-PostgreSQL keeps the table in its own schema (``resource_proxy.fences``); SQLite, which has no
-schemas, in ``resource_proxy_fences`` (and serializes writers with ``BEGIN IMMEDIATE``). Both
-are created idempotently at start, before any request is served.
+On PostgreSQL the table is ``fencing.fences``, the one the database-side fence triggers read
+(``dbfence``), and the proxy raises it through ``fencing.try_claim``/``try_claim_many``: the same
+conditional upsert, which also records the claim for the transaction, so the proxy's own writes
+pass the row triggers where ``resource-proxy db install`` put them. At start the proxy creates
+that core (schema, table, claim functions; never the triggers) if missing, moving an older
+``resource_proxy.fences`` there. SQLite, which has no schemas, keeps ``resource_proxy_fences``
+(and serializes writers with ``BEGIN IMMEDIATE``). Both are created idempotently at start, before
+any request is served; the ``Idempotency-Key`` records stay in the proxy's own schema
+(``resource_proxy``) on PostgreSQL.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import sqlalchemy as sa
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
+from resource_proxy.dbfence.install import ensure_core
 from resource_proxy.errors import InvalidRequest, StaleToken
 from resource_proxy.idempotency import add_fences_column, idempotency_table
 
 __all__ = [
     "PG_SCHEMA",
-    "PG_TABLE",
+    "PG_FENCES",
     "SQLITE_TABLE",
     "Fence",
     "check",
@@ -56,10 +64,13 @@ __all__ = [
     "validate_lock_name",
 ]
 
-PG_SCHEMA = "resource_proxy"
-PG_TABLE = "fences"
+PG_SCHEMA = "resource_proxy"  # the proxy's own schema (Idempotency-Key records)
+PG_FENCES = "fencing.fences"  # dbfence's: shared with the row triggers and fenced_transaction
 SQLITE_TABLE = "resource_proxy_fences"
+_LEGACY = "resource_proxy.fences"  # where proxies kept the fences before the fencing schema
 _ADVISORY_KEY = 0x5250_4645_4E43  # "RPFENC": serializes concurrent first starts on PostgreSQL
+
+log = logging.getLogger("resource_proxy")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,29 +120,45 @@ def check_all(fences: Sequence[Fence], highests: Sequence[int]) -> None:
         {"lock": f.lock, "presented": f.fence, "highest": h} for f, h in stale])
 
 
-def _table(dialect: str) -> sa.Table:
-    metadata = sa.MetaData()
-    is_pg = dialect == "postgresql"
-    return sa.Table(
-        PG_TABLE if is_pg else SQLITE_TABLE,
-        metadata,
-        sa.Column("lock", sa.Text, primary_key=True),
-        sa.Column("highest", sa.BigInteger, nullable=False),
-        schema=PG_SCHEMA if is_pg else None,
-    )
-
-
 def create_fence_table(engine: sa.Engine) -> None:
     """Create the fence table and the ``Idempotency-Key`` record table (``idempotency``) if they
     are missing, and add the record table's newer columns (safe when several proxies start at
-    once)."""
-    table = _table(engine.dialect.name)
-    is_pg = engine.dialect.name == "postgresql"
-    records = idempotency_table(engine.dialect.name, table.metadata, PG_SCHEMA if is_pg else None)
+    once). On PostgreSQL: ``dbfence``'s core (``ensure_core``); fences of an older proxy's
+    ``resource_proxy.fences`` are kept."""
+    metadata = sa.MetaData()
+    if engine.dialect.name != "postgresql":
+        table = sa.Table(SQLITE_TABLE, metadata, sa.Column("lock", sa.Text, primary_key=True),
+                         sa.Column("highest", sa.BigInteger, nullable=False))
+        records = idempotency_table(engine.dialect.name, metadata, None)
+        with engine.begin() as conn:
+            table.create(conn, checkfirst=True)
+            records.create(conn, checkfirst=True)
+            add_fences_column(conn, records)
+        return
+    records = idempotency_table(engine.dialect.name, metadata, PG_SCHEMA)
     with engine.begin() as conn:
-        if is_pg:
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_KEY)))
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_ADVISORY_KEY)))
+        if conn.exec_driver_sql("SELECT to_regnamespace(%(s)s)", {"s": PG_SCHEMA}).scalar() is None:
             conn.execute(sa.schema.CreateSchema(PG_SCHEMA, if_not_exists=True))
-        table.create(conn, checkfirst=True)
         records.create(conn, checkfirst=True)
         add_fences_column(conn, records)
+        changed = ensure_core(conn).changed
+        if conn.exec_driver_sql(f"SELECT to_regclass('{_LEGACY}')").scalar() is not None:
+            _merge_legacy(conn)
+    if changed:
+        log.info("fence table and claim functions (schema fencing): %d object(s) created or "
+                 "updated", len(changed))
+
+
+def _merge_legacy(conn: sa.Connection) -> None:
+    """Both fence tables exist (an older proxy created its own again after the move): every
+    fence of the old one goes into ``fencing.fences`` (the higher of the two wins, fences only
+    rise) and the old one is dropped, so a proxy of the older version fails instead of checking
+    against a table the others no longer raise."""
+    moved = conn.exec_driver_sql(
+        f"INSERT INTO {PG_FENCES} AS f (lock, highest) SELECT lock, highest FROM {_LEGACY} "
+        "ON CONFLICT (lock) DO UPDATE SET highest = GREATEST(f.highest, excluded.highest)"
+    ).rowcount
+    conn.exec_driver_sql(f"DROP TABLE {_LEGACY}")
+    log.warning("%s existed beside %s (a proxy of an older version?): its %d fence(s) were "
+                "merged into %s and it was dropped", _LEGACY, PG_FENCES, moved, PG_FENCES)

@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # Allow-list; None: every table of the database's default schema except the proxy's own.
     tables: Annotated[list[str] | None, NoDecode] = None
     policy: Path | None = None
+    # Refuse to start unless every fenced table is also protected by the database's own fence
+    # triggers (``resource-proxy db install``; PostgreSQL only).
+    require_db_fencing: bool = False
     host: str = "127.0.0.1"
     port: int = Field(7071, ge=0, le=65535)
 

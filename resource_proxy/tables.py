@@ -23,6 +23,7 @@ __all__ = [
     "Table",
     "Catalog",
     "reflect",
+    "derived_tables",
 ]
 
 
@@ -130,13 +131,44 @@ def _kind_of(sqltype: sa.types.TypeEngine, declared: str) -> tuple[Kind, dict[st
     return Kind.ANY, extra
 
 
+_DERIVED = """
+SELECT c.relname,
+       CASE WHEN c.relispartition THEN (SELECT r.relname FROM pg_class r
+                                        WHERE r.oid = pg_partition_root(c.oid)) END,
+       (SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+        WHERE i.inhrelid = c.oid ORDER BY i.inhseqno LIMIT 1)
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')
+  AND EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = c.oid)"""
+
+
+def derived_tables(engine: sa.Engine) -> dict[str, str]:
+    """PostgreSQL: the tables of the default schema whose rows are also rows of another table,
+    ``{name: why}`` (``why`` says which table to write them through): partitions (their root)
+    and inheritance children (their parent). A write through the parent reaches a child's rows
+    under the parent's lock, so serving the child under a lock of its own would be two locks for
+    one row; the database's fence triggers refuse such writes too. Empty on SQLite."""
+    if engine.dialect.name != "postgresql":
+        return {}
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(_DERIVED).all()
+    return {name: (f"a partition of {root!r}: write its rows through {root!r}, whose lock "
+                   "template governs every partition" if root is not None else
+                   f"an inheritance child of {parent!r}: write its rows through {parent!r} "
+                   f"(writes to {parent!r} reach them, under {parent!r}'s lock)")
+            for name, root, parent in rows}
+
+
 def reflect(engine: sa.Engine, allow: Sequence[str] | None, exclude: Iterable[str]) -> Catalog:
-    """Reflect the tables of the default schema (``allow``: only these; ``exclude``: never these).
+    """Reflect the tables of the default schema (``allow``: only these; ``exclude``: never these;
+    without ``allow``, partitions and inheritance children are left out: ``derived_tables``).
 
     Raises ``ValueError`` if an allow-listed table does not exist (a typo should stop the start,
     not silently answer 404 forever).
     """
     excluded = set(exclude)
+    if allow is None:
+        excluded.update(derived_tables(engine))
     inspector = sa.inspect(engine)
     existing = [name for name in inspector.get_table_names() if name not in excluded]
     if allow is not None:

@@ -109,7 +109,10 @@ _CHECK = "zip(fences, highests, strict=True) if h != f.fence]"
 """``fencing.check_all``: every fence comparison (single writes, reads, claims, batches of one
 lock or several)."""
 _UPSERT = "highest = {greatest}(f.highest, excluded.highest) RETURNING highest"
-_UPSERT_MANY = "'highest = GREATEST(f.highest, excluded.highest) RETURNING \"lock\", highest'"
+_DB_UPSERT = "ON CONFLICT (lock) DO UPDATE SET highest = GREATEST(f.highest, excluded.highest)"
+"""The upsert of ``fencing.try_claim`` (and ``claim``): the proxy's every fence raise on
+PostgreSQL (single writes, reads, claims, batches of one lock or several)."""
+_DBFENCE_SQL = "resource_proxy/dbfence/sql.py"
 _BATCH_RAISE = ("            highest = await self._raise_fences(conn, fences)\n"
                 "            try:\n")
 """The batch's fence upsert (one lock or several, ``_batch_on``); claims use their own."""
@@ -181,7 +184,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("upsert_never_raises", "the fence upsert never raises the highest",
            "stale_commit, fence_decrease, interleaving",
            (Edit(_SQL, _UPSERT, "highest = f.highest RETURNING highest"),
-            Edit(_SQL, _UPSERT_MANY, "'highest = f.highest RETURNING \"lock\", highest'"),
+            Edit(_DBFENCE_SQL, _DB_UPSERT, "ON CONFLICT (lock) DO UPDATE SET highest = f.highest"),
             Edit(_FENCING, _CHECK, _CHECK.replace("h != f.fence", "h > f.fence")),
             Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= {"))), _STALE_FAULTS),
     Mutant("batch_unchecked", "no fence check for batch writes",

@@ -18,7 +18,7 @@ import resource_proxy.dbfence.sql as sql
 from resource_proxy.dbfence.plan import DbFencingError, Protected, plan
 from resource_proxy.policy import Policy
 
-__all__ = ["InstallReport", "install", "uninstall"]
+__all__ = ["InstallReport", "ensure_core", "install", "uninstall"]
 
 _ADVISORY_KEY = 0x4442_4645_4E43  # "DBFENC": one install/uninstall at a time
 
@@ -106,7 +106,8 @@ def _ensure_trigger(conn: sa.Connection, existing: dict, schema: str, relation: 
 
 
 def _ensure_fence_table(conn: sa.Connection, report: InstallReport) -> None:
-    _ddl(conn, sql.SCHEMA_DDL[0])
+    if conn.exec_driver_sql("SELECT to_regnamespace('fencing')").scalar() is None:
+        _ddl(conn, sql.SCHEMA_DDL[0])  # asked first: CREATE needs a right an unchanged one does not
     exists = conn.exec_driver_sql("SELECT to_regclass('fencing.fences')").scalar()
     legacy = conn.exec_driver_sql("SELECT to_regclass('resource_proxy.fences')").scalar()
     if exists is None and legacy is not None:
@@ -120,6 +121,21 @@ def _ensure_fence_table(conn: sa.Connection, report: InstallReport) -> None:
         if not conn.exec_driver_sql(granted).scalar():
             _ddl(conn, grant)
             report.changed.append(grant)
+
+
+def ensure_core(conn: sa.Connection, report: InstallReport | None = None) -> InstallReport:
+    """Create what every fenced writer calls (schema ``fencing``, ``fencing.fences``, ``claim``,
+    ``try_claim``, ``try_claim_many`` and the key functions), no trigger, inside the caller's
+    transaction; ``resource_proxy.fences`` is moved there if only that one exists (every fence
+    kept). Idempotent: an unchanged object is left alone. Returns ``report`` (or a new one) with
+    what changed. The proxy calls it at every start, several proxies at once: serialized with
+    ``install`` by one advisory lock."""
+    report = report if report is not None else InstallReport()
+    conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
+    _ensure_fence_table(conn, report)
+    for signature, text in sql.BASE:
+        _ensure_function(conn, signature, text, report)
+    return report
 
 
 def install(engine: sa.Engine, policy: Policy | None = None, tables: Sequence[str] | None = None,
@@ -140,10 +156,7 @@ def install(engine: sa.Engine, policy: Policy | None = None, tables: Sequence[st
             "SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": r}).first() is None]
         if missing:
             raise DbFencingError(f"exempt role(s) {missing} do not exist")
-        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
-        _ensure_fence_table(conn, report)
-        for signature, text in sql.BASE:
-            _ensure_function(conn, signature, text, report)
+        ensure_core(conn, report)
         _ensure_function(conn, "fencing.exempt()", sql.exempt_function(roles), report)
         _ensure_function(conn, *sql.TRUNCATE_GUARD, report)
         existing = _triggers(conn)

@@ -1,14 +1,20 @@
 """The PostgreSQL store: raw psycopg 3 async pool on every request path (SQLAlchemy only at start).
 
-- A single-row write is ONE autocommit statement: the fence upsert and the write in a CTE
+- A single-row write is ONE autocommit statement: the fence claim and the write in a CTE
   (``sql.SqlBuilder``, gated form). One round trip; PostgreSQL commits it atomically, and the
   fence row stays locked until that commit, which serializes the writers of one lock.
-- A batch is an explicit transaction: the fence upsert of every lock it touches (one statement,
-  rows locked in lock-name order: two batches never wait for each other in a cycle), then each
-  op, then COMMIT. A claim of several locks is the same upsert alone.
-- A fenced read pipelines the fence upsert and the SELECT in one round trip; the SELECT is a
+- A batch is an explicit transaction: the fence claim of every lock it touches
+  (``fencing.try_claim_many``, one statement, rows locked in lock-name order: two batches never
+  wait for each other in a cycle), then each op, then COMMIT. A claim of several locks is the
+  same statement alone; a claim of one lock ``fencing.try_claim``.
+- A fenced read pipelines the fence claim and the SELECT in one round trip; the SELECT is a
   separate statement so it takes its snapshot after the fence row was locked and raised, and sees
   every write that committed before (READ COMMITTED gives each statement a fresh snapshot).
+
+Every fence claim is ``fencing.try_claim`` (``dbfence``): the conditional upsert of
+``fencing.fences`` that also records the claim for the transaction, so where ``resource-proxy db
+install`` put row triggers on the served tables the proxy's writes pass them (each transaction
+claims the locks of the rows it writes, before it writes them).
 
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
   record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
@@ -63,7 +69,10 @@ __all__ = ["PostgresStore", "libpq_dsn", "translate"]
 
 log = logging.getLogger("resource_proxy.store")
 
-_CONFLICT = {"23505", "23503", "23P01"}  # unique, foreign key, exclusion
+# unique, foreign key, exclusion; and a row of another lock refused by the database's fence
+# trigger (``dbfence``: a cascade or a trigger of the user's reached a row this write did not
+# claim): retrying cannot help, the message names the lock the write would need
+_CONFLICT = {"23505", "23503", "23P01", "LF002"}
 # A value the column's type cannot take (a cast or operator that does not exist for it), or a
 # generated column given a value: the client's input, not the database's health.
 _REFUSED = {"42804", "42846", "42883", "42P18", "428C9"}

@@ -9,15 +9,21 @@ Two shapes of write:
 - *gated* (PostgreSQL, single-row writes): ONE statement, run in autocommit, that is the fence
   check and the write together::
 
-      WITH fence AS (<fence upsert> RETURNING highest),
+      WITH fence AS (SELECT fencing.try_claim(:lock, :fence) AS highest),
            w AS (<write> WHERE … AND EXISTS (SELECT 1 FROM fence WHERE highest = :fence)
                  RETURNING 1, <columns>)
       SELECT (SELECT highest FROM fence), w.* FROM (SELECT 1) AS one LEFT JOIN w ON true
 
   The EXISTS is an init-plan evaluated before the target table is touched, so the fence row is
-  always locked first (no lock-order deadlocks with batches). One round trip, one transaction.
-- *plain*: the write alone, after a separate fence upsert inside an explicit transaction
+  always locked first (no lock-order deadlocks with batches), and the claim ``try_claim``
+  records is in place when a row trigger of ``resource-proxy db install`` checks the row. One
+  round trip, one transaction.
+- *plain*: the write alone, after a separate fence claim inside an explicit transaction
   (batches; SQLite).
+
+The fence claim on PostgreSQL is ``fencing.try_claim`` (``dbfence.sql``: the conditional upsert
+of ``fencing.fences``, which also records the claim for the transaction's row triggers); on
+SQLite the upsert itself.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ from uuid import UUID
 
 from psycopg.types.json import Json, Jsonb
 
+from resource_proxy.dbfence.sql import PROXY_TRY_CLAIM
 from resource_proxy.errors import InvalidRequest
-from resource_proxy.fencing import PG_SCHEMA, PG_TABLE, SQLITE_TABLE, Fence
+from resource_proxy.fencing import PG_FENCES, SQLITE_TABLE, Fence
 from resource_proxy.tables import Column, Kind, Table
 from resource_proxy.values import dumps
 from resource_proxy.writes import WriteOp
@@ -49,16 +56,17 @@ class Dialect:
         self.name = name
         self.is_pg = name == "postgresql"
         if self.is_pg:
-            fences = f"{self.q(PG_SCHEMA)}.{self.q(PG_TABLE)}"
-            greatest = "GREATEST"
+            fences = PG_FENCES
+            # one row, "highest": the claim, or the highest above the presented fence
+            self.fence_upsert = PROXY_TRY_CLAIM
         else:
             fences = self.q(SQLITE_TABLE)
             greatest = "max"
-        self.fence_upsert = (
-            f'INSERT INTO {fences} AS f ("lock", highest) VALUES ({self.p("lock")}, '
-            f'{self.p("fence", "bigint")}) ON CONFLICT ("lock") DO UPDATE SET '
-            f"highest = {greatest}(f.highest, excluded.highest) RETURNING highest"
-        )
+            self.fence_upsert = (
+                f'INSERT INTO {fences} AS f ("lock", highest) VALUES ({self.p("lock")}, '
+                f'{self.p("fence", "bigint")}) ON CONFLICT ("lock") DO UPDATE SET '
+                f"highest = {greatest}(f.highest, excluded.highest) RETURNING highest"
+            )
         self.fence_select = f'SELECT highest FROM {fences} WHERE "lock" = {self.p("lock")}'
 
     def q(self, identifier: str) -> str:
@@ -182,16 +190,14 @@ class SqlBuilder:
     # -- public --------------------------------------------------------------------------
 
     def fence_upsert_many(self) -> str:
-        """PostgreSQL: the fence upsert of several locks in ONE statement (``%(locks)s`` text[],
-        ``%(fences)s`` bigint[]), returning ``(lock, highest)`` per lock. The rows are inserted
-        or locked in ``COLLATE "C"`` (code-point) order of the lock name, the order
-        ``fencing.in_lock_order`` gives, so concurrent multi-lock batches never deadlock."""
+        """PostgreSQL: the fence claim of several locks in ONE statement (``%(locks)s`` text[],
+        ``%(fences)s`` bigint[]), returning ``(lock, highest)`` per lock: ``fencing.try_claim_many``,
+        which inserts or locks the fence rows in ``COLLATE "C"`` (code-point) order of the lock
+        name, the order ``fencing.in_lock_order`` gives, so concurrent multi-lock batches never
+        deadlock."""
         assert self.d.is_pg
-        fences = f"{self.d.q(PG_SCHEMA)}.{self.d.q(PG_TABLE)}"
-        return (f'INSERT INTO {fences} AS f ("lock", highest) '
-                "SELECT l, h FROM unnest(%(locks)s::text[], %(fences)s::bigint[]) AS u(l, h) "
-                'ORDER BY l COLLATE "C" ON CONFLICT ("lock") DO UPDATE SET '
-                'highest = GREATEST(f.highest, excluded.highest) RETURNING "lock", highest')
+        return ('SELECT "lock", highest FROM fencing.try_claim_many(%(locks)s::text[], '
+                "%(fences)s::bigint[])")
 
     def write(self, op: WriteOp, fence: Fence | None) -> tuple[str, dict[str, Any]]:
         """SQL + params of ``op``; gated (fence check inside) when ``fence`` is given."""

@@ -422,7 +422,7 @@ def _snapshot(d: Deployment) -> dict[str, int]:
 
 def test_tables_outside_the_allow_list_are_404(deployment: Deployment):
     d, lock = deployment, unique("x/")
-    own = "resource_proxy_fences" if d.backend == "sqlite" else "resource_proxy.fences"
+    own = "resource_proxy_fences" if d.backend == "sqlite" else "fencing.fences"
     for table in ("secrets", own, "fences", "nope", "pg_class", "sqlite_master"):
         path = f"/v1/tables/{quote(table, safe='')}/rows"
         assert_problem(d.client.post(path, json={"id": 1}, headers=d.auth(lock, 1)), 404, "not_found")

@@ -35,7 +35,7 @@ def test_default_serves_every_table_but_its_own_and_creates_the_fence_table_idem
     ring = KeyRing.generate()
     jwks = str(write_jwks(tmp_path, ring))
     url, first = start_proxy(database.url, "--jwks-file", jwks)
-    own = "resource_proxy_fences" if database.backend == "sqlite" else "resource_proxy.fences"
+    own = "resource_proxy_fences" if database.backend == "sqlite" else "fencing.fences"
     with httpx.Client(base_url=url) as client:
         secret = client.put("/v1/tables/secrets/rows/1", json={"v": "x"},
                             headers={"Fencing-Token": ring.sign("secrets", 3)})

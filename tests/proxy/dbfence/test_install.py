@@ -7,7 +7,6 @@ import pytest
 import sqlalchemy as sa
 
 from resource_proxy.dbfence import DbFencingError, check, install, uninstall
-from resource_proxy.fencing import create_fence_table
 from resource_proxy.policy import Policy, TablePolicy
 from tests.proxy.dbfence.conftest import policy
 from tests.proxy.dbfence.test_triggers import refused
@@ -79,7 +78,9 @@ def test_install_converges_to_another_policy(schema):
 
 
 def test_the_proxys_fence_table_is_moved_with_every_fence(schema):
-    create_fence_table(schema.engine)  # what the proxy creates at start: resource_proxy.fences
+    # what a proxy of the version before the fencing schema created at start
+    schema.run("CREATE SCHEMA resource_proxy",
+               "CREATE TABLE resource_proxy.fences (lock text PRIMARY KEY, highest bigint NOT NULL)")
     schema.run("INSERT INTO resource_proxy.fences VALUES ('acc/1', 41), ('ledger', 7)")
     report = install(schema.engine, policy(POLICY))
     assert report.moved_fence_table
