@@ -64,3 +64,39 @@ def test_the_examples_run_against_lockd_and_postgresql(lockd_server, tmp_path, m
         assert fences["accounts/42"] == namespace["newer"].fence
     finally:
         drop_database(dsn)
+
+
+README = PAGE.parents[1] / "README.md"
+
+
+def test_the_readme_section_runs(lockd_server):
+    """README's "Fencing your own SQL" block, with the reader's URLs replaced by the test's lockd
+    and a fresh database where ``accounts`` is protected under ``accounts/{id}``."""
+    import sqlalchemy as sa
+
+    from resource_proxy.dbfence import install
+    from resource_proxy.policy import Policy, TablePolicy, Template
+
+    section = README.read_text().split("## Fencing your own SQL", 1)[1].split("\n## ", 1)[0]
+    (code,) = [body for lang, body in _BLOCK.findall(section) if lang == "python"]
+    assert '"http://127.0.0.1:7070"' in code and '"postgresql://app@db/bank"' in code
+    dsn = create_database(prefix="sqlreadme")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
+            conn.execute("INSERT INTO accounts VALUES (42, 100)")
+        engine = sa.create_engine(dsn.replace("postgresql://", "postgresql+psycopg://", 1),
+                                  poolclass=sa.NullPool)
+        install(engine, Policy({"accounts": TablePolicy(Template.parse("accounts/{id}",
+                                                                       "accounts"))}),
+                tables=["accounts"])
+        engine.dispose()
+        code = code.replace('"http://127.0.0.1:7070"', repr(lockd_server.url)).replace(
+            '"postgresql://app@db/bank"', repr(dsn))
+        exec(compile(code, "README.md[Fencing your own SQL]", "exec", dont_inherit=True), {})
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute("SELECT balance FROM accounts WHERE id = 42").fetchone() == (95,)
+            assert conn.execute("SELECT highest FROM fencing.fences WHERE lock = "
+                                "'accounts/42'").fetchone() is not None
+    finally:
+        drop_database(dsn)
