@@ -87,6 +87,12 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         observed = ObservedStore(the_store, metrics, events,
                                  skew_interval_s=settings.skew_interval_ms / 1000)
         keys_task: asyncio.Task[None] | None = None
+
+        def _keys_changed(changed: KeyRing) -> None:
+            app.state.jwks = changed.jwks()
+            # an operator rotated or retired a key (``lockd keys``): in this process's trail
+            app.state.audit.record("key-directory", "keys_changed", changed.kid, "ok",
+                                   published=sorted(changed.kids))
         try:
             service = LockService(observed, ring, settings)
             app.state.service = service
@@ -95,8 +101,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             await observed.start()
             # a rotation or retirement reaches this process within key_reload_ms
             keys_task = asyncio.create_task(watch_keys(
-                ring, settings.key_reload_ms / 1000,
-                on_change=lambda r: setattr(app.state, "jwks", r.jwks())))
+                ring, settings.key_reload_ms / 1000, on_change=_keys_changed))
             yield
             events.close()
             service.shutdown()

@@ -16,11 +16,15 @@ proxies' ``PROXY_JWKS_REFETCH_INTERVAL_MS`` (default 1000) plus clock skew. What
 from __future__ import annotations
 
 import argparse
+import getpass
+import logging
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from lockd.server.audit import AuditTrail
 from lockd.server.keydir import KeyDirError, list_keys, retire, rotate
 
 __all__ = ["add_parser", "run"]
@@ -68,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
                 return 2
             state = rotate(key_dir, publish_delay_s=args.publish_delay_ms / 1000)
             print(f"new key {state.kid}: published now, signs from {_when(state.signs_from)}")
+            _audit("key_rotate", state.kid, "ok", key_dir=str(key_dir))
             return 0
         max_ttl = args.max_ttl_ms if args.max_ttl_ms is not None else _env_max_ttl()
         if max_ttl is None or max_ttl < 1:
@@ -75,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                   "integer", file=sys.stderr)
             return 2
         print(retire(key_dir, args.kid, max_ttl_ms=max_ttl, force=args.force))
+        _audit("key_retire", args.kid, "ok", key_dir=str(key_dir), force=args.force)
         return 0
     except KeyDirError as exc:
         print(f"lockd keys {args.keys_command}: {exc}", file=sys.stderr)
@@ -109,3 +115,23 @@ def _when(at: float | None) -> str:
     if at is None or at == float("-inf"):
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _audit(action: str, target: str, result: str, **detail: Any) -> None:
+    """The audit line of a key operation (``audit {json}`` on stderr, as lockd logs its own),
+    by the operating-system user who ran it; running lockds add a ``keys_changed`` entry to
+    their trail when they pick the change up."""
+    audit_log = logging.getLogger("lockd.audit")
+    if not audit_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        audit_log.addHandler(handler)
+        audit_log.setLevel(logging.INFO)
+    AuditTrail().record(_operator(), action, target, result, **detail)
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}"

@@ -90,6 +90,8 @@ def test_the_keys_command_lists_rotates_and_retires(tmp_path):
     rotated = run("rotate", "--publish-delay-ms", "0")
     assert rotated.returncode == 0 and rotated.stdout.startswith("new key "), rotated.stderr
     new = rotated.stdout.split()[2].rstrip(":")
+    audit = json.loads(rotated.stderr.strip().removeprefix("audit "))  # the operator's trail
+    assert (audit["action"], audit["target"], audit["result"]) == ("key_rotate", new, "ok")
     listed = run("list")
     assert listed.returncode == 0
     rows = {line.split()[0]: line.split()[1] for line in listed.stdout.splitlines()[1:]}
@@ -100,6 +102,7 @@ def test_the_keys_command_lists_rotates_and_retires(tmp_path):
     assert run("retire", new, "--max-ttl-ms", "1").returncode == 1  # the signer
     done = run("retire", old, "--max-ttl-ms", "1")
     assert done.returncode == 0 and done.stdout.strip() == f"retired {old}"
+    assert json.loads(done.stderr.strip().removeprefix("audit "))["action"] == "key_retire"
     assert {k.kid: k.state for k in list_keys(keys)} == {new: "signing", old: "retired"}
 
 
@@ -126,6 +129,9 @@ def test_a_running_lockd_picks_up_rotation_and_retirement(tmp_path, lockd_factor
     while old in _published(http, server.url):
         assert time.monotonic() < deadline, "the retired key is still published"
         time.sleep(0.05)
+    changes = [json.loads(line.split("audit ", 1)[1]) for line in server.log().splitlines()
+               if '"keys_changed"' in line]  # each pick-up is in the running lockd's trail
+    assert changes and changes[-1]["target"] == new and old not in changes[-1]["detail"]["published"]
 
 
 def _published(http, url: str) -> set[str]:
