@@ -17,7 +17,8 @@ missing ``prefixes`` of a client, or ``prefixes`` on an admin is refused at star
 (``lockd.common.access.AccessFileError``, one line; ``lockd serve`` exits 2): the shared parser
 of ``lockd.common.access`` reads it, with ``prefixes`` as the scope field and lockd's rules for
 names and prefixes (``_LOCKD_RULES``). Keys of ``LOCKD_API_KEYS`` /
-``LOCKD_ADMIN_KEYS`` and ``LOCKD_CERT_*`` subjects stay valid as unscoped identities.
+``LOCKD_ADMIN_KEYS`` and ``LOCKD_CERT_*`` subjects stay valid as unscoped identities (a key or
+subject the file also lists is the file's identity: the file names it).
 
 Decisions are made by name only: ``authorize`` answers 403 ``forbidden_lock`` for a lock outside
 the caller's prefixes whether or not the lock exists, so ``GET /v1/locks/{name}`` answers 403
