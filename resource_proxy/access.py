@@ -1,15 +1,15 @@
 """Which tables each client identity may write or read fenced: ``serve --access-file FILE``.
 
-The file has the shape of lockd's (``lockd.common.access``) with ``tables:`` as the clients'
+The file is read by lockd's parser (``lockd.common.access``) with ``tables:`` as the clients'
 scope field: the tables the identity may write, claim and read with a token (``"*"``: every
 table); ``admins:`` may touch every table. Its keys and subjects authenticate like API keys
-(they are added to the proxy's ``api_keys`` and certificate clients); ``PROXY_API_KEYS`` stay
-unscoped identities (a key listed in both is scoped: the file names it). Subjects need mTLS
-(``--tls-client-ca``; the CLI refuses them without). Reads without a token stay open to every authenticated caller: they fence
-nothing.
+(``RequestMiddleware`` gets the file as its ``identities``); ``PROXY_API_KEYS`` stay unscoped
+identities (a key listed in both is scoped: the file names it). Subjects need mTLS
+(``--tls-client-ca``; the CLI refuses them without). Reads without a token stay open to every
+authenticated caller: they fence nothing.
 
 ``AccessMiddleware`` (inside ``RequestMiddleware``, which authenticated the request and left its
-``key_id`` in the scope) puts the caller's scope in a context variable for the request;
+identity in ``scope[IDENTITY]``) puts that identity in a context variable for the request;
 ``check_table`` (called by ``ProxyService`` before anything is written or fenced) raises
 ``ForbiddenTable`` naming the table and the identity's name when the table is outside it.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lockd.common.access import AccessFile, Identity, load_access
-from lockd.common.middleware import KEY_ID
+from lockd.common.middleware import IDENTITY
 from resource_proxy.errors import ForbiddenTable
 
 __all__ = ["ALL_TABLES", "AccessMiddleware", "allows", "check_table", "load_table_access"]
@@ -42,14 +42,13 @@ def _table_item(value: str) -> str | None:
 
 def load_table_access(path: str | Path) -> AccessFile:
     """The identities of the access file at ``path`` (``AccessFileError``: one line)."""
-    return load_access(path, scope_field="tables", check_item=_table_item)
+    return load_access(path, scope_field="tables", check_item=_table_item, all_item=ALL_TABLES)
 
 
 def allows(identity: Identity | None, table: str) -> bool:
-    """Whether ``identity`` (None: unscoped) may write or fenced-read ``table``."""
-    if identity is None or identity.scope is None:
-        return True
-    return ALL_TABLES in identity.scope or table in identity.scope
+    """Whether ``identity`` (None, or ``scope`` None: unscoped) may write or fenced-read
+    ``table``."""
+    return identity is None or identity.scope is None or table in identity.scope
 
 
 def check_table(table: str, verb: str = "write") -> None:
@@ -63,20 +62,18 @@ def check_table(table: str, verb: str = "write") -> None:
 
 
 def caller() -> Identity | None:
-    """The request's scoped identity (None: unscoped or no access file)."""
+    """The request's identity (None: no access file or no identity)."""
     return _CALLER.get()
 
 
 class AccessMiddleware:
-    """Sets the request's identity (by ``scope[KEY_ID]``) for ``check_table``."""
+    """Sets the request's identity (``scope[IDENTITY]``) for ``check_table``."""
 
-    def __init__(self, app: ASGIApp, *, access: AccessFile):
+    def __init__(self, app: ASGIApp):
         self.app = app
-        self._by_key_id = access.by_key_id()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        identity = self._by_key_id.get(scope.get(KEY_ID, "")) if scope["type"] == "http" else None
-        token = _CALLER.set(identity)
+        token = _CALLER.set(scope.get(IDENTITY) if scope["type"] == "http" else None)
         try:
             await self.app(scope, receive, send)
         finally:

@@ -110,16 +110,11 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     install_docs(app, title="resource-proxy")
     app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
     keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
-    subjects = list(settings.cert_clients)
     if access is not None:  # its identities authenticate like API keys, scoped by tables
-        app.add_middleware(AccessMiddleware, access=access)
-        api_keys = KeySet.from_digests(access.digests("client") + access.digests("admin"), keys)
-        subjects += access.subjects("client") + access.subjects("admin")
-    else:
-        api_keys = KeySet(keys)
-    app.add_middleware(RequestMiddleware, api_keys=api_keys, admin_keys=KeySet(),
+        app.add_middleware(AccessMiddleware)
+    app.add_middleware(RequestMiddleware, api_keys=KeySet(keys), admin_keys=KeySet(),
                        open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
                        on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
                        logger=logging.getLogger("resource_proxy.http"),
-                       cert_roles=CertRoles(subjects))
+                       cert_roles=CertRoles(settings.cert_clients), identities=access)
     return app

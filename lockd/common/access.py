@@ -18,21 +18,23 @@ Each entry has a ``name`` and exactly one of ``key``, ``key_sha256``, ``subject`
 (``AccessFileError``, one line naming the file and the entry): an unknown field anywhere, a
 missing or empty field, a duplicate name, a key (or digest) or subject used twice, a key under 8
 characters, a client without its scope field or with an empty list. Admins have no scope field:
-they may touch everything. An identity's ``key_id`` is what ``lockd.common.middleware`` puts in
-``scope[KEY_ID]`` for the same credential, so a server maps an authenticated request to its
-identity without seeing the secret again.
+they may touch everything. Each server adds its own rules as parameters: ``check_item`` (one
+scope item), ``all_item`` (the item meaning "everything": the identity becomes unscoped) and
+``name_re`` (the names it accepts). An identity's ``key_id`` is what
+``lockd.common.middleware`` puts in ``scope[KEY_ID]`` for the same credential, so a server maps
+an authenticated request to its identity without seeing the secret again; ``AccessFile.by_key``
+and ``by_subject`` find the identity of a credential (the key in constant time).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-
-import yaml
 
 from lockd.common.tls import parse_subjects
 
@@ -48,23 +50,24 @@ class AccessFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """One named identity. ``digest``: SHA-256 of its key (None for a certificate);
-    ``subject``: its normalised RFC 4514 subject (None for a key); ``scope``: the scope
-    field's list (None for an admin: everything)."""
+    """Who sent a request: ``name`` (for refusals, audit lines and metrics; never a secret),
+    ``role`` (``"client"`` or ``"admin"``), ``key_id`` (the stable identity of its key or
+    certificate, as ``KeySet.identify`` gives it), ``scope``: the scope field's items (lockd:
+    lock-name prefixes; the proxy: tables), ``None`` for everything (an admin, a key of the
+    servers' key settings, or ``all_item``). ``digest``: SHA-256 of its key and ``subject``: its
+    normalised RFC 4514 subject, for identities of an access file (``None`` otherwise)."""
 
     name: str
-    role: Literal["client", "admin"]
-    digest: bytes | None
-    subject: str | None
-    scope: tuple[str, ...] | None
+    role: str
+    key_id: str
+    scope: tuple[str, ...] | None = None
+    digest: bytes | None = field(default=None, repr=False)
+    subject: str | None = None
 
-    @property
-    def key_id(self) -> str:
-        """The identity ``RequestMiddleware`` records for this credential (``scope[KEY_ID]``)."""
-        if self.digest is not None:
-            return self.digest.hex()[:16]
-        assert self.subject is not None
-        return "cert:" + hashlib.sha256(self.subject.encode()).hexdigest()[:16]
+
+def subject_key_id(subject: str) -> str:
+    """The ``key_id`` of a certificate subject (``parse_subjects`` form)."""
+    return "cert:" + hashlib.sha256(subject.encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,24 +76,47 @@ class AccessFile:
 
     path: str
     identities: tuple[Identity, ...]
+    _subjects: dict[str, Identity] = field(init=False, repr=False, compare=False)
 
-    def by_key_id(self) -> dict[str, Identity]:
-        """``key_id`` -> identity, for mapping an authenticated request to its identity."""
-        return {identity.key_id: identity for identity in self.identities}
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_subjects", {i.subject: i for i in self.identities
+                                               if i.subject is not None})
 
-    def digests(self, role: str) -> list[bytes]:
-        """The key digests of the identities of ``role`` (for ``KeySet.from_digests``)."""
-        return [i.digest for i in self.identities if i.role == role and i.digest is not None]
+    def __bool__(self) -> bool:
+        return bool(self.identities)
+
+    def by_key(self, presented: bytes | None) -> Identity | None:
+        """The identity whose key is ``presented``; ``None`` if none. Compares the key's
+        SHA-256 with EVERY digest in constant time, like ``KeySet``."""
+        if presented is None or not self.identities:
+            return None
+        digest = hashlib.sha256(presented).digest()
+        found = None
+        for identity in self.identities:
+            if identity.digest is not None and hmac.compare_digest(identity.digest, digest):
+                found = identity
+        return found
+
+    def by_subject(self, subject: str | None) -> Identity | None:
+        """The identity of a (verified) client-certificate subject, in ``parse_subjects`` form."""
+        return None if subject is None else self._subjects.get(subject)
 
     def subjects(self, role: str) -> list[str]:
-        """The certificate subjects of the identities of ``role`` (for ``CertRoles``)."""
+        """The certificate subjects of the identities of ``role``, in file order."""
         return [i.subject for i in self.identities if i.role == role and i.subject is not None]
 
 
-def load_access(path: str | Path, *, scope_field: str,
-                check_item: Callable[[str], str | None] | None = None) -> AccessFile:
+Check = Callable[[str], str | None]
+"""Why one value is refused (``None``: fine)."""
+
+
+def load_access(path: str | Path, *, scope_field: str, check_item: Check | None = None,
+                all_item: str | None = None, name_re: re.Pattern[str] | None = None,
+                name_rule: str = "a non-empty string") -> AccessFile:
     """Read and check the YAML access file at ``path`` (``parse_access``). Raises
     ``AccessFileError`` for an unreadable file, bad YAML or any rule of the module docstring."""
+    import yaml  # here: a server without an access file does not load it at start
+
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except (OSError, UnicodeDecodeError) as exc:
@@ -99,23 +125,29 @@ def load_access(path: str | Path, *, scope_field: str,
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1})" if where is not None else ""
         raise AccessFileError(f"access file {path}: not valid YAML{line}") from None
-    return parse_access(doc, source=str(path), scope_field=scope_field, check_item=check_item)
+    return parse_access(doc, source=str(path), scope_field=scope_field, check_item=check_item,
+                        all_item=all_item, name_re=name_re, name_rule=name_rule)
 
 
-def parse_access(doc: Any, *, source: str, scope_field: str,
-                 check_item: Callable[[str], str | None] | None = None) -> AccessFile:
-    """The identities of an access document (already parsed YAML/JSON). ``scope_field``: the
-    clients' list field (``prefixes``, ``tables``); ``check_item(value)`` returns why one item
-    of it is refused (None: fine). Raises ``AccessFileError``."""
+def parse_access(doc: Any, *, source: str, scope_field: str, check_item: Check | None = None,
+                 all_item: str | None = None, name_re: re.Pattern[str] | None = None,
+                 name_rule: str = "a non-empty string") -> AccessFile:
+    """The identities of an access document (already parsed YAML/JSON; ``None``: empty).
+    ``scope_field``: the clients' list field (``prefixes``, ``tables``); ``check_item(value)``
+    says why one item of it is refused; a list holding ``all_item`` makes the client unscoped
+    (``scope`` None); ``name_re``: the names accepted (``name_rule`` says which, in the
+    refusal). Raises ``AccessFileError``."""
 
     def fail(message: str) -> AccessFileError:
         return AccessFileError(f"access file {source}: {message}")
 
+    doc = {} if doc is None else doc
     if not isinstance(doc, dict):
         raise fail("must be a mapping with 'clients' and/or 'admins'")
-    unknown = sorted(str(k) for k in doc if k not in ("clients", "admins"))
+    unknown = [str(k) for k in doc if k not in ("clients", "admins")]
     if unknown:
-        raise fail(f"unknown field(s) {', '.join(unknown)} (expected clients, admins)")
+        raise fail(f"{_unknown(unknown)} (expected clients, admins)")
+    rules = _Rules(scope_field, check_item, all_item, name_re, name_rule, fail)
     identities: list[Identity] = []
     seen_names: set[str] = set()
     seen_credentials: dict[bytes | str, str] = {}
@@ -125,7 +157,7 @@ def parse_access(doc: Any, *, source: str, scope_field: str,
             raise fail(f"'{section}' must be a list of identities")
         for index, entry in enumerate(entries):
             where = f"{section}[{index}]"
-            identity = _identity(entry, role, where, scope_field, check_item, fail)
+            identity = _identity(entry, role, where, rules)
             where = f"{where} ({identity.name})"
             if identity.name in seen_names:
                 raise fail(f"{where}: the name {identity.name!r} is used twice")
@@ -133,27 +165,42 @@ def parse_access(doc: Any, *, source: str, scope_field: str,
             credential: bytes | str = identity.digest or identity.subject or ""
             if credential in seen_credentials:
                 what = "key" if identity.digest is not None else "subject"
-                raise fail(f"{where}: the same {what} as {seen_credentials[credential]!r}")
+                raise fail(f"{where}: duplicate {what} (the same {what} as "
+                           f"{seen_credentials[credential]!r})")
             seen_credentials[credential] = identity.name
             identities.append(identity)
     return AccessFile(source, tuple(identities))
 
 
-def _identity(entry: Any, role: Literal["client", "admin"], where: str, scope_field: str,
-              check_item: Callable[[str], str | None] | None,
-              fail: Callable[[str], AccessFileError]) -> Identity:
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    scope_field: str
+    check_item: Check | None
+    all_item: str | None
+    name_re: re.Pattern[str] | None
+    name_rule: str
+    fail: Callable[[str], AccessFileError]
+
+
+def _unknown(fields: list[str]) -> str:
+    return ("unknown field " if len(fields) == 1 else "unknown fields ") + ", ".join(
+        repr(f) for f in sorted(fields))
+
+
+def _identity(entry: Any, role: Literal["client", "admin"], where: str, rules: _Rules) -> Identity:
+    fail = rules.fail
     if not isinstance(entry, dict):
         raise fail(f"{where}: each identity is a mapping with name and key/key_sha256/subject")
-    allowed = {"name", *_CREDENTIALS, *((scope_field,) if role == "client" else ())}
-    unknown = sorted(str(k) for k in entry if k not in allowed)
+    allowed = {"name", *_CREDENTIALS, *((rules.scope_field,) if role == "client" else ())}
+    unknown = [str(k) for k in entry if k not in allowed]
     if unknown:
-        raise fail(f"{where}: unknown field(s) {', '.join(unknown)} "
-                   f"(expected {', '.join(sorted(allowed))})")
+        raise fail(f"{where}: {_unknown(unknown)} (expected {', '.join(sorted(allowed))})")
     name = entry.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise fail(f"{where}: 'name' must be a non-empty string")
+    if not isinstance(name, str) or not name.strip() or (
+            rules.name_re is not None and not rules.name_re.fullmatch(name)):
+        raise fail(f"{where}: name must be {rules.name_rule}")
     where = f"{where} ({name})"
-    given = [field for field in _CREDENTIALS if field in entry]
+    given = [f for f in _CREDENTIALS if f in entry]
     if len(given) != 1:
         raise fail(f"{where}: give exactly one of key, key_sha256, subject")
     value = entry[given[0]]
@@ -173,24 +220,22 @@ def _identity(entry: Any, role: Literal["client", "admin"], where: str, scope_fi
             (subject,) = parse_subjects([value])
         except ValueError as exc:
             raise fail(f"{where}: {exc}") from None
-    scope = None
-    if role == "client":
-        scope = _scope(entry.get(scope_field), f"{where}: '{scope_field}'", check_item, fail)
-    return Identity(name, role, digest, subject, scope)
+    scope = _scope(entry.get(rules.scope_field), where, rules) if role == "client" else None
+    key_id = digest.hex()[:16] if digest is not None else subject_key_id(subject or "")
+    return Identity(name, role, key_id, scope, digest, subject)
 
 
-def _scope(items: Any, where: str, check_item: Callable[[str], str | None] | None,
-           fail: Callable[[str], AccessFileError]) -> tuple[str, ...]:
+def _scope(items: Any, where: str, rules: _Rules) -> tuple[str, ...] | None:
+    field_name, fail = rules.scope_field, rules.fail
     if not isinstance(items, list) or not items:
-        raise fail(f"{where} must be a non-empty list")
+        every = f" ([{rules.all_item!r}] for all)" if rules.all_item is not None else ""
+        raise fail(f"{where}: {field_name} must be a non-empty list{every}")
     for item in items:
         if not isinstance(item, str):
-            raise fail(f"{where} must list strings (got {item!r})")
-        problem = check_item(item) if check_item is not None else None
+            raise fail(f"{where}: {field_name} must list strings (got {item!r})")
+        problem = rules.check_item(item) if rules.check_item is not None else None
         if problem:
-            raise fail(f"{where}: {problem}")
-    return tuple(_unique(items))
-
-
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
+            raise fail(f"{where}: {field_name}: {problem}")
+    if rules.all_item is not None and rules.all_item in items:
+        return None
+    return tuple(dict.fromkeys(items))

@@ -1,4 +1,4 @@
-"""API keys and the identities they grant, for both servers.
+"""API keys, for both servers (named, scoped identities: ``lockd.common.access``).
 
 ``KeySet`` holds SHA-256 digests of the configured keys. ``KeySet.matches`` hashes the presented
 key and compares it with EVERY configured digest with ``hmac.compare_digest`` (no early exit),
@@ -15,11 +15,10 @@ import hashlib
 import hmac
 import re
 from collections.abc import Iterable, MutableMapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Identity", "IdentityTable", "KeySet", "bearer_key", "load_keys", "parse_bearer"]
+__all__ = ["KeySet", "bearer_key", "load_keys", "parse_bearer"]
 
 Scope = MutableMapping[str, Any]
 
@@ -52,14 +51,6 @@ class KeySet:
     def __init__(self, keys: Iterable[str] = ()):
         self._digests = tuple({hashlib.sha256(k.encode()).digest() for k in keys})
 
-    @classmethod
-    def from_digests(cls, digests: Iterable[bytes], keys: Iterable[str] = ()) -> KeySet:
-        """A set of ``keys`` plus keys known only by their SHA-256 ``digests`` (access files'
-        ``key_sha256``)."""
-        made = cls(keys)
-        made._digests = tuple({*made._digests, *digests})
-        return made
-
     def __bool__(self) -> bool:
         return bool(self._digests)
 
@@ -85,56 +76,6 @@ class KeySet:
         for known in self._digests:
             found |= hmac.compare_digest(known, digest)
         return digest.hex()[:16] if found else None
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who sent a request: ``name`` (for audit lines, metrics and problems; never a secret),
-    ``role`` (``"client"`` or ``"admin"``), ``key_id`` (the stable identity of its key or
-    certificate, as ``KeySet.identify`` gives it) and ``prefixes``: the lock-name prefixes it
-    may use, ``None`` for all (an admin, a key of ``LOCKD_API_KEYS``, or ``[""]``)."""
-
-    name: str
-    role: str
-    key_id: str
-    prefixes: tuple[str, ...] | None = None
-
-
-class IdentityTable:
-    """Identities by key digest and by certificate subject. ``by_key`` compares the presented
-    key's SHA-256 with EVERY configured digest in constant time, like ``KeySet``."""
-
-    __slots__ = ("_keys", "_subjects")
-
-    def __init__(self, keys: Iterable[tuple[bytes, Identity]] = (),
-                 subjects: Iterable[tuple[str, Identity]] = ()):
-        self._keys = tuple(keys)
-        self._subjects = dict(subjects)
-
-    def __bool__(self) -> bool:
-        return bool(self._keys or self._subjects)
-
-    def __repr__(self) -> str:  # never the digests
-        return f"IdentityTable({len(self._keys)} key(s), {len(self._subjects)} subject(s))"
-
-    @property
-    def identities(self) -> tuple[Identity, ...]:
-        return tuple(i for _, i in self._keys) + tuple(self._subjects.values())
-
-    def by_key(self, presented: bytes | None) -> Identity | None:
-        """The identity whose key is ``presented``; ``None`` if none. Constant time."""
-        if presented is None or not self._keys:
-            return None
-        digest = hashlib.sha256(presented).digest()
-        found = None
-        for known, identity in self._keys:
-            if hmac.compare_digest(known, digest):
-                found = identity
-        return found
-
-    def by_subject(self, subject: str | None) -> Identity | None:
-        """The identity of a (verified) client-certificate subject, in ``parse_subjects`` form."""
-        return None if subject is None else self._subjects.get(subject)
 
 
 def bearer_key(scope: Scope) -> bytes | None:

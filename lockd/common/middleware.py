@@ -14,9 +14,10 @@ Pure ASGI: no per-request task or body buffering.
   more, and the identity that granted it (``KeySet.identify`` of the key, or ``cert:`` + a
   digest of the certificate subject) in ``scope[KEY_ID]`` (lockd binds an acquire's
   ``client_id`` to it).
-* Scoped identities (``identities``: ``lockd.common.keys.IdentityTable``, from an access file):
-  a key or certificate subject listed there grants its entry's role; like ``api_keys``, a
-  non-empty table turns access control on. Every request with an identity gets it in
+* Scoped identities (``identities``: ``lockd.common.access.AccessFile``):
+  a key or certificate subject listed there grants its entry's role (the file names it: it
+  wins over ``api_keys``/``admin_keys``/``cert_roles`` listing the same credential); like
+  ``api_keys``, a non-empty file turns access control on. Every request with an identity gets it in
   ``scope[IDENTITY]`` (keys of ``api_keys``/``admin_keys`` and ``cert_roles`` subjects as
   unscoped identities named by their key id), for the routes' scope checks.
 * Certificate identities (mTLS, ``cert_roles``: ``lockd.common.tls.CertRoles``): a client
@@ -32,7 +33,6 @@ Pure ASGI: no per-request task or body buffering.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import re
@@ -43,7 +43,8 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from lockd.common.keys import Identity, IdentityTable, KeySet, parse_bearer
+from lockd.common.access import AccessFile, Identity, subject_key_id
+from lockd.common.keys import KeySet, parse_bearer
 from lockd.common.logs import REQUEST_ID
 from lockd.common.problems import problem_bytes
 from lockd.common.tls import CertRoles
@@ -57,7 +58,7 @@ ROLE = "lockd.role"
 KEY_ID = "lockd.key_id"
 """The scope key of the identity that granted the role (absent without one)."""
 IDENTITY = "lockd.identity"
-"""The scope key of the request's ``lockd.common.keys.Identity`` (absent without one)."""
+"""The scope key of the request's ``lockd.common.access.Identity`` (absent without one)."""
 START = "lockd.start"
 """The scope key of the request's arrival, ``time.perf_counter()`` seconds."""
 REQUEST_ID_KEY = "lockd.request_id"
@@ -85,12 +86,12 @@ class RequestMiddleware:
                  on_response: Callable[[Scope, int, float], None] | None = None,
                  on_auth_failure: Callable[[str], None] | None = None,
                  logger: logging.Logger | None = None, cert_roles: CertRoles | None = None,
-                 identities: IdentityTable | None = None):
+                 identities: AccessFile | None = None):
         self.app = app
         self.api_keys = api_keys
         self.admin_keys = admin_keys
         self.cert_roles = cert_roles or CertRoles()
-        self.identities = identities or IdentityTable()
+        self.identities = identities or AccessFile("", ())
         self._enforced = bool(api_keys or self.cert_roles.clients or self.identities)
         self.open_paths = frozenset(open_paths)
         self.max_header_bytes = max_header_bytes
@@ -168,13 +169,13 @@ class RequestMiddleware:
         by_cert = self._cert_identity(scope)
         key = parse_bearer(authorization)
         if key is not None and (by_cert is None or by_cert.role != "admin"):
+            found = self.identities.by_key(key)
+            if found is not None:
+                return self._grant(scope, found)
             for role, keys in (("admin", self.admin_keys), ("client", self.api_keys)):
                 key_id = keys.identify(key)
                 if key_id is not None:
                     return self._grant(scope, self._unscoped(key_id, role))
-            found = self.identities.by_key(key)
-            if found is not None:
-                return self._grant(scope, found)
         return self._grant(scope, by_cert) if by_cert is not None else None
 
     def _cert_identity(self, scope: Scope) -> Identity | None:
@@ -182,10 +183,11 @@ class RequestMiddleware:
         subject = tls.get("client_cert_name")
         if subject is None:
             return None
+        found = self.identities.by_subject(subject)
+        if found is not None:
+            return found
         role = self.cert_roles.role(scope) if self.cert_roles else None
-        if role is not None:
-            return self._unscoped("cert:" + hashlib.sha256(subject.encode()).hexdigest()[:16], role)
-        return self.identities.by_subject(subject)
+        return self._unscoped(subject_key_id(subject), role) if role is not None else None
 
     @staticmethod
     def _grant(scope: Scope, identity: Identity) -> str:

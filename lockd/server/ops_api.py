@@ -142,9 +142,9 @@ def _stream(request: Request, match: Callable[[str], bool], history: int) -> Res
             "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
     scope = request.scope
     identity = scope.get(IDENTITY)
-    if identity is not None and identity.prefixes is not None:
+    if identity is not None and identity.scope is not None:
         wanted = match
-        prefixes = identity.prefixes
+        prefixes = identity.scope
 
         def match(lock: str) -> bool:
             return lock.startswith(prefixes) and wanted(lock)

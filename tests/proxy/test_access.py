@@ -127,18 +127,18 @@ def test_a_key_sha256_identity_admins_and_plain_keys(scoped):
 
 
 BAD_FILES = [
-    ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t], color: red}\n", "unknown field(s) color"),
-    ("clients:\n  - {name: a, key: aaaaaaaa, tables: []}\n", "'tables' must be a non-empty list"),
-    ("clients:\n  - {name: a, key: aaaaaaaa}\n", "'tables' must be a non-empty list"),
+    ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t], color: red}\n", "unknown field 'color'"),
+    ("clients:\n  - {name: a, key: aaaaaaaa, tables: []}\n", "tables must be a non-empty list"),
+    ("clients:\n  - {name: a, key: aaaaaaaa}\n", "tables must be a non-empty list"),
     ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t]}\n"
      "  - {name: b, key: aaaaaaaa, tables: [u]}\n", "the same key as 'a'"),
     ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t]}\n"
      "admins:\n  - {name: a, key: bbbbbbbb}\n", "the name 'a' is used twice"),
-    ("admins:\n  - {name: a, key: bbbbbbbb, tables: [t]}\n", "unknown field(s) tables"),
+    ("admins:\n  - {name: a, key: bbbbbbbb, tables: [t]}\n", "unknown field 'tables'"),
     ("clients:\n  - {name: a, key: short, tables: [t]}\n", "at least 8 characters"),
     ("clients:\n  - {name: a, key_sha256: abc, tables: [t]}\n", "64 hex digits"),
     ("clients:\n  - {name: a, key: aaaaaaaa, subject: CN=a, tables: [t]}\n", "exactly one of"),
-    ("users: []\n", "unknown field(s) users"),
+    ("users: []\n", "unknown field 'users'"),
     ("clients: [\n", "not valid YAML"),
     ("clients:\n  - {name: a, subject: CN=a, tables: [t]}\n", "need --tls-client-ca"),
 ]

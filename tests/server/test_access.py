@@ -13,7 +13,8 @@ import uuid
 import httpx
 import pytest
 
-from lockd.server.access import AccessFileError, parse_access, visible_prefixes
+from lockd.common.access import AccessFileError
+from lockd.server.access import parse_access, visible_prefixes
 from lockd.server.audit import AuditTrail
 from tests.server.calls import assert_problem, wait_until
 from tests.server.conftest import LOCKD
@@ -311,7 +312,7 @@ def test_access_rules():
                                        "prefixes": ["x/", "x/y/", "w/"]},
                                       {"name": "all", "key": "k" * 8, "prefixes": [""]}]})
     (everyone,) = [i for i in table.identities if i.name == "all"]
-    assert everyone.prefixes is None  # [""] means every lock
+    assert everyone.scope is None  # [""] means every lock
     scoped = table.by_subject("CN=c,O=Acme")
     assert scoped is not None and scoped.role == "client"
     scope = {"lockd.identity": scoped}
@@ -372,6 +373,6 @@ def test_certificate_subjects_and_keys_become_identities():
 
     assert asyncio.run(main()) == [204, 204, 204, 401, 401]
     by_cert, by_key, plain = seen
-    assert (by_cert.name, by_cert.prefixes) == ("c", ("c/",))
-    assert (by_key.name, by_key.prefixes, by_key.role) == ("k", ("k/",), "client")
-    assert plain.prefixes is None and plain.name == KeySet([KEY_PLAIN]).identify(KEY_PLAIN)
+    assert (by_cert.name, by_cert.scope) == ("c", ("c/",))
+    assert (by_key.name, by_key.scope, by_key.role) == ("k", ("k/",), "client")
+    assert plain.scope is None and plain.name == KeySet([KEY_PLAIN]).identify(KEY_PLAIN)
