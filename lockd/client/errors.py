@@ -16,6 +16,7 @@ transport errors, undecodable bodies) are translated at the boundary, the way ``
     │   └── LockNotClaimedError        SQL: the database refused a row whose lock was not claimed
     ├── TransactionStateError          SQL: fenced_transaction cannot use the connection's state
     ├── PermissionDenied               401/403 from lockd (unauthorized, forbidden)
+    ├── LimitExceeded                  429 too_many_leases / too_many_waiters (per identity)
     ├── NotFoundError                  404 unknown table, row or route
     ├── ValidationError                422 invalid_request (bad name, TTL out of bounds, bad column), 413
     ├── ServiceUnavailable             503 store_unavailable / database_unavailable: nothing was
@@ -57,6 +58,7 @@ __all__ = [
     "LockNotClaimedError",
     "TransactionStateError",
     "PermissionDenied",
+    "LimitExceeded",
     "NotFoundError",
     "ValidationError",
     "ServiceUnavailable",
@@ -212,6 +214,18 @@ class ValidationError(LockClientError):
     default_code = "invalid_request"
 
 
+class LimitExceeded(LockClientError):
+    """lockd refused the call because this identity is over one of its limits (429
+    ``too_many_leases`` / ``too_many_waiters``): release leases or wait before acquiring more.
+    ``retry_after``: seconds, from the ``Retry-After`` header, when lockd sent one."""
+
+    default_code = "too_many_requests"
+
+    def __init__(self, detail: str, *, retry_after: float | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.retry_after = retry_after
+
+
 class ServiceUnavailable(LockClientError):
     """The service or its store could not answer (503); nothing was changed. Safe to retry."""
 
@@ -291,6 +305,8 @@ _BY_CODE: dict[str, type[LockClientError]] = {
     "database_unavailable": ServiceUnavailable,
     "outcome_unknown": OutcomeUnknown,
     "idempotency_key_reused": ValidationError,
+    "too_many_leases": LimitExceeded,
+    "too_many_waiters": LimitExceeded,
 }
 
 _BY_STATUS: dict[int, type[LockClientError]] = {
@@ -298,6 +314,7 @@ _BY_STATUS: dict[int, type[LockClientError]] = {
     403: PermissionDenied,
     404: NotFoundError,
     410: LeaseLostError,
+    429: LimitExceeded,
     413: ValidationError,
     422: ValidationError,
     428: TokenRequired,
@@ -363,6 +380,8 @@ def error_from_response(response: httpx.Response) -> LockClientError:
         return LockNotAcquired(detail, lock=problem.get("lock"), owner=problem.get("owner"),
                                ttl_ms=_int_or_none(problem.get("ttl_ms")),
                                retry_after=_retry_after(response), **kw)
+    if cls is LimitExceeded:
+        return LimitExceeded(detail, retry_after=_retry_after(response), **kw)
     if cls is LeaseLostError:
         return LeaseLostError(detail, lock=problem.get("lock"), **kw)
     if cls is StaleTokenError:

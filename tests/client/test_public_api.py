@@ -36,6 +36,7 @@ PUBLIC_API = [
     "LockNotClaimedError",
     "TransactionStateError",
     "PermissionDenied",
+    "LimitExceeded",
     "NotFoundError",
     "ValidationError",
     "ServiceUnavailable",
@@ -86,7 +87,10 @@ def _problem(status: int, code: str | None, **extra) -> httpx.Response:
     (422, "invalid_request", errors.ValidationError),
     (413, "payload_too_large", errors.ValidationError),
     (503, "store_unavailable", errors.ServiceUnavailable),
+    (429, "too_many_leases", errors.LimitExceeded),
+    (429, "too_many_waiters", errors.LimitExceeded),
     (410, None, errors.LeaseLostError),       # no code: mapped by status
+    (429, None, errors.LimitExceeded),
     (502, None, errors.ServiceUnavailable),
     (500, None, errors.ServiceUnavailable),
     (418, None, errors.ProtocolError),
@@ -99,6 +103,11 @@ def test_problem_codes_and_statuses_map_to_types(status, code, cls):
         assert (err.lock, err.presented, err.highest) == ("l", 3, 5)
     if cls is errors.LockNotAcquired:
         assert (err.owner, err.ttl_ms, err.retry_after) == ("o", 1200, 3.0)
+
+
+def test_an_identity_over_its_limit_is_told_when_to_retry():
+    err = errors.error_from_response(_problem(429, "too_many_leases", identity="billing"))
+    assert isinstance(err, errors.LimitExceeded) and err.retry_after == 3.0  # Retry-After
 
 
 def test_a_non_json_error_body_still_maps_by_status():

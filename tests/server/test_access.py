@@ -13,6 +13,7 @@ import uuid
 import httpx
 import pytest
 
+from lockd import LimitExceeded, LockClient
 from lockd.common.access import AccessFileError
 from lockd.server.access import parse_access, visible_prefixes
 from lockd.server.audit import AuditTrail
@@ -250,6 +251,9 @@ def test_per_identity_limits_answer_429(lockd_factory, tmp_path, http, run):
                          json={"lease_id": leases[0]["lease_id"]}, headers=_auth(KEY_A))
     assert released.status_code == 200
     assert _acquire(http, url, f"a/{run}/2", KEY_A).status_code == 200  # room again
+    with LockClient(url, api_key=KEY_A) as client, pytest.raises(LimitExceeded) as over_limit:
+        client.try_acquire(f"a/{run}/3", ttl=10)  # the client's own type, with the wait
+    assert over_limit.value.code == "too_many_leases" and over_limit.value.retry_after >= 1
     # waiters: team-b holds b/w; its first waiting acquire queues, the second is refused
     assert _acquire(http, url, f"b/{run}/w", KEY_OPS).status_code == 200
     results: list[int] = []
@@ -264,7 +268,7 @@ def test_per_identity_limits_answer_429(lockd_factory, tmp_path, http, run):
     waiter.join(10)
     assert results == [409]
     metrics = http.get(f"{url}/metrics").text
-    assert 'lockd_identity_limited_total{identity="team-a",limit="leases"} 1.0' in metrics
+    assert 'lockd_identity_limited_total{identity="team-a",limit="leases"} 2.0' in metrics  # HTTP, then LockClient
     assert 'lockd_identity_limited_total{identity="team-b",limit="waiters"} 1.0' in metrics
 
 
