@@ -22,8 +22,9 @@ first); ``history`` is written by the database itself, by triggers, never throug
 - ``kind = 'amark'``: every insert of an account mark (the ``transfer`` workload's blind
   multi-lock batches: one mark per account of the lease, ``op`` = the transfer id, ``worker`` =
   the account, ``fence`` = its lock's fence).
-- ``kind = 'fence'``: every change of the proxy's own fence table (``watch_fences``, installed
-  once the proxy created it): the highest fence the proxy honoured, as the database committed it.
+- ``kind = 'fence'``: every change of the fence table (``watch_fences``, installed once it
+  exists; ``fencing.fences`` on PostgreSQL, shared by the proxy and ``fencing.claim``): the
+  highest fence honoured, as the database committed it.
 
 Commit order without trusting the locks under test: on PostgreSQL a deferred constraint trigger
 stamps each history row with ``nextval('chaos_commit_seq')`` at COMMIT (after every statement

@@ -35,6 +35,7 @@ from __future__ import annotations
 import psycopg
 import sqlalchemy as sa
 
+from chaos.db import ResourceDB
 from resource_proxy.dbfence import install
 from resource_proxy.policy import Policy, TablePolicy, Template
 
@@ -85,17 +86,7 @@ CREATE TRIGGER chaos_log_sql AFTER INSERT OR UPDATE OR DELETE ON order_lines FOR
     EXECUTE FUNCTION chaos_log_sql();
 """
 
-_WATCH = """
-CREATE OR REPLACE FUNCTION chaos_log_dbfence() RETURNS trigger LANGUAGE plpgsql
-    SET search_path = public AS $$  -- fencing.claim runs with its own search_path
-BEGIN
-    INSERT INTO history (kind, op, fence) VALUES ('fence', NEW.lock, NEW.highest);
-    RETURN NULL;
-END $$;
-DROP TRIGGER IF EXISTS chaos_log_dbfence ON fencing.fences;
-CREATE TRIGGER chaos_log_dbfence AFTER INSERT OR UPDATE ON fencing.fences FOR EACH ROW
-    EXECUTE FUNCTION chaos_log_dbfence();
-"""
+
 
 
 def create_sql_schema(db_url: str) -> None:
@@ -114,6 +105,5 @@ def protect(db_url: str) -> list[str]:
         report = install(engine, policy, list(SQL_TABLES))
     finally:
         engine.dispose()
-    with psycopg.connect(db_url, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(_WATCH)
+    ResourceDB(db_url).watch_fences()  # the same watcher as the proxy's workloads
     return report.lines()
