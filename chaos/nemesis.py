@@ -443,6 +443,10 @@ class Nemesis(threading.Thread):
         b = reader[0] if reader else None
         if b is not None:
             self.pool.kill(b)
+            # B's read must stand provably before A's write in the logs (uptime has 10 ms steps
+            # and the checker a slack of UP_SLACK_S): only then does a write that the fence let
+            # through count as stale
+            self._halt.wait(0.05)
         thawed = self._thaw(a, fa)
         self._halt.wait(0.3)
         if b is not None:

@@ -99,7 +99,9 @@ WORKLOADS = ("counter", "transfer", "sql")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_S = 4.0
-"""Length of the blind phases (s), one in every three (``Worker._op_counter``)."""
+"""Length of the phases (s) of the counter workload, in turn: blind (85 % blind batches),
+claim (every operation a read-modify-write that claims, then reads plainly), mixed
+(``Worker._op_counter``)."""
 _DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
 
 
@@ -243,17 +245,24 @@ class Worker:
         Every ``BLIND_PHASE_S`` x 3 seconds of real time, all workers spend ``BLIND_PHASE_S`` in a
         blind phase (85 % blind batches): a frozen holder's successor then often writes a blind
         batch, the one write that alone must raise the highest past the frozen fence."""
-        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
-        share = 0.85 if blind_phase else self.a.blind
+        phase = int(uptime() / BLIND_PHASE_S) % 3
+        blind_phase, claim_phase = phase == 0, phase == 1
+        share = 0.85 if blind_phase else 0.0 if claim_phase else self.a.blind
         if self.a.mode == "fenced" and self.rng.random() < share:
             self._blind(op, lease, ("batch",) if blind_phase else MARK_VIAS)
         else:
-            self._rmw(op, lease)
+            self._rmw(op, lease, claim_first=True if claim_phase else None)
 
-    def _rmw(self, op: str, lease: Lease) -> None:
+    def _rmw(self, op: str, lease: Lease, claim_first: bool | None = None) -> None:
+        """A read-modify-write; ``claim_first``: "claim, then plain reads" (None: by
+        ``--claim-then-read``). In the claim phases every operation is one, so a frozen
+        holder's immediate successor has often only claimed when it is killed after its read:
+        the claim alone must have raised the highest past the frozen fence."""
         session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
         _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
-        claim_first = self.rng.random() < self.a.claim_then_read
+        draw = self.rng.random()  # drawn always: the rest of the sequence keeps its seed
+        if claim_first is None:
+            claim_first = draw < self.a.claim_then_read
         try:
             value = self._read(lease, session, claim_first)
         except (LockClientError, *_DIRECT_ERRORS) as exc:
