@@ -7,6 +7,7 @@
     │   └── PayloadTooLarge         413  payload_too_large
     ├── NotFound                    404  not_found
     ├── LockHeld                    409  held              not granted within wait_ms
+    ├── LimitMismatch               409  limit_mismatch    semaphore held under another limit
     ├── LeaseLost                   410  lease_lost        expired, released or unknown lease
     ├── Unauthorized                401  unauthorized
     ├── Forbidden                   403  forbidden
@@ -30,6 +31,7 @@ __all__ = [
     "PayloadTooLarge",
     "NotFound",
     "LockHeld",
+    "LimitMismatch",
     "LeaseLost",
     "Unauthorized",
     "Forbidden",
@@ -70,6 +72,19 @@ class LockHeld(LockdError):
     """
 
     status, code, title = 409, "held", "Lock is held"
+
+
+class LimitMismatch(LockdError):
+    """A semaphore acquire named a ``limit`` other than the one its live permits hold (409).
+
+    ``extra`` carries ``limit``: the semaphore's current limit.
+    """
+
+    status, code, title = 409, "limit_mismatch", "Semaphore limit mismatch"
+
+    def __init__(self, detail: str, *, limit: int, **extra: object) -> None:
+        super().__init__(detail, limit=limit, **extra)
+        self.limit = limit
 
 
 class LeaseLost(LockdError):

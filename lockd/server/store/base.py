@@ -18,16 +18,34 @@ store cannot answer; nothing was changed or the outcome is unknown). Nothing els
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MULTI_PREFIX", "Grant", "Holder", "LockState", "MultiGrant", "Store",
-           "ReleaseListener"]
+__all__ = ["MULTI_PREFIX", "SEM_KEY_PREFIX", "EXCLUSIVE", "SHARED", "Grant", "Holder",
+           "HolderView", "LockState", "MultiGrant", "Store", "ReleaseListener", "SemGrant",
+           "SemFull", "SemState", "Permit", "ElectionEvent", "ElectionState", "sem_key"]
 
 MULTI_PREFIX = "m."
 """Every multi-lock lease id starts with this (``.`` never occurs in a single lease's id), so
 the single-lock renew/release can refuse one instead of ending part of a set."""
+
+
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+"""The two lock modes. Any number of live SHARED leases may hold a lock at once; a live
+EXCLUSIVE lease excludes every other lease of either mode. An exclusive grant raises the lock's
+fence; a shared grant carries the lock's current fence (the write epoch, 0 if never written) and
+does not raise it."""
+
+SEM_KEY_PREFIX = "#sem/"
+"""Release notifications and wait queues of semaphore ``s`` use the key ``#sem/s`` (``#`` is
+never in a lock name, so a semaphore's key cannot collide with a lock's)."""
+
+
+def sem_key(name: str) -> str:
+    """The notification / wait-queue key of semaphore ``name``."""
+    return SEM_KEY_PREFIX + name
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +57,7 @@ class Grant:
     fence: int
     ttl_ms: int
     owner: str
+    mode: str = EXCLUSIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,8 @@ class MultiGrant:
     fences: dict[str, int]
     ttl_ms: int
     owner: str
+    modes: dict[str, str] | None = None
+    """Each lock's mode; ``None``: every lock exclusive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +84,111 @@ class Holder:
     owner: str
     ttl_ms: int
     fence: int
+    mode: str = EXCLUSIVE
+    """The blocking lease's mode. Refused by shared holders, a store reports the one whose lease
+    ends LAST (the lock frees only when every shared holder has gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HolderView:
+    """One live lease of a lock as ``GET`` shows it (never its lease id)."""
+
+    owner: str
+    ttl_ms: int
+    mode: str = EXCLUSIVE
 
 
 @dataclass(frozen=True, slots=True)
 class LockState:
-    """What ``GET /v1/locks/{name}`` shows. ``fence`` is the last fence issued (0: never)."""
+    """What ``GET /v1/locks/{name}`` shows. ``fence`` is the last fence issued (0: never).
+
+    ``owner``/``ttl_ms``: the exclusive holder, or (shared) the holder whose lease ends last.
+    ``mode``: the held mode (``None`` when free); ``holders``: every live lease, in grant order.
+    """
 
     lock: str
     held: bool
     fence: int
     owner: str | None
     ttl_ms: int
+    mode: str | None = None
+    holders: tuple[HolderView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SemGrant:
+    """A live semaphore permit. ``fence``: strictly increasing per semaphore; ``slot``: in
+    ``0 .. limit-1``, unique among the semaphore's live permits; ``ttl_ms``: time left."""
+
+    name: str
+    lease_id: str
+    fence: int
+    slot: int
+    limit: int
+    ttl_ms: int
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class SemFull:
+    """Why a permit was not granted: ``limit`` live permits are held. ``ttl_ms``: the SOONEST
+    expiry among them (a waiter retries then); ``owners``: the permits' owners."""
+
+    name: str
+    limit: int
+    ttl_ms: int
+    owners: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """One live permit as ``GET /v1/semaphores/{name}`` shows it (never its lease id)."""
+
+    owner: str
+    slot: int
+    ttl_ms: int
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class SemState:
+    """A semaphore: ``limit`` (0: never created), ``fence`` (last issued, 0: never), live
+    ``permits`` in slot order."""
+
+    name: str
+    limit: int
+    fence: int
+    permits: tuple[Permit, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionEvent:
+    """One entry of an election's change log. ``seq`` strictly increases per election (1, 2,
+    ...; never reused, survives restarts). ``kind``: ``"leader"`` (a new leader: a new term,
+    ``fence`` its lock fence), ``"proclaim"`` (same leader and fence, new ``value``) or
+    ``"resign"`` (the leader released; ``value`` empty). A leader that lapsed without resigning
+    shows up as the next ``"leader"`` entry."""
+
+    seq: int
+    kind: str
+    owner: str
+    value: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionState:
+    """An election now. ``leader``: the live lease of lock ``name`` (``None``: no leader);
+    ``value``: the leader's value (``""`` with no leader); ``seq``: the last log entry's seq (0:
+    none); ``handover``: the pending handover target (an owner, or ``"next"``), ``None`` if
+    none."""
+
+    name: str
+    leader: HolderView | None
+    fence: int
+    value: str
+    seq: int
+    handover: str | None
 
 
 ReleaseListener = Callable[[str], None]
@@ -91,7 +206,8 @@ class Store(Protocol):
         """Release every connection; idempotent."""
 
     async def acquire(
-        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None
+        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
+        mode: str = EXCLUSIVE
     ) -> Grant | Holder:
         """Grant ``lock`` to a new lease ``lease_id`` for ``ttl_ms`` if no live lease holds it.
 
@@ -117,7 +233,7 @@ class Store(Protocol):
 
     async def acquire_many(
         self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int, owner: str,
-        client_id: str | None
+        client_id: str | None, modes: Mapping[str, str] | None = None
     ) -> MultiGrant | list[Holder]:
         """Grant ALL of ``locks`` (distinct, in name order) to one new lease, or none of them.
 
@@ -160,3 +276,73 @@ class Store(Protocol):
     async def clock_offset(self) -> float | None:
         """Seconds the store's clock is ahead of lockd's (negative: behind), measured now;
         ``None`` if the store cannot tell. Raises ``StoreUnavailable``."""
+
+    # --- lock modes ------------------------------------------------------------------------
+    # ``acquire`` and ``acquire_many`` take the mode as keyword ``mode: str = EXCLUSIVE`` and
+    # ``modes: Mapping[str, str] | None = None`` (``None``: all exclusive); ``renew``/``release``
+    # work on a lease of either mode (the store knows it); ``release`` of a shared lease notifies
+    # listeners like any release; ``force_release`` ends every live lease of the lock (all its
+    # shared holders) and returns the one that ended last. A ``client_id`` retry returns the
+    # live lease of that client_id in either mode.
+
+    # --- semaphores (notification key: ``sem_key(name)``) -----------------------------------
+
+    async def sem_acquire(
+        self, name: str, *, limit: int, lease_id: str, ttl_ms: int, owner: str,
+        client_id: str | None
+    ) -> SemGrant | SemFull:
+        """Grant one permit of semaphore ``name`` if fewer than ``limit`` live permits exist.
+
+        The grant's fence is strictly greater than every fence this semaphore ever issued; its
+        slot is the lowest in ``0 .. limit-1`` no live permit holds. A live permit with the same
+        non-empty ``client_id`` is returned instead (expiry pushed). Raises ``LimitMismatch``
+        (carrying the current limit) if live permits exist under another ``limit``; with no live
+        permit the semaphore takes the new ``limit``.
+        """
+
+    async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
+        """As ``renew``, for a permit (same fence and slot). Raises ``LeaseLost``."""
+
+    async def sem_release(self, name: str, lease_id: str) -> None:
+        """End a live permit and notify listeners with ``sem_key(name)``. Raises ``LeaseLost``."""
+
+    async def sem_get(self, name: str) -> SemState:
+        """The semaphore's limit, last fence and live permits (unknown: limit 0, fence 0)."""
+
+    # --- elections (the leader is the EXCLUSIVE holder of lock ``name``) --------------------
+
+    async def elect_campaign(
+        self, name: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
+        value: str
+    ) -> Grant | Holder:
+        """``acquire(name, mode=EXCLUSIVE)`` that, when it grants a NEW lease, also sets the
+        election's value, clears any pending handover and appends a ``"leader"`` log entry, all
+        in one atomic step."""
+
+    async def elect_renew(self, name: str, lease_id: str,
+                          ttl_ms: int | None) -> tuple[Grant, str | None]:
+        """``renew`` of the leader's lease, answering the pending handover target too (``None``:
+        none). Raises ``LeaseLost``."""
+
+    async def elect_resign(self, name: str, lease_id: str) -> None:
+        """``release`` of the leader's lease that appends a ``"resign"`` entry and clears the
+        value and handover atomically. Raises ``LeaseLost``."""
+
+    async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
+        """Set the live leader's value (same lease, same fence) and append a ``"proclaim"``
+        entry. Raises ``LeaseLost`` unless ``lease_id`` is the live leader."""
+
+    async def elect_handover(self, name: str, target: str) -> ElectionState:
+        """Record a handover request (``target``: an owner, or ``"next"``) for the current
+        leader to see at its next renewal. Raises ``LeaseLost`` when nobody leads."""
+
+    async def elect_get(self, name: str) -> ElectionState:
+        """The election now (unknown: no leader, fence 0, seq 0)."""
+
+    async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
+        """Up to ``limit`` log entries with ``seq > after``, in seq order. A store keeps at least
+        the last 1,000 entries per election; older ones may be gone (the caller sees the gap
+        from the first ``seq`` it gets)."""
+
+    # Every election write notifies listeners with lock ``name`` (so observers and waiting
+    # candidates wake), like a release.
