@@ -103,6 +103,11 @@ class Claims:
     ``locks`` maps every lock the token fences to its grant's fence: one entry for a single-lock
     token (then ``lock``/``fence`` name it too), 1 to ``MAX_LOCKS`` for a multi-lock token (then
     ``lock`` and ``fence`` are None and ``multi`` is True).
+
+    ``shared``: the locks this token holds in SHARED mode (claim ``mode: "shared"`` of a
+    single-lock token; claim ``shared: [names]`` of a multi-lock token). A shared lease may read
+    and claim-for-read, never write; its fence is the lock's write epoch, which may be 0 (no
+    exclusive grant yet). Tokens without these claims are exclusive.
     """
 
     lock: str | None
@@ -110,6 +115,11 @@ class Claims:
     kid: str
     locks: Mapping[str, int]
     multi: bool = False
+    shared: frozenset[str] = frozenset()
+
+    def mode_for(self, lock: str) -> str:
+        """``"shared"`` or ``"exclusive"``: how this token holds ``lock``."""
+        return "shared" if lock in self.shared else "exclusive"
 
     def fence_for(self, lock: str) -> int | None:
         """The fence this token carries for ``lock``, or None if it does not fence ``lock``."""
@@ -448,13 +458,18 @@ class Verifier:
         lock, fence = claims.get("lock"), claims.get("fence")
         if not isinstance(lock, str) or not lock:
             raise InvalidToken("token claim 'lock' must be a non-empty string")
-        if not _is_fence(fence):
+        mode = claims.get("mode", "exclusive")
+        if mode not in ("exclusive", "shared"):
+            raise InvalidToken("token claim 'mode' must be 'exclusive' or 'shared'")
+        if not _is_fence(fence, shared=mode == "shared"):
             raise InvalidToken("token claim 'fence' must be a positive integer")
-        return Claims(lock=lock, fence=fence, kid=kid, locks={lock: fence})
+        shared = frozenset((lock,)) if mode == "shared" else frozenset()
+        return Claims(lock=lock, fence=fence, kid=kid, locks={lock: fence}, shared=shared)
 
 
-def _is_fence(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value >= 1
+def _is_fence(value: Any, *, shared: bool = False) -> bool:
+    """A fence claim: a positive integer (a shared lease's epoch may be 0: never written)."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= (0 if shared else 1)
 
 
 def _multi_claims(claims: Mapping[str, Any], kid: str) -> Claims:
@@ -464,9 +479,14 @@ def _multi_claims(claims: Mapping[str, Any], kid: str) -> Claims:
     locks = claims["locks"]
     if not isinstance(locks, dict) or not 1 <= len(locks) <= MAX_LOCKS:
         raise InvalidToken(f"token claim 'locks' must map 1 to {MAX_LOCKS} lock names to fences")
+    shared = claims.get("shared", [])
+    if not isinstance(shared, list) or not all(
+            isinstance(name, str) and name in locks for name in shared):
+        raise InvalidToken("token claim 'shared' must list locks of the token")
     for name, fence in locks.items():
         if not name:
             raise InvalidToken("token claim 'locks' holds an empty lock name")
-        if not _is_fence(fence):
+        if not _is_fence(fence, shared=name in shared):
             raise InvalidToken("token claim 'locks' holds a fence that is not a positive integer")
-    return Claims(lock=None, fence=None, kid=kid, locks=dict(locks), multi=True)
+    return Claims(lock=None, fence=None, kid=kid, locks=dict(locks), multi=True,
+                  shared=frozenset(shared))
