@@ -263,3 +263,23 @@ def test_many_concurrent_acquirers_of_both_modes_never_overlap_wrongly(tmp_path)
         assert (await store.get("k")).fence == seen[EXCLUSIVE]
 
     run_with_store(tmp_path, scenario)
+
+
+def test_a_database_of_the_previous_schema_opens_and_keeps_its_fences(tmp_path):
+    import sqlite3
+
+    from lockd.server.store import sqlite as store_mod
+
+    with sqlite3.connect(tmp_path / "s.db") as old:  # as a lockd before modes left it
+        old.execute(store_mod._SCHEMA)
+        old.execute(store_mod._SCHEMA_LEASES)
+        old.execute("INSERT INTO locks (name, fence) VALUES ('old', 7)")
+
+    async def scenario(store, clock, notified):
+        assert (await _acq(store, "old", "s1", SHARED)).fence == 7
+        await store.release("old", "s1")
+        assert (await _acq(store, "old", "e1", EXCLUSIVE)).fence == 8
+        assert (await store.sem_get("any")).limit == 0
+        assert (await store.elect_get("old")).leader.owner == "e1"
+
+    run_with_store(tmp_path, scenario)
