@@ -4,8 +4,8 @@ Keys (under the store's prefix): ``elections/<name>#v`` the leader's value (JSON
 value, fence?}``), ``elections/<name>#h`` a pending handover (``{target, fence}``),
 ``elections/<name>#seq`` the log counter (its etcd ``version``, the number of puts since it was
 created, is the last seq) and ``elections/<name>#log/<seq, 20 digits>`` the log entries (JSON
-``{kind, owner, value, fence?, lease_id}``; the lease id only lets a replayed write recognise
-itself and is never shown). A value or handover counts only while its ``fence`` is the live
+``{kind, owner, value, fence?, op}``; ``op``, a random id of the write, only lets a replayed
+write recognise itself). A value or handover counts only while its ``fence`` is the live
 leader's (a lapsed leader's value is stale, never cleared by a write).
 
 Every log append is ONE transaction guarded on ``version(#seq) == n`` as read, so seqs are
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import secrets
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
@@ -44,6 +46,13 @@ __all__ = ["Elections", "KEEP"]
 
 KEEP = 1000  # log entries kept at least, per election
 _TRIM_EVERY = 100
+_ATTEMPTS = 24  # guarded appends tried before StoreUnavailable (another append won the seq)
+
+
+async def _backoff(attempt: int) -> None:
+    """After losing a race for the next seq: a short random pause (none the first time)."""
+    if attempt:
+        await asyncio.sleep(random.uniform(0, 0.004 * min(attempt, 5)))
 
 
 def _json(kv: dict[str, Any] | None) -> dict[str, Any]:
@@ -114,7 +123,7 @@ class Elections:
                     if holder is None:
                         continue
                     return holder
-                entry = {"kind": "leader", "owner": owner, "value": value, "lease_id": lease_id}
+                entry = {"kind": "leader", "owner": owner, "value": value}
                 doc = await self._transport.txn(
                     [{"key": start, "range_end": end, "target": "CREATE", "create_revision": "0"},
                      {"key": self._key(name, "seq"), "target": "VERSION", "version": str(seq)}],
@@ -143,28 +152,31 @@ class Elections:
         handover = _json((doc.get("kvs") or [None])[0])
         return handover.get("target") if handover.get("fence") == fence else None
 
-    async def _leader(self, name: str, lease_id: str):
-        """(held, seq) for the live leader ``lease_id``; ``LeaseLost`` otherwise."""
-        exclusive, _, _, _, _, seq = await self._read(name)
-        if exclusive is None or exclusive.lease_id != lease_id or not await self._modes.live(
-                [exclusive]):
+    async def _leader(self, name: str, lease_id: str) -> tuple[Held, int, int, str | None]:
+        """(key, last seq, ms left, handover target) of the live leader ``lease_id``;
+        ``LeaseLost`` otherwise."""
+        exclusive, _, _, _, handover_kv, seq = await self._read(name)
+        live = await self._modes.live([exclusive]) if exclusive is not None else []
+        if exclusive is None or exclusive.lease_id != lease_id or not live:
             raise LeaseLost(f"no live leader of {name!r} with that lease id", lock=name)
-        return exclusive, seq
+        handover = _json(handover_kv)
+        return exclusive, seq, live[0][1], (handover.get("target")
+                                            if handover.get("fence") == exclusive.fence else None)
 
-    async def _logged(self, name: str, seq: int, lease_id: str, kind: str) -> bool:
-        """Whether log entry ``seq`` is a ``kind`` entry written by ``lease_id`` (a replay of
-        our own write whose answer was lost)."""
+    async def _logged(self, name: str, seq: int, op: str) -> bool:
+        """Whether log entry ``seq`` was written by the write ``op`` (a random id each write
+        carries): a replay of our own write whose answer was lost."""
         doc = await self._transport.post("/v3/kv/range", {"key": self._log_key(name, seq)})
-        entry = _json((doc.get("kvs") or [None])[0])
-        return entry.get("lease_id") == lease_id and entry.get("kind") == kind
+        return _json((doc.get("kvs") or [None])[0]).get("op") == op
 
     async def resign(self, name: str, lease_id: str) -> None:
         """Delete the leader's key, value and handover and append ``"resign"``, in one
         transaction guarded on the key's ``mod_revision``; then revoke its etcd lease."""
-        for _ in range(5):
-            held, seq = await self._leader(name, lease_id)
+        for attempt in range(_ATTEMPTS):
+            await _backoff(attempt)
+            held, seq, _, _ = await self._leader(name, lease_id)
             entry = {"kind": "resign", "owner": held.owner, "value": "", "fence": held.fence,
-                     "lease_id": lease_id}
+                     "op": secrets.token_hex(8)}
             lock_key = b64(self._keys.lock(name))
             doc = await self._transport.txn(
                 [{"key": lock_key, "target": "MOD", "mod_revision": str(held.mod_revision)},
@@ -173,7 +185,7 @@ class Elections:
                  {"request_delete_range": {"key": self._key(name, "v")}},
                  {"request_delete_range": {"key": self._key(name, "h")}},
                  *self._append(name, seq + 1, entry)], [])
-            if doc.get("succeeded") or await self._logged(name, seq + 1, lease_id, "resign"):
+            if doc.get("succeeded") or await self._logged(name, seq + 1, entry["op"]):
                 try:
                     await self._leases.revoke_now(held.etcd_lease)
                 except StoreUnavailable:
@@ -181,13 +193,14 @@ class Elections:
                 return
         raise StoreUnavailable(f"etcd: election {name!r} kept changing; try again")
 
-    async def proclaim(self, name: str, lease_id: str, value: str) -> None:
+    async def proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
         """Set the live leader's value and append ``"proclaim"``: one transaction guarded on
         the leader's key and the counter. Raises ``LeaseLost``."""
-        for _ in range(5):
-            held, seq = await self._leader(name, lease_id)
+        for attempt in range(_ATTEMPTS):
+            await _backoff(attempt)
+            held, seq, remaining, handover = await self._leader(name, lease_id)
             entry = {"kind": "proclaim", "owner": held.owner, "value": value,
-                     "fence": held.fence, "lease_id": lease_id}
+                     "fence": held.fence, "op": secrets.token_hex(8)}
             doc = await self._transport.txn(
                 [{"key": b64(self._keys.lock(name)), "target": "MOD",
                   "mod_revision": str(held.mod_revision)},
@@ -196,8 +209,9 @@ class Elections:
                     {"owner": held.owner, "value": value, "fence": held.fence},
                     separators=(",", ":")).encode())}},
                  *self._append(name, seq + 1, entry)], [])
-            if doc.get("succeeded") or await self._logged(name, seq + 1, lease_id, "proclaim"):
-                return
+            if doc.get("succeeded") or await self._logged(name, seq + 1, entry["op"]):
+                return ElectionState(name, HolderView(held.owner, remaining), held.fence, value,
+                                     seq + 1, handover)
         raise StoreUnavailable(f"etcd: election {name!r} kept changing; try again")
 
     async def handover(self, name: str, target: str) -> None:

@@ -319,8 +319,7 @@ class EtcdStore:
 
     async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
         """Set the live leader's value and log ``"proclaim"``. Raises ``LeaseLost``."""
-        await self._elections.proclaim(name, lease_id, value)
-        return await self._elections.get(name)
+        return await self._elections.proclaim(name, lease_id, value)
 
     async def elect_handover(self, name: str, target: str) -> ElectionState:
         """Record a handover request for the leader's term. ``LeaseLost`` with no leader."""
