@@ -186,10 +186,13 @@ class Elections:
                  {"request_delete_range": {"key": self._key(name, "h")}},
                  *self._append(name, seq + 1, entry)], [])
             if doc.get("succeeded") or await self._logged(name, seq + 1, entry["op"]):
+                # The key is gone; its etcd lease must go before we answer (a replica's lease
+                # cache would keep it alive otherwise: see ``leases``).
                 try:
                     await self._leases.revoke_now(held.etcd_lease)
                 except StoreUnavailable:
                     self._leases.revoke_soon(held.etcd_lease)
+                    raise
                 return
         raise StoreUnavailable(f"etcd: election {name!r} kept changing; try again")
 
