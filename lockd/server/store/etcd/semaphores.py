@@ -12,7 +12,9 @@ since the read; a grant that sets a new limit instead requires that no permit ke
 So every live permit was granted under the current limit, in a slot below it, one permit a slot:
 never more than ``limit`` live permits, whatever number of lockd processes grant at once. The
 fence is the grant transaction's revision (etcd's revision only grows). A ``client_id`` acquire
-also compares "no permit key created since the read", so two retries cannot both grant.
+also compares "no permit key created since the read", so two retries cannot both grant. The slot
+is the lowest free one as read; an acquire that lost a race for it picks one of the lowest few
+free slots next, so acquirers that read the same state stop colliding on one slot.
 """
 
 from __future__ import annotations
