@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 import httpx
+import pytest
 
 from lockd.server.errors import LeaseLost, LimitMismatch
 from lockd.server.store.base import SemFull, SemGrant, sem_key
@@ -197,7 +196,7 @@ def test_a_permit_released_in_a_compacted_watch_gap_still_wakes_listeners(
                     "revision": rev.json()["header"]["revision"], "physical": True})
             finally:
                 etcd_cluster.kill_member(victim)  # the stream now breaks; a reconnects
-            while (key := await asyncio.wait_for(heard.get(), 8)) != sem_key("gap-sem"):
+            while await asyncio.wait_for(heard.get(), 8) != sem_key("gap-sem"):
                 pass
 
     asyncio.run(body())
