@@ -26,7 +26,7 @@ import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_elect as sql_elect
 import lockd.server.store.postgres.sql_modes as sql_modes
 import lockd.server.store.postgres.sql_sem as sql_sem
-from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
+from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,

@@ -365,3 +365,29 @@ def test_a_database_of_the_previous_version_upgrades_in_place(pg_url, pg_dsn):
             assert (await again.get("old")).fence == 8
 
     asyncio.run(main())
+
+
+def test_listen_catch_up_names_every_kind_of_release(pg_url, pg_dsn):
+    """After a LISTEN reconnect the listener replays what was released meanwhile (notifications
+    sent while it was away are lost): shared releases, semaphore releases (``#sem/`` keys) and
+    election writes are found like exclusive releases."""
+    from lockd.server.store.postgres import sql_modes
+
+    async def main():
+        async with opened(pg_url) as store:
+            e = await take(store, "excl", EXCLUSIVE)
+            s = await take(store, "shr", SHARED)
+            p = await store.sem_acquire("pool", limit=2, lease_id=lease_id(), ttl_ms=5000,
+                                        owner="o", client_id=None)
+            await take(store, "quiet", SHARED)  # not released: not replayed
+            await store.release("excl", e.lease_id)
+            await store.release("shr", s.lease_id)
+            await store.sem_release("pool", p.lease_id)
+            await store.elect_campaign("boss", lease_id=lease_id(), ttl_ms=5000, owner="o",
+                                       client_id=None, value="v")
+
+    asyncio.run(main())
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        since = conn.execute("SELECT now() - interval '1 minute'").fetchone()[0]
+        names = [r[0] for r in conn.execute(sql_modes.CATCH_UP, {"since": since})]
+    assert names == ["#sem/pool", "boss", "excl", "shr"]
