@@ -233,6 +233,12 @@ def test_mixed_mode_acquire_many_is_all_or_nothing(pg_url):
             assert got.fences == {"a": 0, "b": 2, "c": 0} and got.modes == modes
             assert [h.owner for h in (await store.get("a")).holders] == ["other", "m"]
             assert (await store.get("b")).mode == EXCLUSIVE
+            listed = await store.list("", 10, None)
+            assert [(x.lock, x.mode, [h.owner for h in x.holders]) for x in listed] == [
+                ("a", SHARED, ["other", "m"]), ("b", EXCLUSIVE, ["m"]), ("c", SHARED, ["m"])]
+            assert [(x.fence, x.owner, x.held) for x in listed] == [(0, "m", True),
+                                                                    (2, "m", True),
+                                                                    (0, "m", True)]
             # the set's shared locks refuse an exclusive lease, its exclusive lock a shared one
             assert isinstance(await take(store, "c", EXCLUSIVE), Holder)
             assert isinstance(await take(store, "b", SHARED), Holder)
@@ -391,3 +397,56 @@ def test_listen_catch_up_names_every_kind_of_release(pg_url, pg_dsn):
         since = conn.execute("SELECT now() - interval '1 minute'").fetchone()[0]
         names = [r[0] for r in conn.execute(sql_modes.CATCH_UP, {"since": since})]
     assert names == ["#sem/pool", "boss", "excl", "shr"]
+
+
+def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
+    """Like the test above, with lock sets in random modes among the single leases: per lock,
+    an exclusive span overlaps no other span (a set's spans count for each of its locks)."""
+
+    async def main():
+        spans: dict[str, list[tuple[float, float, str]]] = {"a": [], "b": []}
+        sets = 0
+        async with opened(pg_url) as one, opened(pg_url) as two:
+            stop = time.monotonic() + 3.0
+
+            async def worker(i: int) -> None:
+                nonlocal sets
+                store = one if i % 2 else two
+                rnd = random.Random(100 + i)
+                while time.monotonic() < stop:
+                    pick = {n: (SHARED if rnd.random() < 0.6 else EXCLUSIVE) for n in "ab"}
+                    if rnd.random() < 0.5:
+                        got = await store.acquire_many(("a", "b"), lease_id=lease_id(),
+                                                       ttl_ms=5000, owner=f"w{i}",
+                                                       client_id=None, modes=pick)
+                        held = pick if isinstance(got, MultiGrant) else None
+                    else:
+                        name = rnd.choice("ab")
+                        got = await take(store, name, pick[name], f"w{i}")
+                        held = {name: pick[name]} if isinstance(got, Grant) else None
+                    if held is None:
+                        await asyncio.sleep(rnd.random() * 0.01)
+                        continue
+                    start = time.monotonic()
+                    await asyncio.sleep(rnd.random() * 0.01)
+                    end = time.monotonic()
+                    if isinstance(got, MultiGrant):
+                        sets += 1
+                        assert await store.release_many(got.lease_id) == ("a", "b")
+                    else:
+                        await store.release(got.lock, got.lease_id)
+                    for name, mode in held.items():
+                        spans[name].append((start, end, mode))
+
+            await asyncio.gather(*(worker(i) for i in range(12)))
+        assert sets > 10
+        for name, found in spans.items():
+            found.sort()
+            assert {m for _, _, m in found} == {SHARED, EXCLUSIVE}, name
+            for i, (s1, e1, m1) in enumerate(found):
+                for s2, e2, m2 in found[i + 1:]:
+                    if s2 >= e1:
+                        break
+                    assert m1 == m2 == SHARED, (name, (s1, e1, m1), (s2, e2, m2))
+
+    asyncio.run(main())
