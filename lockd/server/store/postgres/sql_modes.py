@@ -20,9 +20,8 @@ __all__ = [
     "LEASE_MODES",
     "LOCK_MANY", "LOCK_ONE", "LOCK_ROWS", "MANY_GRANT", "MANY_STATE", "RELEASE_MANY_ROWS",
     "RELEASE_SHARED_ALL", "SCHEMA_CURRENT", "SHARED_GRANT", "SHARED_RELEASE",
-    "SHARED_RELEASED_BY", "SHARED_RENEW", "SHARED_RENEW_MANY", "SHARED_UNTIL",
-    "SHARED_UNTIL_FIX", "STATE",
-    "SWEEP_SHARED", "list_sql",
+    "SHARED_RELEASED_BY", "SHARED_RENEW", "SHARED_RENEW_MANY", "SHARED_UNTIL_FIX", "STATE",
+    "SWEEP_SHARED", "list_sql", "ttl",
 ]
 
 
@@ -262,9 +261,6 @@ SWEEP_SHARED = """
 DELETE FROM lockd.shared
  WHERE coalesce(expires_at, released_at) < now() - interval '15 minutes'
 """
-
-# shared_until of one lock: for tests and diagnostics.
-SHARED_UNTIL = "SELECT shared_until FROM lockd.locks WHERE name = %(lock)s"
 
 # -- state ----------------------------------------------------------------------------------------
 

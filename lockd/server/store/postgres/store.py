@@ -396,6 +396,7 @@ class PostgresStore(SemaphoreOps, ElectionOps):
                     self._grants += 1
                     if self._grants % _LEASE_SWEEP_EVERY == 0:  # lease rows of expired sets
                         await conn.execute(sql.SWEEP_LEASES)
+                        await conn.execute(sql_modes.SWEEP_SHARED)
                     fences = {r[0]: r[1] for r in rows}
                     return MultiGrant(lease_id, {n: fences[n] for n in locks}, int(ttl_ms),
                                       owner or "", out_modes)
