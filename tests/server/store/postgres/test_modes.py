@@ -356,6 +356,12 @@ def test_a_database_of_the_previous_version_upgrades_in_place(pg_url, pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the previous version's schema
         conn.execute(sql.DDL)
         conn.execute("INSERT INTO lockd.locks (name, fence) VALUES ('old', 7)")
+        # a live multi-lock lease of the previous version
+        conn.execute("INSERT INTO lockd.locks (name, fence, lease_id, owner, expires_at, ttl_ms)"
+                     " SELECT n, 3, 'm.old', 'set', now() + interval '1 hour', 60000"
+                     "   FROM unnest(ARRAY['p', 'q']) AS n")
+        conn.execute("INSERT INTO lockd.leases (lease_id, locks, owner, expires_at, ttl_ms)"
+                     " VALUES ('m.old', ARRAY['p', 'q'], 'set', now() + interval '1 hour', 60000)")
 
     async def main():
         async with opened(pg_url) as a, opened(pg_url) as b:  # two processes upgrade at once
@@ -367,6 +373,11 @@ def test_a_database_of_the_previous_version_upgrades_in_place(pg_url, pg_dsn):
             n = await take(a, "new", SHARED)
             assert isinstance(n, Grant) and n.fence == 0
             assert (await b.sem_get("s")).limit == 0 and (await b.elect_get("e")).seq == 0
+            assert isinstance(await take(a, "p", SHARED), Holder)
+            renewed = await b.renew_many("m.old", 5000)
+            assert (renewed.fences, renewed.modes, renewed.ttl_ms) == ({"p": 3, "q": 3}, None, 5000)
+            assert await a.release_many("m.old") == ("p", "q")
+            assert isinstance(await take(a, "p", SHARED), Grant)
         async with opened(pg_url) as again:  # a current schema: opened as is
             assert (await again.get("old")).fence == 8
 
