@@ -461,3 +461,35 @@ def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
                     assert m1 == m2 == SHARED, (name, (s1, e1, m1), (s2, e2, m2))
 
     asyncio.run(main())
+
+
+def test_a_shared_renewal_judged_by_an_earlier_now_loses_to_an_exclusive_grant(pg_url, pg_dsn):
+    """A renewal waits on the lock row while, meanwhile, its lease ran out and an exclusive
+    lease was granted: by its own (earlier) ``now()`` the lease still looks live, but the
+    exclusive lease on the row it locked first refuses it."""
+
+    async def main():
+        async with opened(pg_url) as store:
+            s = await take(store, "race", SHARED, ttl_ms=60_000)
+            with psycopg.connect(pg_dsn) as conn:  # one transaction holding the lock row
+                conn.execute("SELECT 1 FROM lockd.locks WHERE name = 'race' FOR UPDATE")
+                renewal = asyncio.create_task(store.renew("race", s.lease_id, 60_000))
+                await asyncio.sleep(0.3)  # the renewal's transaction began; it waits
+                assert not renewal.done()
+                # the shared lease ends after the renewal's now(), then an exclusive grant
+                conn.execute("UPDATE lockd.shared SET expires_at = clock_timestamp()"
+                             " WHERE name = 'race'")
+                conn.execute("UPDATE lockd.locks SET shared_until = clock_timestamp()"
+                             " WHERE name = 'race'")
+                time.sleep(0.01)
+                conn.execute("UPDATE lockd.locks SET fence = fence + 1, lease_id = 'x',"
+                             " owner = 'writer', expires_at = clock_timestamp() + interval '1 h'"
+                             " WHERE name = 'race'")
+                conn.commit()
+            with pytest.raises(LeaseLost):
+                await renewal
+            state = await store.get("race")
+            assert (state.mode, state.owner, [h.mode for h in state.holders]) == (
+                EXCLUSIVE, "writer", [EXCLUSIVE])
+
+    asyncio.run(main())
