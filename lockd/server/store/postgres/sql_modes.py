@@ -19,7 +19,7 @@ __all__ = [
     "CATCH_UP", "DDL", "HOLDERS_ANY", "LEASE_BY_CLIENT", "LEASE_BY_ID", "LEASE_DELETE",
     "LEASE_MODES",
     "LOCK_MANY", "LOCK_ONE", "LOCK_ROWS", "MANY_GRANT", "MANY_STATE", "RELEASE_MANY_ROWS",
-    "RELEASE_SHARED_ALL", "SCHEMA_CURRENT", "SHARED_GRANT", "SHARED_RELEASE",
+    "RELEASE_SHARED_ALL", "SCHEMA_CURRENT", "SHARED_FAST", "SHARED_GRANT", "SHARED_RELEASE",
     "SHARED_RELEASED_BY", "SHARED_RENEW", "SHARED_RENEW_MANY", "SHARED_UNTIL_FIX", "STATE",
     "SWEEP_SHARED", "list_sql", "ttl",
 ]
@@ -100,6 +100,27 @@ WITH mine AS (
 UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, g.expires_at)
   FROM g WHERE l.name = %(lock)s
 RETURNING l.fence, g.lease_id, g.owner, {ttl('g.expires_at')}
+"""
+
+# The common shared grant (no client_id) in one autocommit statement: the lock row's upsert,
+# judged on its latest version like the exclusive grant, raises shared_until unless an
+# exclusive lease is live (then nothing comes back and LOCK_ONE/SHARED_GRANT explain it); the
+# shared row is written only if the lock row was.
+SHARED_FAST = f"""
+WITH lk AS (
+    INSERT INTO lockd.locks AS l (name, fence, shared_until)
+    VALUES (%(lock)s, 0, {_NEW_EXPIRY})
+    ON CONFLICT (name) DO UPDATE SET shared_until = GREATEST(l.shared_until, excluded.shared_until)
+    WHERE (l.expires_at > now()) IS NOT TRUE
+    RETURNING l.fence
+), ins AS (
+    INSERT INTO lockd.shared (name, lease_id, owner, client_id, expires_at, ttl_ms)
+    SELECT %(lock)s, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int FROM lk
+    ON CONFLICT (name, lease_id) DO UPDATE SET expires_at = excluded.expires_at,
+        ttl_ms = excluded.ttl_ms, released_at = NULL
+    RETURNING owner, expires_at
+)
+SELECT lk.fence, ins.owner, {ttl('ins.expires_at')} FROM lk, ins
 """
 
 # Lock rows in name order (a transaction's first step); exclusive lease state of each.

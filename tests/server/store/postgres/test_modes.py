@@ -326,6 +326,7 @@ def test_two_instances_never_grant_exclusive_alongside_any_other_lease(pg_url):
                     end = time.monotonic()
                     await store.release("hot", got.lease_id)
                     spans.append((start, end, got.mode, got.fence))
+                    await asyncio.sleep(rnd.random() * 0.02)  # readers pause: writers get in
 
             await asyncio.gather(*(worker(i) for i in range(12)))
         kinds = {m for _, _, m, _ in spans}
@@ -448,6 +449,7 @@ def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
                         await store.release(got.lock, got.lease_id)
                     for name, mode in held.items():
                         spans[name].append((start, end, mode))
+                    await asyncio.sleep(rnd.random() * 0.02)  # readers pause: writers get in
 
             await asyncio.gather(*(worker(i) for i in range(12)))
         assert sets > 10
