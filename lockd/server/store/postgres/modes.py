@@ -54,16 +54,12 @@ async def acquire_shared(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) ->
 
 async def renew_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str,
                        ttl_ms: int | None) -> Grant | None:
-    """Renew a live shared lease (``None``: not one). The lock row is locked first: a lease an
-    exclusive grant has already outlived is not renewed, whatever this statement's ``now()``."""
-    params = {"names": [lock], "lock": lock, "lease_id": lease_id, "ttl_ms": ttl_ms}
-    async with conn.transaction():
-        cur = await conn.execute(q.LOCK_ROWS, params)
-        row = await cur.fetchone()
-        if row is None or row[1]:
-            return None
-        cur = await conn.execute(q.SHARED_RENEW, params)
-        got = await cur.fetchone()
+    """Renew a live shared lease (``None``: not one) in one statement that locks the lock row
+    first: a lease an exclusive grant has already outlived is not renewed, whatever this
+    statement's ``now()``."""
+    params = {"lock": lock, "lease_id": lease_id, "ttl_ms": ttl_ms}
+    cur = await conn.execute(q.SHARED_RENEW, params)
+    got = await cur.fetchone()
     if got is None:
         return None
     return Grant(lock, lease_id, got[0], got[2], got[1], SHARED)

@@ -129,18 +129,26 @@ SELECT l.name, {_LIVE_L}, l.lease_id, l.fence FROM lockd.locks l
  WHERE l.name = ANY(%(names)s::text[]) ORDER BY l.name COLLATE "C" FOR UPDATE
 """
 
-# ttl_ms NULL: the lease's own TTL. Runs after LOCK_ROWS checked that no exclusive lease is live.
+# One statement; ttl_ms NULL: the lease's own TTL. The lock row is updated (and locked) first,
+# judged on its latest version: a lease an exclusive grant has outlived is not renewed, whatever
+# this statement's now(); shared_until only rises, so no fresh snapshot is needed.
+_OWN = """(SELECT coalesce(%(ttl_ms)s::int, o.ttl_ms) FROM lockd.shared o
+           WHERE o.name = %(lock)s AND o.lease_id = %(lease_id)s AND o.expires_at > now())"""
 SHARED_RENEW = f"""
-WITH s AS (
+WITH lk AS (
+    UPDATE lockd.locks l
+       SET shared_until = GREATEST(l.shared_until, now() + {_OWN} * interval '1 millisecond')
+     WHERE l.name = %(lock)s AND (l.expires_at > now()) IS NOT TRUE AND {_OWN} IS NOT NULL
+    RETURNING l.fence
+), s AS (
     UPDATE lockd.shared AS s
        SET expires_at = now() + coalesce(%(ttl_ms)s::int, s.ttl_ms) * interval '1 millisecond',
            ttl_ms = coalesce(%(ttl_ms)s::int, s.ttl_ms)
      WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
+       AND EXISTS (SELECT 1 FROM lk)
     RETURNING s.owner, s.expires_at
 )
-UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, s.expires_at)
-  FROM s WHERE l.name = %(lock)s
-RETURNING l.fence, s.owner, {ttl('s.expires_at')}
+SELECT lk.fence, s.owner, {ttl('s.expires_at')} FROM lk, s
 """
 
 # shared_until from the live shared holders but ``%(lease_id)s`` (run after the rows are locked).
