@@ -70,13 +70,12 @@ async def release_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str
     """End a live shared lease, lower ``shared_until`` to the other holders' and NOTIFY. True if
     ended (or, on a retry, if the first attempt's commit ended it)."""
     params = {"names": [lock], "lock": lock, "lease_id": lease_id}
-    async with conn.transaction():
-        cur = await conn.execute(q.LOCK_ROWS, params)
-        row = await cur.fetchone()
-        if row is not None and not row[1]:
+    async with conn.pipeline():  # one round trip: BEGIN, lock the row, release, COMMIT
+        async with conn.transaction():
+            await conn.execute(q.LOCK_ROWS, params)
             cur = await conn.execute(q.SHARED_RELEASE, params)
-            if await cur.fetchone() is not None:
-                return True
+        if await cur.fetchone() is not None:
+            return True
     if retried:
         cur = await conn.execute(q.SHARED_RELEASED_BY, params)
         return await cur.fetchone() is not None

@@ -73,6 +73,7 @@ SELECT to_regclass('lockd.locks') IS NOT NULL AND to_regclass('lockd.leases') IS
 """
 
 _LIVE_L = "(l.expires_at > now()) IS TRUE"
+_LIVE_X = "(x.expires_at > now()) IS TRUE"
 
 # Lock (creating it with fence 0 if new) one lock row and read its exclusive lease.
 LOCK_ONE = f"""
@@ -157,10 +158,13 @@ _RECOMPUTE = """
   WHERE o.name = l.name AND o.lease_id <> %(lease_id)s AND o.expires_at > now())
 """
 
+# After LOCK_ROWS, in the same transaction (its snapshot sees the lock row as locked): a lease
+# an exclusive grant has outlived is not released (it is lost already).
 SHARED_RELEASE = f"""
 WITH r AS (
     UPDATE lockd.shared SET expires_at = NULL, released_at = now()
      WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
+       AND NOT EXISTS (SELECT 1 FROM lockd.locks x WHERE x.name = %(lock)s AND {_LIVE_X})
     RETURNING name
 ), u AS (
     UPDATE lockd.locks l SET shared_until = {_RECOMPUTE}
