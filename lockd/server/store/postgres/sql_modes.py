@@ -6,8 +6,9 @@ point of serialization: every shared write first locks the lock row, and the loc
 ``shared_until`` is never below the expiry of a live shared holder, so the exclusive grant (one
 ``ON CONFLICT`` statement judged on the row's LATEST version) refuses while any may be live.
 ``shared_until`` may be too high (a renewal to a shorter TTL keeps it), never too low: it is
-recomputed only on a release, by a statement that runs after the lock row was locked (a fresh
-snapshot sees every shared grant committed before). Shared rows are never judged live while the
+lowered only by a release, or by an exclusive request that found nobody live, in a statement
+that runs after the lock row was locked (a fresh snapshot sees every shared grant committed
+before). Shared rows are never judged live while the
 lock row's exclusive lease is: the exclusive grant waits until ``shared_until`` has passed.
 """
 
