@@ -98,32 +98,35 @@ class SemaphoreOps:
 
 
 async def _grant(conn: psycopg.AsyncConnection, p: dict[str, Any]) -> SemGrant | SemFull:
+    """One transaction, pipelined: BEGIN, lock the semaphore row, read the live permits (one
+    round trip); then the grant and COMMIT (one more)."""
     name, limit = p["name"], p["limit"]
-    async with conn.transaction():
-        cur = await conn.execute(q.SEM_LOCK, p)
-        row = await cur.fetchone()
-        assert row is not None
-        lim, _ = row
-        cur = await conn.execute(q.SEM_LIVE, {**p, "lim": lim})
-        live = await cur.fetchall()
-        for slot, lid, owner, cid, _, _ in live:
-            if lid == p["lease_id"] or (p["client_id"] and cid == p["client_id"]):
-                cur = await conn.execute(q.SEM_RENEW_ONE, {**p, "slot": slot})
-                got = await cur.fetchone()
-                assert got is not None
-                return SemGrant(name, lid, got[0], slot, lim, got[1], owner)
-        if live and lim != limit:
-            raise LimitMismatch(
-                f"semaphore {name!r} is held under limit {lim}, not {limit}", limit=lim)
-        if len(live) >= limit:
-            return SemFull(name, lim, max(1, min(r[5] for r in live)),
-                           tuple(r[2] for r in live))
-        if lim != limit:
-            await conn.execute(q.SEM_KILL, p)
-        taken = {r[0] for r in live}
-        slot = next(s for s in range(limit) if s not in taken)
-        cur = await conn.execute(q.SEM_GRANT, {**p, "slot": slot})
-        got = await cur.fetchone()
-        if got is None:
-            raise _Taken  # rolls back
-        return SemGrant(name, p["lease_id"], got[0], slot, limit, got[1], p["owner"])
+    async with conn.pipeline():
+        async with conn.transaction():
+            c_lock = await conn.execute(q.SEM_LOCK, p)
+            c_live = await conn.execute(q.SEM_LIVE, p)
+            row = await c_lock.fetchone()
+            assert row is not None
+            lim, _ = row
+            live = await c_live.fetchall()
+            for slot, lid, owner, cid, _, _ in live:
+                if lid == p["lease_id"] or (p["client_id"] and cid == p["client_id"]):
+                    cur = await conn.execute(q.SEM_RENEW_ONE, {**p, "slot": slot})
+                    got = await cur.fetchone()
+                    assert got is not None
+                    return SemGrant(name, lid, got[0], slot, lim, got[1], owner)
+            if live and lim != limit:
+                raise LimitMismatch(
+                    f"semaphore {name!r} is held under limit {lim}, not {limit}", limit=lim)
+            if len(live) >= limit:
+                return SemFull(name, lim, max(1, min(r[5] for r in live)),
+                               tuple(r[2] for r in live))
+            if lim != limit:
+                await conn.execute(q.SEM_KILL, p)
+            taken = {r[0] for r in live}
+            slot = next(s for s in range(limit) if s not in taken)
+            cur = await conn.execute(q.SEM_GRANT, {**p, "slot": slot})
+        got = await cur.fetchone()  # after the COMMIT was queued: one round trip for both
+    if got is None:  # cannot happen while the row is locked; a raised fence is harmless
+        raise _Taken
+    return SemGrant(name, p["lease_id"], got[0], slot, limit, got[1], p["owner"])

@@ -51,10 +51,12 @@ ON CONFLICT (name) DO UPDATE SET lim = s.lim
 RETURNING s.lim, s.fence
 """
 
-# Live permits under limit ``%(lim)s``: slot, lease_id, owner, client_id, fence, ttl.
+# After SEM_LOCK, in its transaction: the live permits (slot, lease_id, owner, client_id,
+# fence, ttl).
 SEM_LIVE = f"""
 SELECT slot, lease_id, owner, client_id, fence, {ttl('expires_at')} FROM lockd.sem_permits
- WHERE name = %(name)s AND expires_at > now() AND slot < %(lim)s ORDER BY slot
+ WHERE name = %(name)s AND expires_at > now()
+   AND slot < (SELECT lim FROM lockd.semaphores WHERE name = %(name)s) ORDER BY slot
 """
 
 # The limit changes only with no live permit: end every row still dated live (slots at or above
