@@ -173,10 +173,10 @@ def create_election_router() -> APIRouter:
         try:
             state = await elections.handover(name, body.target, body.lease_id)
         except LockdError as exc:
-            audit.record(who, "election_handover", name, exc.code, rid, target=body.target,
+            audit.record(who, "election_handover", name, exc.code, rid, handover_to=body.target,
                          by=by)
             raise
-        audit.record(who, "election_handover", name, "requested", rid, target=body.target,
+        audit.record(who, "election_handover", name, "requested", rid, handover_to=body.target,
                      by=by, fence=state.fence,
                      owner=state.leader.owner if state.leader else None)
         return JSONResponse({"election": name, "handover_to": body.target})

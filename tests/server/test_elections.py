@@ -280,7 +280,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert_problem(call(http, url, nobody, "handover", headers=admin, target="next"),
                    409, "no_leader")
     trail = http.get(f"{url}/v1/audit", headers=admin).json()["items"]
-    handovers = [(e["result"], e["detail"]["target"], e["detail"]["by"])
+    handovers = [(e["result"], e["detail"]["handover_to"], e["detail"]["by"])
                  for e in trail if e["action"] == "election_handover"]
     assert handovers == [("lease_lost", "D", "leader"), ("requested", "D", "leader"),
                          ("requested", "next", "admin"), ("no_leader", "next", "admin")]
