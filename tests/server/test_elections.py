@@ -513,3 +513,32 @@ def test_one_leader_at_a_time_under_16_candidates_with_kill_and_stop(store_url, 
     terms = [(d["fence"], d["owner"]) for _, k, d in changes if k == "leader"]
     assert [f for f, _ in terms] == sorted({f for f, _ in terms})  # strictly increasing
     assert sorted((f, o) for f, o, _ in grants) == terms
+
+
+def test_observe_streams_are_bounded_kept_alive_and_end_when_lockd_stops(store_url, lockd_factory,
+                                                                        name):
+    lockd = lockd_factory(store_url, env={"LOCKD_MAX_EVENT_STREAMS": "2",
+                                          "LOCKD_EVENTS_HEARTBEAT_MS": "100"})
+    url = f"{lockd.url}/v1/elections/{name}/observe"
+    lines: list[str] = []
+    ended = threading.Event()
+
+    def observe() -> None:
+        with httpx.stream("GET", url, timeout=httpx.Timeout(10)) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+        ended.set()
+
+    threading.Thread(target=observe, daemon=True).start()
+    wait_until(lambda: lines.count(": keepalive") >= 2, what="keepalive comments")
+    with httpx.stream("GET", f"{lockd.url}/v1/events", timeout=httpx.Timeout(10)) as events:
+        assert events.status_code == 200  # lock event streams and observers share the bound
+        r = httpx.get(url, timeout=10)
+        assert_problem(r, 503, "too_many_streams")
+        assert r.headers["Retry-After"] == "5"
+    wait_until(lambda: httpx.get(f"{lockd.url}/v1/elections/{name}").status_code == 200,
+               what="lockd still answering")
+    started = time.monotonic()
+    assert lockd.stop() == 0  # an open observer does not hold up the stop
+    assert time.monotonic() - started < 5 and ended.wait(5)
+    assert lines[0] == "retry: 2000" and any(line.startswith("event: state") for line in lines)
