@@ -284,6 +284,10 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
                  for e in trail if e["action"] == "election_handover"]
     assert handovers == [("lease_lost", "D", "leader"), ("requested", "D", "leader"),
                          ("requested", "next", "admin"), ("no_leader", "next", "admin")]
+    metrics = http.get(f"{url}/metrics").text
+    assert "lockd_election_handovers_total 2.0" in metrics  # the two that were recorded
+    assert "lockd_election_leader_changes_total 4.0" in metrics  # A, D, B, C
+    assert "lockd_election_term_seconds_count 3.0" in metrics  # A, D and B resigned
 
 
 # --- observe --------------------------------------------------------------------------------------
@@ -542,3 +546,55 @@ def test_observe_streams_are_bounded_kept_alive_and_end_when_lockd_stops(store_u
     assert lockd.stop() == 0  # an open observer does not hold up the stop
     assert time.monotonic() - started < 5 and ended.wait(5)
     assert lines[0] == "retry: 2000" and any(line.startswith("event: state") for line in lines)
+
+
+# --- access ---------------------------------------------------------------------------------------
+
+TEAM_KEY, OPS_KEY = "team-a-key-7Hq2wZ", "ops-admin-key-Xx93"
+ACCESS = f"""
+clients:
+  - name: team-a
+    key: {TEAM_KEY}
+    prefixes: ["a/"]
+admins:
+  - name: ops
+    key: {OPS_KEY}
+"""
+
+
+def test_identity_prefixes_apply_to_the_election_name(store_url, lockd_factory, tmp_path, http,
+                                                      name):
+    (tmp_path / "access.yaml").write_text(ACCESS)
+    lockd = lockd_factory(store_url, env={"LOCKD_ACCESS_FILE": str(tmp_path / "access.yaml")})
+    url, team, ops = lockd.url, {"Authorization": f"Bearer {TEAM_KEY}"}, {
+        "Authorization": f"Bearer {OPS_KEY}"}
+    ours, theirs = f"a/{name}", f"b/{name}"
+    led = http.post(f"{url}/v1/elections/{theirs}/campaign", headers=ops,
+                    json={"ttl_ms": 30_000, "owner": "ops", "value": "v"})
+    assert led.status_code == 200, led.text
+    lease_id = led.json()["lease_id"]
+    before = _stable(http.get(f"{url}/v1/elections/{theirs}", headers=ops).json())
+    refused = [
+        http.post(f"{url}/v1/elections/{theirs}/campaign", headers=team, json={"ttl_ms": 1000}),
+        call(http, url, theirs, "renew", headers=team, lease_id=lease_id),
+        call(http, url, theirs, "proclaim", headers=team, lease_id=lease_id, value="mine"),
+        call(http, url, theirs, "handover", headers=team, lease_id=lease_id, target="x"),
+        call(http, url, theirs, "resign", headers=team, lease_id=lease_id),
+        http.get(f"{url}/v1/elections/{theirs}", headers=team),
+        http.get(f"{url}/v1/elections/{theirs}/observe", headers=team),
+    ]
+    for r in refused:  # even with the leader's lease id
+        body = assert_problem(r, 403, "forbidden_lock")
+        assert body["lock"] == theirs and body["identity"] == "team-a"
+    after = http.get(f"{url}/v1/elections/{theirs}", headers=ops).json()
+    assert _stable(after) == before  # nothing changed
+    mine = http.post(f"{url}/v1/elections/{ours}/campaign", headers=team,
+                     json={"ttl_ms": 30_000, "owner": "team-a"})
+    assert mine.status_code == 200, mine.text
+    r = call(http, url, ours, "handover", headers=team, lease_id=mine.json()["lease_id"],
+             target="next")
+    assert r.status_code == 200, r.text
+    listed = http.get(f"{url}/v1/elections", headers=team).json()["items"]
+    assert [e["election"] for e in listed] == [ours]
+    everything = http.get(f"{url}/v1/elections", headers=ops).json()["items"]
+    assert sorted(e["election"] for e in everything) == [ours, theirs]
