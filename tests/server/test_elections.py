@@ -9,8 +9,6 @@ candidate; resign and expiry hand over to the next; bad input changes nothing.
 from __future__ import annotations
 
 import asyncio
-import base64
-import itertools
 import json
 import os
 import queue
@@ -21,7 +19,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -30,121 +27,21 @@ from lockd.server.settings import Settings
 from lockd.server.store.sqlite import SqliteStore
 from lockd.tokens import KeyRing
 from tests.server.calls import assert_problem, wait_until
+from tests.server.election_calls import (
+    Observer,
+    call,
+    campaign,
+    claims,
+    election,
+    parse_sse,
+    queue_candidates,
+    read_events,
+    result,
+    stable,
+)
 
 CANDIDATE = Path(__file__).with_name("election_candidate.py")
 ADMIN_KEY = "admin-key-0123456789abcdef"
-
-
-# --- helpers ------------------------------------------------------------------------------------
-
-
-def campaign(http: httpx.Client, url: str, name: str, ttl_ms: int = 10_000,
-             **fields: Any) -> httpx.Response:
-    return http.post(f"{url}/v1/elections/{name}/campaign", json={"ttl_ms": ttl_ms, **fields})
-
-
-def call(http: httpx.Client, url: str, name: str, action: str, headers: dict | None = None,
-         **fields: Any) -> httpx.Response:
-    return http.post(f"{url}/v1/elections/{name}/{action}", json=fields, headers=headers)
-
-
-def election(http: httpx.Client, url: str, name: str) -> dict[str, Any]:
-    r = http.get(f"{url}/v1/elections/{name}")
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def claims(token: str) -> dict[str, Any]:
-    payload = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-
-
-def _parse(lines, events: list, until: int | None = None) -> None:
-    """Append ``(id, kind, data)`` of each SSE event read from ``lines``; stop at ``until``."""
-    kind, data, event_id = "message", "", None
-    for line in lines:
-        if line.startswith("id: "):
-            event_id = int(line[4:])
-        elif line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            data = line[6:]
-        elif not line and data:
-            events.append((event_id, kind, json.loads(data)))
-            kind, data, event_id = "message", "", None
-            if until is not None and len(events) >= until:
-                return
-
-
-def read_events(url: str, name: str, count: int, last_id: str | None = None
-                ) -> list[tuple[int, str, dict]]:
-    """The first ``count`` events of a fresh observe stream (``Last-Event-ID``: ``last_id``)."""
-    headers = {"Last-Event-ID": last_id} if last_id is not None else {}
-    events: list = []
-    with httpx.stream("GET", f"{url}/v1/elections/{name}/observe", headers=headers,
-                      timeout=httpx.Timeout(10)) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        _parse(r.iter_lines(), events, count)
-    assert len(events) == count, events
-    return events
-
-
-class Observer(threading.Thread):
-    """Reads an observe stream in the background until ``stop`` (needs short heartbeats)."""
-
-    def __init__(self, url: str, name: str):
-        super().__init__(daemon=True)
-        self.url, self.name = url, name
-        self.events: list[tuple[int, str, dict]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        with httpx.stream("GET", f"{self.url}/v1/elections/{self.name}/observe",
-                          timeout=httpx.Timeout(10)) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            _parse(itertools.takewhile(lambda _: not self.stop.is_set(), lines), self.events)
-
-    def wait_for_seq(self, seq: int) -> None:
-        wait_until(lambda: self.events and self.events[-1][0] >= seq, timeout=10,
-                   what=f"the observer to reach seq {seq}")
-
-
-def _start_candidate(url: str, name: str, owner: str, results: list, *, wait_ms: int = 20_000,
-                     ttl_ms: int = 10_000) -> threading.Thread:
-    """Campaign in a thread; append ``(owner, response)``."""
-
-    def run() -> None:
-        with httpx.Client(timeout=60) as c:
-            results.append((owner, campaign(c, url, name, ttl_ms, wait_ms=wait_ms, owner=owner,
-                                            value=f"v-{owner}")))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _queue_candidates(http, url, name, owners, results) -> dict[str, threading.Thread]:
-    """Queue one campaign per owner, each confirmed waiting before the next."""
-    threads = {}
-    for i, owner in enumerate(owners):
-        threads[owner] = _start_candidate(url, name, owner, results)
-        wait_until(lambda n=i + 1: election(http, url, name)["waiters"] == n,
-                   what=f"{owner} queued")
-    return threads
-
-
-def _stable(doc: dict[str, Any]) -> dict[str, Any]:
-    """An election's state without the leader's time left (it counts down between reads)."""
-    leader = doc["leader"] and {k: v for k, v in doc["leader"].items() if k != "ttl_ms"}
-    return {**doc, "leader": leader}
-
-
-def _result(results: list, owner: str) -> dict[str, Any]:
-    (r,) = [r for o, r in results if o == owner]
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 # --- the basic contract ---------------------------------------------------------------------------
@@ -206,18 +103,18 @@ def test_resign_hands_to_the_next_candidate_in_order(lockd, http, name):
     url = lockd.url
     a = campaign(http, url, name, owner="A").json()
     results: list = []
-    threads = _queue_candidates(http, url, name, ["B", "C"], results)
+    threads = queue_candidates(http, url, name, ["B", "C"], results)
     assert election(http, url, name)["waiting_owners"] == ["B", "C"]
     assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
     threads["B"].join(10)
-    b = _result(results, "B")
+    b = result(results, "B")
     assert b["fence"] > a["fence"] and b["value"] == "v-B"
     now = election(http, url, name)
     assert now["leader"]["owner"] == "B" and now["value"] == "v-B"
     assert now["waiting_owners"] == ["C"]
     assert call(http, url, name, "resign", lease_id=b["lease_id"]).status_code == 200
     threads["C"].join(10)
-    assert _result(results, "C")["fence"] > b["fence"]
+    assert result(results, "C")["fence"] > b["fence"]
 
 
 def test_an_expired_leader_hands_over_to_the_next(lockd, http, name):
@@ -225,10 +122,10 @@ def test_an_expired_leader_hands_over_to_the_next(lockd, http, name):
     sent = time.monotonic()
     a = campaign(http, url, name, 1000, owner="A").json()
     results: list = []
-    threads = _queue_candidates(http, url, name, ["B"], results)
+    threads = queue_candidates(http, url, name, ["B"], results)
     threads["B"].join(15)
     elected_at = time.monotonic()
-    b = _result(results, "B")
+    b = result(results, "B")
     assert elected_at - sent >= 1.0, "elected before the leader's lease ran out"
     assert b["fence"] > a["fence"]
     assert_problem(call(http, url, name, "renew", lease_id=a["lease_id"]), 410, "lease_lost")
@@ -245,7 +142,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     url, admin = lockd.url, {"Authorization": f"Bearer {ADMIN_KEY}"}
     a = campaign(http, url, name, owner="A").json()
     results: list = []
-    threads = _queue_candidates(http, url, name, ["B", "C", "D"], results)
+    threads = queue_candidates(http, url, name, ["B", "C", "D"], results)
 
     assert_problem(call(http, url, name, "handover", target="D"), 401, "unauthorized")
     assert_problem(call(http, url, name, "handover", target="D", lease_id="not-the-lease"),
@@ -263,7 +160,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert renewed["handover_requested"] is True and renewed["handover_to"] == "D"
     assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
     threads["D"].join(10)
-    d = _result(results, "D")
+    d = result(results, "D")
     assert d["fence"] > a["fence"]
     now = election(http, url, name)
     assert now["leader"]["owner"] == "D" and now["handover_to"] is None
@@ -276,7 +173,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert renewed["handover_requested"] is True and renewed["handover_to"] == "next"
     assert call(http, url, name, "resign", lease_id=d["lease_id"]).status_code == 200
     threads["B"].join(10)
-    b = _result(results, "B")
+    b = result(results, "B")
     assert b["fence"] > d["fence"] and election(http, url, name)["leader"]["owner"] == "B"
     call(http, url, name, "resign", lease_id=b["lease_id"])
     threads["C"].join(10)
@@ -351,18 +248,18 @@ def test_observe_delivers_every_change_in_order_and_resumes_without_gaps(lockd, 
     start = election(http, url, name)
     (first,) = read_events(url, name, 1)
     assert first[:2] == (start["seq"], "state")
-    assert _stable(first[2]) == _stable({k: v for k, v in start.items()
+    assert stable(first[2]) == stable({k: v for k, v in start.items()
                                          if k not in ("waiters", "waiting_owners")})
 
     seen: list = []
     with httpx.stream("GET", f"{url}/v1/elections/{name}/observe",
                       timeout=httpx.Timeout(10)) as stream:
         lines = stream.iter_lines()
-        _parse(lines, seen, 1)  # the state: from here on every change arrives
+        parse_sse(lines, seen, 1)  # the state: from here on every change arrives
         call(http, url, name, "proclaim", lease_id=a["lease_id"], value="a3")
         call(http, url, name, "resign", lease_id=a["lease_id"])
         b = campaign(http, url, name, owner="B", value="b1").json()
-        _parse(lines, seen, 4)
+        parse_sse(lines, seen, 4)
     # disconnected; changes go on meanwhile
     call(http, url, name, "proclaim", lease_id=b["lease_id"], value="b2")
     call(http, url, name, "resign", lease_id=b["lease_id"])
@@ -434,7 +331,7 @@ def test_bad_input_is_a_4xx_problem_and_changes_nothing(lockd, http, name):
     assert_problem(call(http, url, name, "proclaim", lease_id=lease, value="y" * 70_000),
                    413, "payload_too_large")
     after = election(http, url, name)
-    assert _stable(after) == _stable(before)
+    assert stable(after) == stable(before)
     assert after["value"] == full and after["handover_to"] is None
     assert call(http, url, name, "renew", lease_id=lease).json()["fence"] == a["fence"]
 
@@ -624,7 +521,7 @@ def test_identity_prefixes_apply_to_the_election_name(store_url, lockd_factory, 
                     json={"ttl_ms": 30_000, "owner": "ops", "value": "v"})
     assert led.status_code == 200, led.text
     lease_id = led.json()["lease_id"]
-    before = _stable(http.get(f"{url}/v1/elections/{theirs}", headers=ops).json())
+    before = stable(http.get(f"{url}/v1/elections/{theirs}", headers=ops).json())
     refused = [
         http.post(f"{url}/v1/elections/{theirs}/campaign", headers=team, json={"ttl_ms": 1000}),
         call(http, url, theirs, "renew", headers=team, lease_id=lease_id),
@@ -638,7 +535,7 @@ def test_identity_prefixes_apply_to_the_election_name(store_url, lockd_factory, 
         body = assert_problem(r, 403, "forbidden_lock")
         assert body["lock"] == theirs and body["identity"] == "team-a"
     after = http.get(f"{url}/v1/elections/{theirs}", headers=ops).json()
-    assert _stable(after) == before  # nothing changed
+    assert stable(after) == before  # nothing changed
     mine = http.post(f"{url}/v1/elections/{ours}/campaign", headers=team,
                      json={"ttl_ms": 30_000, "owner": "team-a"})
     assert mine.status_code == 200, mine.text
