@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from lockd.server.service import LockService
 from lockd.server.settings import Settings
@@ -546,3 +547,44 @@ def test_identity_prefixes_apply_to_the_election_name(store_url, lockd_factory, 
     assert [e["election"] for e in listed] == [ours]
     everything = http.get(f"{url}/v1/elections", headers=ops).json()["items"]
     assert sorted(e["election"] for e in everything) == [ours, theirs]
+
+
+# --- replicas -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["postgres", "etcd"])
+def test_two_replicas_share_one_election(kind, request, lockd_factory, http, name):
+    """Two lockd processes on one store: an observer at one sees changes made at the other as
+    they happen (the store's notification wakes it; heartbeats are 15 s), and a handover asked
+    at one reaches the leader renewing at the other, whose queue lets the preferred go first."""
+    store_url = request.getfixturevalue("pg_url" if kind == "postgres" else "etcd_url")
+    one, two = lockd_factory(store_url), lockd_factory(store_url)
+    a = campaign(http, two.url, name, owner="A", value="a1").json()
+    results: list = []
+    threads = queue_candidates(http, two.url, name, ["B", "C"], results)
+    with httpx.stream("GET", f"{one.url}/v1/elections/{name}/observe",
+                      timeout=httpx.Timeout(10)) as stream:
+        lines, seen = stream.iter_lines(), []
+        parse_sse(lines, seen, 1)
+        assert seen[0][1] == "state" and seen[0][2]["leader"]["owner"] == "A"
+        started = time.monotonic()
+        call(http, two.url, name, "proclaim", lease_id=a["lease_id"], value="a2")
+        parse_sse(lines, seen, 2)
+        assert seen[1][1:] == ("proclaim", {"election": name, "seq": seen[0][0] + 1,
+                                            "kind": "proclaim", "owner": "A", "value": "a2",
+                                            "fence": a["fence"]})
+        assert time.monotonic() - started < 3  # woken by the store, not by a heartbeat
+        r = call(http, one.url, name, "handover", target="C", lease_id=a["lease_id"])
+        assert r.status_code == 200, r.text
+        renewed = call(http, two.url, name, "renew", lease_id=a["lease_id"]).json()
+        assert renewed["handover_to"] == "C"
+        assert election(http, two.url, name)["waiting_owners"] == ["C", "B"]
+        assert call(http, two.url, name, "resign", lease_id=a["lease_id"]).status_code == 200
+        threads["C"].join(10)
+        c = result(results, "C")
+        parse_sse(lines, seen, 4)
+        assert [(k, d["owner"]) for _, k, d in seen[2:]] == [("resign", "A"), ("leader", "C")]
+        assert seen[3][2]["fence"] == c["fence"] > a["fence"]
+    call(http, two.url, name, "resign", lease_id=c["lease_id"])
+    threads["B"].join(10)
+    assert result(results, "B")["fence"] > c["fence"]
