@@ -8,7 +8,6 @@ candidate; resign and expiry hand over to the next; bad input changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
@@ -23,10 +22,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lockd.server.service import LockService
-from lockd.server.settings import Settings
-from lockd.server.store.sqlite import SqliteStore
-from lockd.tokens import KeyRing
 from tests.server.calls import assert_problem, wait_until
 from tests.server.election_calls import (
     Observer,
@@ -135,6 +130,20 @@ def test_an_expired_leader_hands_over_to_the_next(lockd, http, name):
         ("leader", "A", a["fence"]), ("leader", "B", b["fence"])]  # a lapse is no resign
 
 
+def test_a_candidate_that_goes_away_leaves_the_queue(lockd, http, name):
+    url = lockd.url
+    a = campaign(http, url, name, owner="A").json()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up: its connection closes
+        httpx.post(f"{url}/v1/elections/{name}/campaign", timeout=httpx.Timeout(10, read=0.5),
+                   json={"ttl_ms": 10_000, "wait_ms": 20_000, "owner": "gone"})
+    wait_until(lambda: election(http, url, name)["waiters"] == 0, what="the candidate gone")
+    assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
+    time.sleep(0.2)
+    assert election(http, url, name)["leader"] is None  # nobody was elected in its place
+    log = read_events(url, name, 2, last_id="0")
+    assert [(k, d["owner"]) for _, k, d in log] == [("leader", "A"), ("resign", "A")]
+
+
 # --- handover -------------------------------------------------------------------------------------
 
 
@@ -191,52 +200,6 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert "lockd_election_handovers_total 2.0" in metrics  # the two that were recorded
     assert "lockd_election_leader_changes_total 4.0" in metrics  # A, D, B, C
     assert "lockd_election_term_seconds_count 3.0" in metrics  # A, D and B resigned
-
-
-def test_the_preference_moves_only_a_waiter_for_that_lock_alone(tmp_path):
-    """``WaitQueues.prefer`` on a real queue (a LockService on SQLite): a multi-lock waiter
-    keeps its place (rule 3), a preferred single-lock one goes first now or when it joins."""
-
-    async def main() -> None:
-        settings = Settings(store=f"sqlite:///{tmp_path / 'p.db'}", key_dir=tmp_path / "keys")
-        store = SqliteStore(str(tmp_path / "p.db"))
-        await store.open()
-        service = LockService(store, KeyRing.generate(), settings)
-        queues, owners = service._waiting, lambda: service.waiting_owners("p/1")
-        held = await service.acquire("p/1", ttl_ms=10_000)
-        tasks = {}
-
-        async def join(owner: str, *more: str) -> None:
-            locks = ["p/1", *more]
-            tasks[owner] = asyncio.ensure_future(
-                service.acquire_many(locks, ttl_ms=10_000, wait_ms=10_000, owner=owner) if more
-                else service.acquire("p/1", ttl_ms=10_000, wait_ms=10_000, owner=owner))
-            while owner not in owners():
-                await asyncio.sleep(0.005)
-
-        try:
-            for owner, more in (("a", ()), ("set", ("p/2",)), ("b", ())):
-                await join(owner, *more)
-            queues.prefer("p/1", "set")
-            assert owners() == ["a", "set", "b"]  # a set keeps its place
-            queues.prefer("p/1", "b")
-            assert owners() == ["b", "a", "set"]
-            queues.prefer("p/1", "c")
-            await join("c")  # preferred before it arrived: it goes first on arrival
-            assert owners() == ["c", "b", "a", "set"]
-            await service.release("p/1", held.lease_id)
-            first = await asyncio.wait_for(tasks["c"], 5)
-            assert first.owner == "c" and first.fence > held.fence
-            queues.prefer("p/1", None)
-            await join("d")
-            assert owners() == ["b", "a", "set", "d"] and not queues.preferred
-        finally:
-            for task in tasks.values():
-                task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
-            await store.close()
-
-    asyncio.run(main())
 
 
 # --- observe --------------------------------------------------------------------------------------
