@@ -202,6 +202,25 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert "lockd_election_term_seconds_count 3.0" in metrics  # A, D and B resigned
 
 
+def test_a_forced_handover_is_the_admins_force_release(store_url, lockd_factory, http, name):
+    lockd = lockd_factory(store_url, env={"LOCKD_ADMIN_KEYS": ADMIN_KEY})
+    url, admin = lockd.url, {"Authorization": f"Bearer {ADMIN_KEY}"}
+    a = campaign(http, url, name, owner="A").json()
+    results: list = []
+    threads = queue_candidates(http, url, name, ["B"], results)
+    r = http.post(f"{url}/v1/locks/{name}/force-release", headers=admin)
+    assert r.status_code == 200 and r.json()["owner"] == "A", r.text
+    threads["B"].join(10)
+    b = result(results, "B")
+    assert b["fence"] > a["fence"] and election(http, url, name)["leader"]["owner"] == "B"
+    assert_problem(call(http, url, name, "renew", lease_id=a["lease_id"]), 410, "lease_lost")
+    assert_problem(call(http, url, name, "proclaim", lease_id=a["lease_id"], value="late"),
+                   410, "lease_lost")
+    log = read_events(url, name, 2, last_id="0")
+    assert [(k, d["owner"], d["fence"]) for _, k, d in log] == [
+        ("leader", "A", a["fence"]), ("leader", "B", b["fence"])]
+
+
 # --- observe --------------------------------------------------------------------------------------
 
 
