@@ -47,8 +47,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import lockd.server.store.sqlite_elect as elect
+import lockd.server.store.sqlite_modes as modes
+import lockd.server.store.sqlite_sem as sem
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store import sqlite_modes as modes
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
@@ -90,7 +92,8 @@ _MAX_BATCH = 256
 
 def _create_schema(conn: sqlite3.Connection) -> None:
     """Create every table and index the store uses, idempotently (no transaction needed)."""
-    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA):
+    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA, *sem.SCHEMA,
+                      *elect.SCHEMA):
         conn.execute(statement)
 
 _Op = Callable[..., Any]
@@ -102,19 +105,23 @@ _Item = tuple[_Op, tuple[Any, ...], "asyncio.Future[Any]"]
 
 def _acquire(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_ms: int,
              owner: str, client_id: str | None, mode: str = EXCLUSIVE) -> Grant | Holder:
+    # row[5]: whether any shared lease row exists (a shared grant creates the lock row first)
     row = conn.execute(
-        "SELECT fence, lease_id, owner, client_id, expires_ms FROM locks WHERE name = ?", (lock,)
+        "SELECT fence, lease_id, owner, client_id, expires_ms,"
+        " EXISTS (SELECT 1 FROM shared WHERE shared.name = locks.name) FROM locks WHERE name = ?",
+        (lock,)
     ).fetchone()
     if row is not None and row[1] is not None and row[4] > now:
-        fence, live_id, live_owner, live_client, expires = row
+        fence, live_id, live_owner, live_client, expires = row[:5]
         if client_id and live_client == client_id:
             conn.execute("UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name = ?",
                          (now + ttl_ms, ttl_ms, lock))
             return Grant(lock, live_id, fence, ttl_ms, live_owner)
         return Holder(lock, live_owner, expires - now, fence)
-    shared = modes.shared_check(conn, now, lock, mode, ttl_ms, client_id)
-    if shared is not None:  # a client_id retry of a shared lease, or shared holders block
-        return shared
+    if row is not None and row[5]:
+        shared = modes.shared_check(conn, now, lock, mode, ttl_ms, client_id)
+        if shared is not None:  # a client_id retry of a shared lease, or shared holders block
+            return shared
     if mode == SHARED:
         return modes.grant_shared(conn, now, lock, row[0] if row is not None else 0, lease_id,
                                   ttl_ms, owner, client_id)
@@ -288,8 +295,9 @@ def _ping(conn: sqlite3.Connection, now: int) -> None:
 # --- the store ----------------------------------------------------------------------------------
 
 
-class SqliteStore:
-    """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring.
+class SqliteStore(sem.SemaphoreMethods, elect.ElectionMethods):
+    """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring. Shared
+    leases: ``sqlite_modes``; semaphores: ``sqlite_sem``; elections: ``sqlite_elect``.
 
     ``clock``: wall seconds, judges expiry (default ``time.time``). ``executor``: ``"thread"``
     (default: one dedicated thread, group commit) or ``"inline"`` (statements run on the event
@@ -301,6 +309,8 @@ class SqliteStore:
     acquire called after a release was called, even before the release completed, sees it.
     The service uses this to queue the head waiter's acquire right behind a release, often
     into the same group-commit transaction (one fsync per handoff instead of two)."""
+
+    _acquire_op = staticmethod(_acquire)  # a campaign's grant (``sqlite_elect``)
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time,
                  executor: Literal["thread", "inline"] = "thread"):
@@ -512,7 +522,8 @@ class _Outcome:
 
 # Operations whose commit need not be fsynced before the caller hears of it (see the module
 # docstring, "Durable grants"): undoing one by a power loss only delays a lock's next grant.
-_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping})
+_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping,
+                       *sem.LAZY_OPS, *elect.LAZY_OPS})
 _SYNC_MODE: dict[int, str] = {}  # id(connection) -> the synchronous mode last set on it
 
 
