@@ -2,7 +2,8 @@
 
 An ``Event`` carries ``id`` (increasing per lockd process), ``type``, ``lock``, ``fence``,
 ``owner``, ``ttl_ms`` (acquired: the TTL granted) and ``at`` (unix ms); ``released`` events of
-a force-release have ``forced: true``; events of a shared lease have ``mode: "shared"``. Never a lease id or a token. ``audit`` events
+a force-release have ``forced: true``; events of a shared lease have ``mode: "shared"``, those
+of a semaphore permit ``mode: "permit"`` and name its slot's lock (``sem/{name}/{slot}``). Never a lease id or a token. ``audit`` events
 (``publish_audit``: an admin action or a burst of scope denials, ``lockd.server.audit``) carry
 ``id``, ``type``, ``at`` and the audit entry's fields, and go to admin streams only.
 
@@ -69,8 +70,8 @@ class Event:
                                "at": self.at}
         if self.forced:
             doc["forced"] = True
-        if self.mode == "shared":
-            doc["mode"] = "shared"
+        if self.mode in ("shared", "permit"):
+            doc["mode"] = self.mode
         return doc
 
     def _encode(self) -> bytes:
@@ -120,7 +121,7 @@ class EventHub:
                 ttl_ms: int | None = None, *, forced: bool = False,
                 mode: str | None = None) -> Event:
         """Record an event and offer it to every matching stream (dropping any that is full).
-        ``mode``: the lease's (only ``shared`` shows in the event)."""
+        ``mode``: the lease's (``shared`` and ``permit`` show in the event)."""
         self._seq += 1
         event = Event(self._seq, type_, lock, fence, owner, ttl_ms, int(time.time() * 1000),
                       forced, mode=mode)

@@ -31,7 +31,8 @@ Shared leases and permits (many live leases per lock or semaphore) are tracked b
 and the sweeper confirms a lapsed one from the lock's holders (a shared holder with the same
 owner and fence) or the semaphore's permits (same fence). A shared lease released at another
 replica is seen only by the sweeper (a release notification does not say which shared lease
-ended), so it counts as an expiry there. Permits publish no events (those are lock events).
+ended), so it counts as an expiry there. A permit's events name its slot's lock
+(``sem/{name}/{slot}``, ``mode: "permit"``).
 Election calls pass through untouched.
 
 Clock skew: every ``skew_interval_s`` the store's ``clock_offset()`` sets
@@ -50,13 +51,12 @@ from typing import Any
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
+from lockd.server.observe_elections import ObservedElections
 from lockd.server.observe_semaphores import PERMIT as _PERMIT
-from lockd.server.observe_semaphores import ObservedSemaphores
+from lockd.server.observe_semaphores import ObservedSemaphores, slot_lock
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
-    ElectionEvent,
-    ElectionState,
     Grant,
     Holder,
     LockState,
@@ -85,9 +85,10 @@ class _Tracked:
     granted_at: float | None  # None: granted at another replica, renewed here
     deadline: float
     mode: str = EXCLUSIVE  # or SHARED, or _PERMIT (a semaphore's)
+    slot: int = -1  # a permit's
 
 
-class ObservedStore(ObservedSemaphores):
+class ObservedStore(ObservedSemaphores, ObservedElections):
     """Wraps ``store``; see the module docstring. ``start()``/``stop()`` run the sweeper and
     the skew sampler (the app's lifespan calls them)."""
 
@@ -165,8 +166,10 @@ class ObservedStore(ObservedSemaphores):
         now = self._now()
         self._track_keyed(self._permits, name, _Tracked(
             grant.lease_id, grant.fence, grant.owner, grant.ttl_ms, now,
-            now + grant.ttl_ms / 1000, _PERMIT))
+            now + grant.ttl_ms / 1000, _PERMIT, grant.slot))
         self.metrics.lease_ttl.observe(grant.ttl_ms / 1000)
+        self.events.publish("acquired", slot_lock(name, grant.slot), grant.fence, grant.owner,
+                            grant.ttl_ms, mode=_PERMIT)
 
     def _forget_keyed(self, lock: str, tracked: _Tracked) -> None:
         table = self._permits if tracked.mode == _PERMIT else self._shared
@@ -202,10 +205,11 @@ class ObservedStore(ObservedSemaphores):
             end = now
         if tracked.granted_at is not None:
             self.metrics.hold[outcome].observe(max(0.0, end - tracked.granted_at))
-        if tracked.mode != _PERMIT:
-            self.events.publish("expired" if outcome == "expired" else "released", lock,
-                                tracked.fence, tracked.owner, forced=outcome == "forced",
-                                mode=tracked.mode)
+        if tracked.mode == _PERMIT:  # a permit's events name its slot's lock
+            lock = slot_lock(lock, tracked.slot)
+        self.events.publish("expired" if outcome == "expired" else "released", lock,
+                            tracked.fence, tracked.owner, forced=outcome == "forced",
+                            mode=tracked.mode)
 
     def _end_shared(self, lock: str, outcome: str, now: float) -> None:
         """Every tracked shared lease of ``lock`` ended (it was granted exclusively, or forced)."""
@@ -294,7 +298,8 @@ class ObservedStore(ObservedSemaphores):
         return self._keyed(lock, lease_id)
 
     def _renewed(self, lock: str, tracked: _Tracked | None, lease_id: str, fence: int,
-                 owner: str, ttl_ms: int, mode: str, before: float | None) -> None:
+                 owner: str, ttl_ms: int, mode: str, before: float | None,
+                 slot: int = -1) -> None:
         """A lease renewed (``tracked``: as tracked here before, if it was)."""
         now = self._now()
         if tracked is not None:
@@ -312,7 +317,7 @@ class ObservedStore(ObservedSemaphores):
                 heapq.heappush(self._keyed_heap, (tracked.deadline, lease_id, lock, tracked.mode))
             return
         # granted at another replica (or before a restart): track it from here on
-        tracked = _Tracked(lease_id, fence, owner, ttl_ms, None, now + ttl_ms / 1000, mode)
+        tracked = _Tracked(lease_id, fence, owner, ttl_ms, None, now + ttl_ms / 1000, mode, slot)
         if mode == EXCLUSIVE:
             self._track(lock, tracked)
         else:
@@ -465,32 +470,6 @@ class ObservedStore(ObservedSemaphores):
             self.events.publish("released", lock, ended.fence, ended.owner, forced=True,
                                 mode=ended.mode)
         return ended
-
-    # --- elections: passed through (the elections service observes them itself) -------------
-
-    async def elect_campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
-                             client_id: str | None, value: str) -> Grant | Holder:
-        return await self.inner.elect_campaign(name, lease_id=lease_id, ttl_ms=ttl_ms,
-                                               owner=owner, client_id=client_id, value=value)
-
-    async def elect_renew(self, name: str, lease_id: str,
-                          ttl_ms: int | None) -> tuple[Grant, str | None]:
-        return await self.inner.elect_renew(name, lease_id, ttl_ms)
-
-    async def elect_resign(self, name: str, lease_id: str) -> None:
-        await self.inner.elect_resign(name, lease_id)
-
-    async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
-        return await self.inner.elect_proclaim(name, lease_id, value)
-
-    async def elect_handover(self, name: str, target: str) -> ElectionState:
-        return await self.inner.elect_handover(name, target)
-
-    async def elect_get(self, name: str) -> ElectionState:
-        return await self.inner.elect_get(name)
-
-    async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
-        return await self.inner.elect_log(name, after, limit)
 
     async def get(self, lock: str) -> LockState:
         return await self.inner.get(lock)

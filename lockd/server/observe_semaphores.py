@@ -1,7 +1,7 @@
 """The semaphore calls of ``lockd.server.observe.ObservedStore`` (a mixin of it): permits are
 tracked by lease id like shared leases (metrics: grants, renewals, releases, hold times and
-expiries, confirmed by the sweeper from the semaphore's permits), and publish no events (the
-event streams carry lock events)."""
+expiries, confirmed by the sweeper from the semaphore's permits); their events name the slot's
+lock ``sem/{name}/{slot}`` with ``mode: "permit"``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ from typing import Any
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import SemFull, SemGrant, SemState
 
-__all__ = ["PERMIT", "ObservedSemaphores"]
+__all__ = ["PERMIT", "ObservedSemaphores", "slot_lock"]
 
 PERMIT = "permit"
 """The tracking mode of a semaphore's permit."""
 _PERMIT = PERMIT
+
+
+def slot_lock(name: str, slot: int) -> str:
+    """The lock name of slot ``slot`` of semaphore ``name`` (what its permit's token fences)."""
+    return f"sem/{name}/{slot}"
 
 
 class ObservedSemaphores:
@@ -53,7 +58,7 @@ class ObservedSemaphores:
             raise
         self.metrics.renewals["ok"].inc()
         self._renewed(name, tracked, lease_id, grant.fence, grant.owner, grant.ttl_ms, _PERMIT,
-                      before)
+                      before, grant.slot)
         return grant
 
     async def sem_release(self, name: str, lease_id: str) -> None:
