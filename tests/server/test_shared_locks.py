@@ -197,3 +197,41 @@ def test_bad_modes_and_reserved_names_are_422_and_change_nothing(lockd, http, na
     assert [h["owner"] for h in after["holders"]] == [h["owner"] for h in before["holders"]]
     assert after["fence"] == before["fence"] == 0 and after["waiters"] == 0
     assert "Traceback" not in lockd.log()
+
+
+def _gauge(http: httpx.Client, url: str, series: str) -> float:
+    for line in http.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no series {series}")
+
+
+def test_metrics_count_holders_per_mode_permits_and_waiters(lockd, http, name):
+    url = lockd.url
+    readers = [acquire(http, url, name, mode="shared", owner=f"r{i}").json() for i in range(2)]
+    solo = acquire(http, url, f"{name}/solo").json()
+    permit = http.post(f"{url}/v1/semaphores/{name}/acquire",
+                       json={"limit": 1, "ttl_ms": 30_000}).json()
+    t_w, got_w = _in_thread(url, name, wait_ms=20_000, owner="writer")
+    waiting: list = []
+    t_p = threading.Thread(target=lambda: waiting.append(httpx.post(
+        f"{url}/v1/semaphores/{name}/acquire", timeout=30,
+        json={"limit": 1, "ttl_ms": 30_000, "wait_ms": 20_000})), daemon=True)
+    t_p.start()
+    wait_until(lambda: _gauge(http, url, 'lockd_waiters{mode="permit"}') == 1
+               and _gauge(http, url, 'lockd_waiters{mode="exclusive"}') == 1, what="waiters")
+    assert _gauge(http, url, 'lockd_holders{mode="shared"}') == 2
+    assert _gauge(http, url, 'lockd_holders{mode="exclusive"}') == 1
+    assert _gauge(http, url, "lockd_permits_active") == 1
+    assert _gauge(http, url, 'lockd_waiters{mode="shared"}') == 0
+    for reader in readers:
+        release(http, url, name, reader["lease_id"])
+    http.post(f"{url}/v1/semaphores/{name}/release", json={"lease_id": permit["lease_id"]})
+    t_w.join(10)
+    t_p.join(10)
+    assert got_w[0][0].status_code == 200 and waiting[0].status_code == 200
+    assert _gauge(http, url, 'lockd_holders{mode="shared"}') == 0
+    assert _gauge(http, url, 'lockd_holders{mode="exclusive"}') == 2  # solo and the writer
+    assert _gauge(http, url, "lockd_permits_active") == 1
+    assert _gauge(http, url, 'lockd_waiters{mode="permit"}') == 0
+    release(http, url, f"{name}/solo", solo["lease_id"])
