@@ -161,10 +161,11 @@ class SemaphoreService:
         return self._permit(await self.store.sem_renew(name, lease_id, ttl_ms))
 
     async def release(self, name: str, lease_id: str) -> None:
-        """End a live permit and wake a waiter for it at once. Raises ``LeaseLost``."""
+        """End a live permit. Raises ``LeaseLost``. The store's notification (``sem_key(name)``,
+        here and at every replica) wakes ONE waiter for the freed permit; waking one here too
+        would let a later waiter race the head for it."""
         self.check_name(name)
         await self.store.sem_release(name, lease_id)
-        self._waiting.may_be_free(sem_key(name))
 
     # --- reading --------------------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def test_a_limit_other_than_the_live_permits_is_limit_mismatch(lockd, http, name
 
 def test_waiters_are_served_in_order_when_permits_are_released(lockd, http, name):
     url = lockd.url
-    held = [sem_acquire(http, url, name, 2, owner=f"h{i}").json() for i in range(2)]
+    held = [sem_acquire(http, url, name, 2, 60_000, owner=f"h{i}").json() for i in range(2)]
     t1, got1 = _in_thread(url, name, 2, wait_ms=20_000, owner="w1")
     wait_until(lambda: sem_state(http, url, name)["waiters"] == 1, what="w1 queued")
     t2, got2 = _in_thread(url, name, 2, wait_ms=20_000, owner="w2")
