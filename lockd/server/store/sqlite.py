@@ -16,6 +16,11 @@ Design:
   covers every frame before it). A power loss before then can undo a release; the lease then
   runs to its expiry, which delays the lock's next grant but never repeats a fence. Measured:
   this halves the fsyncs of a single client's acquire + release cycle.
+- **Modes, semaphores, elections** keep the same rules in tables of their own (rows holding a
+  fence or a log seq never deleted; grants fsynced; expiry by lockd's clock): shared leases in
+  ``shared`` (``sqlite_modes``), permits per semaphore in ``semaphores``/``permits``
+  (``sqlite_sem``), an election's value, handover and log next to its lock row
+  (``sqlite_elect``).
 - **One node.** An exclusive ``fcntl.flock`` on ``<db>.lock`` is held while the store is open, so
   a second lockd on the same file fails at start with a clear message instead of both granting
   the same lock from their own memory of waiters and clocks.
