@@ -302,3 +302,28 @@ def test_bad_semaphore_input_is_a_4xx_problem_and_changes_nothing(lockd, http, n
     assert sem_state(http, url, long_name[:200])["limit"] == 0
     assert sem_renew(http, url, name, permit["lease_id"]).status_code == 200
     assert "Traceback" not in lockd.log()
+
+
+def test_a_scoped_key_uses_only_semaphores_under_its_prefixes(lockd_factory, tmp_path, http):
+    from tests.server.test_access import KEY_A, KEY_OPS, _auth, _forbidden, _serve
+
+    url = _serve(lockd_factory, tmp_path, f"sqlite:///{tmp_path}/scoped.db").url
+    mine = http.post(f"{url}/v1/semaphores/a/pool/acquire", headers=_auth(KEY_A),
+                     json={"limit": 2, "ttl_ms": 30_000})
+    assert mine.status_code == 200 and mine.json()["lock"] == "sem/a/pool/0", mine.text
+    theirs = http.post(f"{url}/v1/semaphores/b/pool/acquire", headers=_auth(KEY_OPS),
+                       json={"limit": 2, "ttl_ms": 30_000}).json()
+    lease = {"lease_id": theirs["lease_id"]}
+    for method, path, body in [
+            ("POST", "/v1/semaphores/b/pool/acquire", {"limit": 2, "ttl_ms": 30_000}),
+            ("POST", "/v1/semaphores/b/pool/renew", lease),
+            ("POST", "/v1/semaphores/b/pool/release", lease),
+            ("GET", "/v1/semaphores/b/pool", None),
+            ("POST", "/v1/semaphores/sem/a/pool/acquire", {"limit": 2, "ttl_ms": 30_000})]:
+        r = http.request(method, url + path, headers=_auth(KEY_A), json=body)
+        _forbidden(r, path.split("/", 3)[3].rsplit("/", 1)[0] if method == "POST"
+                   else "b/pool", "team-a")
+    admin_view = http.get(f"{url}/v1/semaphores/b/pool", headers=_auth(KEY_OPS)).json()
+    assert [p["fence"] for p in admin_view["permits"]] == [theirs["fence"]]  # nothing changed
+    assert http.post(f"{url}/v1/semaphores/a/pool/release", headers=_auth(KEY_A),
+                     json={"lease_id": mine.json()["lease_id"]}).status_code == 200
