@@ -6,7 +6,7 @@ Environment (defaults keep a full run near 10 minutes on 2 cores):
 ================  =========  ==========================================================
 variable          default    meaning
 ================  =========  ==========================================================
-BENCH_ONLY        1-8        which sections, e.g. ``1,5``
+BENCH_ONLY        1-9        which sections, e.g. ``1,5``
 BENCH_SECONDS     2          counted seconds of one round of one measurement
 BENCH_ROUNDS      3          rounds (a fresh generator process each); medians over them
 BENCH_WARMUP      0.5        uncounted seconds before each round
@@ -16,6 +16,7 @@ BENCH_PROCS       1          generator processes per measurement
 BENCH_SCALE_LEASES 100000    held leases in section 6
 BENCH_PEERS       (all)      only peers whose name contains one of these words (+ baselines)
 BENCH_OUT         bench/results  where the results go
+BENCH_HANDOVERS   20         election handovers per row of section 9 (its other knobs: bench/primitives.py)
 ================  =========  ==========================================================
 
 Needs PostgreSQL (127.0.0.1:5432), Redis (127.0.0.1:6379) and an ``etcd`` binary
@@ -46,7 +47,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[Settings, list
     keys = [k.strip() for k in only.split(",") if k.strip()] if only else list(SCENARIOS)
     unknown = [k for k in keys if k not in SCENARIOS]
     if unknown:
-        raise SystemExit(f"BENCH_ONLY: unknown section(s) {unknown}; choose from 1-8")
+        raise SystemExit(f"BENCH_ONLY: unknown section(s) {unknown}; choose from 1-9")
     s = Settings(
         seconds=float(env.get("BENCH_SECONDS", 2)),
         rounds=int(env.get("BENCH_ROUNDS", 3)),

@@ -842,6 +842,12 @@ JOBS = {
     "queue_load": queue_load,
 }
 
+from bench.primitives import JOBS as _PRIM_JOBS  # noqa: E402 - section 9
+from bench.primitives import WORKLOADS as _PRIM_WORKLOADS  # noqa: E402
+
+JOBS.update(_PRIM_JOBS)
+WORKLOADS.update(_PRIM_WORKLOADS)
+
 
 # --- processes ----------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import psycopg
 
 from bench import loadgen
 from bench.peers import Server, Workspace, rss_mb, sqlalchemy_url
+from bench.primitives import primitives
 from bench.report import Section, fmt, median, pct, ratio
 from bench.transfer import transfers
 
@@ -713,6 +714,7 @@ SCENARIOS: dict[str, Callable[..., Section]] = {
     "6": scale,
     "7": load,
     "8": transfers,
+    "9": primitives,
 }
 
 
