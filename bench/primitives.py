@@ -88,6 +88,21 @@ WORKLOADS = {"lockd_prim": _lockd_prim}
 # --- an election candidate (one process each) -------------------------------------------------------
 
 
+async def _again(conn: Any, method: str, path: str, body: bytes, headers: str = "") -> int:
+    """``conn.request`` retried once on a fresh connection if the server had closed this one
+    (lockd and the proxy close a keep-alive connection idle for 10 s: a candidate can wait
+    longer than that before it leads). Returns the status."""
+    from bench.loadgen import HttpError
+
+    try:
+        return (await conn.request(method, path, body, headers))[0]
+    except HttpError as exc:
+        if exc.status != 0:
+            raise
+        return (await conn.request(method, path, body, headers))[0]
+
+
+
 async def candidate(spec: dict) -> dict:
     """Campaign until leading, write once through the proxy, then renew until killed or told to
     resign (``spec["resign"]``, an Event). Reports to ``spec["out"]`` (monotonic times): ``waiting``
@@ -134,8 +149,8 @@ async def candidate(spec: dict) -> dict:
         granted = time.monotonic()
         lease.update(json.loads(data))
         fence, token = lease["fence"], lease["token"]
-    status, _ = await proxy.request("PUT", f"/v1/tables/{_TABLE}/rows/{spec['row']}",
-                                    b'{"v":%d}' % fence, f"Fencing-Token: {token}\r\n")
+    status = await _again(proxy, "PUT", f"/v1/tables/{_TABLE}/rows/{spec['row']}",
+                          b'{"v":%d}' % fence, f"Fencing-Token: {token}\r\n")
     written = time.monotonic()
     out.put({"event": "leader", "pid": pid, "granted": granted, "written": written,
              "fence": fence, "status": status})
@@ -143,14 +158,14 @@ async def candidate(spec: dict) -> dict:
     while not await loop.run_in_executor(None, spec["resign"].wait, period):
         if peer != "etcd":
             sent = time.monotonic()
-            await keeper.request("POST", f"/v1/elections/{name}/renew", renew)
+            await _again(keeper, "POST", f"/v1/elections/{name}/renew", renew)
             out.put({"event": "renewed", "pid": pid, "t": sent})
     t = time.monotonic()
     if peer == "etcd":
         keeping.cancel()
         await http.json("POST", "/v3/election/resign", {"leader": lease})
     else:
-        await http.request("POST", f"/v1/elections/{name}/resign", renew)
+        await _again(http, "POST", f"/v1/elections/{name}/resign", renew)
     out.put({"event": "resigned", "pid": pid, "t": t})
     return {}
 
