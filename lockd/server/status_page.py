@@ -1,7 +1,9 @@
 """lockd's live status page (``GET /``): plain HTML with inline JavaScript, no build step.
 
 The page lists the locks (``GET /v1/locks``, re-read every 2 s) with holder, fence, remaining
-TTL (counting down in the browser) and waiters, and shows lock events as they happen from the
+TTL (counting down in the browser), waiters and mode (``shared``: the holder whose lease ends
+last is shown), the semaphores it has seen a permit event of (``GET /v1/semaphores/{name}``,
+re-read every 2 s: permits in use of the limit, holders by slot, waiters), and shows lock events as they happen from the
 SSE stream ``GET /v1/events?history=50``: an ``EventSource`` when lockd needs no API key; when
 it answers 401, the page asks for a key (kept in the tab's ``sessionStorage`` only) and reads
 the same stream with ``fetch`` so it can send ``Authorization: Bearer``. An event updates its
@@ -35,15 +37,20 @@ STATUS_PAGE = status_page(
 """,
     main="""<section><h2>Locks</h2>
 <table id="locks"><thead><tr><th>Lock</th><th>State</th><th>Holder</th><th>Fence</th>
-<th>TTL left</th><th>Waiters</th></tr></thead><tbody></tbody></table>
-<div id="nolocks" class="empty">No locks yet.</div></section>
+<th>TTL left</th><th>Waiters</th><th>Mode</th></tr></thead><tbody></tbody></table>
+<div id="nolocks" class="empty">No locks yet.</div>
+<h2>Semaphores</h2>
+<table id="sems"><thead><tr><th>Semaphore</th><th>In use</th><th>Holders (slot)</th>
+<th>Fence</th><th>Waiters</th></tr></thead><tbody></tbody></table>
+<div id="nosems" class="empty">No semaphore seen yet.</div></section>
 <section><h2>Elections</h2>
 <table id="elections"><thead><tr><th>Election</th><th>Leader</th><th>Value</th><th>Fence</th>
 <th>Handover to</th><th>Candidates</th></tr></thead><tbody></tbody></table>
 <div id="noelections" class="empty">No elections yet.</div></section>
 <section><h2>Recent events</h2><ul id="events"></ul>
 <div id="noevents" class="empty">Waiting for events&hellip;</div></section>""",
-    script="""const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt}
+    script="""const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt, mode}
+const sems = new Map();    // semaphore name -> its GET /v1/semaphores/{name} body
 const flashes = new Map(); // name -> highlight until (performance.now())
 let stream = null;
 
@@ -69,10 +76,23 @@ function render() {
     if ((flashes.get(name) || 0) > now) tr.className = "flash";
     tr.append(cell(name, "lock"), cell(isHeld ? "held" : "free", isHeld ? "held" : "free"),
               cell(isHeld ? (l.owner || "(no owner)") : "-"), cell(String(l.fence), "num"),
-              cell(isHeld ? fmtMs(left) : "-", "num"), cell(String(l.waiters || 0), "num"));
+              cell(isHeld ? fmtMs(left) : "-", "num"), cell(String(l.waiters || 0), "num"),
+              cell(isHeld ? (l.mode || "exclusive") : "-"));
     body.append(tr);
   }
   $("nolocks").style.display = names.length ? "none" : "";
+  const sbody = $("sems").tBodies[0];
+  sbody.replaceChildren();
+  for (const name of [...sems.keys()].sort()) {
+    const s = sems.get(name);
+    const tr = document.createElement("tr");
+    tr.dataset.semaphore = name;
+    tr.append(cell(name, "lock"), cell(s.permits.length + " / " + s.limit, "num"),
+              cell(s.permits.map(p => (p.owner || "(no owner)") + " (" + p.slot + ")").join(", ") || "-"),
+              cell(String(s.fence), "num"), cell(String(s.waiters || 0), "num"));
+    sbody.append(tr);
+  }
+  $("nosems").style.display = sems.size ? "none" : "";
   $("summary").textContent = names.length + " lock(s), " + held + " held";
 }
 async function refresh() {
@@ -83,8 +103,13 @@ async function refresh() {
     const page = await r.json();
     const now = performance.now();
     for (const s of page.items) {
+      if (s.lock.startsWith("sem/")) continue;  // a semaphore's slot: shown with its semaphore
       locks.set(s.lock, {held: s.held, owner: s.owner, fence: s.fence, waiters: s.waiters,
-                         expiresAt: now + s.ttl_ms});
+                         expiresAt: now + s.ttl_ms, mode: s.mode});
+    }
+    for (const name of sems.keys()) {
+      const r = await fetch("/v1/semaphores/" + name, {headers: headers()});
+      if (r.ok) sems.set(name, await r.json());
     }
     render();
   } catch (e) { setConn(false, "cannot read locks: " + e.message); }
@@ -111,9 +136,17 @@ async function refreshElections() {
 function onEvent(type, ev) {
   if (type === "overflow") { addEvent({type: "overflow", lock: "some events were dropped", at: Date.now()}); refresh(); return; }
   addEvent(ev);
+  if (ev.mode === "permit") {  // lock "sem/{name}/{slot}": the permit of a semaphore
+    const name = ev.lock.slice(4, ev.lock.lastIndexOf("/"));
+    if (!sems.has(name)) sems.set(name, {permits: [], limit: "?", fence: ev.fence, waiters: 0});
+    refresh();
+    return;
+  }
+  if (ev.mode === "shared" && type !== "acquired") { refresh(); }  // other readers may hold it
   const l = locks.get(ev.lock) || {waiters: 0};
   if (type === "acquired") {
-    Object.assign(l, {held: true, owner: ev.owner, fence: ev.fence, expiresAt: performance.now() + ev.ttl_ms});
+    Object.assign(l, {held: true, owner: ev.owner, fence: ev.fence, mode: ev.mode || "exclusive",
+                      expiresAt: Math.max(l.held && ev.mode ? l.expiresAt : 0, performance.now() + ev.ttl_ms)});
   } else {
     Object.assign(l, {held: false, owner: null});
     if (ev.fence != null) l.fence = Math.max(l.fence || 0, ev.fence);
@@ -129,7 +162,7 @@ function addEvent(ev) {
   const k = document.createElement("span"); k.className = "ev-" + ev.type; k.textContent = ev.type;
   li.append(t, k, document.createTextNode(" " + ev.lock +
     (ev.fence != null ? "  fence " + ev.fence : "") + (ev.owner ? "  by " + ev.owner : "") +
-    (ev.forced ? "  (forced)" : "")));
+    (ev.mode ? "  (" + ev.mode + ")" : "") + (ev.forced ? "  (forced)" : "")));
   li.dataset.type = ev.type; li.dataset.lock = ev.lock;
   const list = $("events"); list.prepend(li);
   while (list.children.length > 100) list.lastChild.remove();

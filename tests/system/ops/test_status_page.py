@@ -141,6 +141,33 @@ def test_lockd_status_page_lists_elections(browser, stack, name, tmp_path):
     assert page.console == []
 
 
+def test_lockd_status_page_shows_lock_modes_and_semaphores(browser, stack, name, tmp_path):
+    lockd = stack.lockd()
+    for owner in ("reader-1", "reader-2"):
+        r = httpx.post(f"{lockd.url}/v1/locks/{name}/r/acquire", verify=stack.verify,
+                       json={"ttl_ms": 60_000, "owner": owner, "mode": "shared"})
+        assert r.status_code == 200, r.text
+    page = browser.page()
+    page.navigate(lockd.url + "/")
+    page.wait_for(_row(name + "/r"), what="the shared lock's row")
+    _live(page)
+    cells = page.evaluate(f"[...{_row(name + '/r')}.cells].map(c => c.textContent)")
+    assert cells[1] == "held" and cells[2] in ("reader-1", "reader-2") and cells[6] == "shared"
+    sem = f"{name}/pool"
+    row = f"document.querySelector('#sems tr[data-semaphore=\"{sem}\"]')"
+    for i in range(2):
+        r = httpx.post(f"{lockd.url}/v1/semaphores/{sem}/acquire", verify=stack.verify,
+                       json={"limit": 3, "ttl_ms": 60_000, "owner": f"sem-{i}"})
+        assert r.status_code == 200, r.text
+    page.wait_for(f"{row} && {row}.cells[1].textContent === '2 / 3'", timeout=5,
+                  what="the semaphore's row, from its permit events")
+    cells = page.evaluate(f"[...{row}.cells].map(c => c.textContent)")
+    assert cells[0] == sem and cells[2] == "sem-0 (0), sem-1 (1)" and cells[4] == "0"
+    assert page.evaluate(f"!{_row('sem/' + sem + '/0')}")  # slots are not listed as locks
+    _keep(page.screenshot(tmp_path / "lockd-modes.png"))
+    assert page.console == []
+
+
 def test_lockd_status_page_with_api_key(browser, stack, name, tmp_path):
     key = "status-page-key-123"
     lockd = stack.lockd(env={"LOCKD_API_KEYS": key})
