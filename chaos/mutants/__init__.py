@@ -129,16 +129,16 @@ _LOCKD_FENCE = "    fence = (row[0] if row is not None else 0) + 1\n"
 _LOCKD_FENCE_MANY = "        fence = (rows[name][0] if name in rows else 0) + 1\n"
 _LOCKD_LIVE = "    if row is not None and row[1] is not None and row[4] > now:\n"
 _LOCKD_LIVE_MANY = "if r[1] is not None and r[3] > now)"
-_CLAIM_ONE = ("            cur = await conn.execute(self.sql.d.fence_upsert, {\"lock\": fence.lock, "
-              "\"fence\": fence.fence})\n"
-              "            (highest,) = await cur.fetchone()  # type: ignore[misc]\n"
-              "        check(fence, highest)\n        return highest\n")
-"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert."""
+_CLAIM_ONE = ("            cur = await conn.execute(*self._fence_check(fence))\n"
+              "            found = await cur.fetchone()\n"
+              "        return self._judge(fence, found)\n")
+"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert (a
+shared token's claim-for-read: the plain read of the highest)."""
 _CLAIM_ONE_SELECT = ("            cur = await conn.execute(self.sql.d.fence_select, "
                      "{\"lock\": fence.lock})\n"
                      "            found = await cur.fetchone()\n"
-                     "            highest = max(found[0] if found else 0, fence.fence)\n"
-                     "        check(fence, highest)\n        return highest\n")
+                     "            found = (max(found[0] if found else 0, fence.fence),)\n"
+                     "        return self._judge(fence, found)\n")
 _CLAIM_ALL = ("                highest = await self._raise_fences(conn, fences)\n"
               "                check_all(fences, highest)\n")
 """The explicit claim of several locks (``POST /v1/fences/claim``)."""
