@@ -57,8 +57,7 @@ def test_a_batch_mixing_a_release_with_a_grant_is_fsynced(tmp_path: Path) -> Non
                            check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(store_mod._SCHEMA)
-        conn.execute(store_mod._SCHEMA_LEASES)
+        store_mod._create_schema(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         store_mod._SYNC_MODE[id(conn)] = "NORMAL"
         clock = lambda: 1000.0  # noqa: E731 - wall seconds
