@@ -25,8 +25,8 @@ from lockd.server.api import (
     install_error_handlers,
     is_hot_path,
 )
-from lockd.server.api_semaphores import create_semaphore_router
 from lockd.server.api_elections import create_election_router
+from lockd.server.api_semaphores import create_semaphore_router
 from lockd.server.elections import ElectionService
 from lockd.server.events import EventHub
 from lockd.server.keydir import watch as watch_keys
