@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store import sqlite_modes as modes
+from lockd.server.store import sqlite_sem as sem
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
@@ -90,7 +91,7 @@ _MAX_BATCH = 256
 
 def _create_schema(conn: sqlite3.Connection) -> None:
     """Create every table and index the store uses, idempotently (no transaction needed)."""
-    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA):
+    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA, *sem.SCHEMA):
         conn.execute(statement)
 
 _Op = Callable[..., Any]
@@ -288,8 +289,9 @@ def _ping(conn: sqlite3.Connection, now: int) -> None:
 # --- the store ----------------------------------------------------------------------------------
 
 
-class SqliteStore:
-    """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring.
+class SqliteStore(sem.SemaphoreMethods):
+    """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring. Shared
+    leases: ``sqlite_modes``; semaphores: ``sqlite_sem``.
 
     ``clock``: wall seconds, judges expiry (default ``time.time``). ``executor``: ``"thread"``
     (default: one dedicated thread, group commit) or ``"inline"`` (statements run on the event
@@ -512,7 +514,8 @@ class _Outcome:
 
 # Operations whose commit need not be fsynced before the caller hears of it (see the module
 # docstring, "Durable grants"): undoing one by a power loss only delays a lock's next grant.
-_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping})
+_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping,
+                       *sem.LAZY_OPS})
 _SYNC_MODE: dict[int, str] = {}  # id(connection) -> the synchronous mode last set on it
 
 
