@@ -47,9 +47,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import lockd.server.store.sqlite_elect as elect
+import lockd.server.store.sqlite_modes as modes
+import lockd.server.store.sqlite_sem as sem
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store import sqlite_modes as modes
-from lockd.server.store import sqlite_sem as sem
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
@@ -91,7 +92,8 @@ _MAX_BATCH = 256
 
 def _create_schema(conn: sqlite3.Connection) -> None:
     """Create every table and index the store uses, idempotently (no transaction needed)."""
-    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA, *sem.SCHEMA):
+    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA, *sem.SCHEMA,
+                      *elect.SCHEMA):
         conn.execute(statement)
 
 _Op = Callable[..., Any]
@@ -289,9 +291,9 @@ def _ping(conn: sqlite3.Connection, now: int) -> None:
 # --- the store ----------------------------------------------------------------------------------
 
 
-class SqliteStore(sem.SemaphoreMethods):
+class SqliteStore(sem.SemaphoreMethods, elect.ElectionMethods):
     """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring. Shared
-    leases: ``sqlite_modes``; semaphores: ``sqlite_sem``.
+    leases: ``sqlite_modes``; semaphores: ``sqlite_sem``; elections: ``sqlite_elect``.
 
     ``clock``: wall seconds, judges expiry (default ``time.time``). ``executor``: ``"thread"``
     (default: one dedicated thread, group commit) or ``"inline"`` (statements run on the event
@@ -303,6 +305,8 @@ class SqliteStore(sem.SemaphoreMethods):
     acquire called after a release was called, even before the release completed, sees it.
     The service uses this to queue the head waiter's acquire right behind a release, often
     into the same group-commit transaction (one fsync per handoff instead of two)."""
+
+    _acquire_op = staticmethod(_acquire)  # a campaign's grant (``sqlite_elect``)
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time,
                  executor: Literal["thread", "inline"] = "thread"):
@@ -515,7 +519,7 @@ class _Outcome:
 # Operations whose commit need not be fsynced before the caller hears of it (see the module
 # docstring, "Durable grants"): undoing one by a power loss only delays a lock's next grant.
 _LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping,
-                       *sem.LAZY_OPS})
+                       *sem.LAZY_OPS, *elect.LAZY_OPS})
 _SYNC_MODE: dict[int, str] = {}  # id(connection) -> the synchronous mode last set on it
 
 
