@@ -239,6 +239,13 @@ def format_summary(report: dict[str, Any]) -> str:
         *([f"  sql: operations committed {ops['committed_writes']}, order/line rows "
            f"{ops['sql_rows']}, writes refused by the triggers {ops['sql_refused']}"]
           if "sql_rows" in ops else []),
+        *([f"  readers: {ops['readers']} shared leases, reads allowed {ops['reads_allowed']}, "
+           f"refused stale {ops['reads_stale']}; writes under a shared token refused "
+           f"{ops['shared_writes_refused']}"] if "readers" in ops else []),
+        *([f"  permits granted {ops['permits']}"] if "permits" in ops else []),
+        *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
+           f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]
+          if "leaders" in ops else []),
         f"  faults: {faults}",
         f"  pauses {report['revived']['pauses']}: revived writes attempted "
         f"{report['revived']['attempted']}, refused {report['revived']['refused']}, committed "
