@@ -16,6 +16,11 @@ Design:
   covers every frame before it). A power loss before then can undo a release; the lease then
   runs to its expiry, which delays the lock's next grant but never repeats a fence. Measured:
   this halves the fsyncs of a single client's acquire + release cycle.
+- **Modes, semaphores, elections** keep the same rules in tables of their own (rows holding a
+  fence or a log seq never deleted; grants fsynced; expiry by lockd's clock): shared leases in
+  ``shared`` (``sqlite_modes``), permits per semaphore in ``semaphores``/``permits``
+  (``sqlite_sem``), an election's value, handover and log next to its lock row
+  (``sqlite_elect``).
 - **One node.** An exclusive ``fcntl.flock`` on ``<db>.lock`` is held while the store is open, so
   a second lockd on the same file fails at start with a clear message instead of both granting
   the same lock from their own memory of waiters and clocks.
@@ -105,19 +110,23 @@ _Item = tuple[_Op, tuple[Any, ...], "asyncio.Future[Any]"]
 
 def _acquire(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_ms: int,
              owner: str, client_id: str | None, mode: str = EXCLUSIVE) -> Grant | Holder:
+    # row[5]: whether any shared lease row exists (a shared grant creates the lock row first)
     row = conn.execute(
-        "SELECT fence, lease_id, owner, client_id, expires_ms FROM locks WHERE name = ?", (lock,)
+        "SELECT fence, lease_id, owner, client_id, expires_ms,"
+        " EXISTS (SELECT 1 FROM shared WHERE shared.name = locks.name) FROM locks WHERE name = ?",
+        (lock,)
     ).fetchone()
     if row is not None and row[1] is not None and row[4] > now:
-        fence, live_id, live_owner, live_client, expires = row
+        fence, live_id, live_owner, live_client, expires = row[:5]
         if client_id and live_client == client_id:
             conn.execute("UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name = ?",
                          (now + ttl_ms, ttl_ms, lock))
             return Grant(lock, live_id, fence, ttl_ms, live_owner)
         return Holder(lock, live_owner, expires - now, fence)
-    shared = modes.shared_check(conn, now, lock, mode, ttl_ms, client_id)
-    if shared is not None:  # a client_id retry of a shared lease, or shared holders block
-        return shared
+    if row is not None and row[5]:
+        shared = modes.shared_check(conn, now, lock, mode, ttl_ms, client_id)
+        if shared is not None:  # a client_id retry of a shared lease, or shared holders block
+            return shared
     if mode == SHARED:
         return modes.grant_shared(conn, now, lock, row[0] if row is not None else 0, lease_id,
                                   ttl_ms, owner, client_id)

@@ -5,7 +5,7 @@ table, one row per (lock, lease), in grant order (rowid). A shared grant copies 
 current fence (the write epoch, 0 if never written) into its row and never raises it; the
 ``locks`` row is created with fence 0 if the lock was never granted, so ``list`` finds it and
 the fence survives exactly like an exclusive one. Expired shared rows are deleted when the lock
-is next acquired (they are never live again, whatever the clock does next).
+is next acquired or force-released (they are never live again, whatever the clock does next).
 
 Every function here runs on the store thread inside the batch's transaction; ``now`` is
 lockd-clock milliseconds. Like the store's other operations they read before they write, so an
@@ -82,6 +82,7 @@ def grant_shared(conn: sqlite3.Connection, now: int, lock: str, fence: int, leas
     """Install a shared lease of ``lock`` carrying the lock's current ``fence`` (not raised)."""
     conn.execute("INSERT INTO locks (name, fence) VALUES (?, 0) ON CONFLICT (name) DO NOTHING",
                  (lock,))
+    conn.execute("DELETE FROM shared WHERE name = ? AND expires_ms <= ?", (lock, now))
     conn.execute(
         "INSERT INTO shared (name, lease_id, owner, client_id, fence, expires_ms, ttl_ms)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -69,7 +69,8 @@ def _sem_acquire(conn: sqlite3.Connection, now: int, name: str, limit: int, leas
             f"semaphore {name!r} has {len(live)} live permit(s) under limit {current}, "
             f"not {limit}", limit=current)
     if len(live) >= limit:
-        return SemFull(name, limit, min(r[5] for r in live) - now, tuple(r[2] for r in live))
+        return SemFull(name, limit, min((r[5] for r in live), default=now) - now,
+                       tuple(r[2] for r in live))
     taken = {r[0] for r in live}
     slot = next(s for s in range(limit) if s not in taken)
     fence += 1

@@ -219,3 +219,67 @@ def test_shared_leases_and_fences_survive_a_reopen(tmp_path):
 
     run_with_store(tmp_path, first)
     run_with_store(tmp_path, second)
+
+
+def test_many_concurrent_acquirers_of_both_modes_never_overlap_wrongly(tmp_path):
+    workers, rounds = 16, 5
+
+    async def scenario(store, clock, notified):
+        import asyncio
+        import random
+
+        exclusive: set[str] = set()
+        shared: set[str] = set()
+        last_fence = [0]
+        seen = {EXCLUSIVE: 0, SHARED: 0, "both_shared": 0}
+        rng = random.Random(11)
+
+        async def worker(w: int) -> None:
+            for r in range(rounds):
+                lease, mode = f"w{w}r{r}", SHARED if rng.random() < 0.6 else EXCLUSIVE
+                while not isinstance(got := await _acq(store, "k", lease, mode, ttl=60_000),
+                                     Grant):
+                    assert got.mode == (SHARED if exclusive == set() else EXCLUSIVE)
+                    await asyncio.sleep(0)
+                if mode == EXCLUSIVE:
+                    assert not exclusive and not shared, (exclusive, shared)
+                    assert got.fence == last_fence[0] + 1  # raised by exactly one
+                    last_fence[0] = got.fence
+                    exclusive.add(lease)
+                else:
+                    assert not exclusive, exclusive
+                    assert got.fence == last_fence[0]  # carried, not raised
+                    seen["both_shared"] += bool(shared)
+                    shared.add(lease)
+                seen[mode] += 1
+                for _ in range(rng.randrange(3)):
+                    await asyncio.sleep(0)
+                await store.release("k", lease)
+                (exclusive if mode == EXCLUSIVE else shared).discard(lease)
+
+        await asyncio.gather(*(worker(w) for w in range(workers)))
+        assert seen[EXCLUSIVE] + seen[SHARED] == workers * rounds
+        assert seen["both_shared"] > 0 and seen[EXCLUSIVE] > 0  # both cases really happened
+        assert (await store.get("k")).fence == seen[EXCLUSIVE]
+
+    run_with_store(tmp_path, scenario)
+
+
+def test_a_database_of_the_previous_schema_opens_and_keeps_its_fences(tmp_path):
+    import sqlite3
+
+    from lockd.server.store import sqlite as store_mod
+
+    with sqlite3.connect(tmp_path / "s.db") as old:  # as a lockd before modes left it
+        old.execute(store_mod._SCHEMA)
+        old.execute(store_mod._SCHEMA_LEASES)
+        old.execute("INSERT INTO locks (name, fence) VALUES ('old', 7)")
+
+    async def scenario(store, clock, notified):
+        assert (await _acq(store, "old", "s1", SHARED)).fence == 7
+        await store.release("old", "s1")
+        assert (await _acq(store, "old", "e1", EXCLUSIVE)).fence == 8
+        assert (await store.sem_get("any")).limit == 0
+        assert (await store.elect_get("old")).leader.owner == "e1"
+
+    run_with_store(tmp_path, scenario)
