@@ -105,6 +105,10 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             elections = app.state.elections = ElectionService(service, metrics)
             app.state.jwks = ring.jwks()
             metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
+            metrics.watch_modes(
+                holders=lambda mode: (observed.shared_active if mode == "shared"
+                                      else observed.active - observed.shared_active),
+                permits=lambda: observed.permits_active, waiters=service.waiting_by_mode)
             await observed.start()
             # a rotation or retirement reaches this process within key_reload_ms
             keys_task = asyncio.create_task(watch_keys(
