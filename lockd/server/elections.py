@@ -260,8 +260,9 @@ class ElectionService:
         if ttl_ms is not None:
             self._check_ttl(ttl_ms)
         grant, handover_to = await self.store.elect_renew(name, lease_id, ttl_ms)
-        if handover_to is not None:  # the candidate may be queued here: let it go first
-            self.waiting.prefer(name, handover_to)
+        # the store's word on the handover (it may have been asked at another replica): a
+        # candidate it names that is queued here goes first; none named, none preferred
+        self.waiting.prefer(name, handover_to)
         return self._leadership(grant, handover_to=handover_to)
 
     async def resign(self, name: str, lease_id: str) -> None:

@@ -8,8 +8,7 @@ candidate; resign and expiry hand over to the next; bad input changes nothing.
 
 from __future__ import annotations
 
-import base64
-import itertools
+import asyncio
 import json
 import os
 import queue
@@ -20,126 +19,30 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
+import pytest
 
+from lockd.server.service import LockService
+from lockd.server.settings import Settings
+from lockd.server.store.sqlite import SqliteStore
+from lockd.tokens import KeyRing
 from tests.server.calls import assert_problem, wait_until
+from tests.server.election_calls import (
+    Observer,
+    call,
+    campaign,
+    claims,
+    election,
+    parse_sse,
+    queue_candidates,
+    read_events,
+    result,
+    stable,
+)
 
 CANDIDATE = Path(__file__).with_name("election_candidate.py")
 ADMIN_KEY = "admin-key-0123456789abcdef"
-
-
-# --- helpers ------------------------------------------------------------------------------------
-
-
-def campaign(http: httpx.Client, url: str, name: str, ttl_ms: int = 10_000,
-             **fields: Any) -> httpx.Response:
-    return http.post(f"{url}/v1/elections/{name}/campaign", json={"ttl_ms": ttl_ms, **fields})
-
-
-def call(http: httpx.Client, url: str, name: str, action: str, headers: dict | None = None,
-         **fields: Any) -> httpx.Response:
-    return http.post(f"{url}/v1/elections/{name}/{action}", json=fields, headers=headers)
-
-
-def election(http: httpx.Client, url: str, name: str) -> dict[str, Any]:
-    r = http.get(f"{url}/v1/elections/{name}")
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def claims(token: str) -> dict[str, Any]:
-    payload = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-
-
-def _parse(lines, events: list, until: int | None = None) -> None:
-    """Append ``(id, kind, data)`` of each SSE event read from ``lines``; stop at ``until``."""
-    kind, data, event_id = "message", "", None
-    for line in lines:
-        if line.startswith("id: "):
-            event_id = int(line[4:])
-        elif line.startswith("event: "):
-            kind = line[7:]
-        elif line.startswith("data: "):
-            data = line[6:]
-        elif not line and data:
-            events.append((event_id, kind, json.loads(data)))
-            kind, data, event_id = "message", "", None
-            if until is not None and len(events) >= until:
-                return
-
-
-def read_events(url: str, name: str, count: int, last_id: str | None = None
-                ) -> list[tuple[int, str, dict]]:
-    """The first ``count`` events of a fresh observe stream (``Last-Event-ID``: ``last_id``)."""
-    headers = {"Last-Event-ID": last_id} if last_id is not None else {}
-    events: list = []
-    with httpx.stream("GET", f"{url}/v1/elections/{name}/observe", headers=headers,
-                      timeout=httpx.Timeout(10)) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        _parse(r.iter_lines(), events, count)
-    assert len(events) == count, events
-    return events
-
-
-class Observer(threading.Thread):
-    """Reads an observe stream in the background until ``stop`` (needs short heartbeats)."""
-
-    def __init__(self, url: str, name: str):
-        super().__init__(daemon=True)
-        self.url, self.name = url, name
-        self.events: list[tuple[int, str, dict]] = []
-        self.stop = threading.Event()
-
-    def run(self) -> None:
-        with httpx.stream("GET", f"{self.url}/v1/elections/{self.name}/observe",
-                          timeout=httpx.Timeout(10)) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            _parse(itertools.takewhile(lambda _: not self.stop.is_set(), lines), self.events)
-
-    def wait_for_seq(self, seq: int) -> None:
-        wait_until(lambda: self.events and self.events[-1][0] >= seq, timeout=10,
-                   what=f"the observer to reach seq {seq}")
-
-
-def _start_candidate(url: str, name: str, owner: str, results: list, *, wait_ms: int = 20_000,
-                     ttl_ms: int = 10_000) -> threading.Thread:
-    """Campaign in a thread; append ``(owner, response)``."""
-
-    def run() -> None:
-        with httpx.Client(timeout=60) as c:
-            results.append((owner, campaign(c, url, name, ttl_ms, wait_ms=wait_ms, owner=owner,
-                                            value=f"v-{owner}")))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _queue_candidates(http, url, name, owners, results) -> dict[str, threading.Thread]:
-    """Queue one campaign per owner, each confirmed waiting before the next."""
-    threads = {}
-    for i, owner in enumerate(owners):
-        threads[owner] = _start_candidate(url, name, owner, results)
-        wait_until(lambda n=i + 1: election(http, url, name)["waiters"] == n,
-                   what=f"{owner} queued")
-    return threads
-
-
-def _stable(doc: dict[str, Any]) -> dict[str, Any]:
-    """An election's state without the leader's time left (it counts down between reads)."""
-    leader = doc["leader"] and {k: v for k, v in doc["leader"].items() if k != "ttl_ms"}
-    return {**doc, "leader": leader}
-
-
-def _result(results: list, owner: str) -> dict[str, Any]:
-    (r,) = [r for o, r in results if o == owner]
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 # --- the basic contract ---------------------------------------------------------------------------
@@ -201,18 +104,18 @@ def test_resign_hands_to_the_next_candidate_in_order(lockd, http, name):
     url = lockd.url
     a = campaign(http, url, name, owner="A").json()
     results: list = []
-    threads = _queue_candidates(http, url, name, ["B", "C"], results)
+    threads = queue_candidates(http, url, name, ["B", "C"], results)
     assert election(http, url, name)["waiting_owners"] == ["B", "C"]
     assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
     threads["B"].join(10)
-    b = _result(results, "B")
+    b = result(results, "B")
     assert b["fence"] > a["fence"] and b["value"] == "v-B"
     now = election(http, url, name)
     assert now["leader"]["owner"] == "B" and now["value"] == "v-B"
     assert now["waiting_owners"] == ["C"]
     assert call(http, url, name, "resign", lease_id=b["lease_id"]).status_code == 200
     threads["C"].join(10)
-    assert _result(results, "C")["fence"] > b["fence"]
+    assert result(results, "C")["fence"] > b["fence"]
 
 
 def test_an_expired_leader_hands_over_to_the_next(lockd, http, name):
@@ -220,10 +123,10 @@ def test_an_expired_leader_hands_over_to_the_next(lockd, http, name):
     sent = time.monotonic()
     a = campaign(http, url, name, 1000, owner="A").json()
     results: list = []
-    threads = _queue_candidates(http, url, name, ["B"], results)
+    threads = queue_candidates(http, url, name, ["B"], results)
     threads["B"].join(15)
     elected_at = time.monotonic()
-    b = _result(results, "B")
+    b = result(results, "B")
     assert elected_at - sent >= 1.0, "elected before the leader's lease ran out"
     assert b["fence"] > a["fence"]
     assert_problem(call(http, url, name, "renew", lease_id=a["lease_id"]), 410, "lease_lost")
@@ -240,7 +143,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     url, admin = lockd.url, {"Authorization": f"Bearer {ADMIN_KEY}"}
     a = campaign(http, url, name, owner="A").json()
     results: list = []
-    threads = _queue_candidates(http, url, name, ["B", "C", "D"], results)
+    threads = queue_candidates(http, url, name, ["B", "C", "D"], results)
 
     assert_problem(call(http, url, name, "handover", target="D"), 401, "unauthorized")
     assert_problem(call(http, url, name, "handover", target="D", lease_id="not-the-lease"),
@@ -258,7 +161,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert renewed["handover_requested"] is True and renewed["handover_to"] == "D"
     assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
     threads["D"].join(10)
-    d = _result(results, "D")
+    d = result(results, "D")
     assert d["fence"] > a["fence"]
     now = election(http, url, name)
     assert now["leader"]["owner"] == "D" and now["handover_to"] is None
@@ -271,7 +174,7 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert renewed["handover_requested"] is True and renewed["handover_to"] == "next"
     assert call(http, url, name, "resign", lease_id=d["lease_id"]).status_code == 200
     threads["B"].join(10)
-    b = _result(results, "B")
+    b = result(results, "B")
     assert b["fence"] > d["fence"] and election(http, url, name)["leader"]["owner"] == "B"
     call(http, url, name, "resign", lease_id=b["lease_id"])
     threads["C"].join(10)
@@ -284,6 +187,56 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
                  for e in trail if e["action"] == "election_handover"]
     assert handovers == [("lease_lost", "D", "leader"), ("requested", "D", "leader"),
                          ("requested", "next", "admin"), ("no_leader", "next", "admin")]
+    metrics = http.get(f"{url}/metrics").text
+    assert "lockd_election_handovers_total 2.0" in metrics  # the two that were recorded
+    assert "lockd_election_leader_changes_total 4.0" in metrics  # A, D, B, C
+    assert "lockd_election_term_seconds_count 3.0" in metrics  # A, D and B resigned
+
+
+def test_the_preference_moves_only_a_waiter_for_that_lock_alone(tmp_path):
+    """``WaitQueues.prefer`` on a real queue (a LockService on SQLite): a multi-lock waiter
+    keeps its place (rule 3), a preferred single-lock one goes first now or when it joins."""
+
+    async def main() -> None:
+        settings = Settings(store=f"sqlite:///{tmp_path / 'p.db'}", key_dir=tmp_path / "keys")
+        store = SqliteStore(str(tmp_path / "p.db"))
+        await store.open()
+        service = LockService(store, KeyRing.generate(), settings)
+        queues, owners = service._waiting, lambda: service.waiting_owners("p/1")
+        held = await service.acquire("p/1", ttl_ms=10_000)
+        tasks = {}
+
+        async def join(owner: str, *more: str) -> None:
+            locks = ["p/1", *more]
+            tasks[owner] = asyncio.ensure_future(
+                service.acquire_many(locks, ttl_ms=10_000, wait_ms=10_000, owner=owner) if more
+                else service.acquire("p/1", ttl_ms=10_000, wait_ms=10_000, owner=owner))
+            while owner not in owners():
+                await asyncio.sleep(0.005)
+
+        try:
+            for owner, more in (("a", ()), ("set", ("p/2",)), ("b", ())):
+                await join(owner, *more)
+            queues.prefer("p/1", "set")
+            assert owners() == ["a", "set", "b"]  # a set keeps its place
+            queues.prefer("p/1", "b")
+            assert owners() == ["b", "a", "set"]
+            queues.prefer("p/1", "c")
+            await join("c")  # preferred before it arrived: it goes first on arrival
+            assert owners() == ["c", "b", "a", "set"]
+            await service.release("p/1", held.lease_id)
+            first = await asyncio.wait_for(tasks["c"], 5)
+            assert first.owner == "c" and first.fence > held.fence
+            queues.prefer("p/1", None)
+            await join("d")
+            assert owners() == ["b", "a", "set", "d"] and not queues.preferred
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
+            await store.close()
+
+    asyncio.run(main())
 
 
 # --- observe --------------------------------------------------------------------------------------
@@ -296,18 +249,18 @@ def test_observe_delivers_every_change_in_order_and_resumes_without_gaps(lockd, 
     start = election(http, url, name)
     (first,) = read_events(url, name, 1)
     assert first[:2] == (start["seq"], "state")
-    assert _stable(first[2]) == _stable({k: v for k, v in start.items()
+    assert stable(first[2]) == stable({k: v for k, v in start.items()
                                          if k not in ("waiters", "waiting_owners")})
 
     seen: list = []
     with httpx.stream("GET", f"{url}/v1/elections/{name}/observe",
                       timeout=httpx.Timeout(10)) as stream:
         lines = stream.iter_lines()
-        _parse(lines, seen, 1)  # the state: from here on every change arrives
+        parse_sse(lines, seen, 1)  # the state: from here on every change arrives
         call(http, url, name, "proclaim", lease_id=a["lease_id"], value="a3")
         call(http, url, name, "resign", lease_id=a["lease_id"])
         b = campaign(http, url, name, owner="B", value="b1").json()
-        _parse(lines, seen, 4)
+        parse_sse(lines, seen, 4)
     # disconnected; changes go on meanwhile
     call(http, url, name, "proclaim", lease_id=b["lease_id"], value="b2")
     call(http, url, name, "resign", lease_id=b["lease_id"])
@@ -379,7 +332,7 @@ def test_bad_input_is_a_4xx_problem_and_changes_nothing(lockd, http, name):
     assert_problem(call(http, url, name, "proclaim", lease_id=lease, value="y" * 70_000),
                    413, "payload_too_large")
     after = election(http, url, name)
-    assert _stable(after) == _stable(before)
+    assert stable(after) == stable(before)
     assert after["value"] == full and after["handover_to"] is None
     assert call(http, url, name, "renew", lease_id=lease).json()["fence"] == a["fence"]
 
@@ -542,3 +495,96 @@ def test_observe_streams_are_bounded_kept_alive_and_end_when_lockd_stops(store_u
     assert lockd.stop() == 0  # an open observer does not hold up the stop
     assert time.monotonic() - started < 5 and ended.wait(5)
     assert lines[0] == "retry: 2000" and any(line.startswith("event: state") for line in lines)
+
+
+# --- access ---------------------------------------------------------------------------------------
+
+TEAM_KEY, OPS_KEY = "team-a-key-7Hq2wZ", "ops-admin-key-Xx93"
+ACCESS = f"""
+clients:
+  - name: team-a
+    key: {TEAM_KEY}
+    prefixes: ["a/"]
+admins:
+  - name: ops
+    key: {OPS_KEY}
+"""
+
+
+def test_identity_prefixes_apply_to_the_election_name(store_url, lockd_factory, tmp_path, http,
+                                                      name):
+    (tmp_path / "access.yaml").write_text(ACCESS)
+    lockd = lockd_factory(store_url, env={"LOCKD_ACCESS_FILE": str(tmp_path / "access.yaml")})
+    url, team, ops = lockd.url, {"Authorization": f"Bearer {TEAM_KEY}"}, {
+        "Authorization": f"Bearer {OPS_KEY}"}
+    ours, theirs = f"a/{name}", f"b/{name}"
+    led = http.post(f"{url}/v1/elections/{theirs}/campaign", headers=ops,
+                    json={"ttl_ms": 30_000, "owner": "ops", "value": "v"})
+    assert led.status_code == 200, led.text
+    lease_id = led.json()["lease_id"]
+    before = stable(http.get(f"{url}/v1/elections/{theirs}", headers=ops).json())
+    refused = [
+        http.post(f"{url}/v1/elections/{theirs}/campaign", headers=team, json={"ttl_ms": 1000}),
+        call(http, url, theirs, "renew", headers=team, lease_id=lease_id),
+        call(http, url, theirs, "proclaim", headers=team, lease_id=lease_id, value="mine"),
+        call(http, url, theirs, "handover", headers=team, lease_id=lease_id, target="x"),
+        call(http, url, theirs, "resign", headers=team, lease_id=lease_id),
+        http.get(f"{url}/v1/elections/{theirs}", headers=team),
+        http.get(f"{url}/v1/elections/{theirs}/observe", headers=team),
+    ]
+    for r in refused:  # even with the leader's lease id
+        body = assert_problem(r, 403, "forbidden_lock")
+        assert body["lock"] == theirs and body["identity"] == "team-a"
+    after = http.get(f"{url}/v1/elections/{theirs}", headers=ops).json()
+    assert stable(after) == before  # nothing changed
+    mine = http.post(f"{url}/v1/elections/{ours}/campaign", headers=team,
+                     json={"ttl_ms": 30_000, "owner": "team-a"})
+    assert mine.status_code == 200, mine.text
+    r = call(http, url, ours, "handover", headers=team, lease_id=mine.json()["lease_id"],
+             target="next")
+    assert r.status_code == 200, r.text
+    listed = http.get(f"{url}/v1/elections", headers=team).json()["items"]
+    assert [e["election"] for e in listed] == [ours]
+    everything = http.get(f"{url}/v1/elections", headers=ops).json()["items"]
+    assert sorted(e["election"] for e in everything) == [ours, theirs]
+
+
+# --- replicas -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["postgres", "etcd"])
+def test_two_replicas_share_one_election(kind, request, lockd_factory, http, name):
+    """Two lockd processes on one store: an observer at one sees changes made at the other as
+    they happen (the store's notification wakes it; heartbeats are 15 s), and a handover asked
+    at one reaches the leader renewing at the other, whose queue lets the preferred go first."""
+    store_url = request.getfixturevalue("pg_url" if kind == "postgres" else "etcd_url")
+    one, two = lockd_factory(store_url), lockd_factory(store_url)
+    a = campaign(http, two.url, name, owner="A", value="a1").json()
+    results: list = []
+    threads = queue_candidates(http, two.url, name, ["B", "C"], results)
+    with httpx.stream("GET", f"{one.url}/v1/elections/{name}/observe",
+                      timeout=httpx.Timeout(10)) as stream:
+        lines, seen = stream.iter_lines(), []
+        parse_sse(lines, seen, 1)
+        assert seen[0][1] == "state" and seen[0][2]["leader"]["owner"] == "A"
+        started = time.monotonic()
+        call(http, two.url, name, "proclaim", lease_id=a["lease_id"], value="a2")
+        parse_sse(lines, seen, 2)
+        assert seen[1][1:] == ("proclaim", {"election": name, "seq": seen[0][0] + 1,
+                                            "kind": "proclaim", "owner": "A", "value": "a2",
+                                            "fence": a["fence"]})
+        assert time.monotonic() - started < 3  # woken by the store, not by a heartbeat
+        r = call(http, one.url, name, "handover", target="C", lease_id=a["lease_id"])
+        assert r.status_code == 200, r.text
+        renewed = call(http, two.url, name, "renew", lease_id=a["lease_id"]).json()
+        assert renewed["handover_to"] == "C"
+        assert election(http, two.url, name)["waiting_owners"] == ["C", "B"]
+        assert call(http, two.url, name, "resign", lease_id=a["lease_id"]).status_code == 200
+        threads["C"].join(10)
+        c = result(results, "C")
+        parse_sse(lines, seen, 4)
+        assert [(k, d["owner"]) for _, k, d in seen[2:]] == [("resign", "A"), ("leader", "C")]
+        assert seen[3][2]["fence"] == c["fence"] > a["fence"]
+    call(http, two.url, name, "resign", lease_id=c["lease_id"])
+    threads["B"].join(10)
+    assert result(results, "B")["fence"] > c["fence"]
