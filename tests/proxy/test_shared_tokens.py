@@ -219,3 +219,23 @@ def test_a_policy_template_names_semaphore_slots(semaphore_proxy):
     assert db.query("SELECT v FROM items WHERE id = '2'") == [("slot re-granted",)]
     assert client.get("/v1/fences/sem/workers/2").json() == {"lock": "sem/workers/2",
                                                              "highest": 11}
+
+
+def test_the_activity_view_and_metrics_show_a_shared_token_as_raising_nothing(
+        deployment: Deployment):
+    d = deployment
+    key, lock = _item(d)
+    assert d.client.post(f"/v1/fences/{lock}/claim", headers=d.auth(lock, 2)).status_code == 200
+    assert d.client.post(f"/v1/fences/{lock}/claim", headers=_shared(d, lock, 9)).status_code == 200
+    assert d.client.get(f"/v1/tables/items/rows/{key}", headers=_shared(d, lock, 9)).status_code == 200
+    assert_problem(d.client.patch(f"/v1/tables/items/rows/{key}", headers=_shared(d, lock, 9),
+                                  json={"v": "x"}), 403, "shared_token")
+    activity = d.client.get("/v1/activity").json()
+    # the status page's fence of the lock is the highest honoured (2), not the reader's epoch
+    assert [f["highest"] for f in activity["fences"] if f["lock"] == lock] == [2]
+    refused = [r for r in activity["rejections"] if r["lock"] == lock]
+    assert [(r["code"], r["status"], r["call"]) for r in refused] == [("shared_token", 403,
+                                                                       "update")]
+    counted = [line for line in d.client.get("/metrics").text.splitlines()
+               if line.startswith('resource_proxy_writes_total{op="update",outcome="forbidden"}')]
+    assert len(counted) == 1 and float(counted[0].split()[-1]) >= 1, counted
