@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import httpx
 
 from lockd.client.core import Listing, Sleep, StepRun, Steps
+from lockd.client.election import Election
 from lockd.client.errors import (
     ProtocolError,
     ServiceUnavailable,
@@ -21,7 +22,6 @@ from lockd.client.errors import (
     error_from_response,
     translate_transport_errors,
 )
-from lockd.client.election import Election
 from lockd.client.leadership import (
     DEFAULT_HANDOVER_GRACE,
     ElectionEvent,
