@@ -94,7 +94,9 @@ class ObserveCursor:
 
     The first connection (without ``last_event_id``) yields the ``state`` event, then every
     change. A reconnect sends ``Last-Event-ID`` = the last ``seq`` seen, so lockd replays what
-    came after it: a repeated ``state`` and entries already yielded are skipped. The pause
+    came after it; entries already yielded are skipped, and so is a ``state`` no newer than
+    them (lockd sends a newer one when its log no longer has every entry missed: the state
+    stands in for them). The pause
     before a reconnect doubles from 50 ms to 2 s while connections fail or end without an event.
     """
 
@@ -118,9 +120,9 @@ class ObserveCursor:
         event = ElectionEvent.from_sse(sse, self.name)
         self._pause = 0.05
         if event.kind == "state":
-            if self.last_seq is not None:
-                return None  # resuming: the log replay says what changed
-            self.last_seq = event.seq
+            if self.last_seq is not None and event.seq <= self.last_seq:
+                return None  # resuming: nothing new, the log replay says what changes next
+            self.last_seq = event.seq  # a first state, or the log lost entries we missed
             return event
         if self.last_seq is not None and event.seq <= self.last_seq:
             return None

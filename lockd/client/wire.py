@@ -215,7 +215,7 @@ def check_multi_body(body: Any) -> dict[str, Any]:
         out = {"lock": ",".join(fences), "lease_id": str(body["lease_id"]),
                "fence": max(fences.values()), "token": str(body["token"]),
                "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or ""),
-               "fences": fences}
+               "fences": fences, "mode": EXCLUSIVE}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed multi-lock lease body: missing or bad {exc}") from exc
     return out
