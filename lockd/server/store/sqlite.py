@@ -16,6 +16,11 @@ Design:
   covers every frame before it). A power loss before then can undo a release; the lease then
   runs to its expiry, which delays the lock's next grant but never repeats a fence. Measured:
   this halves the fsyncs of a single client's acquire + release cycle.
+- **Modes, semaphores, elections** keep the same rules in tables of their own (rows holding a
+  fence or a log seq never deleted; grants fsynced; expiry by lockd's clock): shared leases in
+  ``shared`` (``sqlite_modes``), permits per semaphore in ``semaphores``/``permits``
+  (``sqlite_sem``), an election's value, handover and log next to its lock row
+  (``sqlite_elect``).
 - **One node.** An exclusive ``fcntl.flock`` on ``<db>.lock`` is held while the store is open, so
   a second lockd on the same file fails at start with a clear message instead of both granting
   the same lock from their own memory of waiters and clocks.
@@ -44,11 +49,22 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import lockd.server.store.sqlite_elect as elect
+import lockd.server.store.sqlite_modes as modes
+import lockd.server.store.sqlite_sem as sem
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, LockState, MultiGrant, ReleaseListener
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    SHARED,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    ReleaseListener,
+)
 
 __all__ = ["SqliteStore"]
 
@@ -78,6 +94,13 @@ CREATE TABLE IF NOT EXISTS leases (
 """
 _MAX_BATCH = 256
 
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """Create every table and index the store uses, idempotently (no transaction needed)."""
+    for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA, *sem.SCHEMA,
+                      *elect.SCHEMA):
+        conn.execute(statement)
+
 _Op = Callable[..., Any]
 _Item = tuple[_Op, tuple[Any, ...], "asyncio.Future[Any]"]
 
@@ -86,17 +109,27 @@ _Item = tuple[_Op, tuple[Any, ...], "asyncio.Future[Any]"]
 
 
 def _acquire(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_ms: int,
-             owner: str, client_id: str | None) -> Grant | Holder:
+             owner: str, client_id: str | None, mode: str = EXCLUSIVE) -> Grant | Holder:
+    # row[5]: whether any shared lease row exists (a shared grant creates the lock row first)
     row = conn.execute(
-        "SELECT fence, lease_id, owner, client_id, expires_ms FROM locks WHERE name = ?", (lock,)
+        "SELECT fence, lease_id, owner, client_id, expires_ms,"
+        " EXISTS (SELECT 1 FROM shared WHERE shared.name = locks.name) FROM locks WHERE name = ?",
+        (lock,)
     ).fetchone()
     if row is not None and row[1] is not None and row[4] > now:
-        fence, live_id, live_owner, live_client, expires = row
+        fence, live_id, live_owner, live_client, expires = row[:5]
         if client_id and live_client == client_id:
             conn.execute("UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name = ?",
                          (now + ttl_ms, ttl_ms, lock))
             return Grant(lock, live_id, fence, ttl_ms, live_owner)
         return Holder(lock, live_owner, expires - now, fence)
+    if row is not None and row[5]:
+        shared = modes.shared_check(conn, now, lock, mode, ttl_ms, client_id)
+        if shared is not None:  # a client_id retry of a shared lease, or shared holders block
+            return shared
+    if mode == SHARED:
+        return modes.grant_shared(conn, now, lock, row[0] if row is not None else 0, lease_id,
+                                  ttl_ms, owner, client_id)
     fence = (row[0] if row is not None else 0) + 1
     conn.execute(
         "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms)"
@@ -117,7 +150,7 @@ def _renew(conn: sqlite3.Connection, now: int, lock: str, lease_id: str,
         (now, ttl_ms, ttl_ms, lock, lease_id, now),
     ).fetchone()
     if row is None:
-        raise LeaseLost("the lease is not live (expired, released or unknown)", lock=lock)
+        return modes.renew_shared(conn, now, lock, lease_id, ttl_ms)  # or LeaseLost
     return Grant(lock, lease_id, row[0], row[2], row[1])
 
 
@@ -128,7 +161,7 @@ def _release(conn: sqlite3.Connection, now: int, lock: str, lease_id: str) -> No
         (lock, lease_id, now),
     )
     if cur.rowcount != 1:
-        raise LeaseLost("the lease is not live (expired, released or unknown)", lock=lock)
+        modes.release_shared(conn, now, lock, lease_id)  # or LeaseLost
 
 
 def _force_release(conn: sqlite3.Connection, now: int, lock: str) -> Holder | None:
@@ -137,7 +170,7 @@ def _force_release(conn: sqlite3.Connection, now: int, lock: str) -> Holder | No
         " WHERE name = ? AND lease_id IS NOT NULL AND expires_ms > ?", (lock, now)
     ).fetchone()
     if row is None:
-        return None
+        return modes.force_shared(conn, now, lock)  # every shared holder, if any
     conn.execute(
         "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
         " WHERE name = ?", (lock,)
@@ -150,23 +183,28 @@ def _marks(n: int) -> str:
 
 
 def _acquire_many(conn: sqlite3.Connection, now: int, locks: tuple[str, ...], lease_id: str,
-                  ttl_ms: int, owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+                  ttl_ms: int, owner: str, client_id: str | None,
+                  wanted: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
     # Reads first, writes only once every lock is known to be free: nothing to undo.
+    mode_of = {n: SHARED if wanted and wanted.get(n) == SHARED else EXCLUSIVE for n in locks}
     rows = {r[0]: r[1:] for r in conn.execute(
         f"SELECT name, fence, lease_id, owner, expires_ms FROM locks WHERE name IN"
         f" ({_marks(len(locks))})", locks)}
     live = sorted((n, r) for n, r in rows.items() if r[1] is not None and r[3] > now)
-    if live:
-        if client_id and len(live) == len(locks) and len({r[1] for _, r in live}) == 1:
-            held_id = live[0][1][1]
-            lease = conn.execute("SELECT client_id, locks FROM leases WHERE lease_id = ?",
-                                 (held_id,)).fetchone()
-            if lease is not None and lease[0] == client_id and json.loads(lease[1]) == list(locks):
-                return _renew_many(conn, now, held_id, ttl_ms)
-        return [Holder(n, r[2], r[3] - now, r[0]) for n, r in live]
+    if client_id and (held_id := modes.multi_retry(conn, now, locks, client_id)) is not None:
+        return _renew_many(conn, now, held_id, ttl_ms)
+    blocked = {n: Holder(n, r[2], r[3] - now, r[0]) for n, r in live}
+    blocked.update(modes.shared_blockers(
+        conn, now, [n for n in locks if mode_of[n] == EXCLUSIVE and n not in blocked]))
+    if blocked:
+        return [blocked[n] for n in sorted(blocked)]
     conn.execute("DELETE FROM leases WHERE expires_ms <= ?", (now,))
     fences: dict[str, int] = {}
     for name in locks:
+        if mode_of[name] == SHARED:  # carries the lock's fence, does not raise it
+            fences[name] = modes.grant_shared(conn, now, name, rows[name][0] if name in rows
+                                              else 0, lease_id, ttl_ms, owner, None).fence
+            continue
         fence = (rows[name][0] if name in rows else 0) + 1
         conn.execute(
             "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms)"
@@ -181,7 +219,7 @@ def _acquire_many(conn: sqlite3.Connection, now: int, locks: tuple[str, ...], le
         " VALUES (?, ?, ?, ?, ?, ?)",
         (lease_id, json.dumps(list(locks)), owner, client_id, now + ttl_ms, ttl_ms),
     )
-    return MultiGrant(lease_id, fences, ttl_ms, owner)
+    return MultiGrant(lease_id, fences, ttl_ms, owner, modes.modes_of(mode_of.items()))
 
 
 def _lease_row(conn: sqlite3.Connection, lease_id: str) -> tuple[list[str], str, int]:
@@ -196,16 +234,18 @@ def _renew_many(conn: sqlite3.Connection, now: int, lease_id: str,
                 ttl_ms: int | None) -> MultiGrant:
     names, owner, own_ttl = _lease_row(conn, lease_id)
     ttl = own_ttl if ttl_ms is None else ttl_ms
-    fences = dict(conn.execute(
-        f"SELECT name, fence FROM locks WHERE name IN ({_marks(len(names))})"
-        " AND lease_id = ? AND expires_ms > ?", (*names, lease_id, now)).fetchall())
-    if len(fences) != len(names):  # checked before writing: nothing to undo
+    held = modes.held_by(conn, now, names, lease_id)  # name -> (fence, mode)
+    if len(held) != len(names):  # checked before writing: nothing to undo
         raise LeaseLost("the lease is not live (expired, released or unknown)")
     conn.execute(f"UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name IN"
-                 f" ({_marks(len(names))})", (now + ttl, ttl, *names))
+                 f" ({_marks(len(names))}) AND lease_id = ?", (now + ttl, ttl, *names, lease_id))
+    if any(mode == SHARED for _, mode in held.values()):
+        conn.execute("UPDATE shared SET expires_ms = ?, ttl_ms = ? WHERE lease_id = ?",
+                     (now + ttl, ttl, lease_id))
     conn.execute("UPDATE leases SET expires_ms = ?, ttl_ms = ? WHERE lease_id = ?",
                  (now + ttl, ttl, lease_id))
-    return MultiGrant(lease_id, {n: fences[n] for n in names}, ttl, owner)
+    return MultiGrant(lease_id, {n: held[n][0] for n in names}, ttl, owner,
+                      modes.modes_of((n, held[n][1]) for n in names))
 
 
 def _release_many(conn: sqlite3.Connection, now: int,
@@ -219,15 +259,11 @@ def _release_many(conn: sqlite3.Connection, now: int,
         "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
         f" WHERE name IN ({_marks(len(names))}) AND lease_id = ? AND expires_ms > ?"
         " RETURNING name", (*names, lease_id, now)).fetchall()
+    freed += [r[:1] for r in conn.execute(  # its shared part (a multi lease id is never reused)
+        "DELETE FROM shared WHERE lease_id = ? RETURNING name, expires_ms",
+        (lease_id,)).fetchall() if r[1] > now]
     conn.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
     return tuple(sorted(r[0] for r in freed)), len(freed) == len(names)
-
-
-def _state(now: int, name: str, fence: int, lease_id: str | None, owner: str,
-           expires: int) -> LockState:
-    if lease_id is not None and expires > now:
-        return LockState(name, True, fence, owner, expires - now)
-    return LockState(name, False, fence, None, 0)
 
 
 def _get(conn: sqlite3.Connection, now: int, lock: str) -> LockState:
@@ -236,7 +272,7 @@ def _get(conn: sqlite3.Connection, now: int, lock: str) -> LockState:
     ).fetchone()
     if row is None:
         return LockState(lock, False, 0, None, 0)
-    return _state(now, lock, *row)
+    return modes.lock_state(now, lock, *row, modes.holders_of(conn, now, [lock]).get(lock, ()))
 
 
 def _list(conn: sqlite3.Connection, now: int, prefix: str, limit: int,
@@ -253,7 +289,8 @@ def _list(conn: sqlite3.Connection, now: int, prefix: str, limit: int,
     if where:
         sql += " WHERE " + " AND ".join(where)
     rows = conn.execute(sql + " ORDER BY name LIMIT ?", (*params, limit)).fetchall()
-    return [_state(now, *row) for row in rows]
+    shared = modes.holders_of(conn, now, [row[0] for row in rows])
+    return [modes.lock_state(now, *row, shared.get(row[0], ())) for row in rows]
 
 
 def _ping(conn: sqlite3.Connection, now: int) -> None:
@@ -263,8 +300,9 @@ def _ping(conn: sqlite3.Connection, now: int) -> None:
 # --- the store ----------------------------------------------------------------------------------
 
 
-class SqliteStore:
-    """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring.
+class SqliteStore(sem.SemaphoreMethods, elect.ElectionMethods):
+    """``Store`` on one SQLite file (or ``":memory:"``); see the module docstring. Shared
+    leases: ``sqlite_modes``; semaphores: ``sqlite_sem``; elections: ``sqlite_elect``.
 
     ``clock``: wall seconds, judges expiry (default ``time.time``). ``executor``: ``"thread"``
     (default: one dedicated thread, group commit) or ``"inline"`` (statements run on the event
@@ -276,6 +314,8 @@ class SqliteStore:
     acquire called after a release was called, even before the release completed, sees it.
     The service uses this to queue the head waiter's acquire right behind a release, often
     into the same group-commit transaction (one fsync per handoff instead of two)."""
+
+    _acquire_op = staticmethod(_acquire)  # a campaign's grant (``sqlite_elect``)
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.time,
                  executor: Literal["thread", "inline"] = "thread"):
@@ -313,8 +353,7 @@ class SqliteStore:
                         raise sqlite3.OperationalError(f"cannot switch to WAL (journal_mode={mode})")
                 conn.execute("PRAGMA synchronous = FULL")
                 _SYNC_MODE[id(conn)] = "FULL"
-                conn.execute(_SCHEMA)
-                conn.execute(_SCHEMA_LEASES)
+                _create_schema(conn)
             except BaseException:
                 conn.close()
                 raise
@@ -410,8 +449,8 @@ class SqliteStore:
     # the Store protocol
 
     async def acquire(self, lock: str, *, lease_id: str, ttl_ms: int, owner: str,
-                      client_id: str | None) -> Grant | Holder:
-        return await self._call(_acquire, lock, lease_id, ttl_ms, owner, client_id)
+                      client_id: str | None, mode: str = EXCLUSIVE) -> Grant | Holder:
+        return await self._call(_acquire, lock, lease_id, ttl_ms, owner, client_id, mode)
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
         return await self._call(_renew, lock, lease_id, ttl_ms)
@@ -432,9 +471,10 @@ class SqliteStore:
         return ended
 
     async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
-                           owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
+                           owner: str, client_id: str | None,
+                           modes: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
         """See ``Store.acquire_many``: one operation of one group-commit transaction."""
-        return await self._call(_acquire_many, locks, lease_id, ttl_ms, owner, client_id)
+        return await self._call(_acquire_many, locks, lease_id, ttl_ms, owner, client_id, modes)
 
     async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
         return await self._call(_renew_many, lease_id, ttl_ms)
@@ -487,7 +527,8 @@ class _Outcome:
 
 # Operations whose commit need not be fsynced before the caller hears of it (see the module
 # docstring, "Durable grants"): undoing one by a power loss only delays a lock's next grant.
-_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping})
+_LAZY_OPS = frozenset({_release, _release_many, _force_release, _get, _list, _ping,
+                       *sem.LAZY_OPS, *elect.LAZY_OPS})
 _SYNC_MODE: dict[int, str] = {}  # id(connection) -> the synchronous mode last set on it
 
 

@@ -57,8 +57,7 @@ def test_a_batch_mixing_a_release_with_a_grant_is_fsynced(tmp_path: Path) -> Non
                            check_same_thread=False)
     try:
         conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute(store_mod._SCHEMA)
-        conn.execute(store_mod._SCHEMA_LEASES)
+        store_mod._create_schema(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         store_mod._SYNC_MODE[id(conn)] = "NORMAL"
         clock = lambda: 1000.0  # noqa: E731 - wall seconds
@@ -75,3 +74,50 @@ def test_a_batch_mixing_a_release_with_a_grant_is_fsynced(tmp_path: Path) -> Non
     finally:
         store_mod._SYNC_MODE.pop(id(conn), None)
         conn.close()
+
+
+def test_shared_grants_permits_and_election_writes_are_fsynced(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = SqliteStore(str(tmp_path / "new.db"))
+        await store.open()
+        try:
+            conn = store._conn
+            assert conn is not None
+
+            async def lazy() -> None:  # a release-only batch first, so FULL below is news
+                await store.get("x")
+                assert _mode(conn) == NORMAL
+
+            await lazy()
+            await store.acquire("d/s", lease_id="s1", ttl_ms=5000, owner="o", client_id=None,
+                                mode="shared")
+            assert _mode(conn) == FULL
+            await lazy()
+            await store.renew("d/s", "s1", None)
+            assert _mode(conn) == FULL
+            await store.release("d/s", "s1")
+            assert _mode(conn) == NORMAL
+            await store.sem_acquire("q", limit=2, lease_id="p1", ttl_ms=5000, owner="o",
+                                    client_id=None)
+            assert _mode(conn) == FULL
+            await lazy()
+            await store.sem_renew("q", "p1", None)
+            assert _mode(conn) == FULL
+            await store.sem_release("q", "p1")
+            await store.sem_get("q")
+            assert _mode(conn) == NORMAL
+            await store.elect_campaign("e", lease_id="l1", ttl_ms=5000, owner="o",
+                                       client_id=None, value="v")
+            assert _mode(conn) == FULL
+            for write in (store.elect_proclaim("e", "l1", "w"), store.elect_handover("e", "x"),
+                          store.elect_renew("e", "l1", None), store.elect_resign("e", "l1")):
+                await lazy()
+                await write
+                assert _mode(conn) == FULL  # a log entry once seen is never handed out again
+            await store.elect_get("e")
+            await store.elect_log("e", 0, 10)
+            assert _mode(conn) == NORMAL
+        finally:
+            await store.close()
+
+    asyncio.run(main())
