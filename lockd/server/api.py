@@ -272,7 +272,7 @@ def _service(request: Request) -> LockService:
 
 def _state_body(state: LockState, waiters: int) -> dict[str, Any]:
     return {"lock": state.lock, "held": state.held, "fence": state.fence, "owner": state.owner,
-            "ttl_ms": state.ttl_ms, "waiters": waiters}
+            "ttl_ms": state.ttl_ms, "waiters": waiters, "mode": state.mode}
 
 
 def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
@@ -319,7 +319,8 @@ async def _acquire(request: Request, name: str) -> Response:
     body = await read_body(request, AcquireRequest)
     wait_ms = body.wait_ms
     call = service.acquire(name, ttl_ms=body.ttl_ms, wait_ms=wait_ms, owner=body.owner,
-                           client_id=bound_client_id(request.scope, body.client_id))
+                           client_id=bound_client_id(request.scope, body.client_id),
+                           mode=body.mode)
     del body  # a queued acquire keeps this frame for its whole wait, not the parsed body too
     return await _lease_answer(request, call, wait_ms, name, who)
 
@@ -380,7 +381,8 @@ async def _acquire_many(request: Request) -> Response:
     who = identity_name(request.scope)
     _limits(request).check_lease(who)
     call = service.acquire_many(locks, ttl_ms=body.ttl_ms, wait_ms=wait_ms, owner=body.owner,
-                                client_id=bound_client_id(request.scope, body.client_id))
+                                client_id=bound_client_id(request.scope, body.client_id),
+                                modes=body.modes)
     del body  # as in _acquire
     return await _lease_answer(request, call, wait_ms, locks, who)
 
@@ -530,8 +532,11 @@ def create_router() -> APIRouter:
         _service(request).check_name(name)
         in_scope(request, name)
         state, waiters = await _service(request).get(name)
-        return JSONResponse({**_state_body(state, waiters),
-                             "waiting_owners": _service(request).waiting_owners(name)})
+        return JSONResponse({
+            **_state_body(state, waiters),
+            "holders": [{"owner": h.owner, "ttl_ms": h.ttl_ms, "mode": h.mode}
+                        for h in state.holders],
+            "waiting_owners": _service(request).waiting_owners(name)})
 
     @router.get("/v1/keys")
     async def keys(request: Request) -> Response:

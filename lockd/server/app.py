@@ -25,11 +25,13 @@ from lockd.server.api import (
     install_error_handlers,
     is_hot_path,
 )
+from lockd.server.api_semaphores import create_semaphore_router
 from lockd.server.events import EventHub
 from lockd.server.keydir import watch as watch_keys
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
 from lockd.server.ops_api import create_ops_router, install_request_middleware, operation_id
+from lockd.server.semaphores import SemaphoreService
 from lockd.server.service import LockService
 from lockd.server.settings import Settings
 from lockd.server.store import Store, open_store
@@ -96,8 +98,13 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         try:
             service = LockService(observed, ring, settings)
             app.state.service = service
+            app.state.semaphores = SemaphoreService(service)
             app.state.jwks = ring.jwks()
             metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
+            metrics.watch_modes(
+                holders=lambda mode: (observed.shared_active if mode == "shared"
+                                      else observed.active - observed.shared_active),
+                permits=lambda: observed.permits_active, waiters=service.waiting_by_mode)
             await observed.start()
             # a rotation or retirement reaches this process within key_reload_ms
             keys_task = asyncio.create_task(watch_keys(
@@ -130,6 +137,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     install_docs(app, title="lockd")
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
+    app.include_router(create_semaphore_router())
     # outermost middleware: keys, request ids; the hot path gets the same in front of it
     with_middleware = install_request_middleware(app, settings, metrics)
     app._front = with_middleware(HotPathMiddleware(partial(FastAPI.__call__, app)))

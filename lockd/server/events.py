@@ -2,7 +2,7 @@
 
 An ``Event`` carries ``id`` (increasing per lockd process), ``type``, ``lock``, ``fence``,
 ``owner``, ``ttl_ms`` (acquired: the TTL granted) and ``at`` (unix ms); ``released`` events of
-a force-release have ``forced: true``. Never a lease id or a token. ``audit`` events
+a force-release have ``forced: true``; events of a shared lease have ``mode: "shared"``. Never a lease id or a token. ``audit`` events
 (``publish_audit``: an admin action or a burst of scope denials, ``lockd.server.audit``) carry
 ``id``, ``type``, ``at`` and the audit entry's fields, and go to admin streams only.
 
@@ -54,6 +54,7 @@ class Event:
     at: int
     forced: bool = False
     audit: dict[str, Any] | None = field(default=None, compare=False)
+    mode: str | None = None
     wire: bytes = field(default=b"", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,8 @@ class Event:
                                "at": self.at}
         if self.forced:
             doc["forced"] = True
+        if self.mode == "shared":
+            doc["mode"] = "shared"
         return doc
 
     def _encode(self) -> bytes:
@@ -114,11 +117,13 @@ class EventHub:
         return len(self._subscribers)
 
     def publish(self, type_: str, lock: str, fence: int | None, owner: str | None,
-                ttl_ms: int | None = None, *, forced: bool = False) -> Event:
-        """Record an event and offer it to every matching stream (dropping any that is full)."""
+                ttl_ms: int | None = None, *, forced: bool = False,
+                mode: str | None = None) -> Event:
+        """Record an event and offer it to every matching stream (dropping any that is full).
+        ``mode``: the lease's (only ``shared`` shows in the event)."""
         self._seq += 1
         event = Event(self._seq, type_, lock, fence, owner, ttl_ms, int(time.time() * 1000),
-                      forced)
+                      forced, mode=mode)
         self._history.append(event)
         return self._offer(event)
 

@@ -10,6 +10,13 @@ metric                                   type       meaning
 ``lockd_leases_active``                  gauge      leases this process granted or renewed and
                                                     believes live (released/expired ones leave)
 ``lockd_acquires_waiting``               gauge      acquires queued at this process, all locks
+``lockd_holders{mode}``                  gauge      lock leases granted or renewed here and
+                                                    believed live, ``exclusive`` / ``shared``
+``lockd_permits_active``                 gauge      semaphore permits granted or renewed here and
+                                                    believed live
+``lockd_waiters{mode}``                  gauge      requests queued here: ``exclusive``,
+                                                    ``shared`` (every lock of the set shared),
+                                                    ``permit`` (semaphores)
 ``lockd_acquires_total{outcome}``        counter    ``granted``, ``held`` (409), ``error``
 ``lockd_acquire_wait_seconds{outcome}``  histogram  time from request to answer of an acquire
 ``lockd_lease_ttl_seconds``              histogram  TTL granted (compare with the hold time)
@@ -60,6 +67,12 @@ class LockdMetrics:
                                    registry=r)
         self.acquires_waiting = Gauge("lockd_acquires_waiting",
                                       "Acquires queued at this lockd process.", registry=r)
+        self.holders = Gauge("lockd_holders", "Lock leases granted or renewed here and believed "
+                             "live, by mode.", ["mode"], registry=r)
+        self.permits_active = Gauge("lockd_permits_active", "Semaphore permits granted or "
+                                    "renewed here and believed live.", registry=r)
+        self.waiters = Gauge("lockd_waiters", "Requests queued at this lockd process, by mode "
+                             "(exclusive, shared, permit).", ["mode"], registry=r)
         acquires = Counter("lockd_acquires", "Acquire requests answered, by outcome.",
                            ["outcome"], registry=r)
         wait = Histogram("lockd_acquire_wait_seconds",
@@ -119,6 +132,16 @@ class LockdMetrics:
         """Compute the two gauges at scrape time (nothing to update on the hot path)."""
         self.leases_active.set_function(leases_active)
         self.acquires_waiting.set_function(acquires_waiting)
+
+    def watch_modes(self, *, holders: Callable[[str], float], permits: Callable[[], float],
+                    waiters: Callable[[], dict[str, int]]) -> None:
+        """Compute the per-mode gauges at scrape time: ``holders(mode)`` for ``exclusive`` and
+        ``shared``, ``permits()``, and ``waiters()`` (mode -> count)."""
+        for mode in ("exclusive", "shared"):
+            self.holders.labels(mode).set_function(lambda mode=mode: holders(mode))
+        self.permits_active.set_function(permits)
+        for mode in ("exclusive", "shared", "permit"):
+            self.waiters.labels(mode).set_function(lambda mode=mode: waiters().get(mode, 0))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -9,7 +9,7 @@ failure are 422 ``invalid_request``.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
@@ -20,6 +20,14 @@ __all__ = [
     "PREFIX_RE",
     "AcquireRequest",
     "AcquireManyRequest",
+    "Mode",
+    "HolderBody",
+    "SemAcquireRequest",
+    "SemRenewRequest",
+    "SemReleaseRequest",
+    "PermitLeaseBody",
+    "PermitBody",
+    "SemStateBody",
     "RenewManyRequest",
     "ReleaseManyRequest",
     "MultiLeaseBody",
@@ -54,10 +62,11 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class AcquireRequest(_Request):
-    """``POST /v1/locks/{name}/acquire``. ``ttl_ms`` required; ``wait_ms`` 0 means try once;
-    ``client_id`` (optional, see ``_ClientId``): a retry with it gets the same live lease."""
+Mode = Literal["exclusive", "shared"]
+"""A lock mode: any number of ``shared`` leases coexist; an ``exclusive`` one excludes all."""
 
+
+class _Acquire(_Request):
     ttl_ms: StrictInt
     wait_ms: StrictInt = 0
     owner: _Label = ""
@@ -67,6 +76,14 @@ class AcquireRequest(_Request):
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return value or None
+
+
+class AcquireRequest(_Acquire):
+    """``POST /v1/locks/{name}/acquire``. ``ttl_ms`` required; ``wait_ms`` 0 means try once;
+    ``client_id`` (optional, see ``_ClientId``): a retry with it gets the same live lease;
+    ``mode``: ``exclusive`` (default) or ``shared``."""
+
+    mode: Mode = "exclusive"
 
 
 class RenewRequest(_Request):
@@ -82,11 +99,13 @@ class ReleaseRequest(_Request):
     lease_id: _LeaseId
 
 
-class AcquireManyRequest(AcquireRequest):
+class AcquireManyRequest(_Acquire):
     """``POST /v1/leases/acquire``: ``locks`` are 1-64 distinct lock names, granted all at once
-    or not at all; the other fields as for a single acquire."""
+    or not at all; ``modes`` maps some of them to ``shared`` or ``exclusive`` (a lock it does
+    not name is exclusive); the other fields as for a single acquire."""
 
     locks: list[str]
+    modes: dict[str, Mode] | None = None
 
 
 class RenewManyRequest(RenewRequest):
@@ -98,25 +117,29 @@ class ReleaseManyRequest(ReleaseRequest):
 
 
 class LockFence(BaseModel):
-    """One lock of a multi-lock lease and its own fence."""
+    """One lock of a multi-lock lease, its own fence and its mode."""
 
     lock: str
     fence: int
+    mode: Mode = "exclusive"
 
 
 class MultiLeaseBody(BaseModel):
     """A granted or renewed multi-lock lease: ``locks`` in name order, each with its fence;
-    ``token`` carries them all (claim ``locks``). ``lease_id`` is the secret renew/release take."""
+    ``token`` carries them all (claim ``locks``; the shared ones also in claim ``shared``).
+    ``modes``: each lock's mode. ``lease_id`` is the secret renew/release take."""
 
     lease_id: str
     locks: list[LockFence]
+    modes: dict[str, Mode]
     token: str
     ttl_ms: int
     owner: str
 
 
 class LeaseBody(BaseModel):
-    """A granted or renewed lease. ``lease_id`` is the secret renew/release take."""
+    """A granted or renewed lease. ``lease_id`` is the secret renew/release take. A ``shared``
+    lease's ``fence`` is the lock's write epoch (0: never written); its token says ``shared``."""
 
     lock: str
     lease_id: str
@@ -124,14 +147,25 @@ class LeaseBody(BaseModel):
     token: str
     ttl_ms: int
     owner: str
+    mode: Mode = "exclusive"
 
 
 class ReleasedBody(BaseModel):
     released: bool = True
 
 
+class HolderBody(BaseModel):
+    """One live lease of a lock (never its lease id); ``ttl_ms``: time left."""
+
+    owner: str
+    ttl_ms: int
+    mode: Mode
+
+
 class LockStateBody(BaseModel):
-    """A lock's state: ``fence`` last issued (0: never), ``waiters`` queued at this lockd."""
+    """A lock's state: ``fence`` last issued (0: never), ``waiters`` queued at this lockd;
+    ``mode`` held (null: free); ``owner``/``ttl_ms``: the exclusive holder, or the shared holder
+    whose lease ends last."""
 
     lock: str
     held: bool
@@ -139,6 +173,9 @@ class LockStateBody(BaseModel):
     owner: str | None
     ttl_ms: int
     waiters: int
+    mode: Mode | None = None
+    holders: list[HolderBody] | None = Field(
+        default=None, description="GET /v1/locks/{name} only: every live lease, in grant order")
     waiting_owners: list[str] | None = Field(
         default=None, description="GET /v1/locks/{name} only: the owners of the acquires "
         "waiting at this lockd, head first (\"\" if none given); other replicas' not included")
@@ -153,3 +190,57 @@ class LockPage(BaseModel):
 
 class HealthBody(BaseModel):
     status: str = "ok"
+
+
+# --- semaphores -----------------------------------------------------------------------------
+
+
+class SemAcquireRequest(_Acquire):
+    """``POST /v1/semaphores/{name}/acquire``: one permit of a semaphore of ``limit`` permits
+    (1-10,000; must equal the limit live permits hold: else 409 ``limit_mismatch``)."""
+
+    limit: StrictInt
+
+
+class SemRenewRequest(RenewRequest):
+    """``POST /v1/semaphores/{name}/renew``. Without ``ttl_ms`` the permit keeps its own TTL."""
+
+
+class SemReleaseRequest(ReleaseRequest):
+    """``POST /v1/semaphores/{name}/release``."""
+
+
+class PermitLeaseBody(BaseModel):
+    """A granted or renewed permit: ``slot`` in 0..limit-1 (unique among live permits),
+    ``fence`` strictly increasing per semaphore; ``token`` fences lock ``sem/{name}/{slot}``."""
+
+    semaphore: str
+    lock: str
+    lease_id: str
+    fence: int
+    slot: int
+    limit: int
+    token: str
+    ttl_ms: int
+    owner: str
+
+
+class PermitBody(BaseModel):
+    """One live permit (never its lease id); ``ttl_ms``: time left."""
+
+    owner: str
+    slot: int
+    ttl_ms: int
+    fence: int
+
+
+class SemStateBody(BaseModel):
+    """A semaphore: ``limit`` (0: no permit live and never created), ``fence`` last issued,
+    live ``permits`` in slot order, ``waiters`` queued at this lockd (their owners head first)."""
+
+    semaphore: str
+    limit: int
+    fence: int
+    permits: list[PermitBody]
+    waiters: int
+    waiting_owners: list[str]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,14 +20,16 @@ from lockd.server.errors import InvalidRequest, LeaseLost, LockHeld
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.store.base import (
+    EXCLUSIVE,
     MULTI_PREFIX,
+    SHARED,
     Grant,
     Holder,
     LockState,
     MultiGrant,
     Store,
 )
-from lockd.server.waiting import Waiter, WaitQueues
+from lockd.server.waiting import Waiter, WaitQueues, mode_of
 from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits
 
 __all__ = ["Lease", "LockService", "MultiLease", "new_lease_id", "encode_cursor",
@@ -35,6 +37,10 @@ __all__ = ["Lease", "LockService", "MultiLease", "new_lease_id", "encode_cursor"
 
 _TOKEN_CACHE_SIZE = 10_000
 LIST_LIMIT_MAX = 1000
+RESERVED_PREFIX = "sem/"
+"""Lock names under this prefix are the slots of semaphores (``sem/{name}/{slot}``): no plain
+or multi-lock acquire may take one."""
+MODES = (EXCLUSIVE, SHARED)
 
 
 def new_lease_id() -> str:
@@ -68,33 +74,41 @@ class Lease:
     token: str
     ttl_ms: int
     owner: str
+    mode: str = EXCLUSIVE
 
     def body(self) -> dict[str, Any]:
         return {"lock": self.lock, "lease_id": self.lease_id, "fence": self.fence,
-                "token": self.token, "ttl_ms": self.ttl_ms, "owner": self.owner}
+                "token": self.token, "ttl_ms": self.ttl_ms, "owner": self.owner,
+                "mode": self.mode}
 
 
 @dataclass(frozen=True, slots=True)
 class MultiLease:
-    """A granted or renewed multi-lock lease (``fences``: name -> fence, in name order)."""
+    """A granted or renewed multi-lock lease (``fences``: name -> fence, in name order;
+    ``modes``: name -> mode, every lock)."""
 
     lease_id: str
     fences: dict[str, int]
     token: str
     ttl_ms: int
     owner: str
+    modes: dict[str, str]
 
     def body(self) -> dict[str, Any]:
         return {"lease_id": self.lease_id,
-                "locks": [{"lock": name, "fence": fence} for name, fence in self.fences.items()],
-                "token": self.token, "ttl_ms": self.ttl_ms, "owner": self.owner}
+                "locks": [{"lock": name, "fence": fence, "mode": self.modes[name]}
+                          for name, fence in self.fences.items()],
+                "modes": self.modes, "token": self.token, "ttl_ms": self.ttl_ms,
+                "owner": self.owner}
 
 
-def _held(lock: str, owner: str, ttl_ms: int, detail: str | None = None) -> LockHeld:
-    """409 for one lock and its holder."""
+def _held(lock: str, owner: str, ttl_ms: int, mode: str | None = EXCLUSIVE,
+          detail: str | None = None) -> LockHeld:
+    """409 for one lock and its holder (``mode``: the blocking lease's)."""
     return LockHeld(
-        detail or f"lock {lock!r} is held by {owner!r} for another {ttl_ms} ms",
-        lock=lock, owner=owner, ttl_ms=max(0, ttl_ms),
+        detail or f"lock {lock!r} is held by {owner!r} for another {ttl_ms} ms"
+        + (" (shared)" if mode == SHARED else ""),
+        lock=lock, owner=owner, ttl_ms=max(0, ttl_ms), mode=mode,
     )
 
 
@@ -104,7 +118,8 @@ def _held_many(holders: list[Holder], detail: str | None = None) -> LockHeld:
     ttl = min((max(0, h.ttl_ms) for h in holders), default=0)
     return LockHeld(
         detail or f"held: {listed}",
-        held=[{"lock": h.lock, "owner": h.owner, "ttl_ms": max(0, h.ttl_ms)} for h in holders],
+        held=[{"lock": h.lock, "owner": h.owner, "ttl_ms": max(0, h.ttl_ms), "mode": h.mode}
+              for h in holders],
         ttl_ms=ttl,
     )
 
@@ -118,9 +133,10 @@ class _OneLock:
         self._service = service
 
     async def ask(self, waiter: Waiter) -> Grant | list[Holder]:
+        lock = waiter.locks[0]
         result = await self._service.store.acquire(
-            waiter.locks[0], lease_id=waiter.lease_id, ttl_ms=waiter.ttl_ms,
-            owner=waiter.owner, client_id=waiter.client_id)
+            lock, lease_id=waiter.lease_id, ttl_ms=waiter.ttl_ms,
+            owner=waiter.owner, client_id=waiter.client_id, mode=mode_of(waiter, lock))
         return [result] if isinstance(result, Holder) else result
 
     async def release(self, grant: Grant) -> None:
@@ -128,20 +144,20 @@ class _OneLock:
 
     @staticmethod
     def holder(grant: Grant, lock: str) -> Holder:
-        return Holder(lock, grant.owner, grant.ttl_ms, grant.fence)
+        return Holder(lock, grant.owner, grant.ttl_ms, grant.fence, grant.mode)
 
     @staticmethod
     def refused(holders: list[Holder]) -> LockHeld:
         holder = holders[0]
-        return _held(holder.lock, holder.owner, holder.ttl_ms)
+        return _held(holder.lock, holder.owner, holder.ttl_ms, holder.mode)
 
     async def held_behind_queue(self, locks: tuple[str, ...], waited: bool) -> LockHeld:
         (name,) = locks
         state = await self._service.store.get(name)
         if waited:
-            return _held(name, state.owner or "", state.ttl_ms)
+            return _held(name, state.owner or "", state.ttl_ms, state.mode)
         return _held(
-            name, state.owner or "", state.ttl_ms,
+            name, state.owner or "", state.ttl_ms, state.mode,
             f"lock {name!r} is held or being handed over; "
             f"{self._service.waiters(name)} waiter(s) are queued ahead",
         )
@@ -157,16 +173,18 @@ class _LockSet:
         self._service = service
 
     def ask(self, waiter: Waiter) -> Awaitable[MultiGrant | list[Holder]]:
+        mode = waiter.mode
         return self._service.store.acquire_many(
             waiter.locks, lease_id=waiter.lease_id, ttl_ms=waiter.ttl_ms, owner=waiter.owner,
-            client_id=waiter.client_id)
+            client_id=waiter.client_id, modes=None if isinstance(mode, str) else mode)
 
     async def release(self, grant: MultiGrant) -> None:
         await self._service.release_many(grant.lease_id)
 
     @staticmethod
     def holder(grant: MultiGrant, lock: str) -> Holder:
-        return Holder(lock, grant.owner, grant.ttl_ms, grant.fences[lock])
+        mode = grant.modes.get(lock, EXCLUSIVE) if grant.modes else EXCLUSIVE
+        return Holder(lock, grant.owner, grant.ttl_ms, grant.fences[lock], mode)
 
     @staticmethod
     def refused(holders: list[Holder]) -> LockHeld:
@@ -178,7 +196,8 @@ class _LockSet:
         for name in locks:
             state = await service.store.get(name)
             if state.held:
-                holders.append(Holder(name, state.owner or "", state.ttl_ms, state.fence))
+                holders.append(Holder(name, state.owner or "", state.ttl_ms, state.fence,
+                                      state.mode or EXCLUSIVE))
         queued = sorted(n for n in locks if service.waiters(n))
         detail = (f"locks {', '.join(queued)} have waiters queued ahead"
                   + ("; held: " + ", ".join(f"{h.lock!r} by {h.owner!r}" for h in holders)
@@ -201,7 +220,7 @@ class LockService:
         self.settings = settings
         self._tokens: dict[tuple[str, int], str] = {}
         self._tokens_kid = keyring.kid  # the signer of the cached tokens (a rotation clears them)
-        self._waiting = WaitQueues(store)
+        self._waiting = self.wait_queues = WaitQueues(store)  # also the semaphores' queues
         self._queues = self._waiting.queues  # read by the single-lock fast path
         self._may_be_free = self._waiting.may_be_free
         self._one_lock = _OneLock(self)
@@ -215,6 +234,19 @@ class LockService:
         if not is_lock_name(name):
             raise InvalidRequest(LOCK_NAME_RULE, lock=name[:300])
 
+    @staticmethod
+    def check_acquirable(name: str) -> None:
+        """``InvalidRequest`` for a name under ``sem/``: the semaphores' slots, reserved."""
+        if name.startswith(RESERVED_PREFIX):
+            raise InvalidRequest(
+                f"lock names starting with {RESERVED_PREFIX!r} are reserved for semaphore slots;"
+                " acquire a permit with POST /v1/semaphores/{name}/acquire", lock=name)
+
+    @staticmethod
+    def _check_mode(mode: str) -> None:
+        if mode not in MODES:
+            raise InvalidRequest(f"mode must be 'exclusive' or 'shared' (got {mode[:40]!r})")
+
     def _check_ttl(self, ttl_ms: int) -> None:
         low, high = self.settings.min_ttl_ms, self.settings.max_ttl_ms
         if not low <= ttl_ms <= high:
@@ -224,6 +256,9 @@ class LockService:
         high = self.settings.max_wait_ms
         if not 0 <= wait_ms <= high:
             raise InvalidRequest(f"wait_ms must be between 0 and {high} (got {wait_ms})")
+
+    check_ttl = _check_ttl  # for the semaphores (same bounds)
+    check_wait = _check_wait
 
     # --- leases ---------------------------------------------------------------------------------
 
@@ -237,35 +272,47 @@ class LockService:
             self._tokens_kid = kid
         return self._tokens.get(key)
 
-    def _lease(self, grant: Grant) -> Lease:
-        key = (grant.lock, grant.fence)
+    def token(self, lock: str, fence: int, mode: str = EXCLUSIVE) -> str:
+        """The signed token of a grant of ``lock`` with ``fence`` (a SHARED one says so in its
+        ``mode`` claim), cached: every lease of one grant gets one token text."""
+        key: tuple[Any, ...] = (lock, fence) if mode == EXCLUSIVE else (lock, fence, mode)
         token = self._cached_token(key)
         if token is None:
-            token = self.keyring.sign(grant.lock, grant.fence)
+            token = (self.keyring.sign(lock, fence) if mode == EXCLUSIVE
+                     else self.keyring.sign(lock, fence, extra={"mode": mode}))
             if len(self._tokens) >= _TOKEN_CACHE_SIZE:
                 del self._tokens[next(iter(self._tokens))]
             self._tokens[key] = token
-        return Lease(grant.lock, grant.lease_id, grant.fence, token, grant.ttl_ms, grant.owner)
+        return token
+
+    def _lease(self, grant: Grant) -> Lease:
+        mode = grant.mode
+        return Lease(grant.lock, grant.lease_id, grant.fence,
+                     self.token(grant.lock, grant.fence, mode), grant.ttl_ms, grant.owner, mode)
 
     async def acquire(self, name: str, *, ttl_ms: int, wait_ms: int = 0, owner: str = "",
-                      client_id: str | None = None) -> Lease:
-        """Grant ``name`` for ``ttl_ms``, waiting up to ``wait_ms`` behind earlier waiters.
+                      client_id: str | None = None, mode: str = EXCLUSIVE) -> Lease:
+        """Grant ``name`` for ``ttl_ms`` in ``mode`` (EXCLUSIVE or SHARED), waiting up to
+        ``wait_ms`` behind earlier waiters (a waiting exclusive request blocks later shared ones).
 
         Raises ``LockHeld`` if not granted in time, ``StoreUnavailable``, ``InvalidRequest``.
         """
         self.check_name(name)
+        self.check_acquirable(name)
         self._check_ttl(ttl_ms)
         self._check_wait(wait_ms)
+        if mode is not EXCLUSIVE:
+            self._check_mode(mode)
         lease_id = new_lease_id()
         if (wait_ms == 0 or self._waiting.closing) and not self._queues.get(name):
             # Nobody queued and no wait: one store call (the queues' rule 1, inline).
             result = await self.store.acquire(
-                name, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner, client_id=client_id
-            )
+                name, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner, client_id=client_id,
+                mode=mode)
             if isinstance(result, Grant):
                 return self._lease(result)
-            raise _held(name, result.owner, result.ttl_ms)
-        waiter = Waiter((name,), lease_id, ttl_ms, owner, client_id)
+            raise _held(name, result.owner, result.ttl_ms, result.mode)
+        waiter = Waiter((name,), lease_id, ttl_ms, owner, client_id, mode)
         return self._lease(await self._waiting.acquire(self._one_lock, waiter, wait_ms))
 
     async def renew(self, name: str, lease_id: str, ttl_ms: int | None = None) -> Lease:
@@ -317,6 +364,8 @@ class LockService:
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise InvalidRequest(f"locks must be distinct; repeated: {', '.join(dupes)}",
                                  locks=dupes)
+        for name in ordered:
+            self.check_acquirable(name)
         if not multi_token_fits(ordered):
             raise InvalidRequest(
                 f"the lock names are too long for one token of at most {MAX_TOKEN_CHARS} "
@@ -324,18 +373,44 @@ class LockService:
         return ordered
 
     def _multi_lease(self, grant: MultiGrant) -> MultiLease:
+        modes = {name: (grant.modes or {}).get(name, EXCLUSIVE) for name in grant.fences}
         key = (grant.lease_id, -1)  # the fences of a lease never change: one token per lease
         token = self._cached_token(key)
         if token is None:
-            token = self.keyring.sign_many(grant.fences)
+            shared = [name for name, mode in modes.items() if mode == SHARED]
+            token = self.keyring.sign_many(grant.fences,
+                                           extra={"shared": shared} if shared else None)
             if len(self._tokens) >= _TOKEN_CACHE_SIZE:
                 del self._tokens[next(iter(self._tokens))]
             self._tokens[key] = token
-        return MultiLease(grant.lease_id, grant.fences, token, grant.ttl_ms, grant.owner)
+        return MultiLease(grant.lease_id, grant.fences, token, grant.ttl_ms, grant.owner, modes)
+
+    def _check_modes(self, locks: tuple[str, ...],
+                     modes: Mapping[str, str] | None) -> dict[str, str] | None:
+        """``modes`` of a set (name -> mode; a lock not named is exclusive), or ``None`` when
+        every lock is exclusive. ``InvalidRequest`` for a name not in the set or a bad mode."""
+        if not modes:
+            return None
+        stray = sorted(set(modes) - set(locks))
+        if stray:
+            raise InvalidRequest(f"modes names locks not in locks: {', '.join(stray[:8])}",
+                                 locks=stray[:64])
+        for mode in modes.values():
+            self._check_mode(mode)
+        shared = tuple(name for name, mode in modes.items() if mode == SHARED)
+        if not shared:
+            return None
+        if not multi_token_fits(locks + shared):  # the claim "shared" lists them again
+            raise InvalidRequest(
+                f"the lock names are too long for one token of at most {MAX_TOKEN_CHARS} "
+                "characters (shared locks are listed twice); use shorter names or fewer locks")
+        return {name: modes.get(name, EXCLUSIVE) for name in locks}
 
     async def acquire_many(self, names: list[str], *, ttl_ms: int, wait_ms: int = 0,
-                           owner: str = "", client_id: str | None = None) -> MultiLease:
-        """Grant every lock of ``names`` in one atomic store step, waiting up to ``wait_ms``
+                           owner: str = "", client_id: str | None = None,
+                           modes: Mapping[str, str] | None = None) -> MultiLease:
+        """Grant every lock of ``names`` in one atomic step, each in its mode of ``modes``
+        (name -> EXCLUSIVE or SHARED; missing names exclusive), waiting up to ``wait_ms``
         behind earlier waiters of any of them (``lockd.server.waiting``, rule 3).
 
         Raises ``LockHeld`` (naming every held lock), ``StoreUnavailable``, ``InvalidRequest``.
@@ -343,7 +418,9 @@ class LockService:
         locks = self.check_names(names)
         self._check_ttl(ttl_ms)
         self._check_wait(wait_ms)
-        waiter = Waiter(locks, MULTI_PREFIX + new_lease_id(), ttl_ms, owner, client_id)
+        mode = self._check_modes(locks, modes)
+        waiter = Waiter(locks, MULTI_PREFIX + new_lease_id(), ttl_ms, owner, client_id,
+                        mode or EXCLUSIVE)
         return self._multi_lease(await self._waiting.acquire(self._lock_set, waiter, wait_ms))
 
     @staticmethod
@@ -382,6 +459,10 @@ class LockService:
         """How many acquires are queued at this lockd process, over all locks (a metric; a
         multi-lock acquire queued on several locks counts once)."""
         return self._waiting.total()
+
+    def waiting_by_mode(self) -> dict[str, int]:
+        """How many requests are queued here, by mode (``exclusive``, ``shared``, ``permit``)."""
+        return self._waiting.by_mode()
 
     async def get(self, name: str) -> tuple[LockState, int]:
         """The store's view of ``name`` and the number of local waiters."""

@@ -9,9 +9,10 @@ The rules (the full walk-through, with the reasons, is in docs/waiting.md):
 
 1. Nobody queued on any lock of the set: ask the store once. Granted, or refused with
    ``wait_ms == 0``: answered. Otherwise join the queues.
-2. Someone queued on any lock of the set: no barging. ``wait_ms == 0`` answers 409 at once, a
-   waiting request joins the tail. Exception: a retry with the ``client_id`` of the live lease
-   gets that lease back (else it would wait on itself).
+2. Someone queued on any lock of the set: no barging. ``wait_ms == 0`` answers 409 at once
+   (unless the grant rule would admit it at the tail: then it asks the store once), a waiting
+   request joins the tail. Exception: a retry with the ``client_id`` of the live lease gets
+   that lease back (else it would wait on itself).
 3. A waiter joins the tail of every queue of its set in one step (no await in between), so all
    queues agree with arrival order and the earliest waiter heads all of its queues: no
    deadlock, no starvation, and nothing is held while waiting.
@@ -28,15 +29,19 @@ The rules (the full walk-through, with the reasons, is in docs/waiting.md):
 7. Deadlines run on the event loop's monotonic timer (no wall-clock jump shortens them).
 8. Shutdown answers every queued request with 503; later ones ask the store once.
 
-Modes to come are additions to rule 4, not another queue: a ``Waiter`` gains a ``mode`` slot
-and the two rule functions read it.
+Modes are additions to rule 4, not another queue: a ``Waiter`` has a ``mode`` per lock of its
+set, and the two rule functions (``_admits``, ``_admitted``) read it.
 
-- Shared locks: ``_admits`` lets a shared waiter ask when every waiter ahead of it in each
-  queue is shared too (a waiting exclusive one blocks later shared ones); ``_admitted`` wakes
-  the run of consecutive shared waiters at the head together. A handoff hint is only passed to
-  a waiter the new holder excludes.
-- Semaphores (N permits): ``_admits`` lets a waiter ask while fewer than N waiters are ahead of
-  it; the store still counts the permits held.
+- Shared locks: a shared waiter may ask when every waiter ahead of it in the queue is shared too
+  (a waiting exclusive one blocks later shared ones: no writer starvation); the run of
+  consecutive shared waiters at the head is admitted, woken and granted together. The handoff
+  hint goes only to a waiter the new holder excludes.
+- Semaphores (``PERMIT``, one queue per semaphore keyed ``sem_key(name)``): a waiter may ask
+  while fewer than ``limit`` waiters are ahead of it; the store counts the permits held. A
+  release frees one permit, so it wakes ONE admitted waiter (the first not already woken), and
+  every waiter that leaves a semaphore queue wakes the next one: the wake-ups chain on while
+  permits are free and stop at the first refusal, one store call per freed permit instead of
+  ``limit`` of them.
 
 The request kind (a single lock or a set) supplies the store calls and the shape of a refusal
 (``Kind``); ``LockService`` implements both kinds. Replicas sharing a store keep their own
@@ -47,14 +52,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 from functools import partial
+from itertools import islice
 from typing import Any, Protocol
 
 from lockd.server.errors import LockdError, LockHeld, StoreUnavailable
-from lockd.server.store.base import Holder, Store
+from lockd.server.store.base import EXCLUSIVE, SHARED, Holder, Store
 
-__all__ = ["Kind", "WaitQueues", "Waiter"]
+__all__ = ["PERMIT", "Kind", "WaitQueues", "Waiter"]
+
+PERMIT = "permit"
+"""The mode of a semaphore waiter (its queue is the semaphore's: ``sem_key(name)``)."""
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +80,17 @@ class Waiter:
     sleeps, one future and one timer handle; not ``asyncio.Event``s (each an object and a deque,
     ~0.7 KB) nor an ``asyncio.timeout``: thousands may be queued."""
 
-    __slots__ = ("locks", "lease_id", "ttl_ms", "owner", "client_id", "hint", "turn", "wake",
-                 "_future", "_on")
+    __slots__ = ("locks", "lease_id", "ttl_ms", "owner", "client_id", "mode", "limit", "hint",
+                 "turn", "wake", "_future", "_on")
 
     def __init__(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str = "",
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, mode: str | Mapping[str, str] = EXCLUSIVE,
+                 limit: int = 0) -> None:
         self.locks = locks
+        # EXCLUSIVE, SHARED or PERMIT for every lock of the set, or a mapping lock -> mode
+        # (a multi-lock set mixing modes; a lock it does not name is exclusive)
+        self.mode = mode
+        self.limit = limit  # PERMIT: the semaphore's limit, the waiters its queue admits
         self.lease_id = lease_id
         self.ttl_ms = ttl_ms
         self.owner = owner  # shown by GET /v1/locks/{name} (waiting_owners)
@@ -146,18 +160,66 @@ class Kind(Protocol):
         (``waited``: after its ``wait_ms``; else at once, with ``wait_ms == 0``)."""
 
 
-# --- the grant rule (exclusive): who may ask the store now ------------------------------------
+# --- the grant rule: who may ask the store now (rule 4, by mode) --------------------------------
 
 
-def _admits(queue: Queue, waiter: Waiter) -> bool:
-    """Whether ``queue``'s rule lets ``waiter`` ask the store: it heads the queue."""
-    return next(iter(queue)) is waiter
+def mode_of(waiter: Waiter, lock: str) -> str:
+    """``waiter``'s mode on ``lock``: EXCLUSIVE, SHARED or PERMIT."""
+    mode = waiter.mode
+    return mode if isinstance(mode, str) else mode.get(lock, EXCLUSIVE)
 
 
-def _admitted(queue: Queue) -> tuple[Waiter, ...]:
-    """The waiters ``queue``'s rule lets ask now (promoted when one before them leaves, woken
-    when the lock may have freed): its head."""
-    return (next(iter(queue)),)
+def _admits(queue: Queue, waiter: Waiter, lock: str) -> bool:
+    """Whether ``queue`` (of ``lock``) lets ``waiter`` ask the store: an exclusive waiter when
+    it heads the queue; a shared one when every waiter ahead of it is shared on ``lock`` too; a
+    semaphore waiter when fewer than its ``limit`` waiters are ahead of it."""
+    mode = mode_of(waiter, lock)
+    if mode == EXCLUSIVE:
+        return next(iter(queue)) is waiter
+    if mode == SHARED:
+        for ahead in queue:
+            if ahead is waiter:
+                return True
+            if mode_of(ahead, lock) != SHARED:
+                return False
+        return False
+    for ahead in islice(queue, waiter.limit):
+        if ahead is waiter:
+            return True
+    return False
+
+
+def _admitted(queue: Queue, lock: str) -> list[Waiter]:
+    """The waiters ``queue`` (of ``lock``) lets ask now (promoted when one before them leaves,
+    woken when the lock may have freed): its head; if the head is shared, the run of shared
+    waiters from the head; on a semaphore queue the first ``limit`` (the head's)."""
+    head = next(iter(queue))
+    mode = mode_of(head, lock)
+    if mode == EXCLUSIVE:
+        return [head]
+    if mode == PERMIT:
+        return [w for i, w in enumerate(islice(queue, head.limit)) if i < w.limit]
+    run = []
+    for waiter in queue:
+        if mode_of(waiter, lock) != SHARED:
+            break
+        run.append(waiter)
+    return run
+
+
+def _excludes(holder: Holder, waiter: Waiter, lock: str) -> bool:
+    """Whether ``holder`` (a lease just granted) refuses ``waiter`` on ``lock``: only then is it
+    a useful handoff hint (a shared grant does not refuse the next shared waiter)."""
+    return holder.mode == EXCLUSIVE or mode_of(waiter, lock) == EXCLUSIVE
+
+
+def _wake_one(admitted: list[Waiter]) -> None:
+    """Wake the first of ``admitted`` not already woken (one that is asking the store now asks
+    again if refused, so a permit freed during its call is not missed)."""
+    for waiter in admitted:
+        if not waiter.wake:
+            waiter.set_wake()
+            return
 
 
 def _soonest(holders: list[Holder]) -> float:
@@ -192,7 +254,12 @@ class WaitQueues:
                 if retried is not None:
                     return retried
             if wait_ms == 0 or self.closing:
-                raise await kind.held_behind_queue(waiter.locks, False)
+                if not self._admitted_at_tail(waiter):
+                    raise await kind.held_behind_queue(waiter.locks, False)
+                result = await kind.ask(waiter)  # e.g. a reader behind readers only
+                if isinstance(result, list):
+                    raise kind.refused(result)
+                return result
         elif wait_ms == 0 or self.closing:  # rule 1
             result = await kind.ask(waiter)
             if isinstance(result, list):
@@ -250,31 +317,61 @@ class WaitQueues:
         await self._release_quietly(kind, result)
         return None
 
+    def _admitted_at_tail(self, waiter: Waiter) -> bool:
+        """Whether every queue of ``waiter``'s set would let it ask at once if it joined the
+        tail (a shared request behind shared ones only; a permit behind fewer than ``limit``):
+        then a request that does not wait may ask the store without passing anyone."""
+        queues = self.queues
+        for name in waiter.locks:
+            queue = queues.get(name)
+            if not queue:
+                continue
+            mode = mode_of(waiter, name)
+            if mode == EXCLUSIVE:
+                return False
+            if mode == PERMIT:
+                if len(queue) >= waiter.limit:
+                    return False
+            else:
+                for ahead in queue:
+                    if mode_of(ahead, name) != SHARED:
+                        return False
+        return True
+
     def _admitted_by_all(self, waiter: Waiter) -> bool:
         """Whether every queue of ``waiter``'s set lets it ask the store (rule 4). A loop, not
         ``all(...)``: a generator would keep a closure cell in every waiting frame."""
         queues = self.queues
         for name in waiter.locks:
-            if not _admits(queues[name], waiter):
+            if not _admits(queues[name], waiter, name):
                 return False
         return True
 
     def _leave(self, kind: Kind, waiter: Waiter, granted: Any) -> None:
         """Take ``waiter`` out of every queue; promote the next of each it was admitted by,
-        handing it the new holder when ``waiter`` leaves with a grant (rule 5)."""
+        handing it the new holder when ``waiter`` leaves with a grant that excludes it (rule
+        5). Leaving a semaphore queue wakes the next admitted waiter (module docstring)."""
         queues = self.queues
         for name in waiter.locks:
             queue = queues[name]
-            was_admitted = _admits(queue, waiter)
+            was_admitted = _admits(queue, waiter, name)
             del queue[waiter]
             if not queue:
                 del queues[name]
                 continue
-            if was_admitted:
-                hint = None if granted is None else [kind.holder(granted, name)]
-                for admitted in _admitted(queue):
-                    admitted.hint = hint
-                    admitted.set_turn()
+            if not was_admitted:
+                continue
+            admitted = _admitted(queue, name)
+            if mode_of(waiter, name) == PERMIT:  # a permit refuses nobody: no hint
+                for promoted in admitted:
+                    promoted.set_turn()
+                _wake_one(admitted)
+                continue
+            holder = None if granted is None else kind.holder(granted, name)
+            for promoted in admitted:
+                promoted.hint = ([holder] if holder is not None
+                                 and _excludes(holder, promoted, name) else None)
+                promoted.set_turn()
 
     # --- the store, shielded from disconnects (rule 6) -------------------------------------------
 
@@ -312,8 +409,12 @@ class WaitQueues:
         rule admits."""
         queue = self.queues.get(name)
         if queue:
-            for admitted in _admitted(queue):
-                admitted.set_wake()
+            admitted = _admitted(queue, name)
+            if mode_of(admitted[0], name) == PERMIT:
+                _wake_one(admitted)  # a release frees one permit
+                return
+            for waiter in admitted:
+                waiter.set_wake()
 
     def shutdown(self) -> None:
         """Answer every queued request with 503 now; later ones only ask the store once."""
@@ -328,6 +429,17 @@ class WaitQueues:
     def owners(self, name: str) -> list[str]:
         """The ``owner`` labels of the waiters queued for ``name``, in arrival order."""
         return [waiter.owner for waiter in self.queues.get(name) or ()]
+
+    def by_mode(self) -> dict[str, int]:
+        """How many requests are queued, by mode (a metric): ``permit`` for semaphores,
+        ``shared`` for a request shared on every lock of its set, else ``exclusive``."""
+        counts = {EXCLUSIVE: 0, SHARED: 0, PERMIT: 0}
+        for waiter in {waiter for queue in self.queues.values() for waiter in queue}:
+            mode = waiter.mode
+            if not isinstance(mode, str):
+                mode = SHARED if all(mode.get(n) == SHARED for n in waiter.locks) else EXCLUSIVE
+            counts[mode] += 1
+        return counts
 
     def count(self, name: str) -> int:
         """How many waiters are queued for ``name``."""

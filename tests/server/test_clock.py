@@ -29,7 +29,7 @@ def test_lease_ends_exactly_at_its_ttl_and_cannot_be_revived(inproc_lockd, http,
     srv.clock.advance(0.001)  # exactly at the TTL: gone
     assert state(http, srv.url, name) == {
         "lock": name, "held": False, "fence": lease["fence"], "owner": None, "ttl_ms": 0,
-        "waiters": 0, "waiting_owners": []}
+        "waiters": 0, "waiting_owners": [], "mode": None, "holders": []}
     assert_problem(renew(http, srv.url, name, lease["lease_id"]), 410, "lease_lost")
     assert_problem(release(http, srv.url, name, lease["lease_id"]), 410, "lease_lost")
     assert not state(http, srv.url, name)["held"]

@@ -314,10 +314,12 @@ def test_retried_acquire_with_same_client_id_returns_the_same_lease(lockd, http,
 def test_get_shows_holder_fence_and_waiters(lockd, http, name):
     assert state(http, lockd.url, name) == {
         "lock": name, "held": False, "fence": 0, "owner": None, "ttl_ms": 0, "waiters": 0,
-        "waiting_owners": []}
+        "waiting_owners": [], "mode": None, "holders": []}
     lease = acquire(http, lockd.url, name, 30_000, owner="alice").json()
     now = state(http, lockd.url, name)
     assert now["held"] and now["owner"] == "alice" and now["fence"] == lease["fence"]
+    assert now["mode"] == "exclusive" and [(h["owner"], h["mode"]) for h in now["holders"]] == [
+        ("alice", "exclusive")]
     assert 0 < now["ttl_ms"] <= 30_000 and now["waiters"] == 0
     assert "lease_id" not in now and lease["lease_id"] not in json.dumps(now)
     results: list = []
@@ -426,6 +428,9 @@ def test_bad_input_is_a_4xx_problem_and_changes_nothing(lockd, http, name):
         ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "owner": "o" * 256}}, 422),
         ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "owner": 7}}, 422),
         ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "wait": 5000}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "mode": "read"}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "mode": None}}, 422),
+        ("POST", f"{url}/acquire", {"json": {"ttl_ms": 1000, "mode": "SHARED"}}, 422),
         # missing fields
         ("POST", f"{url}/acquire", {"json": {}}, 422),
         ("POST", f"{url}/acquire", {"content": b"", "headers": {"content-type": "application/json"}}, 422),
@@ -467,7 +472,10 @@ def test_bad_input_is_a_4xx_problem_and_changes_nothing(lockd, http, name):
         assert_problem(r, status, codes[status])
         assert lease["lease_id"] not in r.text
 
-    assert state(http, lockd.url, name) | {"ttl_ms": 0} == before | {"ttl_ms": 0}
+    def steady(got: dict) -> dict:
+        return got | {"ttl_ms": 0, "holders": [h | {"ttl_ms": 0} for h in got["holders"]]}
+
+    assert steady(state(http, lockd.url, name)) == steady(before)
     def without_ttl(page: dict) -> list[dict]:
         return [i | {"ttl_ms": 0} for i in page["items"]]
 

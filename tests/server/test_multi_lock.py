@@ -38,7 +38,8 @@ def test_grant_shows_every_lock_held_renews_and_releases_the_set(lockd, http, na
     r = acquire_many(http, lockd.url, [b, a], owner="mover")
     assert r.status_code == 200, r.text
     lease = r.json()
-    assert set(lease) == {"lease_id", "locks", "token", "ttl_ms", "owner"}
+    assert set(lease) == {"lease_id", "locks", "modes", "token", "ttl_ms", "owner"}
+    assert lease["modes"] == {a: "exclusive", b: "exclusive"}
     assert [item["lock"] for item in lease["locks"]] == [a, b]  # name order
     assert lease["owner"] == "mover" and lease["ttl_ms"] >= 10_000
     got = fences(lease)
@@ -78,7 +79,8 @@ def test_a_set_with_one_held_lock_grants_nothing_and_raises_no_fence(lockd, http
     single = acquire(http, lockd.url, b, owner="holder-b").json()
     r = acquire_many(http, lockd.url, [a, b, c], owner="mover")
     body = assert_problem(r, 409, "held")
-    assert body["held"] == [{"lock": b, "owner": "holder-b", "ttl_ms": body["held"][0]["ttl_ms"]}]
+    assert body["held"] == [{"lock": b, "owner": "holder-b", "ttl_ms": body["held"][0]["ttl_ms"],
+                             "mode": "exclusive"}]
     assert b in body["detail"] and "holder-b" in body["detail"]
     assert int(r.headers["Retry-After"]) >= 1
     for lock in (a, c):

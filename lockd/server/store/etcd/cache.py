@@ -29,6 +29,9 @@ class CachedLease(NamedTuple):
     ttl_ms: int  # the TTL asked for, in ms: what a renew without one keeps
     fence: int
     owner: str
+    mode: str = "exclusive"  # the lease's lock mode (a permit's: "exclusive")
+    slot: int = -1  # a semaphore permit's slot (``lock`` is then ``#sem/<name>``)
+    limit: int = 0  # a semaphore permit's limit
 
 
 class LeaseCache:

@@ -1,8 +1,9 @@
 """Multi-lock leases on etcd: a set of locks held by ONE etcd lease, granted all or none.
 
-The grant is one transaction ``if create_revision == 0 for every lock key: put every lock key
-and fence key; else range every lock key``, so every lock's fence is that transaction's
-revision. The lease key (``leases/<id>``: the set, owner, client id, TTL) is put just before it
+The grant is one transaction ``if no holder key of any exclusive lock and no exclusive key of
+any shared lock (whose fence key is unchanged since a read): put every lock key and fence key
+(shared locks: a shared key each); else range every lock's keys``, so every exclusive lock's
+fence is that transaction's revision and every shared one carries its current fence. The lease key (``leases/<id>``: the set, owner, client id, TTL) is put just before it
 on the same etcd lease, keeping the grant within etcd's default ``--max-txn-ops`` (128: 64
 locks). Revoking the etcd lease deletes every key of the set in one step. See
 docs/stores/etcd.md ("Multi-lock leases").
@@ -11,13 +12,26 @@ docs/stores/etcd.md ("Multi-lock leases").
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Holder, MultiGrant
+from lockd.server.store.base import EXCLUSIVE, MULTI_PREFIX, SHARED, Holder, MultiGrant
 from lockd.server.store.etcd.leases import Leases
+from lockd.server.store.etcd.modes import LockModes, Snapshot
 from lockd.server.store.etcd.transport import Transport
-from lockd.server.store.etcd.wire import Held, Keys, b64, lock_value, range_kv, secs, to_int, unb64
+from lockd.server.store.etcd.wire import (
+    SHARED_MARK,
+    Held,
+    Keys,
+    b64,
+    lock_value,
+    range_kv,
+    range_kvs,
+    secs,
+    to_int,
+    unb64,
+)
 
 __all__ = ["MultiLocks"]
 
@@ -25,71 +39,162 @@ __all__ = ["MultiLocks"]
 class MultiLocks:
     """``Store.acquire_many``/``renew_many``/``release_many`` over ``transport``."""
 
-    def __init__(self, transport: Transport, leases: Leases, keys: Keys):
+    def __init__(self, transport: Transport, leases: Leases, keys: Keys, modes: LockModes):
         self._transport = transport
         self._leases = leases
         self._keys = keys
+        self._modes = modes
 
     async def acquire(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
-                      owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
-        """See ``Store.acquire_many``: one guarded transaction."""
-        keys = [b64(self._keys.lock(lock)) for lock in locks]
+                      owner: str, client_id: str | None,
+                      modes: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
+        """See ``Store.acquire_many``: one guarded transaction. Locks held shared are read
+        first (their fence keys guard the fences they carry; see ``modes``)."""
+        shared = [lock for lock in locks if modes and modes.get(lock) == SHARED]
+        mode_map = {lock: SHARED if lock in shared else EXCLUSIVE for lock in locks} \
+            if shared else None
         ttl_s = secs(ttl_ms)
-        lease_value = b64(json.dumps({"locks": list(locks), "owner": owner,
-                                      "client_id": client_id, "ttl_ms": ttl_ms,
-                                      "ttl_s": ttl_s}, separators=(",", ":")).encode())
+        record: dict[str, Any] = {"locks": list(locks), "owner": owner, "client_id": client_id,
+                                  "ttl_ms": ttl_ms, "ttl_s": ttl_s}
+        if shared:
+            record["shared"] = shared
+        lease_value = b64(json.dumps(record, separators=(",", ":")).encode())
         for _ in range(3):
+            snaps: dict[str, Snapshot] = {}
+            if shared:
+                snaps = {snap.name: snap for snap in await self._modes.read_many(shared)}
+                if client_id:
+                    mine = await self._retry_of(snaps[shared[0]], record, ttl_ms)
+                    if mine is not None:
+                        return mine
+                if any(snap.exclusive is not None for snap in snaps.values()):
+                    holders = await self._holders(locks, shared)
+                    if holders:
+                        return holders
+                    continue
             etcd_lease, granted = await self._leases.grant(ttl_s)
             keep = False
             try:
-                success: list[dict[str, Any]] = []
-                for lock, key in zip(locks, keys, strict=True):
-                    success.append({"request_put": {"key": key, "lease": str(etcd_lease),
-                                                    "value": lock_value(lease_id, owner, None,
-                                                                        ttl_ms)}})
-                    success.append({"request_put": {"key": b64(self._keys.fence(lock)),
-                                                    "value": ""}})
+                compare, success, fences = self._grant_ops(
+                    locks, shared, snaps, lease_id, owner, client_id, ttl_ms, etcd_lease)
                 # The lease record first, on its own (bound to the new etcd lease, so a refused
-                # grant's revoke removes it): the grant then has 2 operations a lock, 128 for
-                # 64 locks, within etcd's default --max-txn-ops.
+                # grant's revoke removes it): the grant then has at most 2 operations a lock,
+                # 128 for 64 locks, within etcd's default --max-txn-ops.
                 await self._transport.post("/v3/kv/put", {
                     "key": b64(self._keys.lease(lease_id)), "lease": str(etcd_lease),
                     "value": lease_value})
-                doc = await self._transport.txn(
-                    [{"key": key, "target": "CREATE", "create_revision": "0"} for key in keys],
-                    success, [{"request_range": {"key": key}} for key in keys])
+                doc = await self._transport.txn(compare, success, [
+                    {"request_range": dict(zip(("key", "range_end"),
+                                               self._keys.name_range(lock), strict=True))}
+                    for lock in locks])
                 if doc.get("succeeded"):
                     keep = True
-                    fence = to_int(doc["header"]["revision"])
-                    return MultiGrant(lease_id, {lock: fence for lock in locks},
-                                      granted * 1000, owner)
-                held = [Held.parse(lock, kv) for i, lock in enumerate(locks)
-                        if (kv := range_kv(doc, i)) is not None]
-                if len(held) == len(locks) and all(h.etcd_lease == etcd_lease for h in held):
+                    revision = to_int(doc["header"]["revision"])
+                    return MultiGrant(lease_id, {lock: fences.get(lock, revision)
+                                                 for lock in locks}, granted * 1000, owner,
+                                      mode_map)
+                parsed = [self._modes.parse(lock, range_kvs(doc, i))
+                          for i, lock in enumerate(locks)]
+                ours = [_held_by(lock, parsed[i], lease_id, lock in shared)
+                        for i, lock in enumerate(locks)]
+                if all(h is not None and h.etcd_lease == etcd_lease for h in ours):
                     keep = True  # a replay of our own successful transaction
-                    return MultiGrant(lease_id, {h.name: h.fence for h in held},
-                                      granted * 1000, owner)
+                    return MultiGrant(lease_id, {h.name: h.fence for h in ours if h},
+                                      granted * 1000, owner, mode_map)
             finally:
                 if not keep:
                     self._leases.revoke_soon(etcd_lease)
-            if not held:
-                continue  # freed in between: try again
-            if (client_id and len(held) == len(locks)
-                    and len({h.lease_id for h in held}) == 1):
-                theirs = await self._read_lease(held[0].lease_id)
-                if (theirs is not None and theirs[0].get("client_id") == client_id
-                        and theirs[0].get("locks") == list(locks)):
-                    try:
-                        return await self.renew(held[0].lease_id, ttl_ms)
-                    except LeaseLost:
-                        continue
-            remaining = {lease: await self._leases.remaining_ms(lease)
-                         for lease in {h.etcd_lease for h in held}}
-            holders = [Holder(h.name, h.owner, remaining[h.etcd_lease], h.fence)
-                       for h in held if remaining[h.etcd_lease] > 0]
+            if client_id and not shared:
+                held = [ex for ex, _ in parsed if ex is not None]
+                if len(held) == len(locks) and len({h.lease_id for h in held}) == 1:
+                    theirs = await self._read_lease(held[0].lease_id)
+                    if (theirs is not None and theirs[0].get("client_id") == client_id
+                            and theirs[0].get("locks") == list(locks)
+                            and not theirs[0].get("shared")):
+                        try:
+                            return await self.renew(held[0].lease_id, ttl_ms)
+                        except LeaseLost:
+                            continue
+            holders = await self._blockers(locks, shared, parsed)
             if holders:
                 return holders
         raise StoreUnavailable("etcd: the locks kept changing hands; try again")
+
+    def _grant_ops(self, locks: tuple[str, ...], shared: list[str], snaps: dict[str, Snapshot],
+                   lease_id: str, owner: str, client_id: str | None, ttl_ms: int,
+                   etcd_lease: int) -> tuple[list, list, dict[str, int]]:
+        """(compare, success, fences of the shared locks) of the grant transaction."""
+        compare: list[dict[str, Any]] = []
+        success: list[dict[str, Any]] = []
+        fences: dict[str, int] = {}
+        for lock in locks:
+            start, end = self._keys.name_range(lock)
+            if lock not in shared:  # no holder of either mode
+                compare.append({"key": start, "range_end": end, "target": "CREATE",
+                                "create_revision": "0"})
+                success.append({"request_put": {"key": b64(self._keys.lock(lock)),
+                                                "lease": str(etcd_lease), "value": lock_value(
+                                                    lease_id, owner, None, ttl_ms)}})
+                success.append({"request_put": {"key": b64(self._keys.fence(lock)),
+                                                "value": ""}})
+                continue
+            snap = snaps[lock]
+            fences[lock] = snap.fence
+            if client_id and lock == shared[0]:  # no holder created since the read (which
+                # saw no exclusive one): also no second grant of this client_id
+                compare.append({"key": start, "range_end": end, "target": "CREATE",
+                                "result": "LESS", "create_revision": str(snap.revision + 1)})
+            else:
+                compare.append({"key": b64(self._keys.lock(lock)), "target": "CREATE",
+                                "create_revision": "0"})
+            fence_key = b64(self._keys.fence(lock))
+            if snap.fence_kv is None:
+                compare.append({"key": fence_key, "target": "CREATE", "create_revision": "0"})
+                success.append({"request_put": {"key": fence_key, "value": b64(SHARED_MARK)}})
+            else:
+                compare.append({"key": fence_key, "target": "MOD", "mod_revision":
+                                str(to_int(snap.fence_kv.get("mod_revision")))})
+            success.append({"request_put": {
+                "key": b64(self._keys.shared(lock, lease_id)), "lease": str(etcd_lease),
+                "value": lock_value(lease_id, owner, client_id, ttl_ms, mode=SHARED,
+                                    fence=snap.fence)}})
+        return compare, success, fences
+
+    async def _retry_of(self, snap: Snapshot, record: dict[str, Any],
+                        ttl_ms: int) -> MultiGrant | None:
+        """A live multi-lock lease of the same client id, locks and modes (it holds a shared
+        key of ``snap``'s lock), renewed; or None."""
+        for held in snap.shared:
+            if not (held.lease_id.startswith(MULTI_PREFIX)
+                    and held.client_id == record["client_id"]):
+                continue
+            theirs = await self._read_lease(held.lease_id)
+            if (theirs is not None and theirs[0].get("client_id") == record["client_id"]
+                    and theirs[0].get("locks") == record["locks"]
+                    and theirs[0].get("shared") == record["shared"]):
+                try:
+                    return await self.renew(held.lease_id, ttl_ms)
+                except LeaseLost:
+                    return None
+        return None
+
+    async def _holders(self, locks: tuple[str, ...], shared: list[str]) -> list[Holder]:
+        """The holder blocking each lock of the set, read now."""
+        snaps = await self._modes.read_many(list(locks))
+        return await self._blockers(locks, shared, [(s.exclusive, s.shared) for s in snaps])
+
+    async def _blockers(self, locks: tuple[str, ...], shared: list[str],
+                        parsed: list[tuple[Held | None, tuple[Held, ...]]]) -> list[Holder]:
+        """Each lock's blocking holder (a lock wanted shared: only an exclusive one)."""
+        holders = []
+        for lock, (exclusive, sharers) in zip(locks, parsed, strict=True):
+            if lock in shared:
+                sharers = ()
+            fence = max([exclusive.fence if exclusive else 0] + [h.fence for h in sharers])
+            holder = await self._modes.blocker(Snapshot(lock, exclusive, sharers, None, fence, 0))
+            if holder is not None:
+                holders.append(holder)
+        return holders
 
     async def _read_lease(self, lease_id: str) -> tuple[dict[str, Any], int, int] | None:
         """A multi-lock lease's record: (value, etcd lease, mod_revision), or None."""
@@ -107,8 +212,11 @@ class MultiLocks:
         if record is None:
             raise LeaseLost("no live multi-lock lease with that id")
         value, etcd_lease, _ = record
-        doc = await self._transport.txn(
-            [], [{"request_range": {"key": b64(self._keys.lock(n))}} for n in value["locks"]], [])
+        shared = set(value.get("shared") or ())
+        doc = await self._transport.txn([], [
+            {"request_range": {"key": b64(self._keys.shared(n, lease_id) if n in shared
+                                          else self._keys.lock(n))}}
+            for n in value["locks"]], [])
         held = [h for i, name in enumerate(value["locks"])
                 if (kv := range_kv(doc, i)) is not None
                 and (h := Held.parse(name, kv)).lease_id == lease_id]
@@ -127,8 +235,10 @@ class MultiLocks:
                 raise LeaseLost("the multi-lock lease expired")
             fences = {h.name: h.fence for h in held}
             owner = value.get("owner", "")
+            shared = value.get("shared") or ()
+            modes = {n: SHARED if n in shared else EXCLUSIVE for n in names} if shared else None
             if secs(new_ttl) == int(value.get("ttl_s") or 0):
-                return MultiGrant(lease_id, fences, granted * 1000, owner)
+                return MultiGrant(lease_id, fences, granted * 1000, owner, modes)
             new_lease, new_granted = await self._leases.grant(secs(new_ttl))
             lease_key = b64(self._keys.lease(lease_id))
             compare = [{"key": lease_key, "target": "MOD", "mod_revision": str(lease_rev)}]
@@ -136,10 +246,12 @@ class MultiLocks:
                 json.dumps({**value, "ttl_ms": new_ttl, "ttl_s": secs(new_ttl)},
                            separators=(",", ":")).encode())}}]
             for h in held:
-                key = b64(self._keys.lock(h.name))
+                key = b64(h.key)
+                more = {"mode": SHARED, "fence": h.fence} if h.mode == SHARED else {}
                 compare.append({"key": key, "target": "MOD", "mod_revision": str(h.mod_revision)})
                 success.append({"request_put": {"key": key, "lease": str(new_lease), "value":
-                                                lock_value(lease_id, h.owner, None, new_ttl)}})
+                                                lock_value(lease_id, h.owner, h.client_id,
+                                                           new_ttl, **more)}})
             moved = False
             try:
                 doc = await self._transport.txn(compare, success,
@@ -153,7 +265,7 @@ class MultiLocks:
             if moved:
                 if not await self._leases.old_revoked(etcd_lease, new_lease):
                     raise LeaseLost("the multi-lock lease was released while it was renewed")
-                return MultiGrant(lease_id, fences, new_granted * 1000, owner)
+                return MultiGrant(lease_id, fences, new_granted * 1000, owner, modes)
         raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
 
     async def release(self, lease_id: str) -> tuple[str, ...]:
@@ -167,3 +279,12 @@ class MultiLocks:
                     raise LeaseLost("a lock of the multi-lock lease was no longer held by it")
                 return tuple(h.name for h in held)
         raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
+
+
+def _held_by(lock: str, parsed: tuple[Held | None, tuple[Held, ...]], lease_id: str,
+             shared: bool) -> Held | None:
+    """The key of ``lock`` that lease ``lease_id`` holds in the wanted mode, or None."""
+    exclusive, sharers = parsed
+    if not shared:
+        return exclusive if exclusive is not None and exclusive.lease_id == lease_id else None
+    return next((h for h in sharers if h.lease_id == lease_id), None)

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 
 from lockd.server.errors import StoreUnavailable
-from lockd.server.store.base import ReleaseListener
+from lockd.server.store.base import ReleaseListener, sem_key
 from lockd.server.store.etcd.transport import Transport
-from lockd.server.store.etcd.wire import Keys, b64, prefix_end, to_int, unb64
+from lockd.server.store.etcd.wire import Keys, b64, notify_name, prefix_end, to_int, unb64
 from lockd.server.store.listeners import ReleaseListeners, stop_task
 
 __all__ = ["Watch"]
@@ -32,11 +32,20 @@ class _WatchBroken(Exception):
 
 
 class Watch:
-    """Deletes under ``keys.locks`` → ``listener(lock name)`` for every subscribed listener."""
+    """Deletes under ``keys.locks`` → ``listener(lock name)`` for every subscribed listener.
 
-    def __init__(self, transport: Transport, keys: Keys):
+    A key's listener name is ``notify_name`` of its part after the prefix: a shared holder's
+    key ``<name>#s/…`` is ``<name>``, a permit's ``#sem/<name>#<slot>`` is ``sem_key(name)``.
+    With ``prefix`` (e.g. ``keys.elections``) and ``deletes_only=False`` it watches that range
+    instead, puts included (an election's writes), and calls each name once per revision.
+    """
+
+    def __init__(self, transport: Transport, keys: Keys, prefix: bytes | None = None,
+                 deletes_only: bool = True):
         self._transport = transport
         self._keys = keys
+        self._prefix = keys.locks if prefix is None else prefix
+        self._deletes_only = deletes_only
         self._listeners = ReleaseListeners(log)
         self._task: asyncio.Task | None = None
         self._created = asyncio.Event()  # the current stream is established
@@ -59,7 +68,7 @@ class Watch:
 
     async def _loop(self, start_revision: int) -> None:
         """Keep one watch stream open; deliver delete events; resume after errors."""
-        locks = self._keys.locks
+        locks = self._prefix
         transport = self._transport
         self._resume_at = start_revision
         index = transport.current
@@ -69,7 +78,8 @@ class Watch:
             endpoint = transport.endpoints[index % len(transport.endpoints)]
             request = {"create_request": {
                 "key": b64(locks), "range_end": b64(prefix_end(locks)),
-                "filters": ["NOPUT"], "start_revision": str(self._resume_at),
+                "filters": ["NOPUT"] if self._deletes_only else [],
+                "start_revision": str(self._resume_at),
                 "progress_notify": True}}
             try:
                 assert transport.http is not None
@@ -115,12 +125,17 @@ class Watch:
         is free now, so any waiter for a release we could not see retries (rare; one read of
         the names of all locks ever used)."""
         try:
+            if self._prefix != self._keys.locks:  # elections: wake every one
+                for name in dict.fromkeys(notify_name(n) for n in await self._names(self._prefix)):
+                    self._listeners.notify(name)
+                return
             fenced = await self._names(self._keys.fences)
-            held = set(await self._names(self._keys.locks))
+            sems = await self._names(self._keys.sems)
+            held = {notify_name(n) for n in await self._names(self._keys.locks)}
         except StoreUnavailable as exc:
             log.warning("etcd watch: could not list locks after a gap: %s", exc.detail)
             return
-        for lock in fenced:
+        for lock in fenced + [sem_key(name) for name in sems]:
             if lock not in held:
                 self._listeners.notify(lock)
 
@@ -141,10 +156,13 @@ class Watch:
                 self._created.clear()
             raise _WatchBroken(result.get("cancel_reason") or "watch canceled")
         events = result.get("events") or []
+        names: dict[str, None] = {}
         for event in events:
             kv = event.get("kv", {})
             self._resume_at = max(self._resume_at, to_int(kv.get("mod_revision")) + 1)
-            if event.get("type") == "DELETE":
-                self._listeners.notify(unb64(kv.get("key"))[len(self._keys.locks):].decode())
+            if event.get("type") == "DELETE" or not self._deletes_only:
+                names[notify_name(unb64(kv.get("key"))[len(self._prefix):].decode())] = None
+        for name in names:
+            self._listeners.notify(name)
         if not events and not result.get("created"):  # progress notification: all sent
             self._resume_at = max(self._resume_at, to_int(result["header"].get("revision")) + 1)

@@ -20,6 +20,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 import lockd.server.store.postgres.sql as sql
+import lockd.server.store.postgres.sql_modes as sql_modes
 from lockd.server.store.base import ReleaseListener
 from lockd.server.store.listeners import ReleaseListeners, stop_task
 
@@ -81,7 +82,7 @@ class Listener:
                     missed: list[str] = []
                     if last_seen is not None:
                         cur = await conn.execute(
-                            sql.CATCH_UP, {"since": last_seen - _CATCH_UP_MARGIN})
+                            sql_modes.CATCH_UP, {"since": last_seen - _CATCH_UP_MARGIN})
                         missed = [r[0] for r in await cur.fetchall()]
                 if last_seen is not None:
                     log.info("LISTEN connection re-established; waking waiters of %d lock(s)"

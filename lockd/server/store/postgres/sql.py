@@ -65,7 +65,7 @@ WITH up AS (
         fence = l.fence + 1, lease_id = excluded.lease_id, owner = excluded.owner,
         client_id = NULL, expires_at = excluded.expires_at, ttl_ms = excluded.ttl_ms,
         released_at = NULL
-    WHERE (l.expires_at > now()) IS NOT TRUE
+    WHERE (l.expires_at > now()) IS NOT TRUE AND (l.shared_until > now()) IS NOT TRUE
     RETURNING name, fence, {_TTL} AS ttl
 ), lease AS (
     INSERT INTO lockd.leases (lease_id, locks, owner, client_id, expires_at, ttl_ms)
@@ -97,10 +97,11 @@ RETURNING l.name, l.fence
 """
 
 # One statement: the lease row (deleted first: the same order as a renew), then the set's live
-# lock rows in name order; every freed lock NOTIFYs with the commit.
+# lock rows in name order; every freed lock NOTIFYs with the commit. A lease holding some locks
+# shared is not matched: sql_modes.RELEASE_MANY_ROWS ends it, in a transaction.
 RELEASE_MANY = f"""
 WITH lease AS (
-    DELETE FROM lockd.leases WHERE lease_id = %(lease_id)s RETURNING locks
+    DELETE FROM lockd.leases WHERE lease_id = %(lease_id)s AND shared = '{{}}' RETURNING locks
 ), sel AS (
     SELECT name FROM lockd.locks
      WHERE name = ANY((SELECT locks FROM lease)::text[]) AND lease_id = %(lease_id)s
@@ -114,6 +115,8 @@ WITH lease AS (
 SELECT (SELECT cardinality(locks) FROM lease), (SELECT array_agg(name) FROM r)
 """
 
+# A live shared holder keeps ``shared_until`` in the future (see sql_modes): the exclusive
+# grant is refused, judged on the row's latest version like everything else here.
 ACQUIRE = f"""
 WITH up AS (
     INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
@@ -126,9 +129,10 @@ WITH up AS (
         expires_at = excluded.expires_at,
         ttl_ms = excluded.ttl_ms,
         released_at = NULL
-    WHERE (l.expires_at > now()) IS NOT TRUE
-       OR l.lease_id = excluded.lease_id
-       OR (l.client_id = excluded.client_id AND excluded.client_id <> '')
+    WHERE ((l.expires_at > now()) IS NOT TRUE AND (l.shared_until > now()) IS NOT TRUE)
+       OR ((l.expires_at > now()) IS TRUE
+           AND (l.lease_id = excluded.lease_id
+                OR (l.client_id = excluded.client_id AND excluded.client_id <> '')))
     RETURNING lease_id, fence, owner, {_TTL} AS ttl_ms
 )
 SELECT true, lease_id, fence, owner, ttl_ms FROM up

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit
 
@@ -21,10 +21,24 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+import lockd.server.store.postgres.modes as modes_
 import lockd.server.store.postgres.sql as sql
-from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, LockState, MultiGrant, ReleaseListener
+import lockd.server.store.postgres.sql_elect as sql_elect
+import lockd.server.store.postgres.sql_modes as sql_modes
+import lockd.server.store.postgres.sql_sem as sql_sem
+from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    SHARED,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    ReleaseListener,
+)
+from lockd.server.store.postgres.elections import ElectionOps
 from lockd.server.store.postgres.listen import Listener, first_line
+from lockd.server.store.postgres.semaphores import SemaphoreOps
 from lockd.server.store.postgres.url import libpq_url, param
 
 __all__ = ["PostgresStore"]
@@ -68,7 +82,7 @@ class _ConnectionLost(Exception):
         self.cause = cause
 
 
-class PostgresStore:
+class PostgresStore(SemaphoreOps, ElectionOps):
     """The ``Store`` protocol on PostgreSQL (see docs/stores/postgres.md for the design).
 
     ``url``: ``postgresql[+psycopg]://user:pass@host:port/db?…``. Keyword arguments (``None``:
@@ -200,13 +214,14 @@ class PostgresStore:
 
     @staticmethod
     async def _create_schema(conn: psycopg.AsyncConnection, retried: bool) -> None:
-        cur = await conn.execute(sql.SCHEMA_EXISTS)
+        cur = await conn.execute(sql_modes.SCHEMA_CURRENT)
         row = await cur.fetchone()
         if row and row[0]:
             return  # nothing to do (and no CREATE privilege needed)
-        async with conn.transaction():
+        async with conn.transaction():  # a database of the previous version upgrades in place
             await conn.execute(sql.SCHEMA_LOCK, [sql.SCHEMA_LOCK_KEY])
-            await conn.execute(sql.DDL)
+            for ddl in (sql.DDL, sql_modes.DDL, sql_sem.DDL, sql_elect.DDL):
+                await conn.execute(ddl)
 
     # -- the one place errors are translated ------------------------------------------------
 
@@ -269,33 +284,47 @@ class PostgresStore:
     # -- Store protocol ------------------------------------------------------------------------
 
     async def acquire(
-        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None
+        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
+        mode: str = EXCLUSIVE
     ) -> Grant | Holder:
-        """See ``Store.acquire``. One statement; a second only when a refusal needs explaining."""
+        """See ``Store.acquire``. Exclusive: one statement, a second only when a refusal needs
+        explaining. Shared: one transaction on the locked lock row (``modes.acquire_shared``)."""
         params = {"lock": lock, "lease_id": lease_id, "ttl_ms": int(ttl_ms),
                   "owner": owner or "", "client_id": client_id or None}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant | Holder:
-            holder: Holder | None = None
-            for _ in range(_ACQUIRE_ATTEMPTS):
-                cur = await conn.execute(sql.ACQUIRE, params)
-                row = await cur.fetchone()
-                if row is not None and row[0]:
-                    return Grant(lock=lock, lease_id=row[1], fence=row[2], ttl_ms=row[4],
-                                 owner=row[3])
-                if row is not None and row[4] > 0:
-                    return Holder(lock=lock, owner=row[3], ttl_ms=row[4], fence=row[2])
-                # The statement's snapshot did not show the lease that refused us (it was
-                # inserted or replaced concurrently): look again with a fresh snapshot.
-                cur = await conn.execute(sql.HOLDER, params)
-                live = await cur.fetchone()
-                if live is not None:
-                    return Holder(lock=lock, owner=live[1], ttl_ms=max(1, live[2]), fence=live[0])
-                if row is not None:  # freed in between: try again
-                    holder = Holder(lock=lock, owner=row[3], ttl_ms=1, fence=row[2])
-            return holder or Holder(lock=lock, owner="", ttl_ms=1, fence=0)
+            if mode != SHARED:
+                return await self._acquire_exclusive(conn, params)
+            got = await modes_.acquire_shared(conn, params)
+            self._grants += 1
+            if self._grants % _LEASE_SWEEP_EVERY == 0:  # ended shared rows, long past
+                await conn.execute(sql_modes.SWEEP_SHARED)
+            return got
 
         return await self._run(op, retry=True)
+
+    @staticmethod
+    async def _acquire_exclusive(conn: psycopg.AsyncConnection,
+                                 params: Mapping[str, Any]) -> Grant | Holder:
+        lock = params["lock"]
+        holder: Holder | None = None
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            cur = await conn.execute(sql.ACQUIRE, params)
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                return Grant(lock=lock, lease_id=row[1], fence=row[2], ttl_ms=row[4],
+                             owner=row[3])
+            if row is not None and row[4] > 0:
+                return Holder(lock=lock, owner=row[3], ttl_ms=row[4], fence=row[2])
+            # Refused by shared holders, or the statement's snapshot did not show the lease
+            # that refused us (inserted or replaced concurrently): look with a fresh snapshot.
+            found = await modes_.holder_or_client(conn, params, params["ttl_ms"])
+            if found is not None:
+                return found
+            if row is not None:  # freed in between, or shared_until was too high: again
+                holder = Holder(lock=lock, owner=row[3], ttl_ms=1, fence=row[2])
+                await modes_.fix_shared_until(conn, [lock])
+        return holder or Holder(lock=lock, owner="", ttl_ms=1, fence=0)
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
         """See ``Store.renew``. Raises ``LeaseLost`` unless the lease is live by the server."""
@@ -305,9 +334,13 @@ class PostgresStore:
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant:
             cur = await conn.execute(sql.RENEW, params)
             row = await cur.fetchone()
-            if row is None:
+            if row is not None:
+                return Grant(lock=lock, lease_id=lease_id, fence=row[0], ttl_ms=row[2],
+                             owner=row[1])
+            shared = await modes_.renew_shared(conn, lock, lease_id, params["ttl_ms"])
+            if shared is None:
                 raise LeaseLost(f"lease on {lock!r} is not live", lock=lock)
-            return Grant(lock=lock, lease_id=lease_id, fence=row[0], ttl_ms=row[2], owner=row[1])
+            return shared
 
         return await self._run(op, retry=True)
 
@@ -319,6 +352,8 @@ class PostgresStore:
             cur = await conn.execute(sql.RELEASE, params)
             if await cur.fetchone() is not None:
                 return
+            if await modes_.release_shared(conn, lock, lease_id, retried):
+                return
             if retried:  # the first attempt's outcome was unknown: did it commit?
                 cur = await conn.execute(sql.RELEASED_BY, params)
                 if await cur.fetchone() is not None:
@@ -328,19 +363,29 @@ class PostgresStore:
         await self._run(op, retry=True)
 
     async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
-                           owner: str, client_id: str | None) -> MultiGrant | list[Holder]:
-        """See ``Store.acquire_many``: one transaction that upserts every lock row (in name
-        order) and the lease row, or rolls back. A deadlock (with a hand-written transaction
-        locking rows in another order) is retried."""
+                           owner: str, client_id: str | None,
+                           modes: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
+        """See ``Store.acquire_many``. All exclusive: one transaction that upserts every lock row
+        (in name order) and the lease row, or rolls back. With shared locks: one transaction
+        that locks every row in name order, checks each against its mode and grants them all.
+        A deadlock (with a hand-written transaction locking rows in another order) is retried.
+        Refused, the holders are those that refuse a lock in its requested mode."""
+        mode_of = {n: (modes or {}).get(n, EXCLUSIVE) for n in locks}
+        shared = [n for n in locks if mode_of[n] == SHARED]
         params = {"names": list(locks), "lease_id": lease_id, "ttl_ms": int(ttl_ms),
-                  "owner": owner or "", "client_id": client_id or None}
+                  "owner": owner or "", "client_id": client_id or None,
+                  "shared": shared, "excl": [n for n in locks if mode_of[n] != SHARED]}
+        out_modes = dict(mode_of) if modes is not None else None
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> MultiGrant | list[Holder]:
             for _ in range(_ACQUIRE_ATTEMPTS):
                 try:
                     async with conn.transaction():
-                        cur = await conn.execute(sql.ACQUIRE_MANY, params)
-                        rows = await cur.fetchall()
+                        if shared:
+                            rows = await self._grant_mixed(conn, params, mode_of)
+                        else:
+                            cur = await conn.execute(sql.ACQUIRE_MANY, params)
+                            rows = await cur.fetchall()
                         if len(rows) != len(locks):
                             raise _Refused  # roll back: nothing granted, no fence raised
                 except _Refused:
@@ -352,47 +397,68 @@ class PostgresStore:
                     if self._grants % _LEASE_SWEEP_EVERY == 0:  # lease rows of expired sets
                         await conn.execute(sql.SWEEP_LEASES)
                     fences = {r[0]: r[1] for r in rows}
-                    return MultiGrant(lease_id, {n: fences[n] for n in locks}, rows[0][2],
-                                      owner or "")
-                cur = await conn.execute(sql.HOLDERS, params)
-                live = await cur.fetchall()
-                if not live:
-                    continue  # freed in between: try again
-                if client_id and len(live) == len(locks) and len({r[4] for r in live}) == 1:
-                    cur = await conn.execute(sql.LEASE_CLIENT, [live[0][4]])
-                    lease = await cur.fetchone()
-                    if lease is not None and lease[0] == client_id and lease[1] == list(locks):
-                        try:
-                            return await self._renew_many(conn, live[0][4], ttl_ms)
-                        except LeaseLost:
-                            continue
-                if len(live) == len(locks) and all(r[4] == lease_id for r in live):
-                    # A retry after a lost answer: our first attempt committed the grant.
-                    return MultiGrant(lease_id, {r[0]: r[1] for r in live},
-                                      min(r[3] for r in live), owner or "")
-                return [Holder(lock=r[0], owner=r[2], ttl_ms=max(1, r[3]), fence=r[1])
-                        for r in live]
+                    return MultiGrant(lease_id, {n: fences[n] for n in locks}, int(ttl_ms),
+                                      owner or "", out_modes)
+                # A retry (this client's, or ours after a lost answer): the live lease.
+                again = []
+                if client_id:
+                    cur = await conn.execute(sql_modes.LEASE_BY_CLIENT, params)
+                    again = [r[0] for r in await cur.fetchall()]
+                cur = await conn.execute(sql_modes.LEASE_BY_ID, params)
+                if await cur.fetchone() is not None:
+                    again.append(lease_id)
+                for lid in again:
+                    try:
+                        return await self._renew_many(conn, lid, ttl_ms)
+                    except LeaseLost:
+                        pass
+                refusing = await modes_.blockers(conn, locks, mode_of.__getitem__, lease_id)
+                if refusing:
+                    return refusing
+                await modes_.fix_shared_until(conn, locks)
             raise StoreUnavailable("PostgreSQL store: the locks kept changing hands; try again")
 
         return await self._run(op, retry=True)
 
     @staticmethod
+    async def _grant_mixed(conn: psycopg.AsyncConnection, params: Mapping[str, Any],
+                           mode_of: Mapping[str, str]) -> list[tuple]:
+        """Inside a transaction: lock every row (name order), then grant all, or raise
+        ``_Refused``."""
+        await conn.execute(sql_modes.LOCK_MANY, params)
+        cur = await conn.execute(sql_modes.MANY_STATE, params)
+        for name, _, excl_live, shared_live in await cur.fetchall():
+            if excl_live or (shared_live and mode_of[name] != SHARED):
+                raise _Refused
+        cur = await conn.execute(sql_modes.MANY_GRANT, params)
+        return await cur.fetchall()
+
+    @staticmethod
     async def _renew_many(conn: psycopg.AsyncConnection, lease_id: str,
                           ttl_ms: int | None) -> MultiGrant:
         async with conn.transaction():
-            cur = await conn.execute(sql.LEASE_FOR_UPDATE, [lease_id])
+            cur = await conn.execute(sql_modes.LEASE_MODES, [lease_id])
             lease = await cur.fetchone()
             if lease is None:
                 raise LeaseLost("the multi-lock lease is not live")
-            names, owner, own_ttl = lease
+            names, owner, own_ttl, shared = lease
             ttl = int(own_ttl if ttl_ms is None else ttl_ms)
-            params = {"names": names, "lease_id": lease_id, "ttl_ms": ttl}
+            params = {"names": [n for n in names if n not in shared], "lease_id": lease_id,
+                      "ttl_ms": ttl, "shared": shared}
+            if shared:  # lock rows first; a shared lock an exclusive lease took is lost
+                cur = await conn.execute(sql_modes.LOCK_ROWS, {"names": names})
+                if any(r[1] and r[0] in shared for r in await cur.fetchall()):
+                    raise LeaseLost("the multi-lock lease is not live")  # rolls back
             cur = await conn.execute(sql.RENEW_SET, params)
             fences = dict(await cur.fetchall())
+            if shared:
+                cur = await conn.execute(sql_modes.SHARED_RENEW_MANY, params)
+                fences.update(dict(await cur.fetchall()))
             if len(fences) != len(names):
                 raise LeaseLost("the multi-lock lease is not live")  # rolls back
             await conn.execute(sql.RENEW_LEASE_ROW, params)
-        return MultiGrant(lease_id, {n: fences[n] for n in names}, ttl, owner)
+        modes = {n: SHARED if n in shared else EXCLUSIVE for n in names} if shared else None
+        return MultiGrant(lease_id, {n: fences[n] for n in names}, ttl, owner, modes)
 
     async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
         """See ``Store.renew_many``: one transaction (lease row, then lock rows in name order)."""
@@ -404,14 +470,23 @@ class PostgresStore:
 
     async def release_many(self, lease_id: str) -> tuple[str, ...]:
         """See ``Store.release_many``: one statement that deletes the lease row and frees its
-        live lock rows (a NOTIFY for each, sent by the commit)."""
+        live lock rows (a NOTIFY for each, sent by the commit); a lease holding some locks
+        shared, one transaction (lease row, lock rows in name order, both modes' rows)."""
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> tuple[tuple[str, ...], bool]:
             cur = await conn.execute(sql.RELEASE_MANY, {"lease_id": lease_id})
             row = await cur.fetchone()
             total, names = row if row is not None else (None, None)
             if total is None:
-                return (), retried  # a retry: our first attempt's commit deleted the lease row
+                async with conn.transaction():
+                    cur = await conn.execute(sql_modes.LEASE_DELETE, {"lease_id": lease_id})
+                    lease = await cur.fetchone()
+                    if lease is None:
+                        return (), retried  # a retry: our first attempt's commit ended it
+                    params = {"names": lease[0], "lease_id": lease_id}
+                    await conn.execute(sql_modes.LOCK_ROWS, params)
+                    cur = await conn.execute(sql_modes.RELEASE_MANY_ROWS, params)
+                    total, names = len(lease[0]), [r[0] for r in await cur.fetchall()]
             freed = tuple(sorted(names or ()))
             return freed, len(freed) == total
 
@@ -424,11 +499,11 @@ class PostgresStore:
         """See ``Store.get``."""
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> LockState:
-            cur = await conn.execute(sql.GET, {"lock": lock})
+            cur = await conn.execute(sql_modes.STATE, {"lock": lock})
             row = await cur.fetchone()
             if row is None:
                 return LockState(lock=lock, held=False, fence=0, owner=None, ttl_ms=0)
-            return _state(row)
+            return modes_.state(row)
 
         if "\x00" in lock or not _utf8(lock):
             return LockState(lock=lock, held=False, fence=0, owner=None, ttl_ms=0)
@@ -448,22 +523,20 @@ class PostgresStore:
             if not _utf8(after):
                 return []
             params["after"] = after
-        page = sql.list_sql(upper=upper is not None, after=after is not None)
+        page = sql_modes.list_sql(upper=upper is not None, after=after is not None)
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[LockState]:
             cur = await conn.execute(page, params)
-            return [_state(row) for row in await cur.fetchall()]
+            return [modes_.state(row) for row in await cur.fetchall()]
 
         return await self._run(op, retry=True)
 
     async def force_release(self, lock: str) -> Holder | None:
-        """See ``Store.force_release``: one statement that frees the lock and NOTIFYs."""
+        """See ``Store.force_release``: one transaction that ends every live lease of the
+        lock (its exclusive one, or all its shared holders) and NOTIFYs."""
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Holder | None:
-            cur = await conn.execute(sql.FORCE_RELEASE, {"lock": lock})
-            row = await cur.fetchone()
-            return None if row is None else Holder(lock=lock, owner=row[1], ttl_ms=row[2],
-                                                   fence=row[0])
+            return await modes_.force_release(conn, lock)
 
         return await self._run(op, retry=True)
 
@@ -492,11 +565,6 @@ class PostgresStore:
             await conn.execute(sql.PING)
 
         await self._run(op, retry=True)
-
-
-def _state(row: tuple) -> LockState:
-    name, fence, owner, ttl_ms = row
-    return LockState(lock=name, held=owner is not None, fence=fence, owner=owner, ttl_ms=ttl_ms)
 
 
 

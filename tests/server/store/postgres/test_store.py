@@ -17,7 +17,7 @@ import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store import open_store
-from lockd.server.store.base import Grant, Holder, LockState, Store
+from lockd.server.store.base import Grant, Holder, HolderView, LockState, Store
 from lockd.server.store.postgres import PostgresStore, libpq_url
 from tests.support import free_port
 
@@ -64,7 +64,8 @@ def test_grant_holder_release_and_fence_kept(pg_url):
             assert 0 < refused.ttl_ms <= 5000
 
             state = await store.get("jobs/a")
-            assert state == LockState("jobs/a", True, 1, "alice", state.ttl_ms)
+            assert state == LockState("jobs/a", True, 1, "alice", state.ttl_ms, "exclusive",
+                                      (HolderView("alice", state.ttl_ms, "exclusive"),))
             assert 0 < state.ttl_ms <= 5000
 
             await store.release("jobs/a", first.lease_id)

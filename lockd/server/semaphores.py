@@ -1,0 +1,182 @@
+"""Counting semaphores: validation, permits as leases with signed tokens, waiting, reading.
+
+A semaphore ``name`` has ``limit`` permits (1-10,000). Each permit is a lease of one slot
+(``0 .. limit-1``, unique among live permits) with a fence strictly increasing per semaphore;
+its token is an ordinary single-lock token for the lock ``sem/{name}/{slot}`` with that fence,
+so a resource fences per slot like any lock (those names are reserved: no lock acquire may take
+one). The store decides every grant and counts the permits; waiters queue at this lockd in the
+semaphore's one FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting``
+(mode ``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
+
+Errors: ``InvalidRequest`` (bad name, limit, TTL or wait), ``LockHeld`` (409 ``held``: every
+permit is taken; ``limit``, ``owners``, ``ttl_ms`` of the soonest expiry), ``LimitMismatch``
+(409: live permits hold another limit), ``LeaseLost`` (410), ``StoreUnavailable`` (503).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lockd.common.names import LOCK_NAME_RULE, is_lock_name
+from lockd.server.errors import InvalidRequest, LockHeld
+from lockd.server.service import RESERVED_PREFIX, LockService, new_lease_id
+from lockd.server.store.base import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
+from lockd.server.waiting import PERMIT, Waiter
+
+__all__ = ["LIMIT_MAX", "PermitLease", "SemaphoreService", "slot_lock"]
+
+LIMIT_MAX = 10_000
+"""The most permits a semaphore may have."""
+
+
+def slot_lock(name: str, slot: int) -> str:
+    """The lock name a permit's token fences: ``sem/{name}/{slot}``."""
+    return f"{RESERVED_PREFIX}{name}/{slot}"
+
+
+@dataclass(frozen=True, slots=True)
+class PermitLease:
+    """A granted or renewed permit, as the API returns it (``ttl_ms``: time left)."""
+
+    semaphore: str
+    lease_id: str
+    fence: int
+    slot: int
+    limit: int
+    token: str
+    ttl_ms: int
+    owner: str
+
+    def body(self) -> dict[str, Any]:
+        return {"semaphore": self.semaphore, "lock": slot_lock(self.semaphore, self.slot),
+                "lease_id": self.lease_id, "fence": self.fence, "slot": self.slot,
+                "limit": self.limit, "token": self.token, "ttl_ms": self.ttl_ms,
+                "owner": self.owner}
+
+
+def _full(name: str, full: SemFull, detail: str | None = None) -> LockHeld:
+    """409 ``held``: every permit is taken (``ttl_ms``: until the soonest one expires)."""
+    ttl = max(0, full.ttl_ms)
+    return LockHeld(
+        detail or f"semaphore {name!r} has all {full.limit} permit(s) taken; the soonest "
+        f"expires in {ttl} ms",
+        semaphore=name, limit=full.limit, owners=list(full.owners), ttl_ms=ttl)
+
+
+class _Permit:
+    """A permit acquire as the wait queues ask it (``waiting.Kind``)."""
+
+    __slots__ = ("_semaphores",)
+
+    def __init__(self, semaphores: SemaphoreService) -> None:
+        self._semaphores = semaphores
+
+    async def ask(self, waiter: Waiter) -> SemGrant | list[SemFull]:
+        name = waiter.locks[0][len(SEM_KEY_PREFIX):]
+        result = await self._semaphores.store.sem_acquire(
+            name, limit=waiter.limit, lease_id=waiter.lease_id, ttl_ms=waiter.ttl_ms,
+            owner=waiter.owner, client_id=waiter.client_id)
+        return [result] if isinstance(result, SemFull) else result
+
+    async def release(self, grant: SemGrant) -> None:
+        await self._semaphores.release(grant.name, grant.lease_id)
+
+    @staticmethod
+    def holder(grant: SemGrant, lock: str) -> Holder:  # never a hint (a permit refuses nobody)
+        return Holder(lock, grant.owner, grant.ttl_ms, grant.fence, PERMIT)
+
+    @staticmethod
+    def refused(holders: list[SemFull]) -> LockHeld:
+        return _full(holders[0].name, holders[0])
+
+    async def held_behind_queue(self, locks: tuple[str, ...], waited: bool) -> LockHeld:
+        name = locks[0][len(SEM_KEY_PREFIX):]
+        semaphores = self._semaphores
+        state = await semaphores.store.sem_get(name)
+        soonest = min((p.ttl_ms for p in state.permits), default=0)
+        full = SemFull(name, state.limit, soonest, tuple(p.owner for p in state.permits))
+        if waited:
+            return _full(name, full)
+        return _full(name, full, f"semaphore {name!r} has {semaphores.waiters(name)} waiter(s) "
+                                 f"queued ahead; {len(state.permits)} of {state.limit} permit(s)"
+                                 " are taken")
+
+
+class SemaphoreService:
+    """Semaphores, on ``locks``' store, key ring and wait queues. Durations in milliseconds."""
+
+    def __init__(self, locks: LockService) -> None:
+        self.locks = locks
+        self.store = locks.store
+        self._waiting = locks.wait_queues
+        self._kind = _Permit(self)
+
+    # --- checks ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def check_name(name: str, limit: int = 1) -> None:
+        """``InvalidRequest`` unless ``name`` is a lock name whose last slot's lock name
+        (``sem/{name}/{limit-1}``) is one too (at most 255 characters)."""
+        if not is_lock_name(name):
+            raise InvalidRequest("semaphore names follow the lock-name rule: " + LOCK_NAME_RULE,
+                                 semaphore=name[:300])
+        if not is_lock_name(slot_lock(name, max(0, limit - 1))):
+            raise InvalidRequest(
+                f"semaphore name too long: the lock name of its last slot, "
+                f"{RESERVED_PREFIX}{{name}}/{max(0, limit - 1)}, must fit 255 characters",
+                semaphore=name[:300])
+
+    @staticmethod
+    def check_limit(limit: int) -> None:
+        if not 1 <= limit <= LIMIT_MAX:
+            raise InvalidRequest(f"limit must be between 1 and {LIMIT_MAX} (got {limit})")
+
+    def _permit(self, grant: SemGrant) -> PermitLease:
+        token = self.locks.token(slot_lock(grant.name, grant.slot), grant.fence)
+        return PermitLease(grant.name, grant.lease_id, grant.fence, grant.slot, grant.limit,
+                           token, grant.ttl_ms, grant.owner)
+
+    # --- permits --------------------------------------------------------------------------------
+
+    async def acquire(self, name: str, *, limit: int, ttl_ms: int, wait_ms: int = 0,
+                      owner: str = "", client_id: str | None = None) -> PermitLease:
+        """One permit of ``name`` (created with ``limit`` if no permit is live), waiting up to
+        ``wait_ms`` behind earlier waiters. Raises ``LockHeld``, ``LimitMismatch``,
+        ``StoreUnavailable``, ``InvalidRequest``."""
+        self.check_limit(limit)
+        self.check_name(name, limit)
+        self.locks.check_ttl(ttl_ms)
+        self.locks.check_wait(wait_ms)
+        waiter = Waiter((sem_key(name),), new_lease_id(), ttl_ms, owner, client_id, PERMIT,
+                        limit)
+        return self._permit(await self._waiting.acquire(self._kind, waiter, wait_ms))
+
+    async def renew(self, name: str, lease_id: str, ttl_ms: int | None = None) -> PermitLease:
+        """Extend a live permit (same fence, slot and token; ``None``: its own TTL).
+        Raises ``LeaseLost``."""
+        self.check_name(name)
+        if ttl_ms is not None:
+            self.locks.check_ttl(ttl_ms)
+        return self._permit(await self.store.sem_renew(name, lease_id, ttl_ms))
+
+    async def release(self, name: str, lease_id: str) -> None:
+        """End a live permit and wake a waiter for it at once. Raises ``LeaseLost``."""
+        self.check_name(name)
+        await self.store.sem_release(name, lease_id)
+        self._waiting.may_be_free(sem_key(name))
+
+    # --- reading --------------------------------------------------------------------------------
+
+    def waiters(self, name: str) -> int:
+        """How many permit acquires are queued for ``name`` at this lockd process."""
+        return self._waiting.count(sem_key(name))
+
+    def waiting_owners(self, name: str) -> list[str]:
+        """Their ``owner`` labels, head first (other replicas' waiters not included)."""
+        return self._waiting.owners(sem_key(name))
+
+    async def get(self, name: str) -> SemState:
+        """The store's view of ``name`` (limit 0 and no permits: never created or all gone)."""
+        self.check_name(name)
+        return await self.store.sem_get(name)

@@ -1,0 +1,163 @@
+"""Lock modes on PostgreSQL: the shared-holder steps ``PostgresStore`` runs on a pooled
+connection, and the state of a lock with its holders.
+
+Each function takes a connection (autocommit) and opens its own transaction when it writes more
+than one row; the rules are in ``sql_modes``' docstring. Nothing here translates errors: the
+store's ``_run`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+import lockd.server.store.postgres.sql as sql
+import lockd.server.store.postgres.sql_modes as q
+from lockd.server.store.base import EXCLUSIVE, SHARED, Grant, Holder, HolderView, LockState
+
+__all__ = ["acquire_shared", "blockers", "fix_shared_until", "force_release", "holder_or_client",
+           "release_shared", "renew_shared", "state"]
+
+
+async def acquire_shared(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) -> Grant | Holder:
+    """One transaction: lock the lock row; refused by a live exclusive lease (unless it is this
+    lease or this client's: then that lease is renewed and returned); else join the shared
+    holders (or renew this client's shared lease) carrying the lock's fence, unraised."""
+    lock = p["lock"]
+    async with conn.transaction():
+        cur = await conn.execute(q.LOCK_ONE, p)
+        row = await cur.fetchone()
+        assert row is not None
+        fence, live, holder_lease, owner, holder_client, ttl = row
+        if live:
+            if holder_lease == p["lease_id"] or (p["client_id"] and
+                                                 holder_client == p["client_id"]):
+                cur = await conn.execute(sql.RENEW, {**p, "lease_id": holder_lease})
+                renewed = await cur.fetchone()
+                assert renewed is not None  # the row is locked and live
+                return Grant(lock, holder_lease, renewed[0], renewed[2], renewed[1], EXCLUSIVE)
+            return Holder(lock, owner, max(1, ttl), fence, EXCLUSIVE)
+        cur = await conn.execute(q.SHARED_GRANT, p)
+        got = await cur.fetchone()
+        assert got is not None
+        return Grant(lock, got[1], got[0], got[3], got[2], SHARED)
+
+
+async def renew_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str,
+                       ttl_ms: int | None) -> Grant | None:
+    """Renew a live shared lease (``None``: not one). The lock row is locked first: a lease an
+    exclusive grant has already outlived is not renewed, whatever this statement's ``now()``."""
+    params = {"names": [lock], "lock": lock, "lease_id": lease_id, "ttl_ms": ttl_ms}
+    async with conn.transaction():
+        cur = await conn.execute(q.LOCK_ROWS, params)
+        row = await cur.fetchone()
+        if row is None or row[1]:
+            return None
+        cur = await conn.execute(q.SHARED_RENEW, params)
+        got = await cur.fetchone()
+    if got is None:
+        return None
+    return Grant(lock, lease_id, got[0], got[2], got[1], SHARED)
+
+
+async def release_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str,
+                         retried: bool) -> bool:
+    """End a live shared lease, lower ``shared_until`` to the other holders' and NOTIFY. True if
+    ended (or, on a retry, if the first attempt's commit ended it)."""
+    params = {"names": [lock], "lock": lock, "lease_id": lease_id}
+    async with conn.transaction():
+        cur = await conn.execute(q.LOCK_ROWS, params)
+        row = await cur.fetchone()
+        if row is not None and not row[1]:
+            cur = await conn.execute(q.SHARED_RELEASE, params)
+            if await cur.fetchone() is not None:
+                return True
+    if retried:
+        cur = await conn.execute(q.SHARED_RELEASED_BY, params)
+        return await cur.fetchone() is not None
+    return False
+
+
+async def force_release(conn: psycopg.AsyncConnection, lock: str) -> Holder | None:
+    """End every live lease of ``lock`` (exclusive, or all shared holders); the one that ended
+    last, or ``None``. One transaction; NOTIFYs with its commit."""
+    params = {"names": [lock], "lock": lock}
+    async with conn.transaction():
+        cur = await conn.execute(q.LOCK_ROWS, params)
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        fence = row[3]
+        cur = await conn.execute(sql.FORCE_RELEASE, params)
+        excl = await cur.fetchone()
+        cur = await conn.execute(q.RELEASE_SHARED_ALL, params)
+        shared = await cur.fetchall()
+    if excl is not None:
+        return Holder(lock=lock, owner=excl[1], ttl_ms=excl[2], fence=excl[0])
+    if shared:
+        return Holder(lock=lock, owner=shared[0][0], ttl_ms=shared[0][1], fence=fence,
+                      mode=SHARED)
+    return None
+
+
+async def holder_or_client(conn: psycopg.AsyncConnection, p: Mapping[str, Any],
+                           ttl_ms: int) -> Grant | Holder | None:
+    """After an exclusive acquire was refused: with a fresh snapshot, this client's live shared
+    lease (renewed) if any, else the blocking holder (exclusive, or the shared holder whose
+    lease ends last); ``None`` if the lock is free now (try again)."""
+    lock = p["lock"]
+    cur = await conn.execute(q.HOLDERS_ANY, {"names": [lock]})
+    rows = await cur.fetchall()
+    if not rows:
+        return None
+    client_id = p.get("client_id")
+    if client_id:
+        for _, mode, _, _, _, lid, cid in rows:
+            if mode == SHARED and cid == client_id:
+                renewed = await renew_shared(conn, lock, lid, ttl_ms)
+                if renewed is not None:
+                    return renewed
+    _, mode, fence, owner, ttl, _, _ = rows[0]
+    return Holder(lock=lock, owner=owner, ttl_ms=max(1, ttl), fence=fence, mode=mode)
+
+
+async def blockers(conn: psycopg.AsyncConnection, locks: Sequence[str],
+                   mode_of: Callable[[str], str], lease_id: str) -> list[Holder]:
+    """The ``Holder`` of every lock of ``locks`` that refuses a lease of ``lease_id`` in its
+    requested mode, in name order (an exclusive lease refuses any; shared holders, the one
+    whose lease ends last, refuse an exclusive request). Empty: nothing refuses now."""
+    cur = await conn.execute(q.HOLDERS_ANY, {"names": list(locks)})
+    found: dict[str, Holder] = {}
+    for name, mode, fence, owner, ttl, lid, _ in await cur.fetchall():
+        if lid == lease_id or name in found:
+            continue
+        if mode == EXCLUSIVE or mode_of(name) == EXCLUSIVE:
+            found[name] = Holder(lock=name, owner=owner, ttl_ms=max(1, ttl), fence=fence,
+                                 mode=mode)
+    return [found[n] for n in locks if n in found]
+
+
+async def fix_shared_until(conn: psycopg.AsyncConnection, locks: Sequence[str]) -> None:
+    """Lower the locks' ``shared_until`` to their live shared holders' (one transaction, rows
+    locked first): called when an exclusive request was refused but found nobody live."""
+    params = {"names": list(locks)}
+    async with conn.transaction():
+        await conn.execute(q.LOCK_ROWS, params)
+        await conn.execute(q.SHARED_UNTIL_FIX, params)
+
+
+def state(row: tuple) -> LockState:
+    """A ``sql_modes.STATE`` row as a ``LockState`` (owner/ttl of shared holders: the one whose
+    lease ends last; ``holders`` in grant order)."""
+    name, fence, owner, ttl_ms, owners, ttls = row
+    if owner is not None:
+        return LockState(lock=name, held=True, fence=fence, owner=owner, ttl_ms=ttl_ms,
+                         mode=EXCLUSIVE, holders=(HolderView(owner, ttl_ms, EXCLUSIVE),))
+    if owners:
+        holders = tuple(HolderView(o, t, SHARED) for o, t in zip(owners, ttls, strict=True))
+        last = max(range(len(holders)), key=lambda i: (holders[i].ttl_ms, i))
+        return LockState(lock=name, held=True, fence=fence, owner=holders[last].owner,
+                         ttl_ms=holders[last].ttl_ms, mode=SHARED, holders=holders)
+    return LockState(lock=name, held=False, fence=fence, owner=None, ttl_ms=0)

@@ -1,0 +1,367 @@
+"""Shared and exclusive leases on ``PostgresStore``, against a fresh database per test.
+
+Expiry is real (short TTLs judged by the database's clock); races run for real on two store
+instances (two pools, like two lockd processes on one database).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import psycopg
+import pytest
+
+from lockd.server.errors import LeaseLost
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    SHARED,
+    Grant,
+    Holder,
+    HolderView,
+    LockState,
+    MultiGrant,
+)
+from lockd.server.store.postgres import PostgresStore
+from tests.server.store.postgres.support import lease_id, opened
+
+
+async def take(store: PostgresStore, lock: str, mode: str, owner: str = "o", ttl_ms: int = 5000,
+               client_id: str | None = None) -> Grant | Holder:
+    return await store.acquire(lock, lease_id=lease_id(), ttl_ms=ttl_ms, owner=owner,
+                               client_id=client_id, mode=mode)
+
+
+def test_shared_holders_coexist_and_exclusive_excludes_both_ways(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            a = await take(store, "doc", SHARED, "a", ttl_ms=3000)
+            b = await take(store, "doc", SHARED, "b", ttl_ms=6000)
+            assert isinstance(a, Grant) and isinstance(b, Grant)
+            # never written: the epoch is 0, and a shared grant does not raise it
+            assert (a.mode, a.fence, b.mode, b.fence) == (SHARED, 0, SHARED, 0)
+            state = await store.get("doc")
+            assert (state.held, state.mode, state.fence, state.owner) == (True, SHARED, 0, "b")
+            assert [(h.owner, h.mode) for h in state.holders] == [("a", SHARED), ("b", SHARED)]
+
+            refused = await take(store, "doc", EXCLUSIVE, "w")
+            assert isinstance(refused, Holder)
+            # the holder whose lease ends LAST
+            assert (refused.owner, refused.mode, refused.fence) == ("b", SHARED, 0)
+            assert 5000 < refused.ttl_ms <= 6000
+            assert (await store.get("doc")).fence == 0  # the refusal raised nothing
+
+            await store.release("doc", b.lease_id)
+            refused = await take(store, "doc", EXCLUSIVE, "w")
+            assert isinstance(refused, Holder) and refused.owner == "a"
+            await store.release("doc", a.lease_id)
+            w = await take(store, "doc", EXCLUSIVE, "w")
+            assert isinstance(w, Grant) and (w.fence, w.mode) == (1, EXCLUSIVE)
+
+            r = await take(store, "doc", SHARED, "r")
+            assert isinstance(r, Holder) and (r.owner, r.mode, r.fence) == ("w", EXCLUSIVE, 1)
+            state = await store.get("doc")
+            assert state == LockState("doc", True, 1, "w", state.ttl_ms, EXCLUSIVE,
+                                      (HolderView("w", state.ttl_ms, EXCLUSIVE),))
+            await store.release("doc", w.lease_id)
+            r = await take(store, "doc", SHARED, "r")
+            assert isinstance(r, Grant) and (r.fence, r.mode) == (1, SHARED)  # carried
+            w2 = await take(store, "doc", EXCLUSIVE, "w2")
+            assert isinstance(w2, Holder)
+            await store.release("doc", r.lease_id)
+            w2 = await take(store, "doc", EXCLUSIVE, "w2")
+            assert isinstance(w2, Grant) and w2.fence == 2
+            assert [(h.owner, h.mode) for h in (await store.get("doc")).holders] == [
+                ("w2", EXCLUSIVE)]
+
+    asyncio.run(main())
+
+
+def test_one_shared_holder_expires_by_the_database_clock(pg_url, pg_dsn):
+    async def main():
+        async with opened(pg_url) as store:
+            short = await take(store, "x", SHARED, "short", ttl_ms=200)
+            long = await take(store, "x", SHARED, "long", ttl_ms=5000)
+            await asyncio.sleep(0.35)
+            state = await store.get("x")
+            assert [h.owner for h in state.holders] == ["long"] and state.owner == "long"
+            with pytest.raises(LeaseLost):
+                await store.renew("x", short.lease_id, 1000)
+            with pytest.raises(LeaseLost):
+                await store.release("x", short.lease_id)
+            refused = await take(store, "x", EXCLUSIVE)
+            assert isinstance(refused, Holder) and refused.owner == "long"
+            # only the database's clock decides: age the live holder in the database
+            with psycopg.connect(pg_dsn, autocommit=True) as conn:
+                conn.execute("UPDATE lockd.shared SET expires_at = now() - interval '1 ms'")
+            got = await take(store, "x", EXCLUSIVE)
+            assert isinstance(got, Grant) and got.fence == 1
+            with pytest.raises(LeaseLost):
+                await store.renew("x", long.lease_id, 1000)
+
+    asyncio.run(main())
+
+
+def test_shared_renew_release_and_a_release_frees_the_lock_at_once(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            s = await take(store, "r", SHARED, ttl_ms=300)
+            renewed = await store.renew("r", s.lease_id, 60_000)
+            assert (renewed.lease_id, renewed.mode, renewed.fence, renewed.ttl_ms) == (
+                s.lease_id, SHARED, 0, 60_000)
+            await asyncio.sleep(0.4)  # past the first TTL: the renewal keeps it
+            again = await store.renew("r", s.lease_id, None)  # its own TTL now: 60 s
+            assert again.ttl_ms > 59_000
+            assert isinstance(await take(store, "r", EXCLUSIVE), Holder)
+            await store.release("r", s.lease_id)  # 60 s early: the exclusive is free now
+            got = await take(store, "r", EXCLUSIVE)
+            assert isinstance(got, Grant)
+            with pytest.raises(LeaseLost):
+                await store.release("r", s.lease_id)
+            with pytest.raises(LeaseLost):
+                await store.renew("r", s.lease_id, 1000)
+
+    asyncio.run(main())
+
+
+def test_client_id_retry_returns_the_live_lease_in_either_mode(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            s = await take(store, "c", SHARED, "w", ttl_ms=1000, client_id="req-1")
+            for mode in (SHARED, EXCLUSIVE):
+                again = await take(store, "c", mode, "w", ttl_ms=30_000, client_id="req-1")
+                assert isinstance(again, Grant)
+                assert (again.lease_id, again.mode, again.ttl_ms) == (s.lease_id, SHARED, 30_000)
+            other = await take(store, "c", SHARED, "x", client_id="req-2")
+            assert isinstance(other, Grant) and other.lease_id != s.lease_id
+            assert len((await store.get("c")).holders) == 2
+            await store.release("c", s.lease_id)
+            await store.release("c", other.lease_id)
+
+            e = await take(store, "c", EXCLUSIVE, "w", client_id="req-3")
+            for mode in (SHARED, EXCLUSIVE):
+                again = await take(store, "c", mode, "w", client_id="req-3")
+                assert isinstance(again, Grant)
+                assert (again.lease_id, again.mode, again.fence) == (e.lease_id, EXCLUSIVE, 1)
+            assert isinstance(await take(store, "c", SHARED, client_id=""), Holder)
+            # the same lease id again (a retry after a lost answer) is the same shared lease
+            lid = lease_id()
+            await store.release("c", e.lease_id)
+            one = await store.acquire("c", lease_id=lid, ttl_ms=1000, owner="o",
+                                      client_id=None, mode=SHARED)
+            two = await store.acquire("c", lease_id=lid, ttl_ms=2000, owner="o",
+                                      client_id=None, mode=SHARED)
+            assert isinstance(two, Grant) and (two.lease_id, two.ttl_ms) == (lid, 2000)
+            assert len((await store.get("c")).holders) == 1 and one.lease_id == lid
+
+    asyncio.run(main())
+
+
+def test_force_release_ends_every_shared_holder_and_notifies(pg_url):
+    async def main():
+        got: list[str] = []
+        arrived = asyncio.Event()
+
+        def listener(name: str) -> None:
+            got.append(name)
+            arrived.set()
+
+        async with opened(pg_url) as a, opened(pg_url) as b:
+            b.subscribe(listener)
+            one = await take(a, "f", SHARED, "one", ttl_ms=4000)
+            two = await take(a, "f", SHARED, "two", ttl_ms=8000)
+            ended = await a.force_release("f")
+            assert ended is not None and (ended.owner, ended.mode) == ("two", SHARED)
+            assert 7000 < ended.ttl_ms <= 8000
+            await asyncio.wait_for(arrived.wait(), 5)
+            assert got == ["f"]
+            for lease in (one, two):
+                with pytest.raises(LeaseLost):
+                    await a.renew("f", lease.lease_id, 1000)
+            assert not (await a.get("f")).held
+            assert await a.force_release("f") is None
+            w = await take(a, "f", EXCLUSIVE)
+            assert isinstance(w, Grant) and w.fence == 1
+
+    asyncio.run(main())
+
+
+def test_shared_release_notifies_another_instance(pg_url):
+    async def main():
+        got: list[str] = []
+        arrived = asyncio.Event()
+
+        def listener(name: str) -> None:
+            got.append(name)
+            arrived.set()
+
+        async with opened(pg_url) as a, opened(pg_url) as b:
+            b.subscribe(listener)
+            s = await take(a, "n/1", SHARED)
+            await asyncio.sleep(0.1)
+            assert got == []
+            await a.release("n/1", s.lease_id)
+            await asyncio.wait_for(arrived.wait(), 5)
+            assert got == ["n/1"]
+
+    asyncio.run(main())
+
+
+def test_mixed_mode_acquire_many_is_all_or_nothing(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            ex_b = await take(store, "b", EXCLUSIVE, "old")  # b's fence: 1
+            await store.release("b", ex_b.lease_id)
+            reader = await take(store, "b", SHARED, "reader", ttl_ms=7000)
+            other = await take(store, "a", SHARED, "other")
+            modes = {"a": SHARED, "b": EXCLUSIVE, "c": SHARED}
+            refused = await store.acquire_many(("a", "b", "c"), lease_id=lease_id(), ttl_ms=5000,
+                                               owner="m", client_id=None, modes=modes)
+            # only b refuses (a is shared with a shared holder): the last-ending shared holder
+            assert isinstance(refused, list) and len(refused) == 1
+            assert (refused[0].lock, refused[0].owner, refused[0].mode) == ("b", "reader", SHARED)
+            # nothing was written: no holder on a or c, b's fence unraised
+            assert [h.owner for h in (await store.get("a")).holders] == ["other"]
+            assert not (await store.get("c")).held and (await store.get("b")).fence == 1
+
+            await store.release("b", reader.lease_id)
+            lid = lease_id()
+            got = await store.acquire_many(("a", "b", "c"), lease_id=lid, ttl_ms=5000,
+                                           owner="m", client_id="mc", modes=modes)
+            assert isinstance(got, MultiGrant)
+            assert got.fences == {"a": 0, "b": 2, "c": 0} and got.modes == modes
+            assert [h.owner for h in (await store.get("a")).holders] == ["other", "m"]
+            assert (await store.get("b")).mode == EXCLUSIVE
+            # the set's shared locks refuse an exclusive lease, its exclusive lock a shared one
+            assert isinstance(await take(store, "c", EXCLUSIVE), Holder)
+            assert isinstance(await take(store, "b", SHARED), Holder)
+            assert isinstance(await take(store, "c", SHARED), Grant)
+            # a client_id retry is the same lease
+            again = await store.acquire_many(("a", "b", "c"), lease_id=lease_id(), ttl_ms=9000,
+                                             owner="m", client_id="mc", modes=modes)
+            assert isinstance(again, MultiGrant) and again.lease_id == lid
+            assert again.fences == got.fences and again.ttl_ms == 9000
+
+            renewed = await store.renew_many(lid, 20_000)
+            assert renewed.modes == modes and renewed.fences == got.fences
+            assert renewed.ttl_ms == 20_000
+            assert await store.release_many(lid) == ("a", "b", "c")
+            assert [h.owner for h in (await store.get("a")).holders] == ["other"]
+            assert not (await store.get("b")).held
+            with pytest.raises(LeaseLost):
+                await store.renew_many(lid, None)
+            with pytest.raises(LeaseLost):
+                await store.release_many(lid)
+            # the shared part of the released set no longer refuses an exclusive lease
+            await store.release("a", other.lease_id)
+            assert isinstance(await take(store, "a", EXCLUSIVE), Grant)
+
+    asyncio.run(main())
+
+
+def test_exclusive_acquire_many_is_refused_by_shared_holders(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            s = await take(store, "y", SHARED, "reader")
+            refused = await store.acquire_many(("x", "y"), lease_id=lease_id(), ttl_ms=5000,
+                                               owner="m", client_id=None)
+            assert isinstance(refused, list)
+            assert [(h.lock, h.owner, h.mode) for h in refused] == [("y", "reader", SHARED)]
+            assert not (await store.get("x")).held and (await store.get("x")).fence == 0
+            await store.release("y", s.lease_id)
+            got = await store.acquire_many(("x", "y"), lease_id=lease_id(), ttl_ms=5000,
+                                           owner="m", client_id=None)
+            assert isinstance(got, MultiGrant) and got.fences == {"x": 1, "y": 1}
+            # a shared acquire is refused by the set's exclusive lock
+            assert isinstance(await take(store, "y", SHARED), Holder)
+
+    asyncio.run(main())
+
+
+def test_shared_lease_of_a_set_force_released_makes_the_set_lost(pg_url):
+    async def main():
+        async with opened(pg_url) as store:
+            lid = lease_id()
+            got = await store.acquire_many(("p", "q"), lease_id=lid, ttl_ms=5000, owner="m",
+                                           client_id=None, modes={"p": SHARED})
+            assert isinstance(got, MultiGrant)
+            assert await store.force_release("p") is not None
+            with pytest.raises(LeaseLost):
+                await store.renew_many(lid, None)
+            with pytest.raises(LeaseLost):
+                await store.release_many(lid)
+            assert not (await store.get("q")).held  # the rest was freed
+
+    asyncio.run(main())
+
+
+def test_two_instances_never_grant_exclusive_alongside_any_other_lease(pg_url):
+    """Workers on two store instances take one lock in random modes, hold it briefly and
+    release. A lease's span is [acquire returned, release called]: the store's real grant and
+    release lie outside it, so with a correct store an exclusive span overlaps no other span."""
+
+    async def main():
+        spans: list[tuple[float, float, str, int]] = []
+        async with opened(pg_url) as a, opened(pg_url) as b:
+            stop = time.monotonic() + 3.0
+
+            async def worker(i: int) -> None:
+                store = a if i % 2 else b
+                rnd = random.Random(i)
+                while time.monotonic() < stop:
+                    mode = SHARED if rnd.random() < 0.6 else EXCLUSIVE
+                    got = await take(store, "hot", mode, f"w{i}")
+                    if isinstance(got, Holder):
+                        await asyncio.sleep(rnd.random() * 0.01)
+                        continue
+                    start = time.monotonic()
+                    await asyncio.sleep(rnd.random() * 0.01)
+                    end = time.monotonic()
+                    await store.release("hot", got.lease_id)
+                    spans.append((start, end, got.mode, got.fence))
+
+            await asyncio.gather(*(worker(i) for i in range(12)))
+        kinds = {m for _, _, m, _ in spans}
+        assert kinds == {SHARED, EXCLUSIVE}, kinds
+        assert sum(1 for s in spans if s[2] == SHARED) > 20
+        spans.sort()
+        for i, (s1, e1, m1, f1) in enumerate(spans):
+            for s2, e2, m2, f2 in spans[i + 1:]:
+                if s2 >= e1:
+                    break
+                assert m1 == m2 == SHARED, ((s1, e1, m1, f1), (s2, e2, m2, f2))
+        # fences: exclusive grants strictly increase in time; a shared lease carries the last
+        # exclusive fence granted before it
+        last = 0
+        for _, _, mode, fence in spans:
+            if mode == EXCLUSIVE:
+                assert fence > last
+                last = fence
+            else:
+                assert fence == last
+
+    asyncio.run(main())
+
+
+def test_a_database_of_the_previous_version_upgrades_in_place(pg_url, pg_dsn):
+    from lockd.server.store.postgres import sql
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the previous version's schema
+        conn.execute(sql.DDL)
+        conn.execute("INSERT INTO lockd.locks (name, fence) VALUES ('old', 7)")
+
+    async def main():
+        async with opened(pg_url) as a, opened(pg_url) as b:  # two processes upgrade at once
+            s = await take(a, "old", SHARED)
+            assert isinstance(s, Grant) and s.fence == 7
+            await a.release("old", s.lease_id)
+            e = await take(b, "old", EXCLUSIVE)
+            assert isinstance(e, Grant) and e.fence == 8
+            n = await take(a, "new", SHARED)
+            assert isinstance(n, Grant) and n.fence == 0
+            assert (await b.sem_get("s")).limit == 0 and (await b.elect_get("e")).seq == 0
+        async with opened(pg_url) as again:  # a current schema: opened as is
+            assert (await again.get("old")).fence == 8
+
+    asyncio.run(main())
