@@ -26,6 +26,8 @@ from lockd.server.api import (
     is_hot_path,
 )
 from lockd.server.api_semaphores import create_semaphore_router
+from lockd.server.api_elections import create_election_router
+from lockd.server.elections import ElectionService
 from lockd.server.events import EventHub
 from lockd.server.keydir import watch as watch_keys
 from lockd.server.metrics import LockdMetrics
@@ -71,7 +73,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                store: Store | None = None, keyring: KeyRing | None = None) -> FastAPI:
     """A lockd app. ``clock`` (wall seconds, default ``time.time``) judges expiry in a SQLite
     store made here; tests inject a fake one. After startup ``app.state.service`` is the
-    ``LockService`` (on an ``ObservedStore``: metrics and events); ``app.state.metrics`` and
+    ``LockService`` (on an ``ObservedStore``: metrics and events) and ``app.state.elections``
+    the ``ElectionService``; ``app.state.metrics`` and
     ``app.state.events`` exist from the start."""
     settings = settings or Settings()
     metrics = LockdMetrics()
@@ -99,6 +102,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             service = LockService(observed, ring, settings)
             app.state.service = service
             app.state.semaphores = SemaphoreService(service)
+            elections = app.state.elections = ElectionService(service, metrics)
             app.state.jwks = ring.jwks()
             metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
             metrics.watch_modes(
@@ -111,6 +115,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
                 ring, settings.key_reload_ms / 1000, on_change=_keys_changed))
             yield
             events.close()
+            elections.close()
             service.shutdown()
         finally:
             if keys_task is not None:
@@ -138,6 +143,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
     app.include_router(create_semaphore_router())
+    app.include_router(create_election_router())
     # outermost middleware: keys, request ids; the hot path gets the same in front of it
     with_middleware = install_request_middleware(app, settings, metrics)
     app._front = with_middleware(HotPathMiddleware(partial(FastAPI.__call__, app)))

@@ -228,10 +228,13 @@ def _ready_line(settings: Settings, port: int) -> str:
 
 def _on_stop(app: FastAPI, signal_name: str) -> None:
     """The first stop signal: answer every queued acquire now (graceful shutdown is then not
-    held up by clients waiting minutes) and end the open event streams."""
+    held up by clients waiting minutes) and end the open event and election streams."""
     service = getattr(app.state, "service", None)
     if service is not None:
         service.shutdown()
+    elections = getattr(app.state, "elections", None)
+    if elections is not None:
+        elections.close()
     events = getattr(app.state, "events", None)
     if events is not None:
         events.close()

@@ -39,6 +39,10 @@ metric                                   type       meaning
                                                     ``forbidden_lock`` (outside the scope)
 ``lockd_identity_limited_total``         counter    429s of an identity at its limit;
 ``{identity, limit}``                               ``limit``: ``leases`` / ``waiters``
+``lockd_election_leader_changes_total``  counter    new leaders elected here (a new term each)
+``lockd_election_term_seconds``          histogram  a term from election to resignation here
+                                                    (or to the next election here, if it lapsed)
+``lockd_election_handovers_total``       counter    handovers requested here
 =======================================  =========  ================================================
 """
 
@@ -126,6 +130,13 @@ class LockdMetrics:
         self.identity_limited = Counter(
             "lockd_identity_limited", "Requests refused (429) because their identity was at its "
             "limit of live leases or queued waiters.", ["identity", "limit"], registry=r)
+        self.election_leader_changes = Counter(
+            "lockd_election_leader_changes", "New leaders elected at this lockd.", registry=r)
+        self.election_term = Histogram(
+            "lockd_election_term_seconds", "Length of leaders' terms (election to resignation, "
+            "or to the next election when a term lapsed).", buckets=LEASE_BUCKETS, registry=r)
+        self.election_handovers = Counter(
+            "lockd_election_handovers", "Handovers requested at this lockd.", registry=r)
 
     def watch(self, *, leases_active: Callable[[], float],
               acquires_waiting: Callable[[], float]) -> None:

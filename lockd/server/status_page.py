@@ -6,6 +6,8 @@ SSE stream ``GET /v1/events?history=50``: an ``EventSource`` when lockd needs no
 it answers 401, the page asks for a key (kept in the tab's ``sessionStorage`` only) and reads
 the same stream with ``fetch`` so it can send ``Authorization: Bearer``. An event updates its
 row at once, before the next full re-read. The page itself holds no data and needs no key.
+The elections section lists the elections this lockd served (``GET /v1/elections``, re-read
+with the locks): leader, value, fence, pending handover and candidates waiting here.
 The header links to ``/docs`` and ``/metrics``; not to a proxy: one lockd serves any number of
 proxies and is told of none (each proxy's page links back to its lockd).
 """
@@ -35,6 +37,10 @@ STATUS_PAGE = status_page(
 <table id="locks"><thead><tr><th>Lock</th><th>State</th><th>Holder</th><th>Fence</th>
 <th>TTL left</th><th>Waiters</th></tr></thead><tbody></tbody></table>
 <div id="nolocks" class="empty">No locks yet.</div></section>
+<section><h2>Elections</h2>
+<table id="elections"><thead><tr><th>Election</th><th>Leader</th><th>Value</th><th>Fence</th>
+<th>Handover to</th><th>Candidates</th></tr></thead><tbody></tbody></table>
+<div id="noelections" class="empty">No elections yet.</div></section>
 <section><h2>Recent events</h2><ul id="events"></ul>
 <div id="noevents" class="empty">Waiting for events&hellip;</div></section>""",
     script="""const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt}
@@ -82,6 +88,25 @@ async function refresh() {
     }
     render();
   } catch (e) { setConn(false, "cannot read locks: " + e.message); }
+}
+async function refreshElections() {
+  try {
+    const r = await fetch("/v1/elections", {headers: headers()});
+    if (!r.ok) return;
+    const items = (await r.json()).items;
+    const body = $("elections").tBodies[0];
+    body.replaceChildren();
+    for (const e of items) {
+      const tr = document.createElement("tr");
+      tr.dataset.election = e.election;
+      tr.append(cell(e.election, "lock"),
+                cell(e.leader ? (e.leader.owner || "(no owner)") : "none", e.leader ? "held" : "free"),
+                cell(e.value || "-"), cell(String(e.fence), "num"), cell(e.handover_to || "-"),
+                cell(String(e.waiters), "num"));
+      body.append(tr);
+    }
+    $("noelections").style.display = items.length ? "none" : "";
+  } catch (e) { /* the locks' re-read reports the connection */ }
 }
 function onEvent(type, ev) {
   if (type === "overflow") { addEvent({type: "overflow", lock: "some events were dropped", at: Date.now()}); refresh(); return; }
@@ -157,10 +182,12 @@ function fetchStream(url) {
   })();
   return {close: () => ctl.abort()};
 }
-function onKey() { refresh(); connect(); }
+function onKey() { refresh(); refreshElections(); connect(); }
 refresh();
+refreshElections();
 connect();
 setInterval(refresh, 2000);
+setInterval(refreshElections, 2000);
 setInterval(() => render(), 250);
 """,
 )

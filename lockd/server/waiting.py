@@ -238,6 +238,7 @@ class WaitQueues:
     def __init__(self, store: Store) -> None:
         self.queues: dict[str, Queue] = {}
         self.closing = False
+        self.preferred: dict[str, str] = {}  # lock name -> the owner its queue admits first
         self._background: set[asyncio.Task[Any]] = set()
         store.subscribe(self.may_be_free)
 
@@ -270,6 +271,8 @@ class WaitQueues:
         queues = self.queues
         for name in waiter.locks:  # rule 3: one step, so every queue agrees with arrival order
             queues.setdefault(name, {})[waiter] = None
+        if self.preferred:  # an election's handover target goes first (``prefer``)
+            self._promote(waiter.locks[0])
         granted = None
         try:
             while True:
@@ -401,6 +404,41 @@ class WaitQueues:
             await kind.release(grant)
         except LockdError as exc:
             log.warning("could not release an unclaimed lease: %s", exc.detail)
+
+    # --- preference: an election's handover target goes first ------------------------------------
+
+    def prefer(self, name: str, owner: str | None) -> None:
+        """Admit the first waiter of ``name`` labelled ``owner`` before the others (an election's
+        handover target): it moves to the head of the queue now, or when it joins later, until
+        ``prefer(name, None)``. ``None`` and ``"next"`` (the head is next anyway) clear it.
+
+        Only a waiter for ``name`` alone moves: a multi-lock waiter keeps its place, so every
+        queue still agrees on the order of the waiters that span several (rule 3)."""
+        if owner is None or owner == "next":
+            self.preferred.pop(name, None)
+            return
+        if self.preferred.get(name) == owner:
+            return
+        if len(self.preferred) >= 10_000:  # one per election with a pending handover: be safe
+            self.preferred.clear()
+        self.preferred[name] = owner
+        self._promote(name)
+
+    def _promote(self, name: str) -> None:
+        """Move the preferred waiter of ``name`` (if queued here) to the head and let it ask."""
+        owner = self.preferred.get(name)
+        queue = self.queues.get(name)
+        if owner is None or not queue:
+            return
+        chosen = next((w for w in queue if w.owner == owner and len(w.locks) == 1), None)
+        if chosen is None or next(iter(queue)) is chosen:
+            return
+        rest = [w for w in queue if w is not chosen]
+        queue.clear()  # in place: the same dict stays the queue of ``name``
+        queue[chosen] = None
+        queue.update(dict.fromkeys(rest))
+        chosen.hint = None
+        chosen.set_turn()  # the old head finds itself behind at its next wake-up and waits
 
     # --- wake-ups -------------------------------------------------------------------------------
 

@@ -122,6 +122,25 @@ def test_lockd_status_page_shows_an_acquire_without_reload(browser, stack, name,
     assert page.console == []
 
 
+def test_lockd_status_page_lists_elections(browser, stack, name, tmp_path):
+    lockd = stack.lockd()
+    url = f"{lockd.url}/v1/elections/{name}"
+    r = httpx.post(f"{url}/campaign", verify=stack.verify,
+                   json={"ttl_ms": 60_000, "owner": "leader-1", "value": "host-a:8080"})
+    assert r.status_code == 200, r.text
+    lease = r.json()
+    page = browser.page()
+    page.navigate(lockd.url + "/")
+    row = f"document.querySelector('#elections tr[data-election=\"{name}\"]')"
+    page.wait_for(row, what="the election's row")
+    cells = page.evaluate(f"[...{row}.cells].map(c => c.textContent)")
+    assert cells == [name, "leader-1", "host-a:8080", str(lease["fence"]), "-", "0"]
+    httpx.post(f"{url}/resign", json={"lease_id": lease["lease_id"]}, verify=stack.verify)
+    page.wait_for(f"{row}.cells[1].textContent === 'none'", timeout=5, what="the resignation")
+    _keep(page.screenshot(tmp_path / "lockd-elections.png"))
+    assert page.console == []
+
+
 def test_lockd_status_page_with_api_key(browser, stack, name, tmp_path):
     key = "status-page-key-123"
     lockd = stack.lockd(env={"LOCKD_API_KEYS": key})

@@ -1,0 +1,222 @@
+"""lockd's election routes (``lockd.server.elections`` does the work).
+
+===============================================  ==============================================
+route                                            answer
+===============================================  ==============================================
+``POST /v1/elections/{name}/campaign``           200 the leader's lease (``ElectionLeaseBody``);
+                                                 409 ``held`` when ``wait_ms`` ends first
+``POST /v1/elections/{name}/renew``              200 the lease + ``handover_requested``,
+                                                 ``handover_to``; 410 if not the live leader
+``POST /v1/elections/{name}/resign``             200 ``{"resigned": true}``; 410
+``POST /v1/elections/{name}/proclaim``           200 ``{election, owner, value, fence, seq}``; 410
+``POST /v1/elections/{name}/handover``           200 ``{election, handover_to}``; an admin, or the
+                                                 leader naming its own ``lease_id`` (else 401/403;
+                                                 410 if that lease is not the leader's); 409
+                                                 ``no_leader`` when nobody leads; audited
+``GET /v1/elections/{name}``                     the election now (``ElectionStateBody``)
+``GET /v1/elections/{name}/observe``             SSE: ``state``, then ``leader`` / ``proclaim`` /
+                                                 ``resign`` entries, ``id`` = ``seq``; resumable
+                                                 with ``Last-Event-ID``
+``GET /v1/elections``                            the elections this lockd served (status page)
+===============================================  ==============================================
+
+Every route authorizes the election's name like a lock's (``lockd.server.access``: identity
+prefixes apply to it). Observe streams count against ``max_event_streams`` together with the
+lock event streams (503 ``too_many_streams`` beyond), send ``: keepalive`` every
+``events_heartbeat_ms`` of silence and end when lockd stops. A campaign's wait ends early when
+its client goes away (499, nothing granted), as a lock acquire's does. Because
+``/v1/elections/{name}/observe`` is a stream, an election whose name ends in ``/observe``
+cannot be read with ``GET /v1/elections/{name}``.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
+
+from lockd.common.middleware import REQUEST_ID_KEY
+from lockd.common.problems import PROBLEM_JSON
+from lockd.common.responses import problem_response
+from lockd.server.access import covers, identity_name
+from lockd.server.api import (
+    _GuardedRoute,
+    _lease_answer,
+    bound_client_id,
+    in_scope,
+    read_body,
+)
+from lockd.server.audit import AuditTrail
+from lockd.server.election_schemas import (
+    CampaignRequest,
+    ElectionLeaseBody,
+    ElectionListBody,
+    ElectionRenewBody,
+    ElectionRenewRequest,
+    ElectionStateBody,
+    HandoverBody,
+    HandoverRequest,
+    ProclaimedBody,
+    ProclaimRequest,
+    ResignedBody,
+    ResignRequest,
+)
+from lockd.server.elections import ElectionService
+from lockd.server.errors import LockdError
+from lockd.server.limits import IdentityLimits
+from lockd.server.ops_api import _admin_denied, _last_event_id
+
+__all__ = ["create_election_router"]
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _elections(request: Request) -> ElectionService:
+    return request.app.state.elections
+
+
+def _limits(request: Request) -> IdentityLimits:
+    return request.app.state.limits
+
+
+def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model.model_json_schema()}}}}
+
+
+def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"description": HTTPStatus(s).phrase, "content": {PROBLEM_JSON: {}}}
+            for s in statuses}
+
+
+def _checked(request: Request, name: str) -> ElectionService:
+    """The election service, once ``name`` is a lock name the caller's scope covers."""
+    elections = _elections(request)
+    elections.check_name(name)
+    in_scope(request, name)
+    return elections
+
+
+def create_election_router() -> APIRouter:
+    """The election routes; they find the ``ElectionService`` at ``app.state.elections``."""
+    router = APIRouter(route_class=_GuardedRoute)
+
+    @router.post("/v1/elections/{name:path}/campaign", response_model=ElectionLeaseBody,
+                 openapi_extra=_body_doc(CampaignRequest),
+                 responses=_problems(403, 409, 413, 422, 429, 503))
+    async def campaign(name: str, request: Request) -> Response:
+        """Lead the election, waiting up to ``wait_ms`` behind earlier candidates (409 if not
+        elected by then). The lease's fence is higher than every earlier leader's."""
+        elections = _checked(request, name)
+        who = identity_name(request.scope)
+        _limits(request).check_lease(who)
+        body = await read_body(request, CampaignRequest)
+        call = elections.campaign(name, value=body.value, ttl_ms=body.ttl_ms,
+                                  wait_ms=body.wait_ms, owner=body.owner,
+                                  client_id=bound_client_id(request.scope, body.client_id))
+        return await _lease_answer(request, call, body.wait_ms, name, who)
+
+    @router.post("/v1/elections/{name:path}/renew", response_model=ElectionRenewBody,
+                 openapi_extra=_body_doc(ElectionRenewRequest),
+                 responses=_problems(403, 410, 413, 422, 503))
+    async def renew(name: str, request: Request) -> Response:
+        """Extend the leader's lease (same fence); ``handover_requested`` asks it to resign."""
+        elections = _checked(request, name)
+        body = await read_body(request, ElectionRenewRequest)
+        lease = await elections.renew(name, body.lease_id, body.ttl_ms)
+        _limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
+        return JSONResponse(lease.body())
+
+    @router.post("/v1/elections/{name:path}/resign", response_model=ResignedBody,
+                 openapi_extra=_body_doc(ResignRequest),
+                 responses=_problems(403, 410, 413, 422, 503))
+    async def resign(name: str, request: Request) -> Response:
+        """End the leader's term; the next candidate leads at once. 410 if not the leader."""
+        elections = _checked(request, name)
+        body = await read_body(request, ResignRequest)
+        await elections.resign(name, body.lease_id)
+        _limits(request).released(identity_name(request.scope), body.lease_id)
+        return JSONResponse({"resigned": True})
+
+    @router.post("/v1/elections/{name:path}/proclaim", response_model=ProclaimedBody,
+                 openapi_extra=_body_doc(ProclaimRequest),
+                 responses=_problems(403, 410, 413, 422, 503))
+    async def proclaim(name: str, request: Request) -> Response:
+        """Set the leader's value; same term, same fence. 410 if not the live leader."""
+        elections = _checked(request, name)
+        body = await read_body(request, ProclaimRequest)
+        state = await elections.proclaim(name, body.lease_id, body.value)
+        return JSONResponse({"election": name,
+                             "owner": state.leader.owner if state.leader else "",
+                             "value": state.value, "fence": state.fence, "seq": state.seq})
+
+    @router.post("/v1/elections/{name:path}/handover", response_model=HandoverBody,
+                 openapi_extra=_body_doc(HandoverRequest),
+                 responses=_problems(401, 403, 409, 410, 413, 422, 503))
+    async def handover(name: str, request: Request) -> Response:
+        """Ask the leader to step down for ``target`` (an owner, or ``"next"``): its renewals
+        answer ``handover_requested`` and that candidate is admitted first. An admin, or the
+        leader naming its own ``lease_id``. Audited."""
+        elections = _checked(request, name)
+        body = await read_body(request, HandoverRequest)
+        elections.check_target(body.target)
+        if body.lease_id is None:
+            denied = _admin_denied(request, "a handover without the leader's lease_id")
+            if denied is not None:
+                return denied
+        audit: AuditTrail = request.app.state.audit
+        who, rid = identity_name(request.scope), request.scope.get(REQUEST_ID_KEY)
+        by = "admin" if body.lease_id is None else "leader"
+        try:
+            state = await elections.handover(name, body.target, body.lease_id)
+        except LockdError as exc:
+            audit.record(who, "election_handover", name, exc.code, rid, handover_to=body.target,
+                         by=by)
+            raise
+        audit.record(who, "election_handover", name, "requested", rid, handover_to=body.target,
+                     by=by, fence=state.fence,
+                     owner=state.leader.owner if state.leader else None)
+        return JSONResponse({"election": name, "handover_to": body.target})
+
+    @router.get("/v1/elections/{name:path}/observe", response_class=StreamingResponse,
+                responses={200: {"description": "text/event-stream: state, then leader / "
+                                 "proclaim / resign entries in seq order (id = seq)",
+                                 "content": {"text/event-stream": {"schema": {
+                                     "type": "string"}}}},
+                           **_problems(403, 422, 503)})
+    async def observe(name: str, request: Request) -> Response:
+        """Server-Sent Events of the election: the current ``state`` first, then every change
+        in order; reconnect with ``Last-Event-ID`` to resume without gaps."""
+        elections = _checked(request, name)
+        settings = request.app.state.settings
+        streams = request.app.state.events.streams + elections.streams
+        if streams >= settings.max_event_streams or elections.closed:
+            return problem_response(
+                503, "too_many_streams", "Service unavailable",
+                f"this lockd already serves {settings.max_event_streams} event streams "
+                "(LOCKD_MAX_EVENT_STREAMS) or is stopping; retry later",
+                headers={"Retry-After": "5"})
+        state, after = await elections.start_observing(name, _last_event_id(request))
+        body = elections.observe(name, state, after,
+                                 heartbeat_s=settings.events_heartbeat_ms / 1000)
+        return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    @router.get("/v1/elections", response_model=ElectionListBody, responses=_problems(503))
+    async def list_elections(request: Request) -> Response:
+        """The elections this lockd process served since it started (campaigned or observed
+        here), in name order: only those the caller's scope covers."""
+        scope = request.scope
+        items = await _elections(request).known(lambda name: covers(scope, name))
+        return JSONResponse({"items": items})
+
+    @router.get("/v1/elections/{name:path}", response_model=ElectionStateBody,
+                responses=_problems(403, 422, 503))
+    async def get_election(name: str, request: Request) -> Response:
+        """The leader (owner, TTL left; never its lease id), its value and fence, the last log
+        seq, a pending handover, and the candidates waiting at this lockd."""
+        return JSONResponse(await _checked(request, name).get(name))
+
+    return router
