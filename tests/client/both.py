@@ -25,8 +25,13 @@ class Both:
 
     def wait(self, value: Any) -> Any:
         """``value``, or its result when it is awaitable (run on the async facade's loop)."""
-        if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):
             return self.api.run(value)
+        if inspect.isawaitable(value):
+            async def awaited() -> Any:
+                return await value
+
+            return self.api.run(awaited())
         return value
 
     def obj(self, target: Any) -> Any:
