@@ -119,12 +119,14 @@ class StepRun(Generic[T]):
 class Route:
     """Where an acquire that is not a plain lock's goes (a semaphore permit, a campaign):
     ``acquire`` and ``renew`` paths, ``body`` (fields the acquire adds to ``ttl_ms``,
-    ``wait_ms``, ``owner``, ``client_id``) and ``what`` names it in errors (``semaphore 'x'``)."""
+    ``wait_ms``, ``owner``, ``client_id``); ``what`` names it in errors (``semaphore 'x'``),
+    ``held_by`` says what its holder does (``led by``)."""
 
     acquire: str
     renew: str
     body: Mapping[str, Any]
     what: str
+    held_by: str = "held by"
 
 
 class Listing:
@@ -271,7 +273,7 @@ class ClientCore:
         if not raise_timeout:
             return None
         raise self._timeout_error(name, wait, started, self._clock(), last,
-                                  what=route.what if route is not None else None)
+                                  route=route)
 
     def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float,
                            path: str) -> Steps[tuple[float, Any] | None]:
@@ -300,18 +302,22 @@ class ClientCore:
 
     @staticmethod
     def _timeout_error(name: str, wait: float | None, started: float, now: float,
-                       last: LockNotAcquired | None, what: str | None = None) -> AcquireTimeout:
+                       last: LockNotAcquired | None, route: Route | None = None
+                       ) -> AcquireTimeout:
         owner = last.owner if last else None
         left = f", {last.ttl_ms / 1000:g} s left" if last and last.ttl_ms is not None else ""
         held = last.problem.get("held") if last else None
         owners = last.problem.get("owners") if last else None
+        what = route.what if route is not None else None
         if isinstance(owners, list):  # a semaphore: every permit is taken
             limit = last.problem.get("limit") if last else None
             message = (f"{what or name} is full ({limit} permits, held by "
                        f"{', '.join(map(repr, owners)) or 'nobody'}{left}); not acquired "
                        f"within {wait:g} s")
-        elif what is not None:
-            message = f"{what} is held (owner {owner!r}{left}); not acquired within {wait:g} s"
+        elif route is not None:
+            lasting = f" ({left[2:]})" if left else ""
+            message = (f"{route.what} is {route.held_by} {owner!r}{lasting}; not acquired "
+                       f"within {wait:g} s")
         elif isinstance(held, list):  # a multi-lock acquire: name every holder
             listed = ", ".join(f"{h.get('lock')!r} (owner {h.get('owner')!r})" for h in held
                                if isinstance(h, dict)) or "none (waiters queued ahead)"

@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> LockClientError:
     """``exc`` with a detail that says what to do, for the errors a newcomer meets first."""
-    if isinstance(exc, LockNotAcquired) and (args.cmd in ("acquire", "run")
+    if isinstance(exc, LockNotAcquired) and (args.cmd in ("acquire", "run", "elect")
                                              or getattr(args, "sem_cmd", None) in ("acquire",
                                                                                    "run")):
         exc.detail += ("; a longer --wait may get it" if getattr(args, "wait", 0) > 0 else

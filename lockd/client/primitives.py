@@ -57,7 +57,7 @@ class PrimitivesCore(ClientCore):
         (the rule of ``_acquire_steps``)."""
         path = election_path(name)
         route = Route(path + "/campaign", path + "/renew", {"value": check_value(value)},
-                      f"election {name!r}")
+                      f"election {name!r}", held_by="led by")
         return self._acquire_steps(name, ttl, wait, owner, client_id, renew_every,
                                    raise_timeout=raise_timeout, route=route)
 
