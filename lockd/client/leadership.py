@@ -249,7 +249,8 @@ class ElectionEvent:
     leader, a new term: ``fence`` is its fence), ``"proclaim"`` (the same leader, a new
     ``value``) or ``"resign"`` (the leader let go; a leader whose lease lapsed shows up as the
     next ``"leader"``). ``seq`` strictly increases per election; the stream resumes after the
-    last one seen, so a gap in ``seq`` means the log no longer had those entries."""
+    last one seen, and when lockd's log no longer had what was missed, the next event is a
+    ``"state"`` (the election as it is then) whose ``seq`` jumps past the gap."""
 
     kind: str
     seq: int

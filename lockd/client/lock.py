@@ -22,6 +22,11 @@ written before this object existed keeps working: ``FencedSession(url, lease)``,
 ``lease.check()``. It acquires within ``wait`` seconds (``None``: forever) and raises
 ``AcquireTimeout`` instead of running the block; see ``LockClient.lock`` for the exit rules.
 
+``client.lock(name, ttl, shared=True)`` is the same object in shared mode: each acquire asks for
+a shared (read) lease, which coexists with other shared ones and carries the lock's write epoch as
+its fence (``lease.mode`` is ``"shared"``). ``Semaphore`` and ``Election`` (``semaphore.py``,
+``election.py``) are this object over a semaphore's permits and an election's lead.
+
 Each acquire gets a new lease (renewed in the background every ttl/3 unless ``auto_renew`` is
 off). ``owned()`` is this object's own view, without a request; ``owned(check=True)`` asks lockd;
 ``locked()`` asks lockd whether anyone holds the lock. Misuse raises ``LockError`` (also a
@@ -116,21 +121,30 @@ class _LockBase:
         release that raised ``LeaseLostError``); a lease lost and not yet released stays here,
         with its fence, until ``release`` or the next ``acquire``."""
 
+    def _current(self) -> Any:
+        """The current lease unless released (also behind this object's back: an election's
+        leader resigns by itself after a handover)."""
+        lease = self.lease
+        return None if lease is None or lease.state is LeaseState.RELEASED else lease
+
     @property
     def fence(self) -> int | None:
         """The fence of the current lease; ``None`` before acquire and after release."""
-        return self.lease.fence if self.lease is not None else None
+        lease = self._current()
+        return lease.fence if lease is not None else None
 
     @property
     def token(self) -> str | None:
         """The fencing token of the current lease; ``None`` before acquire and after release."""
-        return self.lease.token if self.lease is not None else None
+        lease = self._current()
+        return lease.token if lease is not None else None
 
     @property
     def lost(self) -> Any:
         """The current lease's ``lost`` event (``threading.Event``, or ``asyncio.Event`` for an
         async object): set once the lease is lost. ``None`` before acquire and after release."""
-        return self.lease.lost if self.lease is not None else None
+        lease = self._current()
+        return lease.lost if lease is not None else None
 
     def _owned_locally(self) -> bool:
         return self.lease is not None and self.lease.state in _LIVE

@@ -126,7 +126,7 @@ def test_handover_calls_back_then_resigns_and_the_preferred_candidate_leads(both
     wait_for(lambda: got, timeout=10, what="the preferred candidate leading")
     assert called == [("a", "b")]
     assert got[0].owner == "b" and got[0].fence > fence   # preferred over "c", a new term
-    assert not leader.is_leader
+    assert not leader.is_leader and leader.fence is None and leader.token is None
     status = both("leader", name)
     assert status.leader == "b" and status.handover_to is None
     other("resign", got[0])
