@@ -7,6 +7,8 @@
     ops_api.py      /metrics, /v1/events, the status page, admin force-release, API keys
     service.py      LockService: names, TTL bounds, leases, tokens (no web framework)
     waiting.py      WaitQueues: the FIFO queues of waiting acquires, one per lock name
+    elections.py    ElectionService: leader election on a lock (campaign, handover, observe)
+    api_elections.py  the election routes (election_schemas.py: their bodies)
     observe.py      ObservedStore: metrics and events around any store
     events.py       EventHub: lock events for the SSE streams
     metrics.py      LockdMetrics: the Prometheus metrics

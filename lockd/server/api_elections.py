@@ -192,13 +192,15 @@ def create_election_router() -> APIRouter:
         in order; reconnect with ``Last-Event-ID`` to resume without gaps."""
         elections = _checked(request, name)
         settings = request.app.state.settings
-        streams = request.app.state.events.streams + elections.streams
-        if streams >= settings.max_event_streams or elections.closed:
+        if elections.closed:
+            return problem_response(503, "shutting_down", "Service unavailable",
+                                    "this lockd is stopping; observe at another replica or "
+                                    "retry later", headers={"Retry-After": "5"})
+        if request.app.state.events.streams + elections.streams >= settings.max_event_streams:
             return problem_response(
                 503, "too_many_streams", "Service unavailable",
                 f"this lockd already serves {settings.max_event_streams} event streams "
-                "(LOCKD_MAX_EVENT_STREAMS) or is stopping; retry later",
-                headers={"Retry-After": "5"})
+                "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
         state, after = await elections.start_observing(name, _last_event_id(request))
         body = elections.observe(name, state, after,
                                  heartbeat_s=settings.events_heartbeat_ms / 1000)

@@ -271,8 +271,8 @@ class WaitQueues:
         queues = self.queues
         for name in waiter.locks:  # rule 3: one step, so every queue agrees with arrival order
             queues.setdefault(name, {})[waiter] = None
-        if self.preferred:  # an election's handover target goes first (``prefer``)
-            self._promote(waiter.locks[0])
+        if self.preferred and self.preferred.get(waiter.locks[0]) == waiter.owner:
+            self._promote(waiter.locks[0])  # an election's handover target goes first
         granted = None
         try:
             while True:

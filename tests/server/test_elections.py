@@ -8,7 +8,6 @@ candidate; resign and expiry hand over to the next; bad input changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
@@ -21,11 +20,8 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from lockd.server.service import LockService
-from lockd.server.settings import Settings
-from lockd.server.store.sqlite import SqliteStore
-from lockd.tokens import KeyRing
 from tests.server.calls import assert_problem, wait_until
 from tests.server.election_calls import (
     Observer,
@@ -134,6 +130,20 @@ def test_an_expired_leader_hands_over_to_the_next(lockd, http, name):
         ("leader", "A", a["fence"]), ("leader", "B", b["fence"])]  # a lapse is no resign
 
 
+def test_a_candidate_that_goes_away_leaves_the_queue(lockd, http, name):
+    url = lockd.url
+    a = campaign(http, url, name, owner="A").json()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up: its connection closes
+        httpx.post(f"{url}/v1/elections/{name}/campaign", timeout=httpx.Timeout(10, read=0.5),
+                   json={"ttl_ms": 10_000, "wait_ms": 20_000, "owner": "gone"})
+    wait_until(lambda: election(http, url, name)["waiters"] == 0, what="the candidate gone")
+    assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
+    time.sleep(0.2)
+    assert election(http, url, name)["leader"] is None  # nobody was elected in its place
+    log = read_events(url, name, 2, last_id="0")
+    assert [(k, d["owner"]) for _, k, d in log] == [("leader", "A"), ("resign", "A")]
+
+
 # --- handover -------------------------------------------------------------------------------------
 
 
@@ -192,50 +202,23 @@ def test_handover_picks_the_preferred_candidate(store_url, lockd_factory, http, 
     assert "lockd_election_term_seconds_count 3.0" in metrics  # A, D and B resigned
 
 
-def test_the_preference_moves_only_a_waiter_for_that_lock_alone(tmp_path):
-    """``WaitQueues.prefer`` on a real queue (a LockService on SQLite): a multi-lock waiter
-    keeps its place (rule 3), a preferred single-lock one goes first now or when it joins."""
-
-    async def main() -> None:
-        settings = Settings(store=f"sqlite:///{tmp_path / 'p.db'}", key_dir=tmp_path / "keys")
-        store = SqliteStore(str(tmp_path / "p.db"))
-        await store.open()
-        service = LockService(store, KeyRing.generate(), settings)
-        queues, owners = service._waiting, lambda: service.waiting_owners("p/1")
-        held = await service.acquire("p/1", ttl_ms=10_000)
-        tasks = {}
-
-        async def join(owner: str, *more: str) -> None:
-            locks = ["p/1", *more]
-            tasks[owner] = asyncio.ensure_future(
-                service.acquire_many(locks, ttl_ms=10_000, wait_ms=10_000, owner=owner) if more
-                else service.acquire("p/1", ttl_ms=10_000, wait_ms=10_000, owner=owner))
-            while owner not in owners():
-                await asyncio.sleep(0.005)
-
-        try:
-            for owner, more in (("a", ()), ("set", ("p/2",)), ("b", ())):
-                await join(owner, *more)
-            queues.prefer("p/1", "set")
-            assert owners() == ["a", "set", "b"]  # a set keeps its place
-            queues.prefer("p/1", "b")
-            assert owners() == ["b", "a", "set"]
-            queues.prefer("p/1", "c")
-            await join("c")  # preferred before it arrived: it goes first on arrival
-            assert owners() == ["c", "b", "a", "set"]
-            await service.release("p/1", held.lease_id)
-            first = await asyncio.wait_for(tasks["c"], 5)
-            assert first.owner == "c" and first.fence > held.fence
-            queues.prefer("p/1", None)
-            await join("d")
-            assert owners() == ["b", "a", "set", "d"] and not queues.preferred
-        finally:
-            for task in tasks.values():
-                task.cancel()
-            await asyncio.gather(*tasks.values(), return_exceptions=True)
-            await store.close()
-
-    asyncio.run(main())
+def test_a_forced_handover_is_the_admins_force_release(store_url, lockd_factory, http, name):
+    lockd = lockd_factory(store_url, env={"LOCKD_ADMIN_KEYS": ADMIN_KEY})
+    url, admin = lockd.url, {"Authorization": f"Bearer {ADMIN_KEY}"}
+    a = campaign(http, url, name, owner="A").json()
+    results: list = []
+    threads = queue_candidates(http, url, name, ["B"], results)
+    r = http.post(f"{url}/v1/locks/{name}/force-release", headers=admin)
+    assert r.status_code == 200 and r.json()["owner"] == "A", r.text
+    threads["B"].join(10)
+    b = result(results, "B")
+    assert b["fence"] > a["fence"] and election(http, url, name)["leader"]["owner"] == "B"
+    assert_problem(call(http, url, name, "renew", lease_id=a["lease_id"]), 410, "lease_lost")
+    assert_problem(call(http, url, name, "proclaim", lease_id=a["lease_id"], value="late"),
+                   410, "lease_lost")
+    log = read_events(url, name, 2, last_id="0")
+    assert [(k, d["owner"], d["fence"]) for _, k, d in log] == [
+        ("leader", "A", a["fence"]), ("leader", "B", b["fence"])]
 
 
 # --- observe --------------------------------------------------------------------------------------
@@ -546,3 +529,44 @@ def test_identity_prefixes_apply_to_the_election_name(store_url, lockd_factory, 
     assert [e["election"] for e in listed] == [ours]
     everything = http.get(f"{url}/v1/elections", headers=ops).json()["items"]
     assert sorted(e["election"] for e in everything) == [ours, theirs]
+
+
+# --- replicas -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["postgres", "etcd"])
+def test_two_replicas_share_one_election(kind, request, lockd_factory, http, name):
+    """Two lockd processes on one store: an observer at one sees changes made at the other as
+    they happen (the store's notification wakes it; heartbeats are 15 s), and a handover asked
+    at one reaches the leader renewing at the other, whose queue lets the preferred go first."""
+    store_url = request.getfixturevalue("pg_url" if kind == "postgres" else "etcd_url")
+    one, two = lockd_factory(store_url), lockd_factory(store_url)
+    a = campaign(http, two.url, name, owner="A", value="a1").json()
+    results: list = []
+    threads = queue_candidates(http, two.url, name, ["B", "C"], results)
+    with httpx.stream("GET", f"{one.url}/v1/elections/{name}/observe",
+                      timeout=httpx.Timeout(10)) as stream:
+        lines, seen = stream.iter_lines(), []
+        parse_sse(lines, seen, 1)
+        assert seen[0][1] == "state" and seen[0][2]["leader"]["owner"] == "A"
+        started = time.monotonic()
+        call(http, two.url, name, "proclaim", lease_id=a["lease_id"], value="a2")
+        parse_sse(lines, seen, 2)
+        assert seen[1][1:] == ("proclaim", {"election": name, "seq": seen[0][0] + 1,
+                                            "kind": "proclaim", "owner": "A", "value": "a2",
+                                            "fence": a["fence"]})
+        assert time.monotonic() - started < 3  # woken by the store, not by a heartbeat
+        r = call(http, one.url, name, "handover", target="C", lease_id=a["lease_id"])
+        assert r.status_code == 200, r.text
+        renewed = call(http, two.url, name, "renew", lease_id=a["lease_id"]).json()
+        assert renewed["handover_to"] == "C"
+        assert election(http, two.url, name)["waiting_owners"] == ["C", "B"]
+        assert call(http, two.url, name, "resign", lease_id=a["lease_id"]).status_code == 200
+        threads["C"].join(10)
+        c = result(results, "C")
+        parse_sse(lines, seen, 4)
+        assert [(k, d["owner"]) for _, k, d in seen[2:]] == [("resign", "A"), ("leader", "C")]
+        assert seen[3][2]["fence"] == c["fence"] > a["fence"]
+    call(http, two.url, name, "resign", lease_id=c["lease_id"])
+    threads["B"].join(10)
+    assert result(results, "B")["fence"] > c["fence"]
