@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import httpx
@@ -127,11 +127,12 @@ class AsyncLockClient(PrimitivesCore):
                            wait: float | None = None, owner: str | None = None,
                            client_id: str | None = None, auto_renew: bool = True,
                            renew_every: float | None = None,
-                           on_lost: Callable[[AsyncLease], Any] | None = None
-                           ) -> AsyncMultiLease:
+                           on_lost: Callable[[AsyncLease], Any] | None = None,
+                           shared: Collection[str] = ()) -> AsyncMultiLease:
         """See ``LockClient.acquire_many`` (an ``AsyncMultiLease``; ``async with``)."""
         lease = await self._acquire(None, ttl, wait, owner, client_id, auto_renew,
-                                    renew_every, on_lost, raise_timeout=True, locks=locks)
+                                    renew_every, on_lost, raise_timeout=True, locks=locks,
+                                    shared=shared)
         assert isinstance(lease, AsyncMultiLease)
         return lease
 
@@ -139,11 +140,12 @@ class AsyncLockClient(PrimitivesCore):
                                wait: float = 0.0, owner: str | None = None,
                                client_id: str | None = None, auto_renew: bool = True,
                                renew_every: float | None = None,
-                               on_lost: Callable[[AsyncLease], Any] | None = None
-                               ) -> AsyncMultiLease | None:
+                               on_lost: Callable[[AsyncLease], Any] | None = None,
+                               shared: Collection[str] = ()) -> AsyncMultiLease | None:
         """See ``LockClient.try_acquire_many`` (``None`` if not granted within ``wait``)."""
         lease = await self._acquire(None, ttl, wait, owner, client_id, auto_renew,
-                                    renew_every, on_lost, raise_timeout=False, locks=locks)
+                                    renew_every, on_lost, raise_timeout=False, locks=locks,
+                                    shared=shared)
         assert lease is None or isinstance(lease, AsyncMultiLease)
         return lease
 

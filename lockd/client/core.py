@@ -50,6 +50,7 @@ from lockd.client.wire import (
     ms,
     multi_names,
     new_client_id,
+    shared_modes,
 )
 
 __all__ = ["Send", "Sleep", "Step", "Steps", "StepRun", "Listing", "Route", "ClientCore"]
@@ -204,14 +205,15 @@ class ClientCore:
 
     def _acquire_steps(self, name: str | None, ttl: float, wait: float | None,
                        owner: str | None, client_id: str | None, renew_every: float | None, *,
-                       raise_timeout: bool, locks: Any = None, shared: bool = False,
+                       raise_timeout: bool, locks: Any = None, shared: Any = False,
                        route: Route | None = None) -> Steps[tuple[float, Any] | None]:
         """Acquire lock ``name`` (or all of ``locks``, then ``name`` is ignored) within ``wait``
         seconds (``None``: forever): returns ``(sent, body)`` of the grant, where ``sent`` is
         the clock reading before the request that set the lease's deadline; ``None`` if the
         lock stayed held and not ``raise_timeout`` (else ``AcquireTimeout``).
 
-        ``shared`` asks for lock ``name`` in shared mode; ``route`` sends the acquire elsewhere
+        ``shared`` asks for lock ``name`` in shared mode (with ``locks``: the names of those
+        of them to hold shared); ``route`` sends the acquire elsewhere
         (a semaphore permit, a campaign: ``name`` is then only for messages).
 
         ``LockNotAcquired`` before the deadline asks again (after 50 ms if lockd answered
@@ -228,7 +230,9 @@ class ClientCore:
         check_renew_every(renew_every, ttl)
         path = lock_path(name) + "/acquire" if names is None else "/v1/leases/acquire"
         extra: dict[str, Any] = {} if names is None else {"locks": names}
-        if shared:
+        if names is not None and shared:
+            extra["modes"] = shared_modes(names, shared)
+        elif shared:
             extra["mode"] = SHARED
         if route is not None:
             path, extra = route.acquire, dict(route.body)

@@ -511,9 +511,11 @@ class _MultiLockLease:
     fences: dict[str, int]
 
     def _init_multi(self, body: Mapping[str, Any]) -> None:
-        fences = check_multi_body(body)["fences"]
-        self.fences = fences
-        self.locks = tuple(fences)
+        data = check_multi_body(body)
+        self.fences = data["fences"]
+        self.locks = tuple(self.fences)
+        self.modes: dict[str, str] = data["modes"]
+        """Each lock's mode (``exclusive``, or ``shared`` for those asked ``shared=[...]``)."""
 
     @staticmethod
     def _path(op: str) -> str:
@@ -522,9 +524,12 @@ class _MultiLockLease:
     def as_dict(self) -> dict[str, Any]:
         """The lease in the contract's shape (includes the secret ``lease_id``)."""
         base: Any = self
-        return {"lease_id": base.lease_id,
-                "locks": [{"lock": n, "fence": f} for n, f in self.fences.items()],
-                "token": base.token, "ttl_ms": round(base.ttl * 1000), "owner": base.owner}
+        doc = {"lease_id": base.lease_id,
+               "locks": [{"lock": n, "fence": f} for n, f in self.fences.items()],
+               "token": base.token, "ttl_ms": round(base.ttl * 1000), "owner": base.owner}
+        if any(mode != EXCLUSIVE for mode in self.modes.values()):
+            doc["modes"] = dict(self.modes)
+        return doc
 
     def __repr__(self) -> str:
         base: Any = self

@@ -1,4 +1,4 @@
-"""The I/O-free rules of semaphores and elections, on top of ``ClientCore``'s (``lockd.client.core``).
+"""The I/O-free rules of semaphores and elections, on top of ``ClientCore``'s (``core.py``).
 
 A permit and a leader's lease are acquired, renewed and released by the same step rules as a
 lock's lease (``ClientCore._acquire_steps`` with a ``Route``, ``_renewal_steps``,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json as json_module
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 import httpx
@@ -162,16 +162,17 @@ class LockClient(PrimitivesCore):
                      wait: float | None = None, owner: str | None = None,
                      client_id: str | None = None, auto_renew: bool = True,
                      renew_every: float | None = None,
-                     on_lost: Callable[[Lease], Any] | None = None) -> MultiLease:
+                     on_lost: Callable[[Lease], Any] | None = None,
+                     shared: Collection[str] = ()) -> MultiLease:
         """Acquire ALL of ``locks`` (1-64 distinct names) in one atomic grant, or none: a
         ``MultiLease`` with ``locks``, ``fences`` (name -> fence) and one ``token`` carrying
         them all. While waiting nothing is held, so two callers naming the same locks in any
         order cannot deadlock. Otherwise exactly like ``acquire`` (``wait`` None: forever;
         renewals, ``lost``, ``on_lost``; ``AcquireTimeout`` names every held lock's holder in
         its ``problem``). ``with client.acquire_many([...], ttl=10) as lease:`` releases the
-        whole set on exit."""
+        whole set on exit. ``shared``: those of ``locks`` to hold shared (``lease.modes``)."""
         lease = self._acquire(None, ttl, wait, owner, client_id, auto_renew, renew_every,
-                              on_lost, raise_timeout=True, locks=locks)
+                              on_lost, raise_timeout=True, locks=locks, shared=shared)
         assert isinstance(lease, MultiLease)
         return lease
 
@@ -179,11 +180,12 @@ class LockClient(PrimitivesCore):
                          wait: float = 0.0, owner: str | None = None,
                          client_id: str | None = None, auto_renew: bool = True,
                          renew_every: float | None = None,
-                         on_lost: Callable[[Lease], Any] | None = None) -> MultiLease | None:
+                         on_lost: Callable[[Lease], Any] | None = None,
+                         shared: Collection[str] = ()) -> MultiLease | None:
         """Like ``acquire_many`` but ``wait`` defaults to 0 (try once) and not getting the locks
         returns ``None``."""
         lease = self._acquire(None, ttl, wait, owner, client_id, auto_renew, renew_every,
-                              on_lost, raise_timeout=False, locks=locks)
+                              on_lost, raise_timeout=False, locks=locks, shared=shared)
         assert lease is None or isinstance(lease, MultiLease)
         return lease
 

@@ -30,6 +30,7 @@ __all__ = [
     "multi_names",
     "check_lease_body",
     "check_multi_body",
+    "shared_modes",
     "EXCLUSIVE",
     "SHARED",
     "sem_path",
@@ -117,6 +118,18 @@ def multi_names(locks: Any) -> list[str]:
     if len(set(names)) != len(names):
         raise ValidationError(f"locks must be distinct (got {names!r})", code="invalid_request")
     return names
+
+
+def shared_modes(names: list[str], shared: Any) -> dict[str, str]:
+    """The ``modes`` of a multi-lock acquire holding ``shared`` (some of ``names``) shared;
+    ``ValidationError`` for a name not among ``names``, before any request."""
+    if isinstance(shared, str):
+        raise TypeError(f"shared must be a collection of lock names, got {shared!r}")
+    stray = sorted(set(shared) - set(names))
+    if stray:
+        raise ValidationError(f"shared names locks not in the set: {stray!r}",
+                              code="invalid_request")
+    return {name: SHARED for name in shared}
 
 
 def check_lease_body(body: Any) -> dict[str, Any]:
@@ -212,10 +225,11 @@ def check_multi_body(body: Any) -> dict[str, Any]:
         fences = {str(item["lock"]): int(item["fence"]) for item in body["locks"]}
         if not fences:
             raise ValueError("locks is empty")
+        modes = {name: str((body.get("modes") or {}).get(name) or EXCLUSIVE) for name in fences}
         out = {"lock": ",".join(fences), "lease_id": str(body["lease_id"]),
                "fence": max(fences.values()), "token": str(body["token"]),
                "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or ""),
-               "fences": fences, "mode": EXCLUSIVE}
+               "fences": fences, "modes": modes, "mode": EXCLUSIVE}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed multi-lock lease body: missing or bad {exc}") from exc
     return out

@@ -108,6 +108,23 @@ def test_owned_check_of_a_shared_lock_sees_an_ended_lease(both, name):
         reader.release()
 
 
+def test_a_multi_lock_set_may_hold_some_locks_shared(both, name):
+    common, mine, theirs = f"{name}/common", f"{name}/mine", f"{name}/theirs"
+    a = both("acquire_many", [common, mine], 10, shared=[common])
+    b = both("acquire_many", [common, theirs], 10, shared=[common], wait=5)   # coexists on common
+    assert a.modes == {common: "shared", mine: "exclusive"}
+    assert a.as_dict()["modes"][common] == "shared" and a.fences[common] == b.fences[common]
+    assert both("try_acquire", common, 10) is None   # a writer waits for both sets
+    assert both("try_acquire_many", [mine], 10) is None
+    with pytest.raises(ValidationError):
+        both("acquire_many", [mine], 10, shared=[theirs])   # not in the set: refused locally
+    both("release", a)
+    both("release", b)
+    plain = both("acquire_many", [common, mine], 10)
+    assert set(plain.modes.values()) == {"exclusive"} and "modes" not in plain.as_dict()
+    both("release", plain)
+
+
 # --------------------------------------------------------------------------- semaphores
 
 
