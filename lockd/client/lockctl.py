@@ -21,7 +21,8 @@
 ``sem``, ``elect``, ``leader`` and ``observe`` are described in ``lockd.client.lockctl_more``.
 ``--shared`` asks for a shared (read) lease: it coexists with other shared holders, never with
 an exclusive one, and its token may read but not write what the lock governs; ``run --shared``
-sets ``LOCKD_MODE=shared`` for COMMAND (``exclusive`` otherwise).
+holds every lock it names shared and sets ``LOCKD_MODE=shared`` for COMMAND (``exclusive``
+otherwise).
 
 ``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``; ``--api-key`` to
 ``$LOCKD_API_KEY`` (sent as ``Authorization: Bearer``; prefer the variable: arguments show in
@@ -227,7 +228,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="time between SIGTERM and SIGKILL when the lease is lost (default 5s)")
     p.add_argument("--renew-every", type=_duration, default=None,
                    help="renewal period (default ttl/3)")
-    p.add_argument("--shared", action="store_true", help=shared_help + " (one lock only)")
+    p.add_argument("--shared", action="store_true", help=shared_help + " (every lock named)")
 
     p = add("force-release", "end the live lease of a lock whoever holds it (needs an admin "
                              "key: --api-key or LOCKD_API_KEY)")
@@ -295,12 +296,13 @@ def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: 
                "LOCKD_MODE": lease.mode}
     else:
         multi = client.acquire_many(names, args.ttl, wait=args.wait, owner=owner,
-                                    renew_every=args.renew_every)
+                                    renew_every=args.renew_every,
+                                    shared=names if args.shared else ())
         lease = multi
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("LOCKD_LOCK", "LOCKD_FENCE", "LOCKD_MODE")}
+        env = {k: v for k, v in os.environ.items() if k not in ("LOCKD_LOCK", "LOCKD_FENCE")}
         env.update({"LOCKD_LOCKS": ",".join(multi.locks),
-                    "LOCKD_FENCES": json.dumps(multi.fences), "LOCKD_TOKEN": multi.token})
+                    "LOCKD_FENCES": json.dumps(multi.fences), "LOCKD_TOKEN": multi.token,
+                    "LOCKD_MODE": "shared" if args.shared else "exclusive"})
     return run_under(client, lease, command, env, out, args.grace)
 
 
@@ -321,8 +323,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"{usage.split()[0]} needs a command after --: {usage}")
     if args.cmd == "run" and not (args.name or args.locks):
         parser.error("run needs a lock: run NAME ... or run --lock A --lock B ...")
-    if args.cmd == "run" and args.shared and len(args.locks) + bool(args.name) > 1:
-        parser.error("run --shared holds one lock (several locks are held exclusively)")
     if not usage and command:
         parser.error(f"{args.cmd} takes no command after --")
     if args.cmd in ("renew", "release") or more.takes_lease_id(args):

@@ -59,9 +59,13 @@ def test_run_shared_tells_the_command_its_mode(shared_lockd, name, tmp_path):
                 *_env_dump(out, "LOCKD_MODE", "LOCKD_LOCK"))
     assert r.returncode == 0, r.stderr
     assert out.read_text().split() == ["shared", name]
-    r = lockctl(shared_lockd.url, "run", name, "--lock", name + "-b", "--ttl", "10s", "--shared",
-                "--", "true")
-    assert r.returncode == EXIT_USAGE and "one lock" in r.stderr
+    with LockClient(shared_lockd.url) as client:
+        reader = client.acquire(name + "-b", 10, shared=True)     # another reader of one lock
+        r = lockctl(shared_lockd.url, "run", name, "--lock", name + "-b", "--ttl", "10s",
+                    "--shared", "--", *_env_dump(out, "LOCKD_MODE", "LOCKD_LOCKS"))
+        assert r.returncode == 0, r.stderr                   # both held shared: no wait
+        assert out.read_text().split() == ["shared", f"{name},{name}-b"]
+        client.release(reader)
 
 
 # --------------------------------------------------------------------------- semaphores
