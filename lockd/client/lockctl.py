@@ -165,8 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockctl", parents=[common],
                                      description="Command line client of lockd.",
                                      epilog="Exit codes: 0 ok, 1 error, 2 usage, 69 lockd "
-                                            "unavailable, 75 not acquired, 79 lease lost; run "
-                                            "passes COMMAND's status through.")
+                                            "unavailable, 75 not acquired, 79 lease lost; run, "
+                                            "sem run and elect pass COMMAND's status through.")
     parser.add_argument("--version", action="version", version=f"lockctl {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
