@@ -179,8 +179,10 @@ def test_observe_starts_with_the_state_then_streams_changes(both, shared_lockd, 
         second = actor.campaign(name, "three", 10, owner="q")
         actor.resign(second)
 
-    threading.Thread(target=act).start()
+    acting = threading.Thread(target=act)
+    acting.start()
     events = both.collect(both.make("election", name).observe(), 5)
+    acting.join(20)
     actor.close()
     assert [(e.kind, e.owner, e.value) for e in events] == [
         ("state", "p", "one"), ("proclaim", "p", "two"), ("resign", "p", ""),
