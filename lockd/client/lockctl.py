@@ -258,12 +258,21 @@ def _status_text(s: LockStatus) -> str:
     if not s.held:
         return f"{s.lock}: free (last fence {s.fence}, {s.waiters} waiting)"
     left = format_duration(round(s.ttl * 1000))
-    return f"{s.lock}: held by {s.owner!r} (fence {s.fence}, {left} left, {s.waiters} waiting)"
+    return (f"{s.lock}: held {_held_by(s)} (fence {s.fence}, {left} left, {s.waiters} "
+            "waiting)")
+
+
+def _held_by(s: LockStatus) -> str:
+    """``by 'owner'``, or for shared holders ``shared by 2: 'a', 'b'``."""
+    if s.mode == "shared" and s.holders:
+        owners = ", ".join(repr(h.owner) for h in s.holders)
+        return f"shared by {len(s.holders)}: {owners}"
+    return f"by {s.owner!r}"
 
 
 def _holders_text(s: LockStatus) -> str:
     owners = s.waiting_owners or ()
-    holder = f"held by {s.owner!r} (fence {s.fence})" if s.held else "free"
+    holder = f"held {_held_by(s)} (fence {s.fence})" if s.held else "free"
     if not owners:
         return f"{s.lock}: {holder}; nobody waiting at this lockd"
     lines = [f"{s.lock}: {holder}; {len(owners)} waiting at this lockd, head first:"]
@@ -391,8 +400,11 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
         out.emit(s.to_json(), _status_text(s))
     elif args.cmd == "holders":
         s = client.status(args.name)
-        out.emit({"lock": s.lock, "held": s.held, "fence": s.fence, "owner": s.owner,
-                  "waiting_owners": list(s.waiting_owners or ())}, _holders_text(s))
+        doc = {"lock": s.lock, "held": s.held, "fence": s.fence, "owner": s.owner,
+               "waiting_owners": list(s.waiting_owners or ())}
+        if s.mode == "shared":  # every reader (an exclusive holder is ``owner``)
+            doc.update(mode=s.mode, holders=s.to_json().get("holders", []))
+        out.emit(doc, _holders_text(s))
     elif args.cmd == "ls":
         items = list(client.locks(args.prefix, limit=args.limit))
         out.emit({"items": [s.to_json() for s in items]}, _ls_text(items))

@@ -47,6 +47,11 @@ def test_acquire_shared_twice_and_status_shows_the_readers(shared_lockd, name):
     status = json.loads(lockctl(url, "--json", "status", name).stdout)
     assert status["mode"] == "shared"
     assert sorted(h["owner"] for h in status["holders"]) == ["r1", "r2"]
+    r = lockctl(url, "status", name)
+    assert r.stdout.startswith(f"{name}: held shared by 2: 'r1', 'r2' (fence {a['fence']}, ")
+    r = lockctl(url, "--json", "holders", name)
+    assert json.loads(r.stdout)["mode"] == "shared"
+    assert [h["owner"] for h in json.loads(r.stdout)["holders"]] == ["r1", "r2"]
     r = lockctl(url, "acquire", name, "--ttl", "5s")          # a writer waits for readers
     assert r.returncode == EXIT_NOT_ACQUIRED and "--wait" in r.stderr
     for lease in (a, b):
