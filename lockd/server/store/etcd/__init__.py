@@ -3,8 +3,8 @@
 A lock is held iff its key exists, bound to an etcd lease; its fence is the revision of the
 transaction that created the key. One module per concept: ``url`` (URL and TLS), ``gateway``
 (the lean HTTP client), ``transport`` (retries and failover), ``wire`` (encoding and key
-layout), ``leases``, ``cache`` (the lease cache), ``watch``, ``multi`` (multi-lock leases) and
-``store`` (``EtcdStore``). The design: docs/stores/etcd.md.
+layout), ``leases``, ``cache`` (the lease cache), ``watch``, ``modes`` (shared holders),
+``multi`` (multi-lock leases), ``semaphores``, ``elections`` and ``store`` (``EtcdStore``). The design: docs/stores/etcd.md.
 """
 
 from lockd.server.store.etcd.cache import DEFAULT_SIZE, CachedLease, LeaseCache

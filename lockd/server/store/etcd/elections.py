@@ -103,12 +103,14 @@ class Elections:
         """See ``Store.elect_campaign``: a read, an etcd lease, one guarded transaction."""
         start, end = self._keys.name_range(name)
         lock_key = b64(self._keys.lock(name))
-        ttl_s = secs(ttl_ms)
-        for _ in range(5):
-            (exclusive, shared, fence_kv, _, _, seq), (etcd_lease, granted) = \
-                await asyncio.gather(self._read(name), self._leases.grant(ttl_s))
-            keep = False
-            try:
+        read, (etcd_lease, granted) = await asyncio.gather(self._read(name),
+                                                           self._leases.grant(secs(ttl_ms)))
+        keep = False  # the etcd lease is unused until a grant: reused by every attempt
+        try:
+            for attempt in range(_ATTEMPTS):
+                await _backoff(attempt)
+                exclusive, shared, fence_kv, _, _, seq = read if not attempt else \
+                    await self._read(name)
                 if exclusive is not None or shared:
                     mine = [h for h in ((exclusive,) if exclusive else ()) + shared
                             if client_id and h.client_id == client_id]
@@ -141,9 +143,9 @@ class Elections:
                     fence = to_int(kvs[0].get("create_revision")) if kvs else \
                         to_int(doc["header"]["revision"])
                     return Grant(name, lease_id, fence, granted * 1000, owner)
-            finally:
-                if not keep:
-                    self._leases.revoke_soon(etcd_lease)
+        finally:
+            if not keep:
+                self._leases.revoke_soon(etcd_lease)
         raise StoreUnavailable(f"etcd: election {name!r} kept changing hands; try again")
 
     async def handover_of(self, name: str, fence: int) -> str | None:
@@ -186,10 +188,13 @@ class Elections:
                  {"request_delete_range": {"key": self._key(name, "h")}},
                  *self._append(name, seq + 1, entry)], [])
             if doc.get("succeeded") or await self._logged(name, seq + 1, entry["op"]):
+                # The key is gone; its etcd lease must go before we answer (a replica's lease
+                # cache would keep it alive otherwise: see ``leases``).
                 try:
                     await self._leases.revoke_now(held.etcd_lease)
                 except StoreUnavailable:
                     self._leases.revoke_soon(held.etcd_lease)
+                    raise
                 return
         raise StoreUnavailable(f"etcd: election {name!r} kept changing; try again")
 

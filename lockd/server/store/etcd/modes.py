@@ -166,12 +166,13 @@ class LockModes:
         """See the module docstring: a read, an etcd lease, one guarded transaction."""
         key = b64(self._keys.shared(lock, lease_id))
         lock_key, fence_key = b64(self._keys.lock(lock)), b64(self._keys.fence(lock))
-        ttl_s = secs(ttl_ms)
-        for _ in range(5):
-            snap, (etcd_lease, granted) = await asyncio.gather(self.read(lock),
-                                                               self._leases.grant(ttl_s))
-            keep = False
-            try:
+        snap, (etcd_lease, granted) = await asyncio.gather(self.read(lock),
+                                                           self._leases.grant(secs(ttl_ms)))
+        keep = False  # the etcd lease is unused until a grant: reused by every attempt
+        try:
+            for attempt in range(6):
+                if attempt:
+                    snap = await self.read(lock)
                 if snap.exclusive is not None or (client_id and any(
                         h.client_id == client_id for h in snap.shared)):
                     mine = [h for h in ((snap.exclusive,) if snap.exclusive else ()) + snap.shared
@@ -208,9 +209,9 @@ class LockModes:
                     self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms, snap.fence,
                                                           owner, SHARED))
                     return Grant(lock, lease_id, snap.fence, granted * 1000, owner, SHARED)
-            finally:
-                if not keep:
-                    self._leases.revoke_soon(etcd_lease)
+        finally:
+            if not keep:
+                self._leases.revoke_soon(etcd_lease)
         raise StoreUnavailable(f"etcd: lock {lock!r} kept changing hands; try again")
 
     # -- renewing with a new TTL -----------------------------------------------------------

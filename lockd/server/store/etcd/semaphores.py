@@ -12,7 +12,9 @@ since the read; a grant that sets a new limit instead requires that no permit ke
 So every live permit was granted under the current limit, in a slot below it, one permit a slot:
 never more than ``limit`` live permits, whatever number of lockd processes grant at once. The
 fence is the grant transaction's revision (etcd's revision only grows). A ``client_id`` acquire
-also compares "no permit key created since the read", so two retries cannot both grant.
+also compares "no permit key created since the read", so two retries cannot both grant. The slot
+is the lowest free one as read; an acquire that lost a race for it picks one of the lowest few
+free slots next, so acquirers that read the same state stop colliding on one slot.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from lockd.server.store.etcd.wire import (
 
 __all__ = ["Semaphores"]
 
-_ATTEMPTS = 12  # guarded grants tried before StoreUnavailable (another grant won the slot)
+_ATTEMPTS = 40  # guarded grants tried before StoreUnavailable (another grant won the slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,57 +109,55 @@ class Semaphores:
     async def acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int, owner: str,
                       client_id: str | None) -> SemGrant | SemFull:
         """See ``Store.sem_acquire`` and the module docstring. Raises ``LimitMismatch``."""
-        ttl_s = secs(ttl_ms)
         limit_key = b64(self._keys.sems + name.encode())
-        for attempt in range(_ATTEMPTS):
-            if attempt:  # lost a race for the slot: let the winners' grants land
-                await asyncio.sleep(random.uniform(0, 0.004 * min(attempt, 5)))
-            sem = await self._read(name)
-            if client_id:
-                mine = [h for h in sem.permits if h.client_id == client_id]
-                if mine:
-                    try:
-                        return await self._extend(name, mine[0], ttl_ms)
-                    except (LeaseLost, Moved):
-                        continue
-            if sem.permits and sem.limit != limit:
-                raise LimitMismatch(f"semaphore {name!r} is held with limit {sem.limit}",
-                                    limit=sem.limit)
-            taken = {_slot(h) for h in sem.permits}
-            free = [slot for slot in range(limit) if slot not in taken]
-            if not free:
-                live = await self._modes.live(sem.permits)
-                if not live:
-                    continue  # every holder lapsed meanwhile
-                return SemFull(name, limit, min(ms for _, ms in live),
-                               tuple(h.owner for h, _ in live))
-            slot = free[0]
-            key = b64(self._keys.permit(name, slot))
-            prefix = self._keys.permit(name)
-            compare = [{"key": key, "target": "CREATE", "create_revision": "0"}]
-            etcd_lease, granted = await self._leases.grant(ttl_s)
-            success = [
-                {"request_put": {"key": key, "lease": str(etcd_lease), "value": lock_value(
-                    lease_id, owner, client_id, ttl_ms, slot=slot, limit=limit)}},
-                {"request_put": {"key": b64(self._keys.semfences + name.encode()),
-                                 "value": ""}}]
-            if sem.limit == limit:  # the limit stays: it must be unchanged since the read
-                compare.append({"key": limit_key, "target": "MOD",
-                                "mod_revision": str(sem.limit_rev)})
-            else:  # a new limit: only with no permit at all
-                compare.append({"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
-                                "target": "CREATE", "create_revision": "0"})
-                compare.append({"key": limit_key, "target": "MOD",
-                                "mod_revision": str(sem.limit_rev)})
-                success.append({"request_put": {"key": limit_key, "value": b64(
-                    json.dumps({"limit": limit}).encode())}})
-            if client_id and sem.limit == limit:
-                compare.append({"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
-                                "target": "CREATE", "result": "LESS",
-                                "create_revision": str(sem.revision + 1)})
-            keep = False
-            try:
-                doc = await self._transport.txn(compare, success, [{"request_range": {"key": key}}])
+        prefix = self._keys.permit(name)
+        etcd_lease, granted = await self._leases.grant(secs(ttl_ms))
+        keep = False  # the etcd lease is unused until a grant: reused by every attempt
+        try:
+            for attempt in range(_ATTEMPTS):
+                if attempt:  # lost a race for the slot: let the winners' grants land
+                    await asyncio.sleep(random.uniform(0, 0.004 * min(attempt, 5)))
+                sem = await self._read(name)
+                if client_id:
+                    mine = [h for h in sem.permits if h.client_id == client_id]
+                    if mine:
+                        try:
+                            return await self._extend(name, mine[0], ttl_ms)
+                        except (LeaseLost, Moved):
+                            continue
+                if sem.permits and sem.limit != limit:
+                    raise LimitMismatch(f"semaphore {name!r} is held with limit {sem.limit}",
+                                        limit=sem.limit)
+                taken = {_slot(h) for h in sem.permits}
+                free = [slot for slot in range(limit) if slot not in taken]
+                if not free:
+                    live = await self._modes.live(sem.permits)
+                    if not live:
+                        continue  # every holder lapsed meanwhile
+                    return SemFull(name, limit, min(ms for _, ms in live),
+                                   tuple(h.owner for h, _ in live))
+                # The lowest free slot; after a lost race, one of the lowest few, so that
+                # acquirers racing from the same read stop colliding on one slot.
+                slot = free[0] if not attempt else random.choice(free[:attempt + 1])
+                key = b64(self._keys.permit(name, slot))
+                compare = [{"key": key, "target": "CREATE", "create_revision": "0"},
+                           {"key": limit_key, "target": "MOD", "mod_revision": str(sem.limit_rev)}]
+                success = [
+                    {"request_put": {"key": key, "lease": str(etcd_lease), "value": lock_value(
+                        lease_id, owner, client_id, ttl_ms, slot=slot, limit=limit)}},
+                    {"request_put": {"key": b64(self._keys.semfences + name.encode()),
+                                     "value": ""}}]
+                if sem.limit != limit:  # a new limit: only with no permit at all
+                    compare.append({"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                                    "target": "CREATE", "create_revision": "0"})
+                    success.append({"request_put": {"key": limit_key, "value": b64(
+                        json.dumps({"limit": limit}).encode())}})
+                elif client_id:  # and no second grant of this client_id since the read
+                    compare.append({"key": b64(prefix), "range_end": b64(prefix_end(prefix)),
+                                    "target": "CREATE", "result": "LESS",
+                                    "create_revision": str(sem.revision + 1)})
+                doc = await self._transport.txn(compare, success,
+                                                [{"request_range": {"key": key}}])
                 kvs = [] if doc.get("succeeded") else range_kvs(doc)
                 if doc.get("succeeded") or (kvs and to_int(kvs[0].get("lease")) == etcd_lease):
                     keep = True  # granted (or a replay of our own grant)
@@ -166,9 +166,9 @@ class Semaphores:
                     self._cache.put(lease_id, CachedLease(sem_key(name), etcd_lease, ttl_ms,
                                                           fence, owner, slot=slot, limit=limit))
                     return SemGrant(name, lease_id, fence, slot, limit, granted * 1000, owner)
-            finally:
-                if not keep:
-                    self._leases.revoke_soon(etcd_lease)
+        finally:
+            if not keep:
+                self._leases.revoke_soon(etcd_lease)
         raise StoreUnavailable(f"etcd: semaphore {name!r} kept changing; try again")
 
     async def _find(self, name: str, lease_id: str) -> Held | None:

@@ -120,11 +120,10 @@ class EtcdStore:
                                                     owner=owner, client_id=client_id)
         key = b64(self._keys.lock(lock))
         start, end = self._keys.name_range(lock)
-        ttl_s = secs(ttl_ms)
-        for _ in range(3):
-            etcd_lease, granted = await self._leases.grant(ttl_s)
-            keep = False
-            try:
+        etcd_lease, granted = await self._leases.grant(secs(ttl_ms))
+        keep = False  # the etcd lease is unused until a grant: reused by every attempt
+        try:
+            for _ in range(5):
                 doc = await self._transport.txn(
                     [{"key": start, "range_end": end, "target": "CREATE", "create_revision": "0"}],
                     [{"request_put": {"key": key, "lease": str(etcd_lease),
@@ -143,23 +142,23 @@ class EtcdStore:
                     self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms,
                                                           exclusive.fence, owner))
                     return Grant(lock, lease_id, exclusive.fence, granted * 1000, owner)
-            finally:
-                if not keep:
-                    self._leases.revoke_soon(etcd_lease)
-            mine = [h for h in ((exclusive,) if exclusive else ()) + shared
-                    if client_id and h.client_id == client_id]
-            if mine:
-                try:
-                    return await self._modes.extend(mine[0], ttl_ms)
-                except (LeaseLost, Moved):
-                    continue  # it lapsed or changed meanwhile: try again from the start
-            fence_kv = range_kv(doc, 1)
-            holder = await self._modes.blocker(Snapshot(
-                lock, exclusive, shared, fence_kv,
-                max(fence_of(fence_kv), exclusive.fence if exclusive else 0), 0))
-            if holder is None:
-                continue  # the holders' leases are gone: their keys went with them
-            return holder
+                mine = [h for h in ((exclusive,) if exclusive else ()) + shared
+                        if client_id and h.client_id == client_id]
+                if mine:
+                    try:
+                        return await self._modes.extend(mine[0], ttl_ms)
+                    except (LeaseLost, Moved):
+                        continue  # it lapsed or changed meanwhile: try again from the start
+                fence_kv = range_kv(doc, 1)
+                holder = await self._modes.blocker(Snapshot(
+                    lock, exclusive, shared, fence_kv,
+                    max(fence_of(fence_kv), exclusive.fence if exclusive else 0), 0))
+                if holder is not None:
+                    return holder
+                # the holders' leases are gone (their keys went with them): try again
+        finally:
+            if not keep:
+                self._leases.revoke_soon(etcd_lease)
         raise StoreUnavailable(f"etcd: lock {lock!r} kept changing hands; try again")
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:

@@ -122,8 +122,9 @@ class Watch:
 
     async def _notify_free_locks(self) -> None:
         """After a gap in the watch history (compaction): call listeners for every lock that
-        is free now, so any waiter for a release we could not see retries (rare; one read of
-        the names of all locks ever used)."""
+        is free now and every semaphore (elections stream: every election), so any waiter for
+        a release we could not see retries (rare; one read of the names of all locks ever
+        used)."""
         try:
             if self._prefix != self._keys.locks:  # elections: wake every one
                 for name in dict.fromkeys(notify_name(n) for n in await self._names(self._prefix)):
@@ -135,9 +136,11 @@ class Watch:
         except StoreUnavailable as exc:
             log.warning("etcd watch: could not list locks after a gap: %s", exc.detail)
             return
-        for lock in fenced + [sem_key(name) for name in sems]:
+        for lock in fenced:
             if lock not in held:
                 self._listeners.notify(lock)
+        for name in sems:  # a waiter for a permit needs one free slot, not a free semaphore
+            self._listeners.notify(sem_key(name))
 
     def _on_message(self, msg: dict[str, Any]) -> None:
         """Handle one watch message; keep ``_resume_at``, the revision to resume from."""

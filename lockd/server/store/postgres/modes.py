@@ -22,10 +22,17 @@ __all__ = ["acquire_shared", "blockers", "fix_shared_until", "force_release", "h
 
 
 async def acquire_shared(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) -> Grant | Holder:
-    """One transaction: lock the lock row; refused by a live exclusive lease (unless it is this
-    lease or this client's: then that lease is renewed and returned); else join the shared
-    holders (or renew this client's shared lease) carrying the lock's fence, unraised."""
+    """Without a client_id, first one statement (``SHARED_FAST``). Else, or when it found an
+    exclusive lease live, one transaction: lock the lock row; refused by a live exclusive lease
+    (unless it is this lease or this client's: then that lease is renewed and returned); else
+    join the shared holders (or renew this client's shared lease) carrying the lock's fence,
+    unraised."""
     lock = p["lock"]
+    if not p["client_id"]:  # one statement, unless an exclusive lease is live
+        cur = await conn.execute(q.SHARED_FAST, p)
+        fast = await cur.fetchone()
+        if fast is not None:
+            return Grant(lock, p["lease_id"], fast[0], fast[2], fast[1], SHARED)
     async with conn.transaction():
         cur = await conn.execute(q.LOCK_ONE, p)
         row = await cur.fetchone()
@@ -47,16 +54,12 @@ async def acquire_shared(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) ->
 
 async def renew_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str,
                        ttl_ms: int | None) -> Grant | None:
-    """Renew a live shared lease (``None``: not one). The lock row is locked first: a lease an
-    exclusive grant has already outlived is not renewed, whatever this statement's ``now()``."""
-    params = {"names": [lock], "lock": lock, "lease_id": lease_id, "ttl_ms": ttl_ms}
-    async with conn.transaction():
-        cur = await conn.execute(q.LOCK_ROWS, params)
-        row = await cur.fetchone()
-        if row is None or row[1]:
-            return None
-        cur = await conn.execute(q.SHARED_RENEW, params)
-        got = await cur.fetchone()
+    """Renew a live shared lease (``None``: not one) in one statement that locks the lock row
+    first: a lease an exclusive grant has already outlived is not renewed, whatever this
+    statement's ``now()``."""
+    params = {"lock": lock, "lease_id": lease_id, "ttl_ms": ttl_ms}
+    cur = await conn.execute(q.SHARED_RENEW, params)
+    got = await cur.fetchone()
     if got is None:
         return None
     return Grant(lock, lease_id, got[0], got[2], got[1], SHARED)

@@ -106,7 +106,7 @@ async def _grant(conn: psycopg.AsyncConnection, p: dict[str, Any]) -> SemGrant |
         lim, _ = row
         cur = await conn.execute(q.SEM_LIVE, {**p, "lim": lim})
         live = await cur.fetchall()
-        for slot, lid, owner, cid, fence, _ in live:
+        for slot, lid, owner, cid, _, _ in live:
             if lid == p["lease_id"] or (p["client_id"] and cid == p["client_id"]):
                 cur = await conn.execute(q.SEM_RENEW_ONE, {**p, "slot": slot})
                 got = await cur.fetchone()

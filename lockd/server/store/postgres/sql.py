@@ -1,4 +1,5 @@
-"""Every SQL statement of lockd's PostgreSQL store, the schema and the NOTIFY channel.
+"""The PostgreSQL store's statements on exclusive leases, its first schema and the NOTIFY channel
+(lock modes, semaphores and elections: ``sql_modes``, ``sql_sem``, ``sql_elect``).
 
 All text is constant (values are psycopg's named parameters), so statements are prepared after a
 few uses. Expiry is judged only by the database's ``now()``; a grant raises the lock row's fence
@@ -9,10 +10,9 @@ its own commit. The reasoning behind each statement: docs/stores/postgres.md ("S
 from __future__ import annotations
 
 __all__ = [
-    "ACQUIRE", "ACQUIRE_MANY", "CATCH_UP", "CHANNEL", "CLOCK", "CONFIGURE", "DDL",
-    "FORCE_RELEASE", "GET", "HOLDER", "HOLDERS", "LEASE_CLIENT", "LEASE_FOR_UPDATE", "LISTEN",
+    "ACQUIRE", "ACQUIRE_MANY", "CHANNEL", "CLOCK", "CONFIGURE", "DDL", "FORCE_RELEASE", "LISTEN",
     "NOW", "PING", "RELEASE", "RELEASED_BY", "RELEASE_MANY", "RENEW", "RENEW_LEASE_ROW",
-    "RENEW_SET", "SCHEMA_EXISTS", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY", "SWEEP_LEASES", "list_sql",
+    "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY", "SWEEP_LEASES",
 ]
 
 CHANNEL = "lockd_release"
@@ -76,11 +76,6 @@ WITH up AS (
 SELECT name, fence, ttl FROM up
 """
 
-HOLDERS = f"""
-SELECT name, fence, owner, {_TTL}, lease_id FROM lockd.locks
- WHERE name = ANY(%(names)s::text[]) AND {_LIVE} ORDER BY name
-"""
-
 # The lease's live lock rows, locked in name order.
 _LOCK_SET = """
 SELECT name FROM lockd.locks
@@ -141,10 +136,6 @@ SELECT false, NULL, fence, owner, CASE WHEN {_LIVE} THEN {_TTL} ELSE 0 END
   FROM lockd.locks WHERE name = %(lock)s AND NOT EXISTS (SELECT 1 FROM up)
 """
 
-HOLDER = f"""
-SELECT fence, owner, {_TTL} FROM lockd.locks WHERE name = %(lock)s AND {_LIVE}
-"""
-
 # ttl_ms NULL: the lease's own TTL (the last one granted or renewed with).
 RENEW = f"""
 UPDATE lockd.locks AS l
@@ -187,16 +178,7 @@ SELECT 1 FROM lockd.locks
  WHERE name = %(lock)s AND lease_id = %(lease_id)s AND released_at IS NOT NULL
 """
 
-STATE_COLUMNS = f"name, fence, CASE WHEN {_LIVE} THEN owner END, {_TTL} * ({_LIVE})::int"
-GET = f"SELECT {STATE_COLUMNS} FROM lockd.locks WHERE name = %(lock)s"
-
-CATCH_UP = "SELECT name FROM lockd.locks WHERE released_at >= %(since)s ORDER BY name"
-
 # -- multi-lock lease rows ---------------------------------------------------------------------
-
-LEASE_CLIENT = "SELECT client_id, locks FROM lockd.leases WHERE lease_id = %s"
-
-LEASE_FOR_UPDATE = "SELECT locks, owner, ttl_ms FROM lockd.leases WHERE lease_id = %s FOR UPDATE"
 
 RENEW_LEASE_ROW = """
 UPDATE lockd.leases SET expires_at = now() + %(ttl_ms)s::int * interval '1 millisecond',
@@ -208,10 +190,6 @@ UPDATE lockd.leases SET expires_at = now() + %(ttl_ms)s::int * interval '1 milli
 SWEEP_LEASES = "DELETE FROM lockd.leases WHERE expires_at < now()"
 
 # -- schema, connections, health ----------------------------------------------------------------
-
-SCHEMA_EXISTS = """
-SELECT to_regclass('lockd.locks') IS NOT NULL AND to_regclass('lockd.leases') IS NOT NULL
-"""
 
 SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(%s)"
 
@@ -230,14 +208,3 @@ PING = "SELECT 1"
 
 CLOCK = "SELECT extract(epoch FROM clock_timestamp())::float8"
 
-
-def list_sql(*, upper: bool, after: bool) -> str:
-    """``Store.list``'s page: names from ``%(prefix)s`` (below ``%(upper)s`` if ``upper``, above
-    ``%(after)s`` if ``after``), in name order, at most ``%(limit)s``."""
-    where = ["name >= %(prefix)s"]
-    if upper:
-        where.append("name < %(upper)s")
-    if after:
-        where.append("name > %(after)s")
-    return (f"SELECT {STATE_COLUMNS} FROM lockd.locks WHERE {' AND '.join(where)}"
-            " ORDER BY name LIMIT %(limit)s")

@@ -19,10 +19,9 @@ __all__ = [
     "CATCH_UP", "DDL", "HOLDERS_ANY", "LEASE_BY_CLIENT", "LEASE_BY_ID", "LEASE_DELETE",
     "LEASE_MODES",
     "LOCK_MANY", "LOCK_ONE", "LOCK_ROWS", "MANY_GRANT", "MANY_STATE", "RELEASE_MANY_ROWS",
-    "RELEASE_SHARED_ALL", "SCHEMA_CURRENT", "SHARED_GRANT", "SHARED_RELEASE",
-    "SHARED_RELEASED_BY", "SHARED_RENEW", "SHARED_RENEW_MANY", "SHARED_UNTIL",
-    "SHARED_UNTIL_FIX", "STATE",
-    "SWEEP_SHARED", "list_sql",
+    "RELEASE_SHARED_ALL", "SCHEMA_CURRENT", "SHARED_FAST", "SHARED_GRANT", "SHARED_RELEASE",
+    "SHARED_RELEASED_BY", "SHARED_RENEW", "SHARED_RENEW_MANY", "SHARED_UNTIL_FIX", "STATE",
+    "SWEEP_SHARED", "list_sql", "ttl",
 ]
 
 
@@ -103,24 +102,53 @@ UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, g.expires_at)
 RETURNING l.fence, g.lease_id, g.owner, {ttl('g.expires_at')}
 """
 
+# The common shared grant (no client_id) in one autocommit statement: the lock row's upsert,
+# judged on its latest version like the exclusive grant, raises shared_until unless an
+# exclusive lease is live (then nothing comes back and LOCK_ONE/SHARED_GRANT explain it); the
+# shared row is written only if the lock row was.
+SHARED_FAST = f"""
+WITH lk AS (
+    INSERT INTO lockd.locks AS l (name, fence, shared_until)
+    VALUES (%(lock)s, 0, {_NEW_EXPIRY})
+    ON CONFLICT (name) DO UPDATE SET shared_until = GREATEST(l.shared_until, excluded.shared_until)
+    WHERE (l.expires_at > now()) IS NOT TRUE
+    RETURNING l.fence
+), ins AS (
+    INSERT INTO lockd.shared (name, lease_id, owner, client_id, expires_at, ttl_ms)
+    SELECT %(lock)s, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int FROM lk
+    ON CONFLICT (name, lease_id) DO UPDATE SET expires_at = excluded.expires_at,
+        ttl_ms = excluded.ttl_ms, released_at = NULL
+    RETURNING owner, expires_at
+)
+SELECT lk.fence, ins.owner, {ttl('ins.expires_at')} FROM lk, ins
+"""
+
 # Lock rows in name order (a transaction's first step); exclusive lease state of each.
 LOCK_ROWS = f"""
 SELECT l.name, {_LIVE_L}, l.lease_id, l.fence FROM lockd.locks l
  WHERE l.name = ANY(%(names)s::text[]) ORDER BY l.name COLLATE "C" FOR UPDATE
 """
 
-# ttl_ms NULL: the lease's own TTL. Runs after LOCK_ROWS checked that no exclusive lease is live.
+# One statement; ttl_ms NULL: the lease's own TTL. The lock row is updated (and locked) first,
+# judged on its latest version: a lease an exclusive grant has outlived is not renewed, whatever
+# this statement's now(); shared_until only rises, so no fresh snapshot is needed.
+_OWN = """(SELECT coalesce(%(ttl_ms)s::int, o.ttl_ms) FROM lockd.shared o
+           WHERE o.name = %(lock)s AND o.lease_id = %(lease_id)s AND o.expires_at > now())"""
 SHARED_RENEW = f"""
-WITH s AS (
+WITH lk AS (
+    UPDATE lockd.locks l
+       SET shared_until = GREATEST(l.shared_until, now() + {_OWN} * interval '1 millisecond')
+     WHERE l.name = %(lock)s AND (l.expires_at > now()) IS NOT TRUE AND {_OWN} IS NOT NULL
+    RETURNING l.fence
+), s AS (
     UPDATE lockd.shared AS s
        SET expires_at = now() + coalesce(%(ttl_ms)s::int, s.ttl_ms) * interval '1 millisecond',
            ttl_ms = coalesce(%(ttl_ms)s::int, s.ttl_ms)
      WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
+       AND EXISTS (SELECT 1 FROM lk)
     RETURNING s.owner, s.expires_at
 )
-UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, s.expires_at)
-  FROM s WHERE l.name = %(lock)s
-RETURNING l.fence, s.owner, {ttl('s.expires_at')}
+SELECT lk.fence, s.owner, {ttl('s.expires_at')} FROM lk, s
 """
 
 # shared_until from the live shared holders but ``%(lease_id)s`` (run after the rows are locked).
@@ -262,9 +290,6 @@ SWEEP_SHARED = """
 DELETE FROM lockd.shared
  WHERE coalesce(expires_at, released_at) < now() - interval '15 minutes'
 """
-
-# shared_until of one lock: for tests and diagnostics.
-SHARED_UNTIL = "SELECT shared_until FROM lockd.locks WHERE name = %(lock)s"
 
 # -- state ----------------------------------------------------------------------------------------
 

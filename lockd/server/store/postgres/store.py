@@ -4,7 +4,9 @@ correct together.
 Invariants: every expiry is judged by the database's ``now()`` (lockd's clock is never sent);
 a grant raises the lock row's fence in the same autocommit statement that installs the lease,
 and lock rows are never deleted, so fences strictly increase per lock; a grant is acknowledged
-only after its commit is durable. The statements are in ``sql``, the release notifications in
+only after its commit is durable. Shared leases, semaphores and elections write several rows
+in one transaction that locks its rows first (``modes``, ``semaphores``, ``elections``). The
+statements are in ``sql``/``sql_modes``/``sql_sem``/``sql_elect``, the release notifications in
 ``listen``; the design, pool sizing and retries: docs/stores/postgres.md.
 """
 
@@ -26,7 +28,7 @@ import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_elect as sql_elect
 import lockd.server.store.postgres.sql_modes as sql_modes
 import lockd.server.store.postgres.sql_sem as sql_sem
-from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
+from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
@@ -375,7 +377,7 @@ class PostgresStore(SemaphoreOps, ElectionOps):
         params = {"names": list(locks), "lease_id": lease_id, "ttl_ms": int(ttl_ms),
                   "owner": owner or "", "client_id": client_id or None,
                   "shared": shared, "excl": [n for n in locks if mode_of[n] != SHARED]}
-        out_modes = dict(mode_of) if modes is not None else None
+        out_modes = dict(mode_of) if shared else None  # as renew_many answers
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> MultiGrant | list[Holder]:
             for _ in range(_ACQUIRE_ATTEMPTS):
@@ -396,6 +398,7 @@ class PostgresStore(SemaphoreOps, ElectionOps):
                     self._grants += 1
                     if self._grants % _LEASE_SWEEP_EVERY == 0:  # lease rows of expired sets
                         await conn.execute(sql.SWEEP_LEASES)
+                        await conn.execute(sql_modes.SWEEP_SHARED)
                     fences = {r[0]: r[1] for r in rows}
                     return MultiGrant(lease_id, {n: fences[n] for n in locks}, int(ttl_ms),
                                       owner or "", out_modes)

@@ -259,3 +259,24 @@ def test_shared_release_at_one_store_notifies_another(etcd_url):
             await asyncio.wait_for(heard.wait(), 3)
 
     asyncio.run(body())
+
+
+def test_a_set_of_64_shared_locks_fits_one_transaction(etcd_url):
+    """64 locks (the most a set may have), all shared, never written, with a client id: the
+    grant stays within etcd's default --max-txn-ops of 128; so does the refused exclusive set."""
+
+    async def body():
+        async with opened(etcd_url) as s:
+            locks = tuple(sorted(name() for _ in range(64)))
+            m = await s.acquire_many(locks, lease_id="m." + lease_id(), ttl_ms=4000, owner="m",
+                                     client_id="cid", modes={lock: SHARED for lock in locks})
+            assert isinstance(m, MultiGrant) and set(m.fences.values()) == {0}
+            refused = await s.acquire_many(locks, lease_id="m." + lease_id(), ttl_ms=4000,
+                                           owner="x", client_id=None)
+            assert isinstance(refused, list) and len(refused) == 64
+            assert sorted(await s.release_many(m.lease_id)) == list(locks)
+            w = await s.acquire_many(locks, lease_id="m." + lease_id(), ttl_ms=4000, owner="w",
+                                     client_id=None)
+            assert isinstance(w, MultiGrant) and min(w.fences.values()) > 0
+
+    asyncio.run(body())

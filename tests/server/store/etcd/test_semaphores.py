@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import httpx
 import pytest
 
 from lockd.server.errors import LeaseLost, LimitMismatch
 from lockd.server.store.base import SemFull, SemGrant, sem_key
+from tests.etcd_support import EtcdCluster
 from tests.server.store.etcd.helpers import lease_id, name, opened, watching
 
 
@@ -162,5 +164,39 @@ def test_release_notifies_the_semaphore_key_at_another_store(etcd_url):
             await a.sem_release(sem, g.lease_id)
             await asyncio.wait_for(got.wait(), 3)
             assert sem not in heard  # the semaphore key, never its bare name
+
+    asyncio.run(body())
+
+
+@pytest.mark.slow
+def test_a_permit_released_in_a_compacted_watch_gap_still_wakes_listeners(
+        etcd_cluster: EtcdCluster):
+    """The watch of store ``a`` is cut off (its member paused, then killed) while a permit of a
+    semaphore that stays partly held is released and the history compacted: on resuming, ``a``
+    wakes the semaphore's listeners anyway (a waiter needs one free slot, not a free semaphore)."""
+    victim = (etcd_cluster.leader() + 1) % 3  # a follower: the cluster keeps its quorum
+    others = [i for i in range(3) if i != victim]
+    order = [victim] + others
+    url_a = "etcd://" + ",".join(etcd_cluster.endpoints[i] for i in order) + "/gap"
+    url_b = "etcd://" + ",".join(etcd_cluster.endpoints[i] for i in others) + "/gap"
+
+    async def body():
+        async with opened(url_a) as a, opened(url_b) as b:
+            await watching(a, url_a)
+            heard: asyncio.Queue[str] = asyncio.Queue()
+            a.subscribe(heard.put_nowait)
+            first = await permit(b, "gap-sem", limit=2, ttl_ms=30_000)
+            await permit(b, "gap-sem", limit=2, ttl_ms=30_000)  # stays held
+            etcd_cluster.pause_member(victim)  # a's watch stream stalls without breaking
+            try:
+                await b.sem_release("gap-sem", first.lease_id)
+                ep = etcd_cluster.members[others[0]].client_url
+                rev = httpx.post(f"{ep}/v3/kv/put", json={"key": "dW5yZWxhdGVk", "value": ""})
+                httpx.post(f"{ep}/v3/kv/compaction", json={
+                    "revision": rev.json()["header"]["revision"], "physical": True})
+            finally:
+                etcd_cluster.kill_member(victim)  # the stream now breaks; a reconnects
+            while await asyncio.wait_for(heard.get(), 8) != sem_key("gap-sem"):
+                pass
 
     asyncio.run(body())

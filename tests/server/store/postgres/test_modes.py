@@ -33,6 +33,11 @@ async def take(store: PostgresStore, lock: str, mode: str, owner: str = "o", ttl
                                client_id=client_id, mode=mode)
 
 
+def quiet() -> bool:
+    """In the races below, readers pause every other 100 ms, so writers surely get in."""
+    return int(time.monotonic() * 10) % 2 == 1
+
+
 def test_shared_holders_coexist_and_exclusive_excludes_both_ways(pg_url):
     async def main():
         async with opened(pg_url) as store:
@@ -233,6 +238,12 @@ def test_mixed_mode_acquire_many_is_all_or_nothing(pg_url):
             assert got.fences == {"a": 0, "b": 2, "c": 0} and got.modes == modes
             assert [h.owner for h in (await store.get("a")).holders] == ["other", "m"]
             assert (await store.get("b")).mode == EXCLUSIVE
+            listed = await store.list("", 10, None)
+            assert [(x.lock, x.mode, [h.owner for h in x.holders]) for x in listed] == [
+                ("a", SHARED, ["other", "m"]), ("b", EXCLUSIVE, ["m"]), ("c", SHARED, ["m"])]
+            assert [(x.fence, x.owner, x.held) for x in listed] == [(0, "m", True),
+                                                                    (2, "m", True),
+                                                                    (0, "m", True)]
             # the set's shared locks refuse an exclusive lease, its exclusive lock a shared one
             assert isinstance(await take(store, "c", EXCLUSIVE), Holder)
             assert isinstance(await take(store, "b", SHARED), Holder)
@@ -311,6 +322,9 @@ def test_two_instances_never_grant_exclusive_alongside_any_other_lease(pg_url):
                 rnd = random.Random(i)
                 while time.monotonic() < stop:
                     mode = SHARED if rnd.random() < 0.6 else EXCLUSIVE
+                    if mode == SHARED and quiet():
+                        await asyncio.sleep(0.01)
+                        continue
                     got = await take(store, "hot", mode, f"w{i}")
                     if isinstance(got, Holder):
                         await asyncio.sleep(rnd.random() * 0.01)
@@ -320,6 +334,7 @@ def test_two_instances_never_grant_exclusive_alongside_any_other_lease(pg_url):
                     end = time.monotonic()
                     await store.release("hot", got.lease_id)
                     spans.append((start, end, got.mode, got.fence))
+                    await asyncio.sleep(rnd.random() * 0.02)  # readers pause: writers get in
 
             await asyncio.gather(*(worker(i) for i in range(12)))
         kinds = {m for _, _, m, _ in spans}
@@ -350,6 +365,12 @@ def test_a_database_of_the_previous_version_upgrades_in_place(pg_url, pg_dsn):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the previous version's schema
         conn.execute(sql.DDL)
         conn.execute("INSERT INTO lockd.locks (name, fence) VALUES ('old', 7)")
+        # a live multi-lock lease of the previous version
+        conn.execute("INSERT INTO lockd.locks (name, fence, lease_id, owner, expires_at, ttl_ms)"
+                     " SELECT n, 3, 'm.old', 'set', now() + interval '1 hour', 60000"
+                     "   FROM unnest(ARRAY['p', 'q']) AS n")
+        conn.execute("INSERT INTO lockd.leases (lease_id, locks, owner, expires_at, ttl_ms)"
+                     " VALUES ('m.old', ARRAY['p', 'q'], 'set', now() + interval '1 hour', 60000)")
 
     async def main():
         async with opened(pg_url) as a, opened(pg_url) as b:  # two processes upgrade at once
@@ -361,7 +382,127 @@ def test_a_database_of_the_previous_version_upgrades_in_place(pg_url, pg_dsn):
             n = await take(a, "new", SHARED)
             assert isinstance(n, Grant) and n.fence == 0
             assert (await b.sem_get("s")).limit == 0 and (await b.elect_get("e")).seq == 0
+            assert isinstance(await take(a, "p", SHARED), Holder)
+            renewed = await b.renew_many("m.old", 5000)
+            assert (renewed.fences, renewed.modes, renewed.ttl_ms) == ({"p": 3, "q": 3}, None, 5000)
+            assert await a.release_many("m.old") == ("p", "q")
+            assert isinstance(await take(a, "p", SHARED), Grant)
         async with opened(pg_url) as again:  # a current schema: opened as is
             assert (await again.get("old")).fence == 8
+
+    asyncio.run(main())
+
+
+def test_listen_catch_up_names_every_kind_of_release(pg_url, pg_dsn):
+    """After a LISTEN reconnect the listener replays what was released meanwhile (notifications
+    sent while it was away are lost): shared releases, semaphore releases (``#sem/`` keys) and
+    election writes are found like exclusive releases."""
+    from lockd.server.store.postgres import sql_modes
+
+    async def main():
+        async with opened(pg_url) as store:
+            e = await take(store, "excl", EXCLUSIVE)
+            s = await take(store, "shr", SHARED)
+            p = await store.sem_acquire("pool", limit=2, lease_id=lease_id(), ttl_ms=5000,
+                                        owner="o", client_id=None)
+            await take(store, "quiet", SHARED)  # not released: not replayed
+            await store.release("excl", e.lease_id)
+            await store.release("shr", s.lease_id)
+            await store.sem_release("pool", p.lease_id)
+            await store.elect_campaign("boss", lease_id=lease_id(), ttl_ms=5000, owner="o",
+                                       client_id=None, value="v")
+
+    asyncio.run(main())
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        since = conn.execute("SELECT now() - interval '1 minute'").fetchone()[0]
+        names = [r[0] for r in conn.execute(sql_modes.CATCH_UP, {"since": since})]
+    assert names == ["#sem/pool", "boss", "excl", "shr"]
+
+
+def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
+    """Like the test above, with lock sets in random modes among the single leases: per lock,
+    an exclusive span overlaps no other span (a set's spans count for each of its locks)."""
+
+    async def main():
+        spans: dict[str, list[tuple[float, float, str]]] = {"a": [], "b": []}
+        sets = 0
+        async with opened(pg_url) as one, opened(pg_url) as two:
+            stop = time.monotonic() + 3.0
+
+            async def worker(i: int) -> None:
+                nonlocal sets
+                store = one if i % 2 else two
+                rnd = random.Random(100 + i)
+                while time.monotonic() < stop:
+                    pick = {n: (SHARED if rnd.random() < 0.6 else EXCLUSIVE) for n in "ab"}
+                    if SHARED in pick.values() and quiet():
+                        await asyncio.sleep(0.01)
+                        continue
+                    if rnd.random() < 0.5:
+                        got = await store.acquire_many(("a", "b"), lease_id=lease_id(),
+                                                       ttl_ms=5000, owner=f"w{i}",
+                                                       client_id=None, modes=pick)
+                        held = pick if isinstance(got, MultiGrant) else None
+                    else:
+                        name = rnd.choice("ab")
+                        got = await take(store, name, pick[name], f"w{i}")
+                        held = {name: pick[name]} if isinstance(got, Grant) else None
+                    if held is None:
+                        await asyncio.sleep(rnd.random() * 0.01)
+                        continue
+                    start = time.monotonic()
+                    await asyncio.sleep(rnd.random() * 0.01)
+                    end = time.monotonic()
+                    if isinstance(got, MultiGrant):
+                        sets += 1
+                        assert await store.release_many(got.lease_id) == ("a", "b")
+                    else:
+                        await store.release(got.lock, got.lease_id)
+                    for name, mode in held.items():
+                        spans[name].append((start, end, mode))
+                    await asyncio.sleep(rnd.random() * 0.02)  # readers pause: writers get in
+
+            await asyncio.gather(*(worker(i) for i in range(12)))
+        assert sets > 10
+        for name, found in spans.items():
+            found.sort()
+            assert {m for _, _, m in found} == {SHARED, EXCLUSIVE}, name
+            for i, (s1, e1, m1) in enumerate(found):
+                for s2, e2, m2 in found[i + 1:]:
+                    if s2 >= e1:
+                        break
+                    assert m1 == m2 == SHARED, (name, (s1, e1, m1), (s2, e2, m2))
+
+    asyncio.run(main())
+
+
+def test_a_shared_renewal_judged_by_an_earlier_now_loses_to_an_exclusive_grant(pg_url, pg_dsn):
+    """A renewal waits on the lock row while, meanwhile, its lease ran out and an exclusive
+    lease was granted: by its own (earlier) ``now()`` the lease still looks live, but the
+    exclusive lease on the row it locked first refuses it."""
+
+    async def main():
+        async with opened(pg_url) as store:
+            s = await take(store, "race", SHARED, ttl_ms=60_000)
+            with psycopg.connect(pg_dsn) as conn:  # one transaction holding the lock row
+                conn.execute("SELECT 1 FROM lockd.locks WHERE name = 'race' FOR UPDATE")
+                renewal = asyncio.create_task(store.renew("race", s.lease_id, 60_000))
+                await asyncio.sleep(0.3)  # the renewal's transaction began; it waits
+                assert not renewal.done()
+                # the shared lease ends after the renewal's now(), then an exclusive grant
+                conn.execute("UPDATE lockd.shared SET expires_at = clock_timestamp()"
+                             " WHERE name = 'race'")
+                conn.execute("UPDATE lockd.locks SET shared_until = clock_timestamp()"
+                             " WHERE name = 'race'")
+                time.sleep(0.01)
+                conn.execute("UPDATE lockd.locks SET fence = fence + 1, lease_id = 'x',"
+                             " owner = 'writer', expires_at = clock_timestamp() + interval '1 h'"
+                             " WHERE name = 'race'")
+                conn.commit()
+            with pytest.raises(LeaseLost):
+                await renewal
+            state = await store.get("race")
+            assert (state.mode, state.owner, [h.mode for h in state.holders]) == (
+                EXCLUSIVE, "writer", [EXCLUSIVE])
 
     asyncio.run(main())

@@ -205,3 +205,27 @@ def test_two_instances_never_exceed_the_limit_and_slots_are_unique(pg_url):
         assert peak == 3  # the limit was reached, never passed
 
     asyncio.run(main())
+
+
+def test_a_renewal_judged_by_an_earlier_now_loses_to_a_new_limit(pg_url, pg_dsn):
+    """A permit renewal waits on the semaphore row while its permit ran out and the limit was
+    lowered below its slot: by its own (earlier) ``now()`` the permit still looks live, but the
+    limit it reads once the row is free refuses it."""
+
+    async def main():
+        async with opened(pg_url) as store:
+            gs = [await permit(store, "race", 2, f"w{i}", ttl_ms=60_000) for i in range(2)]
+            with psycopg.connect(pg_dsn) as conn:  # one transaction holding the semaphore row
+                conn.execute("SELECT 1 FROM lockd.semaphores WHERE name = 'race' FOR UPDATE")
+                renewal = asyncio.create_task(store.sem_renew("race", gs[1].lease_id, 60_000))
+                await asyncio.sleep(0.3)
+                assert not renewal.done()
+                conn.execute("UPDATE lockd.sem_permits SET expires_at = clock_timestamp()")
+                time.sleep(0.01)
+                conn.execute("UPDATE lockd.semaphores SET lim = 1")
+                conn.commit()
+            with pytest.raises(LeaseLost):
+                await renewal
+            assert (await store.sem_get("race")).permits == ()
+
+    asyncio.run(main())
