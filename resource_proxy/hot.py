@@ -31,14 +31,21 @@ Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
 _HOT_ENDPOINTS = (put_row, patch_row, batch)
-_HOT: dict[str, tuple[Route, ...]] = {}
-for _r in routes:  # the routes' own objects: the same patterns and convertors as the router
-    if _r.endpoint in _HOT_ENDPOINTS:
-        for _m in _r.methods or ():
-            if _m in ("PUT", "PATCH", "POST"):
-                _HOT.setdefault(_m, ())
-                _HOT[_m] += (_r,)
-del _r, _m
+
+
+def _hot_routes() -> dict[str, tuple[Route, ...]]:
+    """method -> the hot routes for it: the routes' own objects, so the same patterns and
+    convertors as the router's."""
+    found: dict[str, tuple[Route, ...]] = {}
+    for route in routes:
+        if route.endpoint in _HOT_ENDPOINTS:
+            for method in route.methods or ():
+                if method != "HEAD":
+                    found[method] = found.get(method, ()) + (route,)
+    return found
+
+
+_HOT = _hot_routes()
 
 
 def _match(scope: Scope) -> dict[str, Any] | None:
