@@ -50,9 +50,11 @@ bench: install
 
 ## Fault injection + history checker: one run per store, summary on stdout, JSON report
 ## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
-## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql (default
-## counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL inside
-## fenced_transaction on a database with the fence triggers, no proxy).
+## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql|rw|sem|election
+## (default counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL
+## inside fenced_transaction on a database with the fence triggers, no proxy; rw: readers on shared
+## locks beside the counter's writers; sem: semaphore permits writing their slots; election:
+## leaders writing a term log).
 ## Prints the total time up front and a progress line every 30 s. Exit 1 if the checker found a violation.
 CHAOS_STORE    ?= all
 CHAOS_WORKLOAD ?= counter
@@ -64,8 +66,8 @@ chaos: install
 
 ## Mutation testing of the chaos suite: plant each bug of chaos/mutants in a copy of
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40), one line per mutant, then
-## "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some. About 15 minutes (14 mutants).
-## MUTANT_WORKLOAD=counter|transfer|sql runs the mutants that workload reaches, under it (default:
+## "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some. About 20 minutes (19 mutants).
+## MUTANT_WORKLOAD=counter|transfer|sql|rw|sem|election runs the mutants that workload reaches, under it (default:
 ## each mutant under its own first workload; sql: the database's fence triggers, plain SQL).
 MUTANT_SECONDS  ?= 40
 MUTANT_ONLY     ?=

@@ -17,6 +17,9 @@ multi-lock leases),
 ``sqldb``/``sqlwork``/``sqlcheck`` (the ``sql`` workload: plain SQL inside
 ``fenced_transaction`` on a database whose own fence triggers decide, no proxy; ``rowlocks``:
 the row-by-row lock rule it shares with ``transfers``),
+``rwwork``/``rwcheck`` (the ``rw`` workload: readers on shared locks beside the counter's
+writers, and ``sem``: semaphore permits writing their slots), ``electwork``/``electcheck`` (the
+``election`` workload: leaders writing a term log),
 ``runner`` (one run, its report), ``__main__`` (the CLI), ``mutants`` (plant a bug in a copy of
 the tree and check that a chaos run catches it: ``make mutants``).
 

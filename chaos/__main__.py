@@ -4,7 +4,7 @@
 
     python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
                     [--mode fenced|unfenced-read|nofence|noclaim] [--workers 4] [--resource postgres|sqlite]
-                    [--workload counter|transfer|sql] [--faults pause,handoff,...]
+                    [--workload counter|transfer|sql|rw|sem|election] [--faults pause,...]
                     [--results-dir chaos/results] [--keep]
 
 Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and

@@ -529,7 +529,9 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
     ops = collect_ops(events)
     committed = {r.op for r in history if r.kind in (
         "counter", "mark_ins", "account", "order_ins", "order_del", "line_ins", "line_upd",
-        "line_out", "line_del")}
+        "line_out", "line_del", "smark")}
+    # an election's term entries are named "<op>.<n>": their operation committed a write
+    committed |= {r.op.rsplit(".", 1)[0] for r in history if r.kind == "term"}
     deleters = _deleters(ops)
     deleted = {deleters[r.op].op for r in history if r.kind == "mark_del" and r.op in deleters}
     totals = {"pauses": len(pauses), "attempted": 0, "refused": 0, "committed": 0, "unknown": 0}

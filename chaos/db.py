@@ -8,6 +8,8 @@
     accounts (id integer PRIMARY KEY, balance bigint NOT NULL,       -- ACCOUNTS rows, 1..N, each
               op text, fence bigint, read_balance bigint)            -- starts at INITIAL_BALANCE
     account_marks (account integer, id text, fence bigint)          -- blind multi-lock batches
+    terms   (id text PRIMARY KEY, term bigint, worker text, n int)  -- the election's term log
+    slot_marks (slot integer, id text, fence bigint)                -- semaphore permits' writes
     history (id, kind, op, worker, fence, read_value, wrote_value, commit_seq)   -- not served
 
 The proxy serves ``counter`` and ``marks`` (it reflects them at start, so ``create_schema`` runs
@@ -22,6 +24,11 @@ first); ``history`` is written by the database itself, by triggers, never throug
 - ``kind = 'amark'``: every insert of an account mark (the ``transfer`` workload's blind
   multi-lock batches: one mark per account of the lease, ``op`` = the transfer id, ``worker`` =
   the account, ``fence`` = its lock's fence).
+- ``kind = 'term'``: every insert or update of a ``terms`` row (the ``election`` workload's term
+  log: ``op`` = the entry id, ``worker`` = the leader, ``fence`` = its term, ``read_value`` = the
+  entry's number within the term).
+- ``kind = 'smark'``: every insert of a ``slot_marks`` row (the ``sem`` workload: ``op`` = the
+  operation, ``worker`` = the permit's slot, ``fence`` = the permit's fence).
 - ``kind = 'fence'``: every change of the fence table (``watch_fences``, installed once it
   exists; ``fencing.fences`` on PostgreSQL, shared by the proxy and ``fencing.claim``): the
   highest fence honoured, as the database committed it.
@@ -46,6 +53,7 @@ import psycopg
 from chaos.checker import HistoryRow
 
 __all__ = ["COUNTER_TABLE", "MARKS_TABLE", "ACCOUNTS_TABLE", "ACCOUNT_MARKS_TABLE", "HISTORY_TABLE", "ACCOUNTS",
+           "TERMS_TABLE", "SLOT_MARKS_TABLE",
            "INITIAL_BALANCE", "ResourceDB", "Direct"]
 
 COUNTER_TABLE = "counter"
@@ -53,6 +61,8 @@ MARKS_TABLE = "marks"
 ACCOUNTS_TABLE = "accounts"
 ACCOUNT_MARKS_TABLE = "account_marks"
 HISTORY_TABLE = "history"
+TERMS_TABLE = "terms"
+SLOT_MARKS_TABLE = "slot_marks"
 ACCOUNTS = 8
 """Account rows of the ``transfer`` workload (ids 1..ACCOUNTS)."""
 INITIAL_BALANCE = 1000
@@ -91,6 +101,27 @@ END $$;
 DROP TRIGGER IF EXISTS chaos_log_account ON accounts;
 CREATE TRIGGER chaos_log_account AFTER UPDATE ON accounts FOR EACH ROW
     EXECUTE FUNCTION chaos_log_account();
+
+CREATE TABLE IF NOT EXISTS terms (id text PRIMARY KEY, term bigint NOT NULL, worker text NOT NULL,
+    n integer NOT NULL);
+CREATE OR REPLACE FUNCTION chaos_log_term() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO history (kind, op, worker, fence, read_value) VALUES ('term', NEW.id, NEW.worker, NEW.term, NEW.n);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_term ON terms;
+CREATE TRIGGER chaos_log_term AFTER INSERT OR UPDATE ON terms FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_term();
+CREATE TABLE IF NOT EXISTS slot_marks (slot integer NOT NULL, id text NOT NULL, fence bigint,
+    PRIMARY KEY (slot, id));
+CREATE OR REPLACE FUNCTION chaos_log_slot_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO history (kind, op, worker, fence) VALUES ('smark', NEW.id, NEW.slot::text, NEW.fence);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_slot_mark ON slot_marks;
+CREATE TRIGGER chaos_log_slot_mark AFTER INSERT ON slot_marks FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_slot_mark();
 
 CREATE OR REPLACE FUNCTION chaos_stamp() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -162,6 +193,19 @@ CREATE TRIGGER IF NOT EXISTS chaos_log_counter AFTER UPDATE ON counter FOR EACH 
     WHEN NEW.op IS NOT OLD.op
     BEGIN INSERT INTO history (kind, op, worker, fence, read_value, wrote_value)
           VALUES ('counter', NEW.op, NEW.worker, NEW.fence, NEW.read_value, NEW.value); END;
+CREATE TABLE IF NOT EXISTS terms (id TEXT PRIMARY KEY, term INTEGER NOT NULL, worker TEXT NOT NULL,
+    n INTEGER NOT NULL);
+CREATE TRIGGER IF NOT EXISTS chaos_log_term_ins AFTER INSERT ON terms FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence, read_value)
+          VALUES ('term', NEW.id, NEW.worker, NEW.term, NEW.n); END;
+CREATE TRIGGER IF NOT EXISTS chaos_log_term_upd AFTER UPDATE ON terms FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence, read_value)
+          VALUES ('term', NEW.id, NEW.worker, NEW.term, NEW.n); END;
+CREATE TABLE IF NOT EXISTS slot_marks (slot INTEGER NOT NULL, id TEXT NOT NULL, fence INTEGER,
+    PRIMARY KEY (slot, id));
+CREATE TRIGGER IF NOT EXISTS chaos_log_slot_mark AFTER INSERT ON slot_marks FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence)
+          VALUES ('smark', NEW.id, CAST(NEW.slot AS TEXT), NEW.fence); END;
 CREATE TRIGGER IF NOT EXISTS chaos_log_mark_ins AFTER INSERT ON marks FOR EACH ROW
     BEGIN INSERT INTO history (kind, op, worker, fence) VALUES ('mark_ins', NEW.id, NEW.worker, NEW.fence); END;
 CREATE TRIGGER IF NOT EXISTS chaos_log_mark_del AFTER DELETE ON marks FOR EACH ROW

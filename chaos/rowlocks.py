@@ -49,8 +49,11 @@ def _leases(events: Iterable[Mapping[str, Any]]) -> tuple[dict[str, dict[str, in
 
 
 def check_row_locks(history: Sequence[HistoryRow], events: Sequence[Mapping[str, Any]],
-                    kinds: tuple[str, ...], add: Callable[[Violation], None]) -> int:
-    """Judge every history row of ``kinds`` (see the module docstring); returns their count."""
+                    kinds: tuple[str, ...], add: Callable[[Violation], None],
+                    lock_prefix: str = "accounts/") -> int:
+    """Judge every history row of ``kinds`` (see the module docstring); returns their count.
+    ``lock_prefix``: a row's lock is the prefix + its ``worker`` (``sem/chaos/`` + a slot for
+    the ``sem`` workload's ``smark`` rows)."""
     ops = collect_ops(events)
     leases, claimed = _leases(events)
     ordered = sorted(history, key=lambda r: (r.seq if r.seq is not None else r.id, r.id))
@@ -64,7 +67,7 @@ def check_row_locks(history: Sequence[HistoryRow], events: Sequence[Mapping[str,
             continue
         if row.kind != "account" and row.kind not in kinds:
             continue
-        lock = f"accounts/{row.worker}"
+        lock = f"{lock_prefix}{row.worker}"
         fences = leases.get(row.op, {})
         if row.kind == "account":
             if lock in fences and fences[lock] > last.get(lock, (0, 0))[0]:

@@ -32,9 +32,11 @@ from typing import Any
 
 from chaos.checker import check, load_events, revived_writes
 from chaos.db import ACCOUNTS, INITIAL_BALANCE, ResourceDB
+from chaos.electcheck import check_election
 from chaos.nemesis import Nemesis, kinds_for, make_schedule
 from chaos.pool import WorkerPool, faketime_lib
-from chaos.services import ACCOUNT_LOCKS, LOCK, Services
+from chaos.rwcheck import check_rw, check_sem
+from chaos.services import ACCOUNT_LOCKS, ELECTION, LOCK, SEMAPHORE, Services
 from chaos.sqlcheck import check_sql
 from chaos.transfers import check_transfers
 from chaos.workload import MODES, WORKLOADS
@@ -143,7 +145,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 raise RuntimeError("the proxy writes the counter unfenced")
             if account != ACCOUNT_LOCKS.replace("{key}", "1"):
                 raise RuntimeError(f"the proxy binds account 1 to {account!r}")
-            lock = named if cfg.workload == "counter" else ACCOUNT_LOCKS
+            lock = {"counter": named, "rw": named, "election": ELECTION,
+                    "sem": SEMAPHORE}.get(cfg.workload, ACCOUNT_LOCKS)
             pool.argv = _worker_argv(cfg, services, lock)
             pool.start_all()
             nemesis.start()
@@ -171,6 +174,12 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         result = check_transfers(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
     elif cfg.workload == "sql":
         result = check_sql(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
+    elif cfg.workload == "rw":
+        result = check_rw(history, counter, events, ttl=ttl)
+    elif cfg.workload == "sem":
+        result = check_sem(history, events, ttl=ttl, lock_prefix=f"sem/{SEMAPHORE}/")
+    elif cfg.workload == "election":
+        result = check_election(history, events, lock=ELECTION, ttl=ttl)
     else:
         result = check(history, counter, events, ttl=ttl)
     revived = revived_writes(events, history, nemesis.pauses())
@@ -230,6 +239,13 @@ def format_summary(report: dict[str, Any]) -> str:
         *([f"  sql: operations committed {ops['committed_writes']}, order/line rows "
            f"{ops['sql_rows']}, writes refused by the triggers {ops['sql_refused']}"]
           if "sql_rows" in ops else []),
+        *([f"  readers: {ops['readers']} shared leases, reads allowed {ops['reads_allowed']}, "
+           f"refused stale {ops['reads_stale']}; writes under a shared token refused "
+           f"{ops['shared_writes_refused']}"] if "readers" in ops else []),
+        *([f"  permits granted {ops['permits']}"] if "permits" in ops else []),
+        *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
+           f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]
+          if "leaders" in ops else []),
         f"  faults: {faults}",
         f"  pauses {report['revived']['pauses']}: revived writes attempted "
         f"{report['revived']['attempted']}, refused {report['revived']['refused']}, committed "

@@ -28,13 +28,21 @@ from pathlib import Path
 
 import psycopg
 
-from chaos.db import ACCOUNT_MARKS_TABLE, ACCOUNTS, ACCOUNTS_TABLE, MARKS_TABLE, ResourceDB
+from chaos.db import (
+    ACCOUNT_MARKS_TABLE,
+    ACCOUNTS,
+    ACCOUNTS_TABLE,
+    MARKS_TABLE,
+    SLOT_MARKS_TABLE,
+    TERMS_TABLE,
+    ResourceDB,
+)
 from chaos.relay import Relay
 from chaos.sqldb import create_sql_schema, protect
 from tests.etcd_support import EtcdCluster
 from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 
-__all__ = ["STORES", "RESOURCES", "LOCK", "ACCOUNT_LOCKS", "Services"]
+__all__ = ["STORES", "RESOURCES", "LOCK", "ACCOUNT_LOCKS", "ELECTION", "SEMAPHORE", "Services"]
 
 STORES = ("sqlite", "postgres", "etcd")
 RESOURCES = ("postgres", "sqlite")
@@ -43,6 +51,12 @@ RESOURCES = ("postgres", "sqlite")
 LOCK = "chaos/counter"
 ACCOUNT_LOCKS = "accounts/{key}"
 """The ``transfer`` workload: one lock per account row (row 3 is written under accounts/3)."""
+ELECTION = "chaos/election"
+"""The ``election`` workload's election: its leader's token (lock = the election's name) writes
+the ``terms`` table."""
+SEMAPHORE = "chaos"
+"""The ``sem`` workload's semaphore: the holder of slot N writes ``slot_marks`` rows of slot N
+(lock ``sem/chaos/N``)."""
 
 
 class Services:
@@ -133,11 +147,14 @@ class Services:
         policy = self.dir / "policy.yaml"  # one lock writes the counter AND the marks
         policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}, "
                           f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\", "
-                          f"{ACCOUNT_MARKS_TABLE}: \"accounts/{{account}}\"}}\n")
+                          f"{ACCOUNT_MARKS_TABLE}: \"accounts/{{account}}\", "
+                          f"{TERMS_TABLE}: {ELECTION}, "
+                          f"{SLOT_MARKS_TABLE}: \"sem/{SEMAPHORE}/{{slot}}\"}}\n")
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
              "--lockd-url", self.lockd_url, "--tables",
-             f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE},{ACCOUNT_MARKS_TABLE}",
+             f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE},{ACCOUNT_MARKS_TABLE},{TERMS_TABLE},"
+             f"{SLOT_MARKS_TABLE}",
              "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning",
              "--workers", "1"],  # one process: the nemesis SIGSTOPs the proxy by its pid
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")

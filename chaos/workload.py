@@ -27,6 +27,10 @@ the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amou
 Some transfers (85 % in the blind phases, 20 % otherwise) are instead a blind multi-lock batch:
 no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
 
+The ``rw``, ``sem`` and ``election`` workloads (``chaos.rwwork``, ``chaos.electwork``: ``ext``
+acquires, renews, releases and runs their operations): readers on shared locks beside the
+counter's writers; permits of a semaphore writing their slots; leaders writing a term log.
+
 The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
 inside ``fenced_transaction`` on the protected database (no proxy): transfers read-modify-write
 or blind, orders and lines inserted, updated set-wise, deleted by cascade. ``--mode noclaim``
@@ -95,7 +99,7 @@ __all__ = ["MODES", "WORKLOADS", "main", "uptime"]
 
 MODES = ("fenced", "unfenced-read", "nofence", "noclaim")
 """``noclaim``: the ``sql`` workload's control, plain SQL with no claim (see ``chaos.sqlwork``)."""
-WORKLOADS = ("counter", "transfer", "sql")
+WORKLOADS = ("counter", "transfer", "sql", "rw", "sem", "election")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_S = 4.0
@@ -172,6 +176,20 @@ class Worker:
             from chaos.sqlwork import SqlOps
 
             self.sql = SqlOps(self, args.db, _sleep)
+        self.ext: Any = None
+        """The ``rw``/``sem``/``election`` operations (``chaos.rwwork``, ``chaos.electwork``)."""
+        if args.workload == "rw":
+            from chaos.rwwork import RwOps
+
+            self.ext = RwOps(self, _sleep)
+        elif args.workload == "sem":
+            from chaos.rwwork import SemOps
+
+            self.ext = SemOps(self, _sleep, args.lock)
+        elif args.workload == "election":
+            from chaos.electwork import ElectionOps
+
+            self.ext = ElectionOps(self, _sleep, args.lock)
         self.stopping = False
         self._last_mark: str | None = None
         """The last mark this worker saw committed (the target of its next DELETE)."""
@@ -371,6 +389,11 @@ class Worker:
             return
         self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src], fences=fences)
 
+    def _op_rw(self, op: str, lease: Any) -> None:
+        self.ext.run(op, lease)
+
+    _op_sem = _op_election = _op_rw
+
     def _op_sql(self, op: str, lease: Lease) -> None:
         """The ``sql`` workload: plain SQL on the protected database (``chaos.sqlwork``)."""
         assert self.sql is not None
@@ -395,7 +418,9 @@ class Worker:
 
     def _acquire(self) -> Lease:
         """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
-        locks."""
+        locks; ``rw``/``sem``/``election``: ``ext``'s lease)."""
+        if self.ext is not None:
+            return self.ext.acquire()
         if self.a.workload == "counter":
             return self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
                                        auto_renew=False)
@@ -412,14 +437,18 @@ class Worker:
         return response.json() if response.content else None
 
     def _renew_once(self, lease: Lease) -> None:
-        if hasattr(lease, "fences"):
+        if hasattr(lease, "base"):  # a ``chaos.rwwork.RawLease``
+            self.ext.renew(lease)
+        elif hasattr(lease, "fences"):
             self._lockd("/v1/leases/renew", {"lease_id": lease.lease_id,
                                              "ttl_ms": round(self.a.ttl * 1000)})
         else:
             self.client.renew(LeaseRef(lease.lock, lease.lease_id), ttl=self.a.ttl)
 
     def _release(self, lease: Lease) -> None:
-        if hasattr(lease, "fences"):
+        if hasattr(lease, "base"):
+            self.ext.release(lease)
+        elif hasattr(lease, "fences"):
             self._lockd("/v1/leases/release", {"lease_id": lease.lease_id})
         else:
             self.client.release(LeaseRef(lease.lock, lease.lease_id))
@@ -469,7 +498,8 @@ class Worker:
                 continue
             fences = getattr(lease, "fences", None)
             self.log("acquired", op=op, fence=lease.fence,
-                     **({"fences": dict(fences)} if fences else {}))
+                     **({"fences": dict(fences)} if fences else {}),
+                     **getattr(lease, "log_fields", {}))
             stop = threading.Event()
             renewer = threading.Thread(target=self._renew_loop, args=(op, lease, stop),
                                        daemon=True)
@@ -516,6 +546,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--claim-then-read", type=float, default=0.5,
                    help="share of read-modify-writes that claim explicitly, then read without "
                         "the token (counter workload, fenced mode)")
+    p.add_argument("--readers", type=float, default=0.6,
+                   help="share of operations that take the lock shared and read (rw workload)")
+    p.add_argument("--illicit", type=float, default=0.2,
+                   help="share of the readers' operations that try to write (rw workload)")
+    p.add_argument("--limit", type=int, default=2, help="permits of the semaphore (sem workload)")
     p.add_argument("--peek", type=float, default=0.05,
                    help="share of iterations that are a plain read without lock or token")
     return p

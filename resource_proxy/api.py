@@ -47,7 +47,7 @@ from resource_proxy.service import ProxyService
 from resource_proxy.values import dumps, loads
 from resource_proxy.writes import OpKind
 
-__all__ = ["routes", "install_problem_handlers", "TOKEN_HEADER"]
+__all__ = ["routes", "install_problem_handlers", "problem_response", "TOKEN_HEADER"]
 
 log = logging.getLogger("resource_proxy.api")
 
@@ -264,6 +264,16 @@ def _problem(request: Request, error: ProxyError) -> Response:
     return error_response(error, headers)
 
 
+def problem_response(request: Request, exc: Exception) -> Response:
+    """The problem response for any exception a route raised: the proxy's own ``ProxyError``
+    as itself, anything else (a bug) logged and answered 500 ``internal``. Used by the app's
+    exception handlers and by the hot path (``resource_proxy.hot``)."""
+    if isinstance(exc, ProxyError):
+        return _problem(request, exc)
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _problem(request, ProxyError("internal error; see the proxy's log"))
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     """Map every exception a request can raise to a problem response (never a stack trace)."""
 
@@ -288,6 +298,5 @@ def install_problem_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return _problem(request, ProxyError("internal error; see the proxy's log"))
+        return problem_response(request, exc)
 

@@ -15,6 +15,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -27,6 +28,7 @@ from lockd.common.tls import CertRoles
 from resource_proxy.access import AccessMiddleware, load_table_access
 from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
+from resource_proxy.hot import HotPathMiddleware, ProxyApp
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader, lockd_verify
 from resource_proxy.metrics import ProxyMetrics
 from resource_proxy.openapi import OPEN_PATHS, build_openapi
@@ -98,7 +100,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
             if http is not None:
                 await http.aclose()
 
-    app = FastAPI(title="resource-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = ProxyApp(title="resource-proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.settings = settings
     metrics = app.state.metrics = ProxyMetrics()
     app.state.activity = Activity()
@@ -110,11 +112,18 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     install_docs(app, title="resource-proxy")
     app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
     keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
+    options: dict[str, Any] = dict(
+        api_keys=KeySet(keys), admin_keys=KeySet(), open_paths=OPEN_PATHS,
+        max_header_bytes=settings.max_header_bytes,
+        on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
+        logger=logging.getLogger("resource_proxy.http"),
+        cert_roles=CertRoles(settings.cert_clients), identities=access)
     if access is not None:  # its identities authenticate like API keys, scoped by tables
         app.add_middleware(AccessMiddleware)
-    app.add_middleware(RequestMiddleware, api_keys=KeySet(keys), admin_keys=KeySet(),
-                       open_paths=OPEN_PATHS, max_header_bytes=settings.max_header_bytes,
-                       on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
-                       logger=logging.getLogger("resource_proxy.http"),
-                       cert_roles=CertRoles(settings.cert_clients), identities=access)
+    app.add_middleware(RequestMiddleware, **options)
+    # the hot path (resource_proxy.hot) behind the same request and access middlewares
+    hot: Any = HotPathMiddleware(partial(FastAPI.__call__, app))
+    if access is not None:
+        hot = AccessMiddleware(hot)
+    app._front = RequestMiddleware(hot, **options)
     return app

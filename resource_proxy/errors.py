@@ -17,6 +17,9 @@
     ├── ForbiddenTable              403  forbidden_table    the caller's identity (access file)
     │                                                       may not write or fenced-read that
     │                                                       table (``table``, ``identity``)
+    ├── SharedToken                 403  shared_token       the token holds the lock SHARED (a
+    │                                                       read lock): it may read, never write
+    │                                                       or raise the fence (``lock``)
     ├── StaleToken                  409  stale_token        fence below the highest honoured
     │                                                       (``lock``, ``presented``, ``highest``)
     ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
@@ -55,6 +58,7 @@ __all__ = [
     "InvalidTokenError",
     "LockNotAllowed",
     "ForbiddenTable",
+    "SharedToken",
     "StaleToken",
     "Conflict",
     "StoreUnavailable",
@@ -114,6 +118,19 @@ class ForbiddenTable(ProxyError):
     the problem names the ``table`` and the ``identity``'s name, never its secret."""
 
     status, code, title = 403, "forbidden_table", "Table outside the identity's scope"
+
+
+class SharedToken(ProxyError):
+    """The token holds ``lock`` in shared mode (a read lock) and the call would write under it
+    or raise its fence (403): a shared lease may only do fenced reads and claims-for-read.
+    Nothing was written or raised."""
+
+    status, code, title = 403, "shared_token", "Shared token cannot write"
+
+    def __init__(self, lock: str, action: str = "write"):
+        super().__init__(f"the token holds lock {lock!r} shared (a read lock): it may read and "
+                         f"claim-for-read, not {action}; take the lock exclusive to write",
+                         lock=lock)
 
 
 class StaleToken(ProxyError):

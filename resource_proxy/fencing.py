@@ -48,8 +48,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
+from lockd.tokens import Claims
 from resource_proxy.dbfence.install import ensure_core
-from resource_proxy.errors import InvalidRequest, StaleToken
+from resource_proxy.errors import InvalidRequest, SharedToken, StaleToken
 from resource_proxy.idempotency import add_fences_column, idempotency_table
 
 __all__ = [
@@ -57,8 +58,10 @@ __all__ = [
     "PG_FENCES",
     "SQLITE_TABLE",
     "Fence",
+    "held",
     "check",
     "check_all",
+    "check_read",
     "in_lock_order",
     "create_fence_table",
     "validate_lock_name",
@@ -75,12 +78,32 @@ log = logging.getLogger("resource_proxy")
 
 @dataclass(frozen=True, slots=True)
 class Fence:
-    """A verified (lock, fence) pair, taken from a token's claims. ``multi``: the token is a
-    multi-lock token (its 409 lists every stale lock in ``stale``)."""
+    """A verified (lock, fence) pair, taken from a token's claims (``held``). ``multi``: the
+    token is a multi-lock token (its 409 lists every stale lock in ``stale``). ``shared``: the
+    token holds the lock shared, so the fence is a read epoch: a store checks it
+    (``check_read``) and never raises the highest to it."""
 
     lock: str
     fence: int
     multi: bool = False
+    shared: bool = False
+
+
+def held(claims: Claims, lock: str, *, writing: bool) -> Fence | None:
+    """The token's ``Fence`` for ``lock``, or None if the token does not hold ``lock``.
+
+    The ONE place a write's fence is taken from a token: with ``writing`` (a row write, a batch
+    op, a claim that raises) a lock the token holds SHARED is refused with ``SharedToken``
+    (403 ``shared_token`` naming the lock) before the store is called, so nothing is written
+    or raised. Without it (a fenced read, a claim-for-read) the shared fence is returned for
+    the store to check without raising."""
+    fence = claims.locks.get(lock)
+    if fence is None:
+        return None
+    shared = lock in claims.shared
+    if shared and writing:
+        raise SharedToken(lock)
+    return Fence(lock, fence, claims.multi, shared)
 
 
 def in_lock_order(fences: Iterable[Fence]) -> list[Fence]:
@@ -101,6 +124,14 @@ def validate_lock_name(name: str) -> str:
 def check(fence: Fence, highest: int) -> None:
     """Raise ``StaleToken`` unless the upsert's returned ``highest`` is the presented fence."""
     check_all([fence], [highest])
+
+
+def check_read(fence: Fence, highest: int) -> None:
+    """A shared fence's check: ``StaleToken`` if the ``highest`` honoured (read, not raised)
+    is above the presented read epoch; an equal or higher epoch passes (a shared grant carries
+    the current fence, 0 before any exclusive grant)."""
+    if highest > fence.fence:
+        raise StaleToken(fence.lock, fence.fence, highest)
 
 
 def check_all(fences: Sequence[Fence], highests: Sequence[int]) -> None:

@@ -10,7 +10,8 @@ metric                                       type       meaning
 ``resource_proxy_writes_total{op,outcome}``  counter    fenced writes (insert, upsert, update,
                                                         delete, batch, claim) by outcome: ``ok``,
                                                         ``stale``, ``token_required``,
-                                                        ``invalid_token``, ``forbidden``,
+                                                        ``invalid_token``, ``forbidden`` (also
+                                                        a shared token's write),
                                                         ``not_found``, ``conflict``, ``invalid``,
                                                         ``unavailable``, ``unknown`` (outcome
                                                         unknown), ``error``
@@ -38,7 +39,8 @@ __all__ = ["ProxyMetrics", "CONTENT_TYPE_LATEST", "WRITE_CALLS", "OUTCOMES"]
 WRITE_CALLS = ("insert", "upsert", "update", "delete", "batch", "claim")
 OUTCOMES = {
     "stale_token": "stale", "token_required": "token_required", "invalid_token": "invalid_token",
-    "lock_not_allowed": "forbidden", "not_found": "not_found", "conflict": "conflict",
+    "lock_not_allowed": "forbidden", "shared_token": "forbidden", "not_found": "not_found",
+    "conflict": "conflict",
     "invalid_request": "invalid", "payload_too_large": "invalid",
     "database_unavailable": "unavailable", "outcome_unknown": "unknown",
     "idempotency_key_reused": "invalid",

@@ -28,7 +28,7 @@ _PROBLEM = {
                    "code": {"type": "string"}},
     "additionalProperties": True,
 }
-_TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock not allowed",
+_TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock not allowed, or a shared (read-lock) token's write (shared_token)",
            404: "Not found (also: a path with a control character matches no route)", 409: "Stale fencing token or constraint conflict",
            413: "Payload too large", 422: "Invalid request", 428: "Fencing token required",
            431: "Request headers too large",
@@ -214,14 +214,16 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
             "responses": {**_json("the highest fence (0: never fenced)", fence),
                           **_problems(404, 422, 503)}}},
         "/v1/fences/{lock}/claim": {"post": {
-            "summary": "raise the highest fence to the token's, writing no data",
+            "summary": "raise the highest fence to the token's, writing no data (a token "
+                       "holding the lock shared: a claim-for-read, checked, nothing raised)",
             "parameters": [_LOCK, _TOKEN],
             "responses": {**_json("the highest fence", fence),
                           **_problems(401, 403, 404, 409, 422, 428, 503)}}},
         "/v1/fences/claim": {"post": {
             "operationId": "claimAll",
             "summary": "raise the highest fence of every lock of the token (a multi-lock "
-                       "token's several) in one transaction, writing no data",
+                       "token's several) in one transaction, writing no data (403 "
+                       "shared_token if the token holds any of them shared)",
             "parameters": [_TOKEN],
             "responses": {**_json("the highest fence of each lock, in lock-name order", {
                 "type": "object", "required": ["locks"],

@@ -24,6 +24,12 @@ lock's fence is the one checked. A batch checks (and raises) the fence of EVERY 
 touch, in lock-name order, in the transaction of its writes; the token's other locks are left
 alone. ``_require`` is the one place that asks "does the token hold the lock this row needs".
 A claim (``POST /v1/fences/claim``) raises every lock of the token in one transaction.
+
+A token that holds a lock SHARED (``Claims.shared``: a read lock, its fence the lock's write
+epoch) never writes or raises under it: ``fencing.held``, through which every fence of a write,
+batch op or claim is taken, refuses it with 403 ``shared_token`` before the store is called. A
+fenced read or a ``POST /v1/fences/{lock}/claim`` under it is checked without raising: allowed
+iff its fence is at least the highest honoured (else 409 ``stale_token``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from resource_proxy.errors import (
     ProxyError,
     TokenRequired,
 )
-from resource_proxy.fencing import Fence, in_lock_order, validate_lock_name
+from resource_proxy.fencing import Fence, held, in_lock_order, validate_lock_name
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
 from resource_proxy.policy import Binding, TableBinding
@@ -98,13 +104,14 @@ class ProxyService:
     @staticmethod
     def _fence_for(claims: Claims, bound: TableBinding, needed: str, key: Any,
                    verb: str = "written") -> Fence:
-        """The token's fence for lock ``needed``; 403 (naming ``needed``) if it does not hold it."""
-        fence = claims.fence_for(needed)
+        """The token's fence for lock ``needed``; 403 (naming ``needed``) if it does not hold it,
+        403 ``shared_token`` if it holds it shared and ``verb`` is not a read (``held``)."""
+        fence = held(claims, needed, writing=verb != "read")
         if fence is None:
-            held: str | list[str] = (list(claims.locks) if claims.multi or claims.lock is None
-                                     else claims.lock)
-            raise bound.refusal(held, needed, key, verb)
-        return Fence(needed, fence, claims.multi)
+            locks: str | list[str] = (list(claims.locks) if claims.multi or claims.lock is None
+                                      else claims.lock)
+            raise bound.refusal(locks, needed, key, verb)
+        return fence
 
     def _require(self, claims: Claims, bound: TableBinding, key: Any, verb: str = "written",
                  values: Mapping[str, Any] | None = None) -> Fence:
@@ -294,11 +301,13 @@ class ProxyService:
 
     async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
         """Raise the highest fence of ``lock`` to the token's, writing no data. A multi-lock
-        token may claim any one of its locks here (``claim_all`` claims them all)."""
+        token may claim any one of its locks here (``claim_all`` claims them all). A token that
+        holds ``lock`` shared makes a claim-for-read: its fence is checked against the highest
+        (409 ``stale_token`` if below), nothing is raised, and the answer is the highest."""
         validate_lock_name(lock)
         claims = await self.claims_of(token)
-        presented = claims.fence_for(lock)
-        if presented is None:
+        fence = held(claims, lock, writing=False)  # a shared lock's claim is a claim-for-read
+        if fence is None:
             if claims.multi or claims.lock is None:
                 raise LockNotAllowed(f"the multi-lock token does not hold lock {lock!r} (it "
                                      f"holds {sorted(claims.locks)})", lock=lock,
@@ -306,17 +315,17 @@ class ProxyService:
             raise LockNotAllowed(f"the token is for lock {claims.lock!r}, not {lock!r}",
                                  lock=lock, token_lock=claims.lock)
         self._governed(lock, claims)
-        return {"lock": lock, "highest": await self.store.claim(Fence(lock, presented,
-                                                                      claims.multi))}
+        return {"lock": lock, "highest": await self.store.claim(fence)}
 
     async def claim_all(self, token: str | None) -> dict[str, Any]:
         """``POST /v1/fences/claim``: raise the highest fence of EVERY lock of the token (one or
         several) to the token's, in one transaction, in lock-name order, writing no data.
-        All or nothing: 403 if any lock governs no served row, 409 ``stale_token`` listing each
-        stale lock (nothing raised)."""
+        All or nothing: 403 if any lock governs no served row, 403 ``shared_token`` if the token
+        holds any lock shared (claim it alone for a claim-for-read), 409 ``stale_token`` listing
+        each stale lock (nothing raised)."""
         claims = await self.claims_of(token)
-        fences = in_lock_order(Fence(lock, fence, claims.multi)
-                               for lock, fence in claims.locks.items())
+        fences = in_lock_order(f for lock in claims.locks
+                               if (f := held(claims, lock, writing=True)) is not None)
         for fence in fences:
             self._governed(fence.lock, claims)
         highest = await self.store.claim_all(fences)

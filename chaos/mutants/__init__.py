@@ -29,6 +29,13 @@ The table:
                              NEW, not OLD (``sql``)
 ``dbfence_claim_no_raise``   ``fencing.claim`` records a stale claim instead of raising (``sql``)
 ``dbfence_cascade_unchecked`` the fence trigger returns early for cascaded writes (``sql``)
+``shared_write``             the proxy lets a shared (read-lock) token write (``rw``)
+``shared_while_exclusive``   lockd grants a shared lease while an exclusive one is live (``rw``)
+``sem_limit_plus_one``       lockd's semaphore grants limit + 1 permits (``sem``)
+``two_leaders``              lockd elects a candidate while the leader's lease is live
+                             (``election``)
+``term_reuses_fence``        a new leader's term reuses the previous leader's fence
+                             (``election``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -129,16 +136,16 @@ _LOCKD_FENCE = "    fence = (row[0] if row is not None else 0) + 1\n"
 _LOCKD_FENCE_MANY = "        fence = (rows[name][0] if name in rows else 0) + 1\n"
 _LOCKD_LIVE = "    if row is not None and row[1] is not None and row[4] > now:\n"
 _LOCKD_LIVE_MANY = "if r[1] is not None and r[3] > now)"
-_CLAIM_ONE = ("            cur = await conn.execute(self.sql.d.fence_upsert, {\"lock\": fence.lock, "
-              "\"fence\": fence.fence})\n"
-              "            (highest,) = await cur.fetchone()  # type: ignore[misc]\n"
-              "        check(fence, highest)\n        return highest\n")
-"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert."""
+_CLAIM_ONE = ("            cur = await conn.execute(*self._fence_check(fence))\n"
+              "            found = await cur.fetchone()\n"
+              "        return self._judge(fence, found)\n")
+"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert (a
+shared token's claim-for-read: the plain read of the highest)."""
 _CLAIM_ONE_SELECT = ("            cur = await conn.execute(self.sql.d.fence_select, "
                      "{\"lock\": fence.lock})\n"
                      "            found = await cur.fetchone()\n"
-                     "            highest = max(found[0] if found else 0, fence.fence)\n"
-                     "        check(fence, highest)\n        return highest\n")
+                     "            found = (max(found[0] if found else 0, fence.fence),)\n"
+                     "        return self._judge(fence, found)\n")
 _CLAIM_ALL = ("                highest = await self._raise_fences(conn, fences)\n"
               "                check_all(fences, highest)\n")
 """The explicit claim of several locks (``POST /v1/fences/claim``)."""
@@ -157,6 +164,15 @@ _BATCH_RAISE_FIRST = (
     "                highest.append(max(found[0] if found else 0, f.fence))\n"
     "            try:\n")
 _DBFENCE = "resource_proxy/dbfence/sql.py"
+_HELD = "    if shared and writing:\n"
+"""``fencing.held``: the one refusal of a write under a shared token."""
+_LOCKD_SEM = "lockd/server/store/sqlite_sem.py"
+_SEM_FULL = "    if len(live) >= limit:\n"
+_SEM_SLOT = "    slot = next(s for s in range(limit) if s not in taken)\n"
+_LOCKD_ELECT = "lockd/server/store/sqlite_elect.py"
+_CAMPAIGN = "    got = acquire(conn, now, name, lease_id, ttl_ms, owner, client_id)\n"
+"""A campaign's grant: the store's exclusive acquire of the election's lock."""
+_NEW_LEADER = "        _append(conn, name, \"leader\", owner, value, got.fence)\n"
 _OLD_IMAGE = "        o := {lock_call_old};\n"
 """The guard's lock of the row's OLD image (UPDATE and DELETE)."""
 _DB_CLAIM = '    ("fencing.claim(text,bigint)", _claim("claim", _RAISE_STALE)),\n'
@@ -174,6 +190,8 @@ _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 _STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
 """Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
+_RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
+"""Readers frozen at their grant and writers frozen mid-lease: both modes' leases meet."""
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -243,6 +261,34 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_DBFENCE, _GUARD_TEMPLATED, _GUARD_TEMPLATED + _DEPTH_SKIP),
             Edit(_DBFENCE, _GUARD_LITERAL, _GUARD_LITERAL + _DEPTH_SKIP)),
            "pause,kill_worker", ("sql",)),
+    Mutant("shared_write", "the proxy lets a token that holds the lock shared write",
+           "shared_write (readers try to write under their shared tokens), phantom",
+           (Edit(_FENCING, _HELD, "    if False:  # shared tokens write\n"),), _RW_FAULTS, ("rw",)),
+    Mutant("shared_while_exclusive", "lockd grants a shared lease while an exclusive one is live",
+           "lease_overlap (a shared grant inside the exclusive lease of its epoch)",
+           (Edit(_LOCKD, _LOCKD_LIVE, _LOCKD_LIVE.replace("row[4] > now:",
+                                                         "row[4] > now and mode != SHARED:")),),
+           _RW_FAULTS, ("rw",)),
+    Mutant("sem_limit_plus_one", "lockd's semaphore grants one permit more than its limit",
+           "sem_overflow (limit + 1 permits provably live at once)",
+           (Edit(_LOCKD_SEM, _SEM_FULL, _SEM_FULL.replace(">=", ">")),
+            Edit(_LOCKD_SEM, _SEM_SLOT, _SEM_SLOT.replace("range(limit)", "range(limit + 1)"))),
+           "pause,kill_worker", ("sem",)),
+    Mutant("two_leaders", "a campaign unseats a leader whose lease has < 500 ms left",
+           "lease_overlap (a leader elected while the previous one was provably live)",
+           (Edit(_LOCKD_ELECT, _CAMPAIGN,
+                 "    conn.execute(\"UPDATE locks SET expires_ms = ? WHERE name = ? AND expires_ms\"\n"
+                 "                 \" BETWEEN ? AND ?\", (now, name, now + 1, now + 500))\n"
+                 + _CAMPAIGN),), "pause,pause_grant,kill_worker", ("election",)),
+    Mutant("term_reuses_fence", "a new leader's term reuses the previous leader's fence",
+           "fence_reused, two_leaders (entries of one term by two leaders)",
+           (Edit(_LOCKD_ELECT, _NEW_LEADER,
+                 "        if got.fence > 1:\n"
+                 "            conn.execute(\"UPDATE locks SET fence = fence - 1 WHERE name = ?\",\n"
+                 "                         (name,))\n"
+                 "            got = Grant(got.lock, got.lease_id, got.fence - 1, got.ttl_ms,\n"
+                 "                        got.owner)\n" + _NEW_LEADER),),
+           "pause,pause_grant,kill_worker", ("election",)),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:

@@ -3,7 +3,7 @@
 ::
 
     python -m chaos.mutants [--seconds 40] [--seed 4242] [--only name,name] [--keep]
-                            [--workload counter|transfer|sql]
+                            [--workload counter|transfer|sql|rw|sem|election]
 
 ``--workload W`` runs the mutants whose ``workloads`` include W, under W (without it, each
 mutant under its first workload). Prints one line per mutant, ``<name>: detected (<violation kinds>)`` or ``<name>: UNDETECTED``,
@@ -18,6 +18,7 @@ import sys
 import time
 
 from chaos.mutants import MUTANTS, MutantNoLongerApplies, run_mutant
+from chaos.workload import WORKLOADS
 
 __all__ = ["main"]
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=4242)
     p.add_argument("--only", default="", help="comma-separated mutant names")
     p.add_argument("--keep", action="store_true", help="keep each mutant's tree and logs")
-    p.add_argument("--workload", choices=("counter", "transfer", "sql"), default=None,
+    p.add_argument("--workload", choices=WORKLOADS, default=None,
                    help="run the mutants that this workload reaches, under it (default: every "
                         "mutant under its first workload; transfer: multi-lock leases and "
                         "batches; sql: plain SQL on the database's fence triggers)")

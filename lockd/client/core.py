@@ -42,9 +42,18 @@ from lockd.client.errors import (
     ServiceUnavailable,
 )
 from lockd.client.lease import FINAL, LeaseRef, LeaseState, LockStatus
-from lockd.client.wire import MAX_WAIT_MS, Clock, lock_path, ms, multi_names, new_client_id
+from lockd.client.wire import (
+    MAX_WAIT_MS,
+    SHARED,
+    Clock,
+    lock_path,
+    ms,
+    multi_names,
+    new_client_id,
+    shared_modes,
+)
 
-__all__ = ["Send", "Sleep", "Step", "Steps", "StepRun", "Listing", "ClientCore"]
+__all__ = ["Send", "Sleep", "Step", "Steps", "StepRun", "Listing", "Route", "ClientCore"]
 
 log = logging.getLogger("lockd.client")
 
@@ -105,6 +114,20 @@ class StepRun(Generic[T]):
 
     def fail(self, exc: BaseException) -> None:
         self._error = exc
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where an acquire that is not a plain lock's goes (a semaphore permit, a campaign):
+    ``acquire`` and ``renew`` paths, ``body`` (fields the acquire adds to ``ttl_ms``,
+    ``wait_ms``, ``owner``, ``client_id``); ``what`` names it in errors (``semaphore 'x'``),
+    ``held_by`` says what its holder does (``led by``)."""
+
+    acquire: str
+    renew: str
+    body: Mapping[str, Any]
+    what: str
+    held_by: str = "held by"
 
 
 class Listing:
@@ -182,12 +205,16 @@ class ClientCore:
 
     def _acquire_steps(self, name: str | None, ttl: float, wait: float | None,
                        owner: str | None, client_id: str | None, renew_every: float | None, *,
-                       raise_timeout: bool, locks: Any = None
-                       ) -> Steps[tuple[float, Any] | None]:
+                       raise_timeout: bool, locks: Any = None, shared: Any = False,
+                       route: Route | None = None) -> Steps[tuple[float, Any] | None]:
         """Acquire lock ``name`` (or all of ``locks``, then ``name`` is ignored) within ``wait``
         seconds (``None``: forever): returns ``(sent, body)`` of the grant, where ``sent`` is
         the clock reading before the request that set the lease's deadline; ``None`` if the
         lock stayed held and not ``raise_timeout`` (else ``AcquireTimeout``).
+
+        ``shared`` asks for lock ``name`` in shared mode (with ``locks``: the names of those
+        of them to hold shared); ``route`` sends the acquire elsewhere
+        (a semaphore permit, a campaign: ``name`` is then only for messages).
 
         ``LockNotAcquired`` before the deadline asks again (after 50 ms if lockd answered
         early); ``ServiceUnavailable`` is retried with a doubling pause up to 1 s, and raised
@@ -202,7 +229,13 @@ class ClientCore:
             ms(wait, "wait")
         check_renew_every(renew_every, ttl)
         path = lock_path(name) + "/acquire" if names is None else "/v1/leases/acquire"
-        extra = {} if names is None else {"locks": names}
+        extra: dict[str, Any] = {} if names is None else {"locks": names}
+        if names is not None and shared:
+            extra["modes"] = shared_modes(names, shared)
+        elif shared:
+            extra["mode"] = SHARED
+        if route is not None:
+            path, extra = route.acquire, dict(route.body)
         client_id = client_id or new_client_id()
         started = self._clock()
         deadline = None if wait is None or wait == math.inf else started + wait
@@ -234,18 +267,20 @@ class ClientCore:
             if self._clock() - sent >= ttl / 3:
                 # A waited grant may have happened anywhere in the wait, so the conservative
                 # deadline (sent + ttl) can be near or past: renew now, from a fresh send time.
-                renewed = yield from self._renew_fresh_grant(body, ttl, sent,
-                                                             multi=names is not None)
+                renew_path = ("/v1/leases/renew" if names is not None else route.renew
+                              if route is not None else lock_path(body["lock"]) + "/renew")
+                renewed = yield from self._renew_fresh_grant(body, ttl, sent, renew_path)
                 if renewed is None:
                     continue  # lost before we could renew: ask again within the wait
                 sent, body = renewed
             return sent, body
         if not raise_timeout:
             return None
-        raise self._timeout_error(name, wait, started, self._clock(), last)
+        raise self._timeout_error(name, wait, started, self._clock(), last,
+                                  route=route)
 
-    def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float, *,
-                           multi: bool) -> Steps[tuple[float, Any] | None]:
+    def _renew_fresh_grant(self, body: Any, ttl: float, granted_sent: float,
+                           path: str) -> Steps[tuple[float, Any] | None]:
         """Renew a just-granted lease at once: ``(sent, body)``, or None if lockd says it is gone.
 
         A transient failure keeps the grant with its original, conservative send time
@@ -253,7 +288,6 @@ class ClientCore:
         """
         sent = self._clock()
         try:
-            path = "/v1/leases/renew" if multi else lock_path(body["lock"]) + "/renew"
             return sent, (yield self._renew_send(path, body["lease_id"], ttl))
         except LeaseLostError:
             return None
@@ -272,11 +306,23 @@ class ClientCore:
 
     @staticmethod
     def _timeout_error(name: str, wait: float | None, started: float, now: float,
-                       last: LockNotAcquired | None) -> AcquireTimeout:
+                       last: LockNotAcquired | None, route: Route | None = None
+                       ) -> AcquireTimeout:
         owner = last.owner if last else None
         left = f", {last.ttl_ms / 1000:g} s left" if last and last.ttl_ms is not None else ""
         held = last.problem.get("held") if last else None
-        if isinstance(held, list):  # a multi-lock acquire: name every holder
+        owners = last.problem.get("owners") if last else None
+        what = route.what if route is not None else None
+        if isinstance(owners, list):  # a semaphore: every permit is taken
+            limit = last.problem.get("limit") if last else None
+            message = (f"{what or name} is full ({limit} permits, held by "
+                       f"{', '.join(map(repr, owners)) or 'nobody'}{left}); not acquired "
+                       f"within {wait:g} s")
+        elif route is not None:
+            lasting = f" ({left[2:]})" if left else ""
+            message = (f"{route.what} is {route.held_by} {owner!r}{lasting}; not acquired "
+                       f"within {wait:g} s")
+        elif isinstance(held, list):  # a multi-lock acquire: name every holder
             listed = ", ".join(f"{h.get('lock')!r} (owner {h.get('owner')!r})" for h in held
                                if isinstance(h, dict)) or "none (waiters queued ahead)"
             message = f"locks {name} not acquired within {wait:g} s; held: {listed}"
@@ -308,7 +354,7 @@ class ClientCore:
         """
         if isinstance(lease, LeaseRef):
             sent = self._clock()
-            body = yield self._renew_send(lock_path(lease.lock) + "/renew", lease.lease_id, ttl)
+            body = yield self._renew_send(lease.path("renew"), lease.lease_id, ttl)
             return sent, body
         lease.check()
         sent = self._clock()
@@ -330,8 +376,7 @@ class ClientCore:
         transient error of a live lease's release propagates (the caller may retry).
         """
         if isinstance(lease, LeaseRef):
-            yield Send("POST", lock_path(lease.lock) + "/release",
-                       json={"lease_id": lease.lease_id})
+            yield Send("POST", lease.path("release"), json={"lease_id": lease.lease_id})
             return
         if lease._state is LeaseState.RELEASED:
             return

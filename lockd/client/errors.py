@@ -13,10 +13,14 @@ transport errors, undecodable bodies) are translated at the boundary, the way ``
     │   ├── TokenRequired              428 token_required
     │   ├── InvalidToken               401 invalid_token
     │   ├── LockNotAllowed             403 lock_not_allowed
+    │   ├── SharedTokenError           403 shared_token: a shared (read) lease's token may not write
     │   └── LockNotClaimedError        SQL: the database refused a row whose lock was not claimed
     ├── TransactionStateError          SQL: fenced_transaction cannot use the connection's state
     ├── PermissionDenied               401/403 from lockd (unauthorized, forbidden)
     ├── LimitExceeded                  429 too_many_leases / too_many_waiters (per identity)
+    ├── LimitMismatch                  409 limit_mismatch: a semaphore's permits are held under
+    │                                  another limit; .limit is that one
+    ├── NoLeader                       409 no_leader: a handover asked of an election nobody leads
     ├── NotFoundError                  404 unknown table, row or route
     ├── ValidationError                422 invalid_request (bad name, TTL out of bounds, bad column), 413
     ├── ServiceUnavailable             503 store_unavailable / database_unavailable: nothing was
@@ -55,10 +59,13 @@ __all__ = [
     "TokenRequired",
     "InvalidToken",
     "LockNotAllowed",
+    "SharedTokenError",
     "LockNotClaimedError",
     "TransactionStateError",
     "PermissionDenied",
     "LimitExceeded",
+    "LimitMismatch",
+    "NoLeader",
     "NotFoundError",
     "ValidationError",
     "ServiceUnavailable",
@@ -196,6 +203,37 @@ class LockNotAllowed(FencingError):
     default_code = "lock_not_allowed"
 
 
+class SharedTokenError(FencingError):
+    """The proxy refused a write (or a claim to write) under the token of a shared lease (403
+    ``shared_token``): a shared lease may read what ``lock`` governs, never write it. Take the
+    lock exclusively to write. Nothing was written."""
+
+    default_code = "shared_token"
+
+    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.lock = lock
+
+
+class LimitMismatch(LockClientError):
+    """A semaphore's live permits were granted under another ``limit`` than the one asked (409
+    ``limit_mismatch``); ``limit`` is the semaphore's current one. Ask with that limit, or wait
+    until no permit is held (then the semaphore takes the new limit). Not retried: the limit
+    is part of the caller's configuration."""
+
+    default_code = "limit_mismatch"
+
+    def __init__(self, detail: str, *, limit: int | None = None, **kw: Any):
+        super().__init__(detail, **kw)
+        self.limit = limit
+
+
+class NoLeader(LockClientError):
+    """A handover was asked of an election that nobody leads (409 ``no_leader``)."""
+
+    default_code = "no_leader"
+
+
 class PermissionDenied(LockClientError):
     """lockd refused the caller (401 ``unauthorized`` / 403 ``forbidden``)."""
 
@@ -296,6 +334,9 @@ _BY_CODE: dict[str, type[LockClientError]] = {
     "token_required": TokenRequired,
     "invalid_token": InvalidToken,
     "lock_not_allowed": LockNotAllowed,
+    "shared_token": SharedTokenError,
+    "limit_mismatch": LimitMismatch,
+    "no_leader": NoLeader,
     "unauthorized": PermissionDenied,
     "forbidden": PermissionDenied,
     "not_found": NotFoundError,
@@ -384,6 +425,10 @@ def error_from_response(response: httpx.Response) -> LockClientError:
         return LimitExceeded(detail, retry_after=_retry_after(response), **kw)
     if cls is LeaseLostError:
         return LeaseLostError(detail, lock=problem.get("lock"), **kw)
+    if cls is LimitMismatch:
+        return LimitMismatch(detail, limit=_int_or_none(problem.get("limit")), **kw)
+    if cls is SharedTokenError:
+        return SharedTokenError(detail, lock=problem.get("lock"), **kw)
     if cls is StaleTokenError:
         return StaleTokenError(detail, lock=problem.get("lock"),
                                presented=_int_or_none(problem.get("presented")),

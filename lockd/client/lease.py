@@ -57,11 +57,20 @@ from lockd.client.errors import (
     ProtocolError,
     ServiceUnavailable,
 )
-from lockd.client.wire import Clock, check_lease_body, check_multi_body, lock_path
+from lockd.client.wire import (
+    EXCLUSIVE,
+    Clock,
+    check_lease_body,
+    check_multi_body,
+    election_path,
+    lock_path,
+    sem_path,
+)
 
 __all__ = [
     "LeaseState",
     "LeaseRef",
+    "HolderInfo",
     "LockStatus",
     "Lease",
     "AsyncLease",
@@ -97,16 +106,47 @@ FINAL = (LeaseState.LOST, LeaseState.RELEASED)
 
 @dataclass(frozen=True, slots=True)
 class LeaseRef:
-    """A lease known only by lock name and lease id (e.g. printed by ``lockctl acquire``).
+    """A lease known only by name and lease id (e.g. printed by ``lockctl acquire``).
 
-    ``renew`` and ``release`` accept it where they accept a ``Lease``.
+    ``renew`` and ``release`` accept it where they accept a ``Lease``. ``kind`` says what
+    ``lock`` names: ``"lock"`` (default), ``"semaphore"`` (a permit of that semaphore; release
+    frees the permit) or ``"election"`` (a leader's lease; release resigns).
     """
 
     lock: str
     lease_id: str
+    kind: str = "lock"
+
+    def __post_init__(self) -> None:
+        if self.kind not in REF_PATHS:
+            raise ValueError(f"kind must be one of {', '.join(REF_PATHS)}, got {self.kind!r}")
+
+    def path(self, op: str) -> str:
+        """The URL path of ``op`` (``renew`` or ``release``) of this lease."""
+        root, ops = REF_PATHS[self.kind]
+        return root(self.lock) + "/" + ops.get(op, op)
 
     def __repr__(self) -> str:  # never show the secret
-        return f"LeaseRef(lock={self.lock!r}, lease_id=<hidden>)"
+        kind = "" if self.kind == "lock" else f", kind={self.kind!r}"
+        return f"LeaseRef(lock={self.lock!r}, lease_id=<hidden>{kind})"
+
+
+REF_PATHS: dict[str, tuple[Callable[[str], str], dict[str, str]]] = {
+    "lock": (lock_path, {}),
+    "semaphore": (sem_path, {}),
+    "election": (election_path, {"release": "resign"}),
+}
+"""Per ``LeaseRef.kind``: the URL path of the name, and the route of each op where it differs."""
+
+
+@dataclass(frozen=True, slots=True)
+class HolderInfo:
+    """One live lease of a lock as ``GET /v1/locks/{name}`` shows it (never its lease id):
+    ``owner``, ``ttl`` (seconds left), ``mode`` (``exclusive`` or ``shared``)."""
+
+    owner: str
+    ttl: float
+    mode: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +161,26 @@ class LockStatus:
     ttl: float
     waiters: int
     waiting_owners: tuple[str, ...] | None = None  # status(name) only: head first, this lockd's
+    mode: str | None = None
+    """``exclusive`` or ``shared`` while held (``None``: free, or a lockd without modes)."""
+    holders: tuple[HolderInfo, ...] = ()
+    """status(name) only: every live lease, in grant order (shared: several)."""
 
     @classmethod
     def from_json(cls, body: Any) -> LockStatus:
         try:
             owners = body.get("waiting_owners")
+            holders = tuple(HolderInfo(owner=str(h.get("owner") or ""),
+                                       ttl=int(h.get("ttl_ms") or 0) / 1000,
+                                       mode=str(h.get("mode") or EXCLUSIVE))
+                            for h in body.get("holders") or ())
+            mode = body.get("mode")
             return cls(lock=str(body["lock"]), held=bool(body["held"]), fence=int(body["fence"]),
                        owner=body.get("owner"), ttl=int(body.get("ttl_ms") or 0) / 1000,
                        waiters=int(body.get("waiters") or 0),
-                       waiting_owners=None if owners is None else tuple(map(str, owners)))
-        except (KeyError, TypeError, ValueError) as exc:
+                       waiting_owners=None if owners is None else tuple(map(str, owners)),
+                       mode=None if mode is None else str(mode), holders=holders)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ProtocolError(f"malformed lock status: {exc!r}") from exc
 
     def to_json(self) -> dict[str, Any]:
@@ -139,6 +189,11 @@ class LockStatus:
                "ttl_ms": round(self.ttl * 1000), "waiters": self.waiters}
         if self.waiting_owners is not None:
             doc["waiting_owners"] = list(self.waiting_owners)
+        if self.mode is not None:
+            doc["mode"] = self.mode
+        if self.holders:
+            doc["holders"] = [{"owner": h.owner, "ttl_ms": round(h.ttl * 1000), "mode": h.mode}
+                              for h in self.holders]
         return doc
 
 
@@ -209,6 +264,9 @@ class _LeaseBase:
         self.token: str = data["token"]
         """The signed fencing token (compact JWS) to hand to the protected resource."""
         self.owner: str = data["owner"]
+        self.mode: str = data["mode"]
+        """``exclusive`` (the default) or ``shared`` (``client.lock(name, shared=True)``): a
+        shared lease's fence is the lock's write epoch, and its token may read, not write."""
         self.ttl: float = data["ttl_ms"] / 1000
         """The TTL (seconds) granted by the last acquire or renew."""
         self.renew_every = renew_every
@@ -260,8 +318,11 @@ class _LeaseBase:
 
     def as_dict(self) -> dict[str, Any]:
         """The lease in the contract's shape (includes the secret ``lease_id``)."""
-        return {"lock": self.lock, "lease_id": self.lease_id, "fence": self.fence,
-                "token": self.token, "ttl_ms": round(self.ttl * 1000), "owner": self.owner}
+        doc = {"lock": self.lock, "lease_id": self.lease_id, "fence": self.fence,
+               "token": self.token, "ttl_ms": round(self.ttl * 1000), "owner": self.owner}
+        if self.mode != EXCLUSIVE:
+            doc["mode"] = self.mode
+        return doc
 
     def ref(self) -> LeaseRef:
         return LeaseRef(self.lock, self.lease_id)
@@ -450,9 +511,11 @@ class _MultiLockLease:
     fences: dict[str, int]
 
     def _init_multi(self, body: Mapping[str, Any]) -> None:
-        fences = check_multi_body(body)["fences"]
-        self.fences = fences
-        self.locks = tuple(fences)
+        data = check_multi_body(body)
+        self.fences = data["fences"]
+        self.locks = tuple(self.fences)
+        self.modes: dict[str, str] = data["modes"]
+        """Each lock's mode (``exclusive``, or ``shared`` for those asked ``shared=[...]``)."""
 
     @staticmethod
     def _path(op: str) -> str:
@@ -461,9 +524,12 @@ class _MultiLockLease:
     def as_dict(self) -> dict[str, Any]:
         """The lease in the contract's shape (includes the secret ``lease_id``)."""
         base: Any = self
-        return {"lease_id": base.lease_id,
-                "locks": [{"lock": n, "fence": f} for n, f in self.fences.items()],
-                "token": base.token, "ttl_ms": round(base.ttl * 1000), "owner": base.owner}
+        doc = {"lease_id": base.lease_id,
+               "locks": [{"lock": n, "fence": f} for n, f in self.fences.items()],
+               "token": base.token, "ttl_ms": round(base.ttl * 1000), "owner": base.owner}
+        if any(mode != EXCLUSIVE for mode in self.modes.values()):
+            doc["modes"] = dict(self.modes)
+        return doc
 
     def __repr__(self) -> str:
         base: Any = self

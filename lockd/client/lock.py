@@ -22,6 +22,11 @@ written before this object existed keeps working: ``FencedSession(url, lease)``,
 ``lease.check()``. It acquires within ``wait`` seconds (``None``: forever) and raises
 ``AcquireTimeout`` instead of running the block; see ``LockClient.lock`` for the exit rules.
 
+``client.lock(name, ttl, shared=True)`` is the same object in shared mode: each acquire asks for
+a shared (read) lease, which coexists with other shared ones and carries the lock's write epoch as
+its fence (``lease.mode`` is ``"shared"``). ``Semaphore`` and ``Election`` (``semaphore.py``,
+``election.py``) are this object over a semaphore's permits and an election's lead.
+
 Each acquire gets a new lease (renewed in the background every ttl/3 unless ``auto_renew`` is
 off). ``owned()`` is this object's own view, without a request; ``owned(check=True)`` asks lockd;
 ``locked()`` asks lockd whether anyone holds the lock. Misuse raises ``LockError`` (also a
@@ -40,6 +45,7 @@ from typing import Any, Literal, Protocol, overload
 
 from lockd.client.errors import LockError, LockValueError, ValidationError
 from lockd.client.lease import FINAL, AsyncLease, Lease, LeaseState, LockStatus
+from lockd.client.wire import SHARED
 
 __all__ = ["Lock", "AsyncLock"]
 
@@ -90,8 +96,11 @@ class _LockBase:
 
     def __init__(self, client: Any, name: str, ttl: float, *, wait: float | None,
                  owner: str | None, renew_every: float | None, on_lost: Callable[[Any], Any] | None,
-                 auto_renew: bool):
+                 auto_renew: bool, shared: bool = False):
         self.client = client
+        self.shared = shared
+        """Each acquire asks for a shared lease (any number of shared holders at once; no
+        exclusive holder meanwhile); its token may read, not write, what the lock governs."""
         self.name = name
         self._check_seconds("ttl", ttl, positive=True)
         self._check_seconds("wait", wait)
@@ -112,25 +121,52 @@ class _LockBase:
         release that raised ``LeaseLostError``); a lease lost and not yet released stays here,
         with its fence, until ``release`` or the next ``acquire``."""
 
+    def _current(self) -> Any:
+        """The current lease unless released (also behind this object's back: an election's
+        leader resigns by itself after a handover)."""
+        lease = self.lease
+        return None if lease is None or lease.state is LeaseState.RELEASED else lease
+
     @property
     def fence(self) -> int | None:
         """The fence of the current lease; ``None`` before acquire and after release."""
-        return self.lease.fence if self.lease is not None else None
+        lease = self._current()
+        return lease.fence if lease is not None else None
 
     @property
     def token(self) -> str | None:
         """The fencing token of the current lease; ``None`` before acquire and after release."""
-        return self.lease.token if self.lease is not None else None
+        lease = self._current()
+        return lease.token if lease is not None else None
+
+    @property
+    def lost(self) -> Any:
+        """The current lease's ``lost`` event (``threading.Event``, or ``asyncio.Event`` for an
+        async object): set once the lease is lost. ``None`` before acquire and after release."""
+        lease = self._current()
+        return lease.lost if lease is not None else None
 
     def _owned_locally(self) -> bool:
         return self.lease is not None and self.lease.state in _LIVE
 
-    def _held_by(self, lease: Any, status: LockStatus) -> bool:
+    def _held_by(self, lease: Any, status: Any) -> bool:
         """lockd's ``status`` shows ``lease`` holding the lock: held, at this lease's fence (a
         lock never issues a fence twice, so only this lease can hold it at that fence), by this
-        lease's owner label; and the lease is still live here."""
-        return (status.held and status.fence == lease.fence
-                and (status.owner or "") == (lease.owner or "") and lease.state in _LIVE)
+        lease's owner label; and the lease is still live here. A shared lease carries the
+        lock's write epoch, which its fellow readers share: lockd must show the lock held
+        shared at that epoch with a shared holder of this owner label."""
+        if not (status.held and status.fence == lease.fence and lease.state in _LIVE):
+            return False
+        if lease.mode == SHARED:
+            return status.mode == SHARED and any(
+                h.mode == SHARED and h.owner == (lease.owner or "") for h in status.holders)
+        return (status.owner or "") == (lease.owner or "")
+
+    @staticmethod
+    def _is_locked(status: Any) -> bool:
+        """``locked()``'s answer from the status ``_status()`` read."""
+        return bool(status.held)
+
 
     def _check_seconds(self, what: str, value: Any, *, positive: bool = False) -> None:
         """``LockValueError`` for a number of seconds out of range (negative, NaN; zero too if
@@ -191,12 +227,16 @@ class _LockBase:
             status=exc.status, code=exc.code, problem=exc.problem)
 
     def _kw(self) -> dict[str, Any]:
-        return {"owner": self.owner, "renew_every": self.renew_every, "on_lost": self._on_lost,
-                "auto_renew": self.auto_renew}
+        kw = {"owner": self.owner, "renew_every": self.renew_every, "on_lost": self._on_lost,
+              "auto_renew": self.auto_renew}
+        if self.shared:
+            kw["shared"] = True
+        return kw
 
     def __repr__(self) -> str:
         state = self.lease.state.value if self.lease is not None else "not held"
-        return f"{type(self).__name__}({self.name!r}, ttl={self.ttl}, {state})"
+        shared = ", shared" if self.shared else ""
+        return f"{type(self).__name__}({self.name!r}, ttl={self.ttl}{shared}, {state})"
 
 
 class Lock(_LockBase):
@@ -206,9 +246,25 @@ class Lock(_LockBase):
 
     def __init__(self, client: _Client, name: str, ttl: float, *, wait: float | None = None,
                  owner: str | None = None, renew_every: float | None = None,
-                 on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True):
+                 on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True,
+                 shared: bool = False):
         super().__init__(client, name, ttl, wait=wait, owner=owner, renew_every=renew_every,
-                         on_lost=on_lost, auto_renew=auto_renew)
+                         on_lost=on_lost, auto_renew=auto_renew, shared=shared)
+
+    # what a kind of lock object (a semaphore, an election) asks of its client instead
+
+    def _acquire_lease(self, wait: float | None) -> Lease | None:
+        """A new lease within ``wait`` seconds (``None``: forever), or ``None`` if not granted."""
+        if wait is None:
+            return self.client.acquire(self.name, self.ttl, **self._kw())
+        return self.client.try_acquire(self.name, self.ttl, wait=wait, **self._kw())
+
+    def _enter_lease(self) -> Lease:
+        """The lease of a ``with`` block: within the object's ``wait``, else ``AcquireTimeout``."""
+        return self.client.acquire(self.name, self.ttl, wait=self.wait, **self._kw())
+
+    def _status(self) -> Any:
+        return self.client.status(self.name)
 
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """Get a new lease: True if granted, False if the lock stayed held.
@@ -221,10 +277,7 @@ class Lock(_LockBase):
         """
         wait = self._wait_for(blocking, timeout)
         self._check_not_owned()
-        if wait is None:
-            lease: Lease | None = self.client.acquire(self.name, self.ttl, **self._kw())
-        else:
-            lease = self.client.try_acquire(self.name, self.ttl, wait=wait, **self._kw())
+        lease = self._acquire_lease(wait)
         if lease is None:
             return False
         self.lease = lease
@@ -290,15 +343,15 @@ class Lock(_LockBase):
         lease = self.lease
         if not self._owned_locally():
             return False
-        return not check or self._held_by(lease, self.client.status(self.name))
+        return not check or self._held_by(lease, self._status())
 
     def locked(self) -> bool:
         """True if anyone holds the lock now (asks lockd: ``GET /v1/locks/{name}``)."""
-        return self.client.status(self.name).held
+        return self._is_locked(self._status())
 
     def __enter__(self) -> Lease:
         self._check_not_owned()
-        self.lease = self.client.acquire(self.name, self.ttl, wait=self.wait, **self._kw())
+        self.lease = self._enter_lease()
         return self.lease
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -338,19 +391,28 @@ class AsyncLock(_LockBase):
     def __init__(self, client: _AsyncClient, name: str, ttl: float, *,
                  wait: float | None = None, owner: str | None = None,
                  renew_every: float | None = None,
-                 on_lost: Callable[[AsyncLease], Any] | None = None, auto_renew: bool = True):
+                 on_lost: Callable[[AsyncLease], Any] | None = None, auto_renew: bool = True,
+                 shared: bool = False):
         super().__init__(client, name, ttl, wait=wait, owner=owner, renew_every=renew_every,
-                         on_lost=on_lost, auto_renew=auto_renew)
+                         on_lost=on_lost, auto_renew=auto_renew, shared=shared)
+
+    async def _acquire_lease(self, wait: float | None) -> AsyncLease | None:
+        """See ``Lock._acquire_lease``."""
+        if wait is None:
+            return await self.client.acquire(self.name, self.ttl, **self._kw())
+        return await self.client.try_acquire(self.name, self.ttl, wait=wait, **self._kw())
+
+    async def _enter_lease(self) -> AsyncLease:
+        return await self.client.acquire(self.name, self.ttl, wait=self.wait, **self._kw())
+
+    async def _status(self) -> Any:
+        return await self.client.status(self.name)
 
     async def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         """See ``Lock.acquire``."""
         wait = self._wait_for(blocking, timeout)
         self._check_not_owned()
-        if wait is None:
-            lease: AsyncLease | None = await self.client.acquire(self.name, self.ttl,
-                                                                 **self._kw())
-        else:
-            lease = await self.client.try_acquire(self.name, self.ttl, wait=wait, **self._kw())
+        lease = await self._acquire_lease(wait)
         if lease is None:
             return False
         self.lease = lease
@@ -396,15 +458,15 @@ class AsyncLock(_LockBase):
         lease = self.lease
         if not self._owned_locally():
             return False
-        return self._held_by(lease, await self.client.status(self.name))
+        return self._held_by(lease, await self._status())
 
     async def locked(self) -> bool:
         """See ``Lock.locked``."""
-        return (await self.client.status(self.name)).held
+        return self._is_locked(await self._status())
 
     async def __aenter__(self) -> AsyncLease:
         self._check_not_owned()
-        self.lease = await self.client.acquire(self.name, self.ttl, wait=self.wait, **self._kw())
+        self.lease = await self._enter_lease()
         return self.lease
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -2,17 +2,27 @@
 
 ::
 
-    lockctl [--url URL] [--json] acquire NAME --ttl 30s [--wait 10s] [--owner O]
+    lockctl [--url URL] [--json] acquire NAME --ttl 30s [--wait 10s] [--owner O] [--shared]
     lockctl [--url URL] [--json] renew NAME [LEASE_ID | -] [--ttl 30s]
     lockctl [--url URL] [--json] release NAME [LEASE_ID | -]
     lockctl [--url URL] [--json] status NAME
     lockctl [--url URL] [--json] holders NAME
     lockctl [--url URL] [--json] ls [--prefix P] [--limit N]
     lockctl [--url URL] [--json] watch [NAME | --prefix P] [--history N]
-    lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] -- COMMAND [ARG...]
+    lockctl [--url URL] run NAME --ttl 30s [--wait 10s] [--grace 5s] [--shared] -- COMMAND [ARG...]
     lockctl [--url URL] run --lock A --lock B --ttl 30s [--wait 10s] -- COMMAND [ARG...]
     lockctl [--url URL] [--json] force-release NAME        (needs an admin key)
+    lockctl [--url URL] [--json] sem acquire|release|status|run NAME --limit N ...
+    lockctl [--url URL] elect NAME --value V [--ttl 10s] -- COMMAND [ARG...]
+    lockctl [--url URL] [--json] leader NAME
+    lockctl [--url URL] [--json] observe NAME
     lockctl --version
+
+``sem``, ``elect``, ``leader`` and ``observe`` are described in ``lockd.client.lockctl_more``.
+``--shared`` asks for a shared (read) lease: it coexists with other shared holders, never with
+an exclusive one, and its token may read but not write what the lock governs; ``run --shared``
+holds every lock it names shared and sets ``LOCKD_MODE=shared`` for COMMAND (``exclusive``
+otherwise).
 
 ``--url`` defaults to ``$LOCKD_URL``, else ``http://127.0.0.1:7070``; ``--api-key`` to
 ``$LOCKD_API_KEY`` (sent as ``Authorization: Bearer``; prefer the variable: arguments show in
@@ -63,9 +73,10 @@ carrying every fence); ``LOCKD_LOCK`` and ``LOCKD_FENCE`` are not set. A single-
 Exit codes:
 
 ====  ==============================================================================
-0     success (``run``: COMMAND's own status is passed through, whatever it is)
+0     success (``run``, ``sem run``, ``elect``: COMMAND's own status is passed through)
 1     any other error (unexpected answer from lockd, ...)
-2     usage error: bad arguments, bad duration, lockd rejected the request (422)
+2     usage error: bad arguments, bad duration, lockd rejected the request (422), a
+      semaphore's --limit differs from the one its permits were granted under
 69    lockd unavailable (EX_UNAVAILABLE): no answer, or 503 store_unavailable
 75    lock not acquired (EX_TEMPFAIL): held by someone else within ``--wait``
 79    lease lost: renew/release of a lease that is not live, or ``run`` lost the lease
@@ -80,27 +91,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import ssl
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from lockd.client import LockClient
-from lockd.client.durations import format_duration, parse_duration
+from lockd.client import lockctl_more as more
+from lockd.client.durations import format_duration
 from lockd.client.errors import (
-    LeaseLostError,
     LockClientError,
     LockNotAcquired,
     PermissionDenied,
-    ServiceUnavailable,
     TransportError,
-    ValidationError,
 )
 from lockd.client.lease import Lease, LeaseRef, LockStatus
+from lockd.client.lockctl_common import (
+    EXIT_CANNOT_EXECUTE,
+    EXIT_ERROR,
+    EXIT_LEASE_LOST,
+    EXIT_NOT_ACQUIRED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Out,
+    default_owner,
+    duration,
+    exit_code,
+    lease_id_of,
+    run_under,
+)
 from lockd.client.wire import DEFAULT_URL, lock_path
 
 __all__ = [
@@ -115,33 +137,11 @@ __all__ = [
     "main",
 ]
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 69
-EXIT_NOT_ACQUIRED = 75
-EXIT_LEASE_LOST = 79
-EXIT_CANNOT_EXECUTE = 126
-EXIT_NOT_FOUND = 127
-
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class _Usage(Exception):
-    """A usage error found after parsing (exit 2)."""
-
-
-def _duration(text: str) -> float:
-    """argparse type: a human duration -> seconds (float)."""
-    try:
-        return parse_duration(text) / 1000
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _default_owner() -> str:
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or str(os.getuid())
-    return f"lockctl {user}@{socket.gethostname()} pid {os.getpid()}"
+_duration = duration
+_default_owner = default_owner
+_Out = Out
+_exit_code = exit_code
+_lease_id = lease_id_of
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -165,8 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lockctl", parents=[common],
                                      description="Command line client of lockd.",
                                      epilog="Exit codes: 0 ok, 1 error, 2 usage, 69 lockd "
-                                            "unavailable, 75 not acquired, 79 lease lost; run "
-                                            "passes COMMAND's status through.")
+                                            "unavailable, 75 not acquired, 79 lease lost; run, "
+                                            "sem run and elect pass COMMAND's status through.")
     parser.add_argument("--version", action="version", version=f"lockctl {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -177,11 +177,14 @@ def _parser() -> argparse.ArgumentParser:
     ttl_help = "lease time to live, with a unit: 500ms, 30s, 2m"
     wait_help = "how long to wait while someone else holds the lock (default 0: try once)"
     owner_help = "a label shown to others in status and ls (default: lockctl USER@HOST pid N)"
+    shared_help = ("a shared (read) lease: coexists with other shared holders, never with an "
+                   "exclusive one; its token may read, not write")
     p = add("acquire", "acquire a lock once and print the lease; it is NOT renewed (see run)")
     p.add_argument("name", help=name_help)
     p.add_argument("--ttl", type=_duration, required=True, help=ttl_help)
     p.add_argument("--wait", type=_duration, default=0.0, help=wait_help)
     p.add_argument("--owner", default=None, help=owner_help)
+    p.add_argument("--shared", action="store_true", help=shared_help)
 
     lease_help = "the lease id; '-': read it from stdin; left out: $LOCKD_LEASE_ID (the " \
                  "safe ways: arguments show in ps and shell history)"
@@ -225,10 +228,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="time between SIGTERM and SIGKILL when the lease is lost (default 5s)")
     p.add_argument("--renew-every", type=_duration, default=None,
                    help="renewal period (default ttl/3)")
+    p.add_argument("--shared", action="store_true", help=shared_help + " (every lock named)")
 
     p = add("force-release", "end the live lease of a lock whoever holds it (needs an admin "
                              "key: --api-key or LOCKD_API_KEY)")
     p.add_argument("name", help=name_help)
+    more.add_commands(add, common)
     return parser
 
 
@@ -236,45 +241,6 @@ def _version() -> str:
     from lockd import __version__  # the package, not this module, owns the version
 
     return __version__
-
-
-class _Out:
-    def __init__(self, as_json: bool):
-        self.as_json = as_json
-
-    def emit(self, doc: Any, human: str) -> None:
-        if self.as_json:
-            print(json.dumps(doc, sort_keys=True))
-        else:
-            print(human)
-        sys.stdout.flush()
-
-    def error(self, exc: LockClientError | str) -> None:
-        if isinstance(exc, str):
-            doc: dict[str, Any] = {"error": "error", "detail": exc}
-            text = exc
-        else:
-            doc = {"error": exc.code, "status": exc.status, "detail": exc.detail}
-            for key in ("lock", "owner", "ttl_ms"):
-                if exc.problem.get(key) is not None:
-                    doc[key] = exc.problem[key]
-            text = exc.detail
-        if self.as_json:
-            print(json.dumps(doc, sort_keys=True), file=sys.stderr)
-        else:
-            print(f"lockctl: {text}", file=sys.stderr)
-
-
-def _exit_code(exc: LockClientError) -> int:
-    if isinstance(exc, LockNotAcquired):
-        return EXIT_NOT_ACQUIRED
-    if isinstance(exc, LeaseLostError):
-        return EXIT_LEASE_LOST
-    if isinstance(exc, ServiceUnavailable):
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, ValidationError):
-        return EXIT_USAGE
-    return EXIT_ERROR
 
 
 def _lease_text(verb: str, lease: Lease) -> str:
@@ -292,12 +258,21 @@ def _status_text(s: LockStatus) -> str:
     if not s.held:
         return f"{s.lock}: free (last fence {s.fence}, {s.waiters} waiting)"
     left = format_duration(round(s.ttl * 1000))
-    return f"{s.lock}: held by {s.owner!r} (fence {s.fence}, {left} left, {s.waiters} waiting)"
+    return (f"{s.lock}: held {_held_by(s)} (fence {s.fence}, {left} left, {s.waiters} "
+            "waiting)")
+
+
+def _held_by(s: LockStatus) -> str:
+    """``by 'owner'``, or for shared holders ``shared by 2: 'a', 'b'``."""
+    if s.mode == "shared" and s.holders:
+        owners = ", ".join(repr(h.owner) for h in s.holders)
+        return f"shared by {len(s.holders)}: {owners}"
+    return f"by {s.owner!r}"
 
 
 def _holders_text(s: LockStatus) -> str:
     owners = s.waiting_owners or ()
-    holder = f"held by {s.owner!r} (fence {s.fence})" if s.held else "free"
+    holder = f"held {_held_by(s)} (fence {s.fence})" if s.held else "free"
     if not owners:
         return f"{s.lock}: {holder}; nobody waiting at this lockd"
     lines = [f"{s.lock}: {holder}; {len(owners)} waiting at this lockd, head first:"]
@@ -317,79 +292,27 @@ def _ls_text(items: list[LockStatus]) -> str:
                      for r in rows).rstrip()
 
 
-def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: _Out) -> int:
+def _run(client: LockClient, args: argparse.Namespace, command: list[str], out: Out) -> int:
     names = ([args.name] if args.name else []) + list(args.locks)
     owner = args.owner or _default_owner()
     lease: Lease
     if len(names) == 1:
         lease = client.acquire(names[0], args.ttl, wait=args.wait, owner=owner,
-                               renew_every=args.renew_every)
+                               renew_every=args.renew_every, shared=args.shared)
         env = {**os.environ, "LOCKD_LOCK": lease.lock, "LOCKD_FENCE": str(lease.fence),
                "LOCKD_TOKEN": lease.token, "LOCKD_LOCKS": lease.lock,
-               "LOCKD_FENCES": json.dumps({lease.lock: lease.fence})}
+               "LOCKD_FENCES": json.dumps({lease.lock: lease.fence}),
+               "LOCKD_MODE": lease.mode}
     else:
         multi = client.acquire_many(names, args.ttl, wait=args.wait, owner=owner,
-                                    renew_every=args.renew_every)
+                                    renew_every=args.renew_every,
+                                    shared=names if args.shared else ())
         lease = multi
         env = {k: v for k, v in os.environ.items() if k not in ("LOCKD_LOCK", "LOCKD_FENCE")}
         env.update({"LOCKD_LOCKS": ",".join(multi.locks),
-                    "LOCKD_FENCES": json.dumps(multi.fences), "LOCKD_TOKEN": multi.token})
-    try:
-        child = subprocess.Popen(command, env=env, process_group=0)
-    except OSError as exc:
-        lease.__exit__(type(exc), exc, exc.__traceback__)  # release; its errors are logged
-        out.error(f"cannot run {command[0]!r}: {exc.strerror or exc}")
-        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
-
-    def forward(signum: int, _frame: Any) -> None:
-        _killpg(child, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
-    stopped = False
-    try:
-        while child.poll() is None:
-            if lease.lost.wait(0.05):
-                reason = lease.lost_reason.detail if lease.lost_reason else "lease lost"
-                out.error(f"{reason}; stopping the command (pid {child.pid})")
-                _stop(child, args.grace)
-                stopped = True
-                break
-        status = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    lost = stopped
-    try:
-        client.release(lease)
-    except LeaseLostError as exc:
-        if not stopped:
-            out.error(f"{exc.detail} (the command had exited with {_status_code(status)})")
-        lost = True
-    except LockClientError as exc:
-        out.error(f"release failed ({exc.detail}); lockd frees the lock when its TTL runs out")
-    return EXIT_LEASE_LOST if lost else _status_code(status)
-
-
-def _status_code(status: int) -> int:
-    return 128 - status if status < 0 else status
-
-
-def _killpg(child: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _stop(child: subprocess.Popen, grace: float) -> None:
-    """SIGTERM the command's process group; SIGKILL it if it is still running after ``grace``."""
-    _killpg(child, signal.SIGTERM)
-    try:
-        child.wait(grace)
-    except subprocess.TimeoutExpired:
-        _killpg(child, signal.SIGKILL)
-    child.wait()
-    _killpg(child, signal.SIGKILL)  # stragglers of the group that ignored SIGTERM
+                    "LOCKD_FENCES": json.dumps(multi.fences), "LOCKD_TOKEN": multi.token,
+                    "LOCKD_MODE": "shared" if args.shared else "exclusive"})
+    return run_under(client, lease, command, env, out, args.grace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -402,13 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)  # exits 2 on a usage error
     out = _Out(getattr(args, "json", False))
-    if args.cmd == "run" and not command:
-        parser.error("run needs a command after --: run NAME --ttl 30s -- COMMAND [ARG...]")
+    usage = more.command_usage(args)
+    if args.cmd == "run":
+        usage = "run NAME --ttl 30s -- COMMAND [ARG...]"
+    if usage and not command:
+        parser.error(f"{usage.split()[0]} needs a command after --: {usage}")
     if args.cmd == "run" and not (args.name or args.locks):
         parser.error("run needs a lock: run NAME ... or run --lock A --lock B ...")
-    if args.cmd != "run" and command:
+    if not usage and command:
         parser.error(f"{args.cmd} takes no command after --")
-    if args.cmd in ("renew", "release"):
+    if args.cmd in ("renew", "release") or more.takes_lease_id(args):
         args.lease_id = _lease_id(args.lease_id)
     url = getattr(args, "url", None) or os.environ.get("LOCKD_URL") or DEFAULT_URL
     if not url.lower().startswith(("http://", "https://")):
@@ -438,7 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> LockClientError:
     """``exc`` with a detail that says what to do, for the errors a newcomer meets first."""
-    if isinstance(exc, LockNotAcquired) and args.cmd in ("acquire", "run"):
+    if isinstance(exc, LockNotAcquired) and (args.cmd in ("acquire", "run", "elect")
+                                             or getattr(args, "sem_cmd", None) in ("acquire",
+                                                                                   "run")):
         exc.detail += ("; a longer --wait may get it" if getattr(args, "wait", 0) > 0 else
                        "; to wait for it, pass --wait (e.g. --wait 30s)")
     elif isinstance(exc, TransportError):
@@ -452,30 +380,11 @@ def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> Lock
     return exc
 
 
-def _lease_id(given: str | None) -> str:
-    """The lease id of renew/release: the argument, ``-`` (first line of stdin) or, left out,
-    ``$LOCKD_LEASE_ID``; if none is there, one line saying which and exit 2 (no usage dump:
-    the arguments were fine, the id was missing)."""
-    if given == "-":
-        value = sys.stdin.readline().strip()
-        missing = "standard input is empty"
-    elif given is None:
-        raw = os.environ.get("LOCKD_LEASE_ID")
-        value = (raw or "").strip()
-        missing = "LOCKD_LEASE_ID is unset" if raw is None else "LOCKD_LEASE_ID is empty"
-    else:
-        value, missing = given.strip(), "LEASE_ID is empty"
-    if not value:
-        print(f"lockctl: no lease id: {missing} (pass LEASE_ID, '-' to read it from stdin, or "
-              f"set LOCKD_LEASE_ID to the lease_id `lockctl acquire` printed)", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-    return value
-
-
 def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], out: _Out) -> int:
     if args.cmd == "acquire":
         lease = client.acquire(args.name, args.ttl, wait=args.wait,
-                               owner=args.owner or _default_owner(), auto_renew=False)
+                               owner=args.owner or _default_owner(), auto_renew=False,
+                               shared=args.shared)
         note = (f"  note      not renewed: it expires in "
                 f"{format_duration(round(lease.ttl * 1000))} unless `lockctl renew` extends it "
                 "(`lockctl run` holds a lock while a command runs)")
@@ -491,8 +400,11 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
         out.emit(s.to_json(), _status_text(s))
     elif args.cmd == "holders":
         s = client.status(args.name)
-        out.emit({"lock": s.lock, "held": s.held, "fence": s.fence, "owner": s.owner,
-                  "waiting_owners": list(s.waiting_owners or ())}, _holders_text(s))
+        doc = {"lock": s.lock, "held": s.held, "fence": s.fence, "owner": s.owner,
+               "waiting_owners": list(s.waiting_owners or ())}
+        if s.mode == "shared":  # every reader (an exclusive holder is ``owner``)
+            doc.update(mode=s.mode, holders=s.to_json().get("holders", []))
+        out.emit(doc, _holders_text(s))
     elif args.cmd == "ls":
         items = list(client.locks(args.prefix, limit=args.limit))
         out.emit({"items": [s.to_json() for s in items]}, _ls_text(items))
@@ -502,6 +414,8 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
         return _run(client, args, command, out)
     elif args.cmd == "watch":
         return _watch(client, args, out)
+    else:
+        return more.dispatch(client, args, command, out)
     return EXIT_OK
 
 

@@ -8,29 +8,50 @@ from __future__ import annotations
 import json as json_module
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 import httpx
 
-from lockd.client.core import ClientCore, Listing, Sleep, StepRun, Steps
+from lockd.client.core import Listing, Sleep, StepRun, Steps
+from lockd.client.election import Election
 from lockd.client.errors import (
     ProtocolError,
+    ServiceUnavailable,
     body_or_raise,
     error_from_response,
     translate_transport_errors,
 )
+from lockd.client.leadership import (
+    DEFAULT_HANDOVER_GRACE,
+    ElectionEvent,
+    ElectionStatus,
+    LeaderLease,
+)
 from lockd.client.lease import Lease, LeaseRef, LockStatus, MultiLease
 from lockd.client.lock import Lock
-from lockd.client.wire import DEFAULT_URL, Clock, lock_path
+from lockd.client.permits import PermitLease, SemaphoreStatus
+from lockd.client.primitives import ObserveCursor, PrimitivesCore
+from lockd.client.semaphore import Semaphore
+from lockd.client.wire import DEFAULT_URL, Clock, SseParser, election_path, lock_path, sem_path
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["LockClient"]
 
 T = TypeVar("T")
+L = TypeVar("L", bound=Lease)
 
 
-class LockClient(ClientCore):
+def _handover_setup(on_handover: Callable[..., Any] | None,
+                    grace: float) -> Callable[[LeaderLease], None]:
+    def setup(lease: LeaderLease) -> None:
+        lease.handover_grace = grace
+        if on_handover is not None:
+            lease.on_handover(on_handover)
+    return setup
+
+
+class LockClient(PrimitivesCore):
     """Blocking client of lockd at ``url`` (thread-safe; one ``httpx.Client`` connection pool).
 
     ``timeout`` (seconds, default 10) bounds each request; a waiting acquire adds its wait.
@@ -102,7 +123,8 @@ class LockClient(ClientCore):
     def try_acquire(self, name: str, ttl: float, *, wait: float = 0.0, owner: str | None = None,
                     client_id: str | None = None, auto_renew: bool = True,
                     renew_every: float | None = None,
-                    on_lost: Callable[[Lease], Any] | None = None) -> Lease | None:
+                    on_lost: Callable[[Lease], Any] | None = None,
+                    shared: bool = False) -> Lease | None:
         """Acquire ``name`` for ``ttl`` seconds, waiting at most ``wait`` seconds (default 0:
         try once); return the ``Lease``, or ``None`` if the lock stayed held.
 
@@ -110,16 +132,20 @@ class LockClient(ClientCore):
         background thread until released. ``on_lost(lease)`` is called once if the lease is
         lost. ``client_id`` makes retries idempotent: a per-attempt secret (whoever
         sends it while the lease is live gets the lease), 128 random bits made per call if
-        omitted; pass your own only from ``secrets.token_urlsafe(16)`` or alike. Raises
-        ``ValidationError`` (bad name, TTL out of lockd's bounds), ``ServiceUnavailable``.
+        omitted; pass your own only from ``secrets.token_urlsafe(16)`` or alike. ``shared``
+        asks for a shared (read) lease: it coexists with other shared ones, waits while an
+        exclusive one is held or queued ahead, carries the lock's current fence (its write
+        epoch, 0 if never written) and a token the proxy lets read, never write
+        (``SharedTokenError``). Raises ``ValidationError`` (bad name, TTL out of lockd's
+        bounds), ``ServiceUnavailable``.
         """
         return self._acquire(name, ttl, wait, owner, client_id, auto_renew, renew_every,
-                             on_lost, raise_timeout=False)
+                             on_lost, raise_timeout=False, shared=shared)
 
     def acquire(self, name: str, ttl: float, *, wait: float | None = None,
                 owner: str | None = None, client_id: str | None = None, auto_renew: bool = True,
                 renew_every: float | None = None,
-                on_lost: Callable[[Lease], Any] | None = None) -> Lease:
+                on_lost: Callable[[Lease], Any] | None = None, shared: bool = False) -> Lease:
         """Like ``try_acquire`` but ``wait`` defaults to forever (``None``) and failing to get
         the lock within ``wait`` seconds raises ``AcquireTimeout``.
 
@@ -128,7 +154,7 @@ class LockClient(ClientCore):
         during an outage the last ``ServiceUnavailable`` is raised.
         """
         lease = self._acquire(name, ttl, wait, owner, client_id, auto_renew, renew_every,
-                              on_lost, raise_timeout=True)
+                              on_lost, raise_timeout=True, shared=shared)
         assert lease is not None
         return lease
 
@@ -136,16 +162,17 @@ class LockClient(ClientCore):
                      wait: float | None = None, owner: str | None = None,
                      client_id: str | None = None, auto_renew: bool = True,
                      renew_every: float | None = None,
-                     on_lost: Callable[[Lease], Any] | None = None) -> MultiLease:
+                     on_lost: Callable[[Lease], Any] | None = None,
+                     shared: Collection[str] = ()) -> MultiLease:
         """Acquire ALL of ``locks`` (1-64 distinct names) in one atomic grant, or none: a
         ``MultiLease`` with ``locks``, ``fences`` (name -> fence) and one ``token`` carrying
         them all. While waiting nothing is held, so two callers naming the same locks in any
         order cannot deadlock. Otherwise exactly like ``acquire`` (``wait`` None: forever;
         renewals, ``lost``, ``on_lost``; ``AcquireTimeout`` names every held lock's holder in
         its ``problem``). ``with client.acquire_many([...], ttl=10) as lease:`` releases the
-        whole set on exit."""
+        whole set on exit. ``shared``: those of ``locks`` to hold shared (``lease.modes``)."""
         lease = self._acquire(None, ttl, wait, owner, client_id, auto_renew, renew_every,
-                              on_lost, raise_timeout=True, locks=locks)
+                              on_lost, raise_timeout=True, locks=locks, shared=shared)
         assert isinstance(lease, MultiLease)
         return lease
 
@@ -153,23 +180,35 @@ class LockClient(ClientCore):
                          wait: float = 0.0, owner: str | None = None,
                          client_id: str | None = None, auto_renew: bool = True,
                          renew_every: float | None = None,
-                         on_lost: Callable[[Lease], Any] | None = None) -> MultiLease | None:
+                         on_lost: Callable[[Lease], Any] | None = None,
+                         shared: Collection[str] = ()) -> MultiLease | None:
         """Like ``acquire_many`` but ``wait`` defaults to 0 (try once) and not getting the locks
         returns ``None``."""
         lease = self._acquire(None, ttl, wait, owner, client_id, auto_renew, renew_every,
-                              on_lost, raise_timeout=False, locks=locks)
+                              on_lost, raise_timeout=False, locks=locks, shared=shared)
         assert lease is None or isinstance(lease, MultiLease)
         return lease
 
     def _acquire(self, name, ttl, wait, owner, client_id, auto_renew, renew_every,
-                 on_lost, *, raise_timeout: bool, locks: Any = None) -> Lease | None:
+                 on_lost, *, raise_timeout: bool, locks: Any = None,
+                 shared: bool = False) -> Lease | None:
         grant = self._run(self._acquire_steps(name, ttl, wait, owner, client_id, renew_every,
-                                              raise_timeout=raise_timeout, locks=locks))
+                                              raise_timeout=raise_timeout, locks=locks,
+                                              shared=shared))
+        return self._lease(grant, Lease if locks is None else MultiLease, renew_every, on_lost,
+                           auto_renew)
+
+    def _lease(self, grant: tuple[float, Any] | None, cls: type[L], renew_every: float | None,
+               on_lost: Callable[[Any], Any] | None, auto_renew: bool,
+               setup: Callable[[L], Any] | None = None) -> L | None:
+        """The lease of ``cls`` made of an acquire's ``grant`` (``None``: not granted), its
+        ``on_lost`` callback set and its background renewal started."""
         if grant is None:
             return None
         sent, body = grant
-        lease = (Lease if locks is None else MultiLease)(self, body, sent_at=sent,
-                                                         renew_every=renew_every)
+        lease = cls(self, body, sent_at=sent, renew_every=renew_every)
+        if setup is not None:
+            setup(lease)
         if on_lost is not None:
             lease.on_lost(on_lost)
         if auto_renew:
@@ -181,7 +220,8 @@ class LockClient(ClientCore):
 
     def lock(self, name: str, ttl: float, *, wait: float | None = None, owner: str | None = None,
              renew_every: float | None = None,
-             on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True) -> Lock:
+             on_lost: Callable[[Lease], Any] | None = None, auto_renew: bool = True,
+             shared: bool = False) -> Lock:
         """A reusable ``Lock`` of ``name`` (``lockd.client.lock``): ``acquire(blocking, timeout)
         -> bool``, ``release()``, ``locked()``, ``owned()``, ``extend(additional_time,
         replace_ttl=False)``, ``reacquire()``, ``fence``, ``token``.
@@ -195,10 +235,160 @@ class LockClient(ClientCore):
         ``LeaseLostError``: the block's work may have run unprotected (the fenced resource
         rejected whatever came too late). If the block raised, its exception propagates
         unchanged. A transient failure of the final release is only logged: lockd frees the
-        lock when its TTL runs out.
+        lock when its TTL runs out. ``shared=True``: every acquire asks for a shared (read)
+        lease (see ``try_acquire``).
         """
         return Lock(self, name, ttl, wait=wait, owner=owner, renew_every=renew_every,
-                    on_lost=on_lost, auto_renew=auto_renew)
+                    on_lost=on_lost, auto_renew=auto_renew, shared=shared)
+
+    # -- semaphores
+
+    def try_acquire_permit(self, name: str, limit: int, ttl: float, *, wait: float = 0.0,
+                           owner: str | None = None, client_id: str | None = None,
+                           auto_renew: bool = True, renew_every: float | None = None,
+                           on_lost: Callable[[PermitLease], Any] | None = None
+                           ) -> PermitLease | None:
+        """One permit of semaphore ``name`` (at most ``limit`` live permits, 1-10000) for ``ttl``
+        seconds, waiting at most ``wait`` seconds (default 0: try once; waiters are served in
+        FIFO order): a ``PermitLease`` (``slot``, ``fence``, ``token`` naming lock
+        ``sem/{name}/{slot}``), or ``None`` while all are taken. Renewal, ``lost``,
+        ``client_id``: as ``try_acquire``. Raises ``LimitMismatch`` if the permits held were
+        granted under another ``limit`` (its ``limit`` says which)."""
+        grant = self._run(self._permit_steps(name, limit, ttl, wait, owner, client_id,
+                                             renew_every, raise_timeout=False))
+        return self._lease(grant, PermitLease, renew_every, on_lost, auto_renew)
+
+    def acquire_permit(self, name: str, limit: int, ttl: float, *, wait: float | None = None,
+                       owner: str | None = None, client_id: str | None = None,
+                       auto_renew: bool = True, renew_every: float | None = None,
+                       on_lost: Callable[[PermitLease], Any] | None = None) -> PermitLease:
+        """Like ``try_acquire_permit`` but ``wait`` defaults to forever and not getting a permit
+        within it raises ``AcquireTimeout`` (naming the permits' owners)."""
+        grant = self._run(self._permit_steps(name, limit, ttl, wait, owner, client_id,
+                                             renew_every, raise_timeout=True))
+        lease = self._lease(grant, PermitLease, renew_every, on_lost, auto_renew)
+        assert lease is not None
+        return lease
+
+    def semaphore(self, name: str, limit: int, ttl: float, *, wait: float | None = None,
+                  owner: str | None = None, renew_every: float | None = None,
+                  on_lost: Callable[[PermitLease], Any] | None = None,
+                  auto_renew: bool = True) -> Semaphore:
+        """A reusable ``Semaphore`` object (``lockd.client.semaphore``) of ``limit`` permits:
+        ``acquire(blocking, timeout)``, ``release()``, ``locked()`` (no permit free), ``owned()``,
+        ``slot``, ``fence``, ``token``; ``with client.semaphore(name, 4, ttl=30) as permit:``."""
+        return Semaphore(self, name, limit, ttl, wait=wait, owner=owner,
+                         renew_every=renew_every, on_lost=on_lost, auto_renew=auto_renew)
+
+    def semaphore_status(self, name: str) -> SemaphoreStatus:
+        """``GET /v1/semaphores/{name}``: limit, last fence, live permits, waiters."""
+        return SemaphoreStatus.from_json(self._request("GET", sem_path(name)))
+
+    # -- elections
+
+    def try_campaign(self, name: str, value: str = "", ttl: float = 10.0, *, wait: float = 0.0,
+                     owner: str | None = None, client_id: str | None = None,
+                     auto_renew: bool = True, renew_every: float | None = None,
+                     on_lost: Callable[[LeaderLease], Any] | None = None,
+                     on_handover: Callable[[LeaderLease, str], Any] | None = None,
+                     handover_grace: float = DEFAULT_HANDOVER_GRACE) -> LeaderLease | None:
+        """Campaign to lead election ``name`` with ``value`` (a str, at most 4096 UTF-8 bytes)
+        for ``ttl`` seconds (default 10), waiting at most ``wait`` seconds (default 0: once;
+        candidates are served in FIFO order): a ``LeaderLease`` whose fence is above every
+        earlier leader's, or ``None`` while another leads. Renewal, ``lost``, ``client_id``: as
+        ``try_acquire``. ``on_handover(lease, target)`` is called when lockd asks this leader to
+        hand over; it resigns when the callback returns or after ``handover_grace`` seconds."""
+        grant = self._run(self._campaign_steps(name, value, ttl, wait, owner, client_id,
+                                               renew_every, raise_timeout=False))
+        return self._lease(grant, LeaderLease, renew_every, on_lost, auto_renew,
+                           _handover_setup(on_handover, handover_grace))
+
+    def campaign(self, name: str, value: str = "", ttl: float = 10.0, *,
+                 wait: float | None = None, owner: str | None = None,
+                 client_id: str | None = None, auto_renew: bool = True,
+                 renew_every: float | None = None,
+                 on_lost: Callable[[LeaderLease], Any] | None = None,
+                 on_handover: Callable[[LeaderLease, str], Any] | None = None,
+                 handover_grace: float = DEFAULT_HANDOVER_GRACE) -> LeaderLease:
+        """Like ``try_campaign`` but ``wait`` defaults to forever (blocks until leading) and not
+        leading within it raises ``AcquireTimeout``."""
+        grant = self._run(self._campaign_steps(name, value, ttl, wait, owner, client_id,
+                                               renew_every, raise_timeout=True))
+        lease = self._lease(grant, LeaderLease, renew_every, on_lost, auto_renew,
+                            _handover_setup(on_handover, handover_grace))
+        assert lease is not None
+        return lease
+
+    def resign(self, lease: LeaderLease | LeaseRef) -> None:
+        """Give up the lead (``release`` of the leader's lease: the next candidate leads)."""
+        self.release(lease)
+
+    def proclaim(self, lease: LeaderLease, value: str) -> int:
+        """Set the leader's value without a new term (same lease and fence); returns the change's
+        ``seq``. Raises ``LeaseLostError`` if ``lease`` no longer leads."""
+        body = self._run(self._proclaim_steps(lease, value))
+        return int(body.get("seq") or 0) if isinstance(body, dict) else 0
+
+    def leader(self, name: str) -> ElectionStatus:
+        """``GET /v1/elections/{name}``: the leader's owner label, value, fence, time left."""
+        return ElectionStatus.from_json(self._request("GET", election_path(name)))
+
+    def handover(self, name: str, target: str = "next", *,
+                 lease: LeaderLease | None = None) -> str | None:
+        """Ask the leader of ``name`` to hand over to ``target`` (an owner label, or ``"next"``:
+        the head of the queue) at its next renewal; returns the target lockd recorded. Needs
+        an admin key, unless ``lease`` is the leader's own. Raises ``NoLeader`` (nobody leads)."""
+        step = self._handover_send(name, target, None if lease is None else lease.lease_id)
+        body = self._request(step.method, step.path, json=step.json)
+        return body.get("handover_to") if isinstance(body, dict) else None
+
+    def election(self, name: str, value: str = "", ttl: float = 10.0, *,
+                 wait: float | None = None, owner: str | None = None,
+                 renew_every: float | None = None,
+                 on_lost: Callable[[LeaderLease], Any] | None = None,
+                 on_handover: Callable[[LeaderLease, str], Any] | None = None,
+                 handover_grace: float = DEFAULT_HANDOVER_GRACE,
+                 auto_renew: bool = True) -> Election:
+        """A reusable ``Election`` object (``lockd.client.election``): ``campaign()``,
+        ``proclaim(value)``, ``resign()``, ``leader()``, ``observe()``, ``is_leader``, ``fence``,
+        ``token``; ``with client.election(name, value=...).lead():`` leads while the block runs."""
+        return Election(self, name, value, ttl, wait=wait, owner=owner, renew_every=renew_every,
+                        on_lost=on_lost, on_handover=on_handover,
+                        handover_grace=handover_grace, auto_renew=auto_renew)
+
+    def observe(self, name: str, *, last_event_id: int | None = None,
+                reconnect: bool = True) -> Iterator[ElectionEvent]:
+        """The changes of election ``name`` as they happen (lockd's SSE stream), in ``seq``
+        order: first its ``state``, then each ``leader``, ``proclaim`` and ``resign``
+        (``ElectionEvent``). When the stream ends or breaks it reconnects (``reconnect``) with
+        ``Last-Event-ID`` and goes on after the last ``seq`` seen, without repeats; it starts
+        after ``last_event_id`` if given (then without ``state``). Stop by leaving the loop.
+        Raises ``PermissionDenied``, ``ValidationError``; ``ServiceUnavailable`` only when not
+        ``reconnect``."""
+        cursor = ObserveCursor(name, last_event_id)
+        while True:
+            try:
+                yield from self._observe_once(cursor)
+            except ServiceUnavailable:
+                if not reconnect:
+                    raise
+            if not reconnect:
+                return
+            time.sleep(cursor.pause())
+
+    def _observe_once(self, cursor: ObserveCursor) -> Iterator[ElectionEvent]:
+        headers = {**(self._headers or {}), **cursor.headers()}
+        with translate_transport_errors(f"GET {cursor.path}"), self._http.stream(
+                "GET", self.url + cursor.path, headers=headers,
+                timeout=httpx.Timeout(self.timeout, read=None)) as response:
+            if response.status_code != 200:
+                response.read()
+                raise error_from_response(response)
+            parser = SseParser()
+            for line in response.iter_lines():
+                sse = parser.feed(line)
+                if sse is not None and (event := cursor.take(sse)) is not None:
+                    yield event
 
     # -- renew / release
 
@@ -211,7 +401,10 @@ class LockClient(ClientCore):
         Raises ``LeaseLostError`` (410), ``ServiceUnavailable``.
         """
         sent, body = self._run(self._renew_steps(lease, ttl))
-        return Lease(self, body, sent_at=sent) if isinstance(lease, LeaseRef) else lease
+        if isinstance(lease, LeaseRef):
+            cls = {"semaphore": PermitLease, "election": LeaderLease}.get(lease.kind, Lease)
+            return cls(self, body, sent_at=sent)
+        return lease
 
     def release(self, lease: Lease | LeaseRef) -> None:
         """Release the lease so others can acquire at once; stops its background renewal.

@@ -7,9 +7,11 @@ on the wire they are integer milliseconds (``ttl_ms``, ``wait_ms``), converted b
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -28,7 +30,20 @@ __all__ = [
     "multi_names",
     "check_lease_body",
     "check_multi_body",
+    "shared_modes",
+    "EXCLUSIVE",
+    "SHARED",
+    "sem_path",
+    "election_path",
+    "check_permit_body",
+    "check_leader_body",
+    "SseEvent",
+    "SseParser",
 ]
+
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+"""The two lock modes: any number of ``shared`` holders at once, or one ``exclusive`` holder."""
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 MAX_WAIT = 300.0
@@ -75,8 +90,21 @@ def lock_path(name: str) -> str:
     """The URL path of lock ``name``. Allowed names are URL-safe as they are ("/" separates
     segments and lockd routes on the full path); other characters are percent-encoded so lockd
     answers 422 instead of routing somewhere unexpected. Segment errors: see ``check_segments``."""
-    segments = [quote(seg, safe=":") for seg in check_segments(name).split("/")]
-    return "/v1/locks/" + "/".join(segments)
+    return _path_of("/v1/locks/", name)
+
+
+def _path_of(root: str, name: str) -> str:
+    return root + "/".join(quote(seg, safe=":") for seg in check_segments(name).split("/"))
+
+
+def sem_path(name: str) -> str:
+    """The URL path of semaphore ``name`` (the lock-name rules apply; see ``lock_path``)."""
+    return _path_of("/v1/semaphores/", name)
+
+
+def election_path(name: str) -> str:
+    """The URL path of election ``name`` (an election name is a lock name)."""
+    return _path_of("/v1/elections/", name)
 
 
 def multi_names(locks: Any) -> list[str]:
@@ -92,6 +120,18 @@ def multi_names(locks: Any) -> list[str]:
     return names
 
 
+def shared_modes(names: list[str], shared: Any) -> dict[str, str]:
+    """The ``modes`` of a multi-lock acquire holding ``shared`` (some of ``names``) shared;
+    ``ValidationError`` for a name not among ``names``, before any request."""
+    if isinstance(shared, str):
+        raise TypeError(f"shared must be a collection of lock names, got {shared!r}")
+    stray = sorted(set(shared) - set(names))
+    if stray:
+        raise ValidationError(f"shared names locks not in the set: {stray!r}",
+                              code="invalid_request")
+    return {name: SHARED for name in shared}
+
+
 def check_lease_body(body: Any) -> dict[str, Any]:
     """A single-lock lease body (acquire or renew answer), checked: ``ProtocolError`` if not."""
     if not isinstance(body, Mapping):
@@ -99,10 +139,81 @@ def check_lease_body(body: Any) -> dict[str, Any]:
     try:
         out = {"lock": str(body["lock"]), "lease_id": str(body["lease_id"]),
                "fence": int(body["fence"]), "token": str(body["token"]),
-               "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or "")}
+               "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or ""),
+               "mode": str(body.get("mode") or EXCLUSIVE)}
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed lease body: missing or bad {exc}") from exc
     return out
+
+
+def check_permit_body(body: Any) -> dict[str, Any]:
+    """A semaphore permit body (acquire or renew answer): ``check_lease_body``'s shape (``lock``
+    is the permit's slot lock ``sem/{name}/{slot}``, the lock its token names) plus
+    ``semaphore``, ``slot`` and ``limit``."""
+    out = check_lease_body(body)
+    try:
+        out.update(semaphore=str(body["semaphore"]), slot=int(body["slot"]),
+                   limit=int(body["limit"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed permit body: missing or bad {exc}") from exc
+    return out
+
+
+def check_leader_body(body: Any) -> dict[str, Any]:
+    """A leader's lease body (campaign or renew answer): ``check_lease_body``'s shape plus
+    ``election``, ``value`` and, from a renewal, ``handover_requested`` / ``handover_to``
+    (False / None when absent)."""
+    out = check_lease_body(body)
+    try:
+        to = body.get("handover_to")
+        out.update(election=str(body.get("election") or out["lock"]),
+                   value=str(body.get("value") or ""),
+                   handover_requested=bool(body.get("handover_requested")),
+                   handover_to=None if to is None else str(to))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed leader body: missing or bad {exc}") from exc
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One server-sent event: ``type`` (the ``event:`` field, ``message`` if none), ``id`` (the
+    ``id:`` field, ``None`` if none) and ``data`` decoded from JSON."""
+
+    type: str
+    id: str | None
+    data: Any
+
+
+class SseParser:
+    """Server-sent events from lines (``text/event-stream``, without the line ends): ``feed``
+    each line, get an ``SseEvent`` when a blank line ends one (``None`` otherwise). Comment
+    lines (``: keepalive``) and events without data are skipped. ``ProtocolError`` when an
+    event's data is not JSON."""
+
+    def __init__(self) -> None:
+        self._kind, self._id, self._data = "message", None, ""
+
+    def feed(self, line: str) -> SseEvent | None:
+        if line:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                self._kind = value.strip()
+            elif field == "data":
+                self._data += value if not self._data else "\n" + value
+            elif field == "id":
+                self._id = value.strip()
+            return None
+        kind, ident, data = self._kind, self._id, self._data
+        self._kind, self._id, self._data = "message", None, ""
+        if not data:
+            return None
+        try:
+            decoded = json.loads(data)
+        except ValueError as exc:
+            raise ProtocolError(f"event data is not JSON: {data[:100]!r}") from exc
+        return SseEvent(kind, ident, decoded)
 
 
 def check_multi_body(body: Any) -> dict[str, Any]:
@@ -114,10 +225,11 @@ def check_multi_body(body: Any) -> dict[str, Any]:
         fences = {str(item["lock"]): int(item["fence"]) for item in body["locks"]}
         if not fences:
             raise ValueError("locks is empty")
+        modes = {name: str((body.get("modes") or {}).get(name) or EXCLUSIVE) for name in fences}
         out = {"lock": ",".join(fences), "lease_id": str(body["lease_id"]),
                "fence": max(fences.values()), "token": str(body["token"]),
                "ttl_ms": int(body["ttl_ms"]), "owner": str(body.get("owner") or ""),
-               "fences": fences}
+               "fences": fences, "modes": modes, "mode": EXCLUSIVE}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed multi-lock lease body: missing or bad {exc}") from exc
     return out

@@ -26,8 +26,8 @@ from lockd.server.api import (
     is_hot_path,
 )
 from lockd.server.api_elections import create_election_router
-from lockd.server.elections import ElectionService
 from lockd.server.api_semaphores import create_semaphore_router
+from lockd.server.elections import ElectionService
 from lockd.server.events import EventHub
 from lockd.server.keydir import watch as watch_keys
 from lockd.server.metrics import LockdMetrics
@@ -101,8 +101,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
         try:
             service = LockService(observed, ring, settings)
             app.state.service = service
-            elections = app.state.elections = ElectionService(service, metrics)
             app.state.semaphores = SemaphoreService(service)
+            elections = app.state.elections = ElectionService(service, metrics)
             app.state.jwks = ring.jwks()
             metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
             metrics.watch_modes(
@@ -142,8 +142,8 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     install_docs(app, title="lockd")
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
-    app.include_router(create_election_router())
     app.include_router(create_semaphore_router())
+    app.include_router(create_election_router())
     # outermost middleware: keys, request ids; the hot path gets the same in front of it
     with_middleware = install_request_middleware(app, settings, metrics)
     app._front = with_middleware(HotPathMiddleware(partial(FastAPI.__call__, app)))

@@ -168,7 +168,7 @@ class ElectionService:
         self.keyring = service.keyring
         self.settings = service.settings
         # The lock's own queues: candidates and acquires of ``name`` wait in one line.
-        self.waiting: WaitQueues = service._waiting
+        self.waiting: WaitQueues = service.wait_queues
         self._service = service
         self._metrics = metrics
         self._campaign = _Campaign(self)

@@ -10,6 +10,8 @@
 - A fenced read pipelines the fence claim and the SELECT in one round trip; the SELECT is a
   separate statement so it takes its snapshot after the fence row was locked and raised, and sees
   every write that committed before (READ COMMITTED gives each statement a fresh snapshot).
+  Under a shared token the claim is a plain read of the highest (checked, never raised), so the
+  rows read are at least as new as the write that set it.
 
 Every fence claim is ``fencing.try_claim`` (``dbfence``): the conditional upsert of
 ``fencing.fences`` that also records the claim for the transaction, so where ``resource-proxy db
@@ -55,7 +57,7 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all
+from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all, check_read
 from resource_proxy.idempotency import PG_TABLE as RECORDS
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply, StaleReplay
 from resource_proxy.store.base import Row
@@ -351,14 +353,28 @@ class PostgresStore:
                 cur = await conn.execute(sql, params)
                 return await cur.fetchall()
             async with conn.pipeline():
-                fenced = await conn.execute(
-                    self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence}
-                )
+                fenced = await conn.execute(*self._fence_check(fence))
                 cur = await conn.execute(sql, params)
-            (highest,) = await fenced.fetchone()  # type: ignore[misc]
+            found = await fenced.fetchone()
             rows = await cur.fetchall()
-        check(fence, highest)
+        self._judge(fence, found)
         return rows
+
+    def _fence_check(self, fence: Fence) -> tuple[str, dict[str, Any]]:
+        """The statement that checks ``fence``: the raising upsert, or for a shared fence a
+        plain read of the highest (a shared lease never raises it)."""
+        return (self.sql.d.fence_select if fence.shared else self.sql.d.fence_upsert,
+                {"lock": fence.lock, "fence": fence.fence})
+
+    @staticmethod
+    def _judge(fence: Fence, found: tuple | None) -> int:
+        """``StaleToken`` unless ``fence`` passed; the highest (a never fenced lock's is 0)."""
+        highest = int(found[0]) if found else 0
+        if fence.shared:
+            check_read(fence, highest)
+        else:
+            check(fence, highest)
+        return highest
 
     async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
         rows = await self._read(fence, self.sql.select_row(table), self.sql.key_params(table, key))
@@ -373,10 +389,9 @@ class PostgresStore:
 
     async def claim(self, fence: Fence) -> int:
         async with self._connection() as conn:
-            cur = await conn.execute(self.sql.d.fence_upsert, {"lock": fence.lock, "fence": fence.fence})
-            (highest,) = await cur.fetchone()  # type: ignore[misc]
-        check(fence, highest)
-        return highest
+            cur = await conn.execute(*self._fence_check(fence))
+            found = await cur.fetchone()
+        return self._judge(fence, found)
 
     async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
         async with self._connection() as conn:

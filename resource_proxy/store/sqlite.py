@@ -31,7 +31,7 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import Fence, check_all
+from resource_proxy.fencing import Fence, check_all, check_read
 from resource_proxy.idempotency import (
     PURGE_BATCH,
     PURGE_INTERVAL_S,
@@ -123,11 +123,16 @@ class SqliteStore:
 
     def _check(self, conn: sqlite3.Connection, fences: Sequence[Fence]) -> None:
         """The fence upsert of each of ``fences`` (lock order) in the open transaction, then
-        ``check_all`` (``StaleToken`` listing the stale ones)."""
+        ``check_all`` (``StaleToken`` listing the stale ones); a shared fence (a fenced read or
+        claim-for-read) is compared with the highest, not raised (``check_read``)."""
+        raised = [f for f in fences if not f.shared]
         highest = [conn.execute(self.sql.d.fence_upsert,
                                 {"lock": f.lock, "fence": f.fence}).fetchone()[0]
-                   for f in fences]
-        check_all(fences, highest)
+                   for f in raised]
+        check_all(raised, highest)
+        for fence in fences:
+            if fence.shared:  # a shared lease's read epoch: checked, never raised
+                check_read(fence, self._highest_on(conn, fence.lock))
 
     def _fenced(self, conn: sqlite3.Connection, fences: Sequence[Fence],
                 body: Callable[[], T]) -> T:
@@ -256,7 +261,8 @@ class SqliteStore:
         return [decode_row(table, row) for row in await self._read(fence, sql, params)]
 
     async def claim(self, fence: Fence) -> int:
-        return await self._run(lambda conn: self._fenced(conn, [fence], lambda: fence.fence))
+        return await self._run(lambda conn: self._fenced(
+            conn, [fence], lambda: self._highest_on(conn, fence.lock) if fence.shared else fence.fence))
 
     async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
         return await self._run(

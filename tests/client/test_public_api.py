@@ -20,6 +20,17 @@ PUBLIC_API = [
     "LeaseRef",
     "LeaseState",
     "LockStatus",
+    "PermitLease",
+    "AsyncPermitLease",
+    "SemaphoreStatus",
+    "Semaphore",
+    "AsyncSemaphore",
+    "LeaderLease",
+    "AsyncLeaderLease",
+    "ElectionStatus",
+    "ElectionEvent",
+    "Election",
+    "AsyncElection",
     "FencedSession",
     "AsyncFencedSession",
     "fenced_transaction",
@@ -37,6 +48,9 @@ PUBLIC_API = [
     "TransactionStateError",
     "PermissionDenied",
     "LimitExceeded",
+    "LimitMismatch",
+    "NoLeader",
+    "SharedTokenError",
     "NotFoundError",
     "ValidationError",
     "ServiceUnavailable",
@@ -91,6 +105,9 @@ def _problem(status: int, code: str | None, **extra) -> httpx.Response:
     (429, "too_many_waiters", errors.LimitExceeded),
     (410, None, errors.LeaseLostError),       # no code: mapped by status
     (429, None, errors.LimitExceeded),
+    (409, "limit_mismatch", errors.LimitMismatch),
+    (409, "no_leader", errors.NoLeader),
+    (403, "shared_token", errors.SharedTokenError),
     (502, None, errors.ServiceUnavailable),
     (500, None, errors.ServiceUnavailable),
     (418, None, errors.ProtocolError),
@@ -103,6 +120,14 @@ def test_problem_codes_and_statuses_map_to_types(status, code, cls):
         assert (err.lock, err.presented, err.highest) == ("l", 3, 5)
     if cls is errors.LockNotAcquired:
         assert (err.owner, err.ttl_ms, err.retry_after) == ("o", 1200, 3.0)
+    if cls is errors.SharedTokenError:
+        assert err.lock == "l"
+
+
+def test_a_limit_mismatch_says_the_current_limit():
+    err = errors.error_from_response(_problem(409, "limit_mismatch", limit=4))
+    assert isinstance(err, errors.LimitMismatch) and err.limit == 4
+    assert not isinstance(err, errors.LockNotAcquired)  # not "held": acquire does not retry it
 
 
 def test_an_identity_over_its_limit_is_told_when_to_retry():

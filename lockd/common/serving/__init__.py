@@ -27,9 +27,9 @@ uvicorn 0.55 (``uvicorn.protocols.http.httptools_impl.HttpToolsProtocol``)
     ``startup``, ``capture_signals`` and ``handle_exit`` and reads ``servers``, ``started``,
     ``should_exit``.
 FastAPI 0.165 (Starlette 1.10)
-    ``lockd.server.app`` reads ``FastAPI._native_telemetry`` (``enabled()``): with FastAPI's
-    native OpenTelemetry on, lockd's hot routes take the full middleware stack so that every
-    request is traced. A FastAPI without it: the attribute is absent and the hot path is used.
+    ``lockd.server.app`` and ``resource_proxy.hot`` read ``FastAPI._native_telemetry``
+    (``enabled()``): with FastAPI's native OpenTelemetry on, lockd's and the proxy's hot routes
+    take the full middleware stack so that every request is traced. A FastAPI without it: the attribute is absent and the hot path is used.
 psycopg 3.3
     ``resource_proxy.store.watched`` overrides ``AsyncConnection.wait`` and, on an interrupted
     wait, calls ``AsyncConnection._try_cancel`` and catches ``psycopg.errors._WaitTimeout`` as
