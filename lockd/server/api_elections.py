@@ -120,7 +120,7 @@ def create_election_router() -> APIRouter:
         return await _lease_answer(request, call, body.wait_ms, name, who)
 
     @router.post("/v1/elections/{name:path}/renew", response_model=ElectionRenewBody,
-                 openapi_extra=_body_doc(ElectionRenewRequest),
+                 operation_id="renewLeader", openapi_extra=_body_doc(ElectionRenewRequest),
                  responses=_problems(403, 410, 413, 422, 503))
     async def renew(name: str, request: Request) -> Response:
         """Extend the leader's lease (same fence); ``handover_requested`` asks it to resign."""
