@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match, Route
 
 from resource_proxy.api import batch, patch_row, problem_response, put_row, routes
@@ -84,6 +84,8 @@ class HotPathMiddleware:
         request = Request(scope, receive, send)
         try:
             response = await endpoint(request)
+        except ClientDisconnect:  # gone mid-body: the request middleware drops it quietly
+            raise
         except Exception as exc:  # the same mapping as the app's exception handlers
             response = problem_response(request, exc)
         await response(scope, receive, send)
