@@ -23,6 +23,7 @@ from lockd.server.store.base import (
     EXCLUSIVE,
     MULTI_PREFIX,
     SHARED,
+    SHARED_PREFIX,
     Grant,
     Holder,
     LockState,
@@ -303,7 +304,7 @@ class LockService:
         self._check_wait(wait_ms)
         if mode is not EXCLUSIVE:
             self._check_mode(mode)
-        lease_id = new_lease_id()
+        lease_id = (SHARED_PREFIX if mode == SHARED else "") + new_lease_id()
         if (wait_ms == 0 or self._waiting.closing) and not self._queues.get(name):
             # Nobody queued and no wait: one store call (the queues' rule 1, inline).
             result = await self.store.acquire(

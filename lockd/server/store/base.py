@@ -22,13 +22,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MULTI_PREFIX", "SEM_KEY_PREFIX", "EXCLUSIVE", "SHARED", "Grant", "Holder",
+__all__ = ["MULTI_PREFIX", "SHARED_PREFIX", "SEM_KEY_PREFIX", "EXCLUSIVE", "SHARED", "Grant", "Holder",
            "HolderView", "LockState", "MultiGrant", "Store", "ReleaseListener", "SemGrant",
            "SemFull", "SemState", "Permit", "ElectionEvent", "ElectionState", "sem_key"]
 
 MULTI_PREFIX = "m."
 """Every multi-lock lease id starts with this (``.`` never occurs in a single lease's id), so
 the single-lock renew/release can refuse one instead of ending part of a set."""
+
+SHARED_PREFIX = "s."
+"""A shared single-lock lease's id starts with this when lockd drew it: a hint that lets a store
+renew or release it as shared first (one statement instead of an exclusive miss, then the shared
+one). Only a hint: an id without it may still be shared (drawn by an older lockd, or a client's
+retry answered with its live shared lease), so a store that misses tries the other mode."""
 
 
 EXCLUSIVE = "exclusive"

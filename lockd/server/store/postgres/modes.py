@@ -68,10 +68,12 @@ async def renew_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str,
 async def release_shared(conn: psycopg.AsyncConnection, lock: str, lease_id: str,
                          retried: bool) -> bool:
     """End a live shared lease, lower ``shared_until`` to the other holders' and NOTIFY. True if
-    ended (or, on a retry, if the first attempt's commit ended it)."""
+    ended (or, on a retry, if the first attempt's commit ended it). The commit does not wait for
+    its WAL flush, like the exclusive release (docs/stores/postgres.md "Release commits")."""
     params = {"names": [lock], "lock": lock, "lease_id": lease_id}
     async with conn.pipeline():  # one round trip: BEGIN, lock the row, release, COMMIT
         async with conn.transaction():
+            await conn.execute(sql.ASYNC_COMMIT)
             await conn.execute(q.LOCK_ROWS, params)
             cur = await conn.execute(q.SHARED_RELEASE, params)
         if await cur.fetchone() is not None:

@@ -1,6 +1,7 @@
 """Semaphores on PostgreSQL: the ``sem_*`` methods of ``PostgresStore`` (a mixin).
 
-A grant is one transaction on the locked semaphore row (limit, fence counter): read the live
+A grant is one transaction on the locked semaphore row (limit, fence counter): first the common
+case in one round trip (the lowest free slot, ``sql_sem.SEM_GRANT_FREE``); else read the live
 permits, answer a retry of this client, refuse a mismatched limit or a full semaphore, else take
 the lowest free slot with the next fence. Renew and release are one statement each. The rules
 that keep at most ``limit`` permits live are in ``sql_sem``' docstring.
@@ -39,6 +40,9 @@ class SemaphoreOps:
              "owner": owner or "", "client_id": client_id or None}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> SemGrant | SemFull:
+            got = await _grant_free(conn, p)
+            if got is not None:
+                return got
             for _ in range(4):
                 try:
                     return await _grant(conn, p)
@@ -95,6 +99,22 @@ class SemaphoreOps:
         if "\x00" in name:
             return SemState(name, 0, 0, ())
         return await self._run(op, retry=True)
+
+
+async def _grant_free(conn: psycopg.AsyncConnection, p: dict[str, Any]) -> SemGrant | None:
+    """The common grant in one round trip (BEGIN, lock the semaphore row, take the lowest free
+    slot, COMMIT): the row stays locked only while the server runs them and flushes the commit,
+    never across a round trip to lockd. ``None``: not that case (a retry of this lease or
+    client, another limit, full); ``_grant`` decides."""
+    async with conn.pipeline():
+        async with conn.transaction():
+            await conn.execute(q.SEM_LOCK, p)
+            cur = await conn.execute(q.SEM_GRANT_FREE, p)
+        got = await cur.fetchone()
+    if got is None:
+        return None
+    slot, fence, ttl = got
+    return SemGrant(p["name"], p["lease_id"], fence, slot, p["limit"], ttl, p["owner"])
 
 
 async def _grant(conn: psycopg.AsyncConnection, p: dict[str, Any]) -> SemGrant | SemFull:

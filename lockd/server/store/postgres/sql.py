@@ -10,9 +10,9 @@ its own commit. The reasoning behind each statement: docs/stores/postgres.md ("S
 from __future__ import annotations
 
 __all__ = [
-    "ACQUIRE", "ACQUIRE_MANY", "CHANNEL", "CLOCK", "CONFIGURE", "DDL", "FORCE_RELEASE", "LISTEN",
-    "NOW", "PING", "RELEASE", "RELEASED_BY", "RELEASE_MANY", "RENEW", "RENEW_LEASE_ROW",
-    "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY", "SWEEP_LEASES",
+    "ACQUIRE", "ACQUIRE_MANY", "ASYNC_COMMIT", "CHANNEL", "CLOCK", "CONFIGURE", "DDL",
+    "FORCE_RELEASE", "LISTEN", "NOW", "PING", "RELEASE", "RELEASED_BY", "RELEASE_MANY", "RENEW",
+    "RENEW_LEASE_ROW", "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY", "SWEEP_LEASES",
 ]
 
 CHANNEL = "lockd_release"
@@ -146,15 +146,16 @@ RETURNING fence, owner, {_TTL}
 """
 
 # The release's commit does not wait for its WAL flush (see "Release commits" in
-# docs/stores/postgres.md): ``set_config(…, true)`` lasts for this statement's own transaction only.
-_ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+# docs/stores/postgres.md): ``set_config(…, true)`` lasts for this statement's own transaction only
+# (shared and permit releases run it too, inside their transaction or as a CTE).
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 RELEASE = f"""
 WITH r AS (
     UPDATE lockd.locks SET expires_at = NULL, released_at = now()
      WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
     RETURNING name
-), async_commit AS ({_ASYNC_COMMIT})
+), async_commit AS ({ASYNC_COMMIT})
 SELECT pg_notify('{CHANNEL}', name) FROM r, async_commit
 """
 

@@ -13,10 +13,10 @@ below the limit, so no more than ``lim`` permits are ever live. Releases NOTIFY 
 from __future__ import annotations
 
 from lockd.server.store.base import SEM_KEY_PREFIX
-from lockd.server.store.postgres.sql import CHANNEL
+from lockd.server.store.postgres.sql import ASYNC_COMMIT, CHANNEL
 from lockd.server.store.postgres.sql_modes import ttl
 
-__all__ = ["DDL", "SEM_GET", "SEM_GRANT", "SEM_KILL", "SEM_LIVE", "SEM_LOCK", "SEM_PERMITS",
+__all__ = ["DDL", "SEM_GET", "SEM_GRANT", "SEM_GRANT_FREE", "SEM_KILL", "SEM_LIVE", "SEM_LOCK", "SEM_PERMITS",
            "SEM_RELEASE", "SEM_RELEASED_BY", "SEM_RENEW", "SEM_RENEW_ONE"]
 
 _NEW_EXPIRY = "now() + %(ttl_ms)s::bigint * interval '1 millisecond'"
@@ -82,6 +82,37 @@ ON CONFLICT (name, slot) DO UPDATE SET lease_id = excluded.lease_id, owner = exc
 RETURNING p.fence, {ttl('p.expires_at')}
 """
 
+# After SEM_LOCK, in its transaction (a fresh snapshot sees every committed permit change): the
+# common grant in the same round trip as the lock. Only when the limit is unchanged, the
+# semaphore not full and no live permit is this lease's or this client's: take the lowest free
+# slot with the next fence. Nothing back: SEM_LIVE and the caller decide (retry, mismatch, full).
+SEM_GRANT_FREE = f"""
+WITH s AS (SELECT lim FROM lockd.semaphores WHERE name = %(name)s),
+live AS (
+    SELECT p.slot, p.lease_id, p.client_id FROM lockd.sem_permits p, s
+     WHERE p.name = %(name)s AND p.expires_at > now() AND p.slot < s.lim
+), pick AS (
+    SELECT min(c.slot) AS slot FROM (SELECT 0 AS slot UNION ALL SELECT slot + 1 FROM live) c
+     WHERE c.slot < %(limit)s AND c.slot NOT IN (SELECT slot FROM live)
+       AND (SELECT lim FROM s) = %(limit)s
+       AND NOT EXISTS (SELECT 1 FROM live WHERE lease_id = %(lease_id)s
+                          OR (client_id = %(client_id)s AND client_id <> ''))
+), f AS (
+    UPDATE lockd.semaphores SET fence = fence + 1
+     WHERE name = %(name)s AND (SELECT slot FROM pick) IS NOT NULL
+    RETURNING fence
+)
+INSERT INTO lockd.sem_permits AS p (name, slot, lease_id, owner, client_id, fence, expires_at,
+                                    ttl_ms)
+SELECT %(name)s, pick.slot, %(lease_id)s, %(owner)s, %(client_id)s, f.fence, {_NEW_EXPIRY},
+       %(ttl_ms)s::int FROM f, pick
+ON CONFLICT (name, slot) DO UPDATE SET lease_id = excluded.lease_id, owner = excluded.owner,
+    client_id = excluded.client_id, fence = excluded.fence, expires_at = excluded.expires_at,
+    ttl_ms = excluded.ttl_ms, released_at = NULL
+ WHERE (p.expires_at > now()) IS NOT TRUE
+RETURNING p.slot, p.fence, {ttl('p.expires_at')}
+"""
+
 _SEM_SHARE = "SELECT lim FROM lockd.semaphores WHERE name = %(name)s FOR SHARE"
 
 # ttl_ms NULL: the permit's own TTL.
@@ -102,15 +133,18 @@ UPDATE lockd.sem_permits SET expires_at = {_NEW_EXPIRY}, ttl_ms = %(ttl_ms)s::in
 RETURNING fence, {ttl('expires_at')}
 """
 
+# The commit does not wait for its WAL flush, like a lock's release (sql.RELEASE): a permit
+# whose release a crash loses is live again until its expiry; the grant that took its slot
+# committed synchronously, so it cannot survive without the release.
 SEM_RELEASE = f"""
-WITH s AS ({_SEM_SHARE}), r AS (
+WITH s AS ({_SEM_SHARE}), async_commit AS ({ASYNC_COMMIT}), r AS (
     UPDATE lockd.sem_permits p SET expires_at = NULL, released_at = now()
       FROM s
      WHERE p.name = %(name)s AND p.lease_id = %(lease_id)s AND p.expires_at > now()
        AND p.slot < s.lim
     RETURNING p.name
 )
-SELECT pg_notify('{CHANNEL}', '{SEM_KEY_PREFIX}' || name) FROM r
+SELECT pg_notify('{CHANNEL}', '{SEM_KEY_PREFIX}' || name) FROM r, async_commit
 """
 
 SEM_RELEASED_BY = """

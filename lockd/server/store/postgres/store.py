@@ -32,6 +32,7 @@ from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
+    SHARED_PREFIX,
     Grant,
     Holder,
     LockState,
@@ -329,17 +330,25 @@ class PostgresStore(SemaphoreOps, ElectionOps):
         return holder or Holder(lock=lock, owner="", ttl_ms=1, fence=0)
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
-        """See ``Store.renew``. Raises ``LeaseLost`` unless the lease is live by the server."""
+        """See ``Store.renew``. Raises ``LeaseLost`` unless the lease is live by the server. A
+        lease id with ``SHARED_PREFIX`` is tried as shared first (one statement when it is)."""
         params = {"lock": lock, "lease_id": lease_id,
                   "ttl_ms": None if ttl_ms is None else int(ttl_ms)}
 
+        shared_first = lease_id.startswith(SHARED_PREFIX)
+
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant:
+            if shared_first:
+                shared = await modes_.renew_shared(conn, lock, lease_id, params["ttl_ms"])
+                if shared is not None:
+                    return shared
             cur = await conn.execute(sql.RENEW, params)
             row = await cur.fetchone()
             if row is not None:
                 return Grant(lock=lock, lease_id=lease_id, fence=row[0], ttl_ms=row[2],
                              owner=row[1])
-            shared = await modes_.renew_shared(conn, lock, lease_id, params["ttl_ms"])
+            shared = None if shared_first else await modes_.renew_shared(
+                conn, lock, lease_id, params["ttl_ms"])
             if shared is None:
                 raise LeaseLost(f"lease on {lock!r} is not live", lock=lock)
             return shared
@@ -347,14 +356,19 @@ class PostgresStore(SemaphoreOps, ElectionOps):
         return await self._run(op, retry=True)
 
     async def release(self, lock: str, lease_id: str) -> None:
-        """See ``Store.release``: frees the lock and NOTIFYs in one statement; keeps the fence."""
+        """See ``Store.release``: frees the lock and NOTIFYs in one statement; keeps the fence. A
+        lease id with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
         params = {"lock": lock, "lease_id": lease_id}
 
+        shared_first = lease_id.startswith(SHARED_PREFIX)
+
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> None:
+            if shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
+                return
             cur = await conn.execute(sql.RELEASE, params)
             if await cur.fetchone() is not None:
                 return
-            if await modes_.release_shared(conn, lock, lease_id, retried):
+            if not shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
                 return
             if retried:  # the first attempt's outcome was unknown: did it commit?
                 cur = await conn.execute(sql.RELEASED_BY, params)

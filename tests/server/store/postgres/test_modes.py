@@ -17,6 +17,7 @@ from lockd.server.errors import LeaseLost
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
+    SHARED_PREFIX,
     Grant,
     Holder,
     HolderView,
@@ -126,6 +127,33 @@ def test_shared_renew_release_and_a_release_frees_the_lock_at_once(pg_url):
                 await store.release("r", s.lease_id)
             with pytest.raises(LeaseLost):
                 await store.renew("r", s.lease_id, 1000)
+
+    asyncio.run(main())
+
+
+def test_the_shared_prefix_is_only_a_hint_either_mode_renews_and_releases_by_any_id(pg_url):
+    """``SHARED_PREFIX`` makes renew/release try the shared statements first; a shared lease
+    without it (an older lockd's) and an exclusive one with it still renew, release (freeing the
+    lock for the other mode) and end once."""
+    async def main():
+        async with opened(pg_url) as store:
+            for lock, mode, lid, other in (("p1", SHARED, lease_id(), EXCLUSIVE),
+                                           ("p2", EXCLUSIVE, SHARED_PREFIX + lease_id(), SHARED),
+                                           ("p3", SHARED, SHARED_PREFIX + lease_id(), EXCLUSIVE),
+                                           ("p4", EXCLUSIVE, lease_id(), SHARED)):
+                got = await store.acquire(lock, lease_id=lid, ttl_ms=5000, owner="o",
+                                          client_id=None, mode=mode)
+                assert isinstance(got, Grant) and (got.lease_id, got.mode) == (lid, mode)
+                renewed = await store.renew(lock, lid, 60_000)
+                assert (renewed.mode, renewed.fence, renewed.ttl_ms) == (mode, got.fence, 60_000)
+                assert isinstance(await take(store, lock, other), Holder)
+                await store.release(lock, lid)
+                assert not (await store.get(lock)).held
+                assert isinstance(await take(store, lock, other), Grant)
+                with pytest.raises(LeaseLost):
+                    await store.release(lock, lid)
+                with pytest.raises(LeaseLost):
+                    await store.renew(lock, lid, 1000)
 
     asyncio.run(main())
 
