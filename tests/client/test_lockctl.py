@@ -186,7 +186,7 @@ def test_run_stops_the_command_soon_after_the_lease_is_lost(lockd_server, name, 
 
 
 def test_lease_id_from_the_environment_or_stdin_not_the_command_line(shared_lockd, name):
-    """Issue 15 item 8: a lease id is a secret; renew/release take it from LOCKD_LEASE_ID or
+    """A lease id is a secret; renew/release take it from LOCKD_LEASE_ID or
     standard input (``-``), so it need not show in ``ps`` or shell history."""
     url = shared_lockd.url
     lease = json.loads(lockctl(url, "--json", "acquire", name, "--ttl", "5s").stdout)
@@ -215,7 +215,7 @@ def test_lease_id_from_the_environment_or_stdin_not_the_command_line(shared_lock
 
 
 def test_holders_lists_the_holder_and_the_waiters_owners_in_queue_order(shared_lockd, name):
-    """Issue 18: GET /v1/locks/{name} names the waiters (this lockd's, head first); so does
+    """GET /v1/locks/{name} names the waiters (this lockd's, head first); so does
     ``lockctl holders`` (and says "nobody waiting" when nobody is). A failed acquire says what
     to do about it."""
     import threading

@@ -1,4 +1,4 @@
-"""What a newcomer reads (issue 18): ``--version`` everywhere, lockctl's help and its error lines
+"""What a newcomer reads: ``--version`` everywhere, lockctl's help and its error lines
 (each asserted as the one line it is), ``force-release``, and the client's logging (one
 non-repeating line for a lost lease; nothing on stderr when the program configured no logging)."""
 

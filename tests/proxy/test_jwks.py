@@ -100,7 +100,7 @@ def test_unknown_kid_triggers_a_rate_limited_refetch(jwks_server, tmp_path, star
 
 
 def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, monkeypatch):
-    """Issue 18: the start-up warning names the JWKS URL; while the keys cannot be fetched a
+    """The start-up warning names the JWKS URL; while the keys cannot be fetched a
     token gets 503 lockd_unreachable naming the URL (not 401 "unknown key"); /healthz shows it."""
     ring = KeyRing.generate()
     db = make_database("sqlite", tmp_path, None)

@@ -1,4 +1,4 @@
-"""Multi-lock tokens at the proxy (issue 14), on SQLite and PostgreSQL: a batch may carry one
+"""Multi-lock tokens at the proxy, on SQLite and PostgreSQL: a batch may carry one
 token holding several locks; each op must be bound to one of them; the fence of every lock the
 batch touches is checked and raised in the batch's transaction, all or nothing.
 

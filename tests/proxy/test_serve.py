@@ -115,7 +115,7 @@ def _ready(proc) -> bool:
 
 
 def test_a_table_created_after_start_is_404_saying_how_to_serve_it(tmp_path, start_proxy):
-    """Issue 18: the 404 says tables are reflected at start and that a restart adds one."""
+    """The 404 says tables are reflected at start and that a restart adds one."""
     import httpx
 
     from lockd.tokens import KeyRing

@@ -1,4 +1,4 @@
-"""SQLite numerics (issue 18): a NUMERIC column on SQLite keeps a 64-bit integer or a double, so
+"""SQLite numerics: a NUMERIC column on SQLite keeps a 64-bit integer or a double, so
 a value neither holds exactly is refused with 422 and nothing is written, instead of being
 stored rounded ("12345678901234567.89" used to come back "12345678901234568")."""
 

@@ -247,7 +247,7 @@ OTHER_CLIENT_KEY = "client-key-Other-4Rt7yUi"
 
 
 def test_client_id_is_bound_to_the_api_key_that_sent_it(start_lockd, name):
-    """Issue 15 item 1: the same ``client_id`` sent with another API key is NOT a retry of the
+    """The same ``client_id`` sent with another API key is NOT a retry of the
     holder's acquire: it must not receive the holder's lease id and token (409 held), while the
     same key still gets its own lease back."""
     lockd = start_lockd("sqlite", env={"LOCKD_API_KEYS": f"{CLIENT_KEY},{OTHER_CLIENT_KEY}"})

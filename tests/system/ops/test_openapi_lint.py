@@ -1,5 +1,5 @@
 """Both served OpenAPI documents pass Redocly's linter, recommended rules, with zero errors and
-zero warnings (issue 18): operationIds, security on every operation, servers, items on arrays,
+zero warnings: operationIds, security on every operation, servers, items on arrays,
 required properties defined.
 
 The linter is ``@redocly/cli`` from the npm registry, pinned, installed by ``make node-deps``

@@ -8,7 +8,7 @@ never ends). The proxy runs on PostgreSQL with a table of many column types; pos
 carry a genuine fencing token so their rows reach the database. The request counts show in
 pytest's summary.
 
-Hostile inputs (issue 15): schemathesis draws values from the schema, which says "string" or
+Hostile inputs: schemathesis draws values from the schema, which says "string" or
 "integer" and so never produces the inputs that used to crash the servers. So half of the
 generated cases (in both modes, within the same example budget) are *hostile variants*: one
 value of the case (a body value or key, a query or path parameter, a header) is replaced by a
