@@ -16,7 +16,7 @@ BENCH_PROCS       1          generator processes per measurement
 BENCH_SCALE_LEASES 100000    held leases in section 6
 BENCH_PEERS       (all)      only peers whose name contains one of these words (+ baselines)
 BENCH_OUT         bench/results  where the results go
-BENCH_HANDOVERS   20         election handovers per row of section 9 (its other knobs: bench/primitives.py)
+BENCH_HANDOVERS   50         election handovers per row of section 9 (its other knobs: bench/primitives.py)
 ================  =========  ==========================================================
 
 Needs PostgreSQL (127.0.0.1:5432), Redis (127.0.0.1:6379) and an ``etcd`` binary

@@ -17,6 +17,7 @@ __all__ = ["goals"]
 
 _ETCD_LOCK = "etcd lock API (baseline)"
 _DIRECT = "direct fenced statement, psycopg (baseline)"
+_PG_LIMIT = "PostgreSQL limit: lockd's grant + release statements, psycopg"
 
 
 def _rate(section: Section, name: str, clients: int) -> float | None:
@@ -57,6 +58,12 @@ def goals(sections: list[Section]) -> Section | None:
                     ratio = value / base if value and base else None
                     rows.append(_row(f"§1 {variant} vs etcd's lock API, {c} clients", ratio,
                                      target, "x"))
+        # How much of PostgreSQL's own rate for lockd's very statements lockd delivers: what
+        # lockd itself costs, whatever the peer.
+        for c in clients:
+            value, limit = _rate(one, "lockd · PostgreSQL", c), _rate(one, _PG_LIMIT, c)
+            rows.append(_row(f"§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, "
+                             f"{c} clients", value / limit if value and limit else None, 0.6, "x"))
     four = by_key.get("4")
     if four is not None:
         base = four.data.get("etcd lease keep-alive (baseline)", {}).get("capacity")

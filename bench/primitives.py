@@ -24,7 +24,7 @@ through the same proxy. "after lease end": from the end of the killed leader's l
 renewal sent + TTL) to that write.
 
 Environment: ``BENCH_PRIMITIVE_CLIENTS`` (``8,32``), ``BENCH_PRIMITIVE_STORES``
-(``sqlite,postgres``; add ``etcd`` for lockd on etcd), ``BENCH_HANDOVERS`` (20 per variant and
+(``sqlite,postgres``; add ``etcd`` for lockd on etcd), ``BENCH_HANDOVERS`` (50 per variant and
 peer), ``BENCH_ELECTION_TTL_MS`` (1000; etcd leases are whole seconds, at least 1).
 """
 
@@ -315,7 +315,7 @@ def _elections(bench: Any, stores: list[str]) -> tuple[list, dict, int, int]:
 
     from lockd.tokens import KeyRing
 
-    count = int(os.environ.get("BENCH_HANDOVERS", 20))
+    count = int(os.environ.get("BENCH_HANDOVERS", 50))
     ttl_ms = int(os.environ.get("BENCH_ELECTION_TTL_MS", 1000))
     key_dir = str(bench.ws.dir / "bench9-etcd-keys")
     ring = KeyRing.load_or_create(key_dir)

@@ -18,6 +18,7 @@ def test_goal_rows_are_marked_from_the_runs_own_figures() -> None:
         "lockd · PostgreSQL · --workers 2 @8": {"rates": [150.0]},  # 1.5×
         "lockd · SQLite @8": {"rates": [290.0]},  # 2.9×: not 3×
         "lockd · etcd @8": {"rates": [100.0]},
+        "PostgreSQL limit: lockd's grant + release statements, psycopg @8": {"rates": [400.0]},
     })
     two = _section("2", {"lockd · SQLite": {"p99_ms": 2.5}, "lockd · PostgreSQL": {"p99_ms": 6.0}})
     four = _section("4", {"etcd lease keep-alive (baseline)": {"capacity": 4000},
@@ -40,6 +41,8 @@ def test_goal_rows_are_marked_from_the_runs_own_figures() -> None:
         "1.50×", "NOT met")
     assert marks["§1 lockd · SQLite vs etcd's lock API, 8 clients"] == ("2.90×", "NOT met")
     assert marks["§1 lockd · etcd vs etcd's lock API, 8 clients"] == ("1.00×", "met")
+    assert marks["§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, 8 clients"] == (
+        "0.53×", "NOT met")  # 210 of the limit row's 400 cycles/s
     assert marks["§2 handoff p99, 16 waiters, lockd · SQLite"] == ("2.50 ms", "met")
     assert marks["§2 handoff p99, 16 waiters, lockd · PostgreSQL"] == ("6.00 ms", "NOT met")
     assert marks["§4 renewal capacity, lockd · PostgreSQL vs etcd's keep-alive"][1] == "met"
