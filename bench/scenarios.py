@@ -583,7 +583,10 @@ def _install_triggers(bench: Bench, dsn: str, policy_text: str) -> None:
 
 def scale(bench: Bench, store: str = "postgres") -> Section:
     s = bench.settings
-    server = bench.ws.lockd(store, f"lockd-scale-{store}")
+    # One anonymous identity holds every lease here: lift its lease limit (100,000 by default)
+    # above the held leases plus the probes'.
+    server = bench.ws.lockd(store, f"lockd-scale-{store}",
+                            args=("--max-leases-per-identity", str(s.scale_leases + 10_000)))
     addr = server.addr()
     idle = rss_mb(server.pid)
     small = 100
