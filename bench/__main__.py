@@ -1,7 +1,7 @@
 """``python -m bench`` (``make bench``): run the measurements, print the table, write
 ``bench/results/latest.json``, ``latest.md`` and ``latest.png``.
 
-Environment (defaults keep a full run near 10 minutes on 2 cores):
+Environment:
 
 ================  =========  ==========================================================
 variable          default    meaning
@@ -22,6 +22,10 @@ BENCH_HANDOVERS   50         election handovers per row of section 9 (its other 
 Needs PostgreSQL (127.0.0.1:5432), Redis (127.0.0.1:6379) and an ``etcd`` binary
 (``make system-deps``); a missing one is skipped with a note. The load generator runs in
 separate processes from every server; see ``bench/loadgen.py``.
+
+A section that raises is reported (its traceback, and "FAILED" in the results' settings line);
+the others still run and are written, and the exit status is 1. A full run takes about 25
+minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 from bench import chart, goals, report
@@ -75,6 +80,7 @@ def main() -> int:
     for need, why in bench.skipped.items():
         print(f"note: {need} not available ({why}); its peers are skipped", flush=True)
     sections: list[report.Section] = []
+    failed: dict[str, str] = {}
     started = time.monotonic()
     try:
         for key in keys:
@@ -85,12 +91,17 @@ def main() -> int:
                 store = "sqlite"
             else:
                 store = "postgres"
-            if key == "6":
-                section = fn(bench, store)
-            elif key == "7":
-                section = fn(bench, store, next((x for x in sections if x.key == "2"), None))
-            else:
-                section = fn(bench)
+            try:
+                if key == "6":
+                    section = fn(bench, store)
+                elif key == "7":
+                    section = fn(bench, store, next((x for x in sections if x.key == "2"), None))
+                else:
+                    section = fn(bench)
+            except Exception as exc:  # the other sections' figures still count: report them
+                traceback.print_exc()
+                failed[key] = f"{type(exc).__name__}: {exc}"[:300]
+                continue
             section.seconds = time.monotonic() - t0
             sections.append(section)
     finally:
@@ -98,6 +109,9 @@ def main() -> int:
     goal_section = goals.goals(sections)
     if goal_section is not None:
         sections.insert(0, goal_section)
+    if failed:
+        info["settings"] += "; FAILED: " + "; ".join(f"section {k} ({v})"
+                                                      for k, v in failed.items())
     info["load_after"] = report.loadavg()
     info["total_s"] = round(time.monotonic() - started, 1)
     text = report.render_text(sections, info)
@@ -111,7 +125,9 @@ def main() -> int:
                          f"{info['nproc']} CPU {info['cpu']}, load {info['load_before']}")
     print(f"wrote {out_dir / 'latest.json'}, latest.md"
           + (f" (no chart: {why_not})" if why_not else ", latest.png"))
-    return 0
+    if failed:
+        print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -146,6 +146,7 @@ async def candidate(spec: dict) -> dict:
                 {"ttl_ms": ttl_ms, "wait_ms": 60_000, "owner": f"p{pid}"}).encode())
             if status == 200:
                 break
+            out.put({"event": "refused", "pid": pid, "status": status, "body": data[:200]})
         granted = time.monotonic()
         lease.update(json.loads(data))
         fence, token = lease["fence"], lease["token"]
@@ -224,6 +225,54 @@ def _cycles(bench: Any, stores: list[str], clients: tuple[int, ...]) -> tuple[li
     return rows, data
 
 
+class Events:
+    """The candidates' reports as the driver reads them: ``waiting`` and ``renewed`` (pid →
+    monotonic time) kept current, ``leader``/``resigned`` reports kept in order until asked for
+    (a resigned leader's successor can report before the resigned one does). ``describe`` says
+    who is alive when :meth:`next` times out; ``grant_renews``: a leader's lease runs from its
+    grant (lockd), not from its last keep-alive (etcd)."""
+
+    def __init__(self, queue: Any, describe: Callable[[], str], grant_renews: bool):
+        self.queue, self.describe, self.grant_renews = queue, describe, grant_renews
+        self.waiting: dict[int, float] = {}
+        self.renewed: dict[int, float] = {}
+        self.pending: list[dict] = []
+        self.seen: list[dict] = []  # every report but renewals, for the error message
+
+    def absorb(self, doc: dict) -> None:
+        kind = doc["event"]
+        if kind == "renewed":
+            self.renewed[doc["pid"]] = doc["t"]
+            return
+        self.seen = self.seen[-11:] + [doc]
+        if kind == "waiting":
+            self.waiting[doc["pid"]] = doc["t"]
+        elif kind in ("leader", "resigned"):
+            self.pending.append(doc)
+        if kind == "leader" and self.grant_renews:
+            self.renewed.setdefault(doc["pid"], doc["granted"])
+
+    def poll(self, timeout: float) -> bool:
+        """Absorb one report within ``timeout`` s; False if none came."""
+        try:
+            self.absorb(self.queue.get(timeout=timeout))
+        except Exception:  # queue.Empty, also through a manager's proxy
+            return False
+        return True
+
+    def next(self, kind: str, timeout: float = 60) -> dict:
+        """The oldest ``kind`` report not yet taken, waiting up to ``timeout`` s for it.
+        Raises RuntimeError naming the live candidates and the last reports if none comes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for i, doc in enumerate(self.pending):
+                if doc["event"] == kind:
+                    return self.pending.pop(i)
+            if not self.poll(max(0.1, deadline - time.monotonic())):
+                raise RuntimeError(f"no {kind!r} report in {timeout} s: {self.describe()}; "
+                                   f"last reports: {self.seen}")
+
+
 def handovers(bench: Any, peer: str, server: Any, proxy: Any, row: int, graceful: bool,
               count: int, ttl_ms: int, key_dir: str, pool: int = 4) -> dict[str, Any]:
     """``count`` handovers of one election among ``pool`` candidate processes; per handover the
@@ -233,8 +282,6 @@ def handovers(bench: Any, peer: str, server: Any, proxy: Any, row: int, graceful
     mgr = loadgen.manager()
     out = mgr.Queue()
     procs: dict[int, tuple[Any, Any, Any]] = {}
-    waiting: dict[int, float] = {}
-    renewed: dict[int, float] = {}
     spec = {"peer": peer, **server.addr(), "proxy_host": proxy.host, "proxy_port": proxy.port,
             "name": f"bench9e/{row}", "row": row, "ttl_ms": ttl_ms, "key_dir": key_dir,
             "out": out}
@@ -244,23 +291,13 @@ def handovers(bench: Any, peer: str, server: Any, proxy: Any, row: int, graceful
         proc, result = loadgen.start_job("candidate", {**spec, "resign": ev})
         procs[proc.pid] = (proc, ev, result)  # the result queue must outlive the start
 
-    def next_event(kind: str, timeout: float = 60) -> dict:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                doc = out.get(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception:  # queue.Empty through the manager: say which candidate died
-                dead = {pid: p.exitcode for pid, (p, *_) in procs.items() if not p.is_alive()}
-                raise RuntimeError(f"no {kind!r} event in {timeout} s; exited: {dead}") from None
-            if doc["event"] == "waiting":
-                waiting[doc["pid"]] = doc["t"]
-            elif doc["event"] == "renewed":
-                renewed[doc["pid"]] = doc["t"]
-            if doc["event"] == "leader" and peer != "etcd":
-                renewed.setdefault(doc["pid"], doc["granted"])  # the lease runs from its grant
-            if doc["event"] == kind:
-                return doc
+    def dead() -> str:
+        exited = {pid: p.exitcode for pid, (p, *_) in procs.items() if not p.is_alive()}
+        return (f"{peer} handover {len(result['write_ms'])} (graceful={graceful}); exited: "
+                f"{exited}; alive: {sorted(procs)}")
 
+    events = Events(out, dead, grant_renews=peer != "etcd")
+    waiting, renewed, next_event = events.waiting, events.renewed, events.next
     result: dict[str, list[float]] = {"write_ms": [], "grant_ms": [], "after_end_ms": [],
                                       "bad_status": []}
     try:
@@ -272,14 +309,7 @@ def handovers(bench: Any, peer: str, server: Any, proxy: Any, row: int, graceful
             # at least one other candidate queued for 0.2 s before the leader goes
             while not any(p != leader["pid"] and time.monotonic() - t > 0.2
                           for p, t in waiting.items()):
-                try:
-                    doc = out.get(timeout=0.2)
-                except Exception:  # queue.Empty through the manager
-                    continue
-                if doc["event"] == "waiting":
-                    waiting[doc["pid"]] = doc["t"]
-                elif doc["event"] == "renewed":
-                    renewed[doc["pid"]] = doc["t"]
+                events.poll(0.2)
             old = leader["pid"]
             proc, ev, _ = procs.pop(old)
             waiting.pop(old, None)
