@@ -81,7 +81,7 @@ class Waiter:
     ~0.7 KB) nor an ``asyncio.timeout``: thousands may be queued."""
 
     __slots__ = ("locks", "lease_id", "ttl_ms", "owner", "client_id", "mode", "limit", "hint",
-                 "turn", "wake", "_future", "_on")
+                 "turn", "wake", "_future", "_timer", "_on")
 
     def __init__(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str = "",
                  client_id: str | None = None, mode: str | Mapping[str, str] = EXCLUSIVE,
@@ -99,6 +99,7 @@ class Waiter:
         self.turn = False
         self.wake = False
         self._future: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._on = ""  # the flag the sleeping waiter waits for: "turn" or "wake"
 
     def set_turn(self) -> None:
@@ -119,18 +120,32 @@ class Waiter:
     async def sleep(self, flag: str, seconds: float) -> None:
         """Wait until ``flag`` (``"turn"`` or ``"wake"``) is set or ``seconds`` pass, on the
         event loop's monotonic timer."""
+        future = self.nap(flag, seconds)
+        if future is not None:
+            try:
+                await future
+            finally:
+                self.woke()
+
+    def nap(self, flag: str, seconds: float) -> asyncio.Future[None] | None:
+        """``sleep`` without a coroutine of its own (one frame less per queued request): the
+        future to await, then call ``woke()`` (also on cancellation); ``None`` if ``flag`` is
+        already set."""
         if getattr(self, flag):
-            return
+            return None
         loop = asyncio.get_running_loop()
         future = self._future = loop.create_future()
         self._on = flag
-        timer = loop.call_later(seconds, _resolve_future, future)
-        try:
-            await future
-        finally:
-            timer.cancel()
-            self._future = None
-            self._on = ""
+        self._timer = loop.call_later(seconds, _resolve_future, future)
+        return future
+
+    def woke(self) -> None:
+        """End the ``nap``: cancel its timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._future = None
+        self._on = ""
 
 
 def _resolve_future(future: asyncio.Future[None]) -> None:
@@ -248,7 +263,8 @@ class WaitQueues:
         """``waiter``'s grant, asked of the store when the rules let it, waiting up to
         ``wait_ms`` ms. Raises ``LockHeld`` (from ``kind``) and ``StoreUnavailable``.
 
-        One coroutine for the whole wait: each frame costs a queued request ~0.3 KB."""
+        One coroutine for the whole wait, sleeping in ``Waiter.nap`` (not ``sleep``): each
+        frame costs a queued request ~0.3 KB."""
         if self.queued(waiter.locks):  # rule 2
             if waiter.client_id:
                 retried = await self._retry(kind, waiter)
@@ -284,7 +300,12 @@ class WaitQueues:
                     if remaining <= 0:
                         raise await kind.held_behind_queue(waiter.locks, True)
                     waiter.turn = False  # set again by _leave when a waiter ahead goes
-                    await waiter.sleep("turn", remaining)
+                    nap = waiter.nap("turn", remaining)
+                    if nap is not None:
+                        try:
+                            await nap
+                        finally:
+                            waiter.woke()
                     continue
                 # Rule 4: admitted by every queue, the only local waiter for these locks that
                 # asks the store (unless the waiter granted before it said who holds them now).
@@ -300,7 +321,12 @@ class WaitQueues:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise kind.refused(holders)
-                await waiter.sleep("wake", min(remaining, _soonest(holders)))
+                nap = waiter.nap("wake", min(remaining, _soonest(holders)))
+                if nap is not None:
+                    try:
+                        await nap
+                    finally:
+                        waiter.woke()
         finally:
             self._leave(kind, waiter, granted)
 

@@ -1,8 +1,8 @@
-"""What a queued acquire holds in lockd: no task of its own (memory per waiter).
+"""What a queued acquire holds in lockd: one task, its wait's (memory per waiter).
 
-A waiting acquire runs in its request's own task and learns of a client that went away from the
-connection itself (``lockd.common.serving.connections.DISCONNECT_WATCH``), not from a second task
-polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
+On lockd's HTTP protocol a waiting acquire is parked: its ASGI call ends and the wait runs as one
+task, which the connection's loss cancels (``lockd.common.serving.connections``); on plain uvicorn
+it waits inside its request's ASGI call with a second task polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
 watch) a client that hangs up leaves the queue at once and the rest are served in order.
 Figures (bytes per waiter) are in bench/notes/waiters.md, not asserted here.
 """
@@ -75,6 +75,16 @@ class _Served:
 
         return asyncio.run_coroutine_threadsafe(chains(), loop).result(10)
 
+    def parked_scopes(self) -> list[dict]:
+        """The scopes of the requests parked by the server's connections (their keys)."""
+        loop = self.app.state.service.store._loop
+
+        async def scopes() -> list[dict]:
+            return [dict.fromkeys(c.cycle.scope) for c in self.server.server_state.connections
+                    if c.cycle is not None and not c.cycle.response_complete]
+
+        return asyncio.run_coroutine_threadsafe(scopes(), loop).result(10)
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(20)
@@ -122,7 +132,7 @@ def test_a_queued_acquire_has_no_task_of_its_own_and_leaves_when_its_client_hang
             wait_until(lambda i=i: state(http, served.url, name)["waiters"] == i + 1,
                        what=f"waiter {i} queued")
         extra = served.tasks() - before
-        if served.server.config.http != "auto":  # lockd's protocol: the request's task only
+        if served.server.config.http != "auto":  # lockd's protocol: the wait's task only
             assert extra == 5, extra
         else:  # plain uvicorn: the request's task, the work and a receive() watcher
             assert extra == 15, extra
@@ -167,20 +177,32 @@ def test_requests_pipelined_behind_a_waiting_acquire_are_answered_in_order(serve
         assert b'"status":"ok"' in third
 
 
-def test_a_queued_acquire_waits_through_the_ops_middleware_only(served):
+def test_a_parked_acquire_keeps_no_asgi_frame_and_its_answer_goes_through_the_middleware(served):
+    """With lockd's protocol the request's ASGI call ends while it waits: only the wait's own
+    coroutines remain (no middleware, handler or uvicorn frame), the parked request's scope is
+    cut down to what its answer needs, and the late answer still carries the request id."""
     if served.server.config.http == "auto":
-        pytest.skip("plain uvicorn: the wait runs in a task of its own, without the middlewares")
+        pytest.skip("plain uvicorn: the wait runs inside the request's ASGI call")
     name = "footprint/frames"
     with httpx.Client(timeout=30) as http:
         holder = acquire(http, served.url, name, owner="holder").json()
-        sock = _send_acquire(served.port, name, "w")
+        body = json.dumps({"ttl_ms": 10_000, "wait_ms": 60_000, "owner": "w"}).encode()
+        sock = socket.create_connection(("127.0.0.1", served.port))
+        sock.sendall(f"POST /v1/locks/{name}/acquire HTTP/1.1\r\nHost: t\r\n"
+                     f"X-Request-Id: parked-1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
         (chain,) = served.waiting_frames()
-        assert "RequestMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
-        skipped = {"Starlette.__call__", "ServerErrorMiddleware.__call__",
-                   "ExceptionTelemetryMiddleware.__call__", "AppBodyLimitMiddleware.__call__",
-                   "ExceptionMiddleware.__call__"}
-        assert not skipped & set(chain), chain
+        assert chain == ["LockService.acquire", "WaitQueues.acquire"], chain
+        scopes = served.parked_scopes()
+        assert scopes and all("headers" not in scope for scope in scopes), scopes
         assert release(http, served.url, name, holder["lease_id"]).status_code == 200
-        assert _response(sock)["owner"] == "w"
+        sock.settimeout(20)
+        data = b""
+        while b'"lease_id"' not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200") and b"x-request-id: parked-1" in data.lower()
+        assert b'"owner":"w"' in data
         sock.close()
