@@ -25,7 +25,6 @@ the waiter leaves the queue at once (uvicorn does not cancel a handler on discon
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import math
@@ -49,6 +48,7 @@ from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import bounded_body, error_response, problem_response
 from lockd.common.serving.connections import DISCONNECT_WATCH, parker
 from lockd.server.access import authorize, identity_name, visible_prefixes
+from lockd.server.disconnects import ClientGone, until_disconnect
 from lockd.server.errors import ForbiddenLock, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.limits import IdentityLimits
 from lockd.server.schemas import (
@@ -74,7 +74,6 @@ __all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "in_s
 log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
-_T = TypeVar("_T")
 
 
 # --- problems: the one mapping ------------------------------------------------------------------
@@ -207,67 +206,6 @@ async def read_body(request: Request, model: type[_M]) -> _M:
         raise _invalid(exc.errors(include_url=False, include_input=False)) from None
 
 
-class _ClientGone(Exception):
-    """The HTTP client disconnected while its request was still waiting."""
-
-
-async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-    """Return when the ASGI server reports ``http.disconnect`` (the body is already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def until_disconnect(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``).
-
-    On lockd's own HTTP protocol (``scope[DISCONNECT_WATCH]``) ``work`` runs in the request's
-    own task and the connection's loss cancels that task: a queued acquire costs no task, no
-    ``receive()`` poller and no ``asyncio.wait`` of its own. Elsewhere (another ASGI server)
-    a second task watches ``receive()`` for ``http.disconnect``."""
-    watch = request.scope.get(DISCONNECT_WATCH)
-    if watch is None:
-        return await _until_disconnect_polling(request, work)
-    task = asyncio.current_task()
-    assert task is not None
-    gone = False
-
-    def lost() -> None:
-        nonlocal gone
-        gone = True
-        task.cancel()
-
-    if not watch(lost):
-        work.close()
-        raise _ClientGone
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:  # ours alone, not also a cancel from outside
-            raise _ClientGone from None
-        raise
-    finally:
-        watch(None)
-
-
-async def _until_disconnect_polling(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done() and not watch.done():  # we ourselves were cancelled
-            task.cancel()
-        watch.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise _ClientGone
-
-
 # --- routes -------------------------------------------------------------------------------------
 
 
@@ -349,7 +287,7 @@ async def _lease_answer(request: Request, call, wait_ms: int,
             return _ParkedWait(call, limits, who, locks)  # leave_wait: when it ends
         try:
             lease = await until_disconnect(request, call)
-        except _ClientGone:
+        except ClientGone:
             _went_away(locks)
             return Response(status_code=499)
         finally:

@@ -110,7 +110,7 @@ class _BoundedProtocol(HttpToolsProtocol):
     # resize threshold, and one more key there costs ~1.5 KB per connection (measured,
     # bench/notes/waiters.md).
     __slots__ = ("_deadline", "_stall", "_refused", "_on_lost", "_lost", "_parked", "_running",
-                 "_late")
+                 "_late", "_late_cycle")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -123,7 +123,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._lost = False
         self._parked: Any = None  # the scope of the request whose ASGI call parked it
         self._running: Any = None  # the cycle whose ASGI call runs now
-        self._late: Any = None  # the parked request's (cycle, answer)
+        self._late: Any = None  # the parked request's answer(task) and its cycle
+        self._late_cycle: Any = None
 
     # --- disconnect watch -------------------------------------------------------------------
 
@@ -157,7 +158,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         assert cycle is not None and cycle.scope is scope
         self._parked = scope
         self.tasks.add(task)
-        self._late = cycle, answer
+        self._late, self._late_cycle = answer, cycle
         task.add_done_callback(self._answer_parked, context=context)  # one: no callback list
         keys = _PARKED_SCOPE if self.access_log else _PARKED_SCOPE_QUIET
         kept = {key: scope[key] for key in keys if key in scope}
@@ -170,8 +171,8 @@ class _BoundedProtocol(HttpToolsProtocol):
     def _answer_parked(self, task: asyncio.Future[Any]) -> None:
         self.tasks.discard(task)
         self._on_lost = None  # the parked request's disconnect watch ends with its wait
-        cycle, answer = self._late
-        self._late = None
+        cycle, answer = self._late_cycle, self._late
+        self._late = self._late_cycle = None
         sending = self.loop.create_task(self._finish(cycle, answer(task)))
         self.tasks.add(sending)
         sending.add_done_callback(self.tasks.discard)
