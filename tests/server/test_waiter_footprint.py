@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,9 +34,9 @@ class _Served:
     """``create_app`` under uvicorn in a thread; ``watch``: with lockd's HTTP protocol (as
     ``lockd serve`` runs it), else uvicorn's plain one."""
 
-    def __init__(self, tmp_path: Path, watch: bool):
+    def __init__(self, tmp_path: Path, watch: bool, **options: Any):
         settings = Settings(store=f"sqlite:///{tmp_path}/w.db", key_dir=tmp_path / "keys",
-                            port=free_port())
+                            port=free_port(), **options)
         self.app = create_app(settings)
         self.url = f"http://127.0.0.1:{settings.port}"
         self.port = settings.port
@@ -206,3 +209,39 @@ def test_a_parked_acquire_keeps_no_asgi_frame_and_its_answer_goes_through_the_mi
         assert data.startswith(b"HTTP/1.1 200") and b"x-request-id: parked-1" in data.lower()
         assert b'"owner":"w"' in data
         sock.close()
+
+
+def _outcomes(http: httpx.Client, url: str) -> dict[str, float]:
+    text = http.get(f"{url}/metrics").text
+    return {m[1]: float(m[2]) for m in
+            re.finditer(r'^lockd_acquires_total\{outcome="(\w+)"\} (\S+)', text, re.M)}
+
+
+def test_a_parked_waiter_counts_against_its_identity_until_it_hangs_up_then_is_a_499(
+        tmp_path, caplog):
+    """Parked requests keep the per-identity waiter limit, the 499 log line and the acquire
+    metrics of a wait inside the ASGI call."""
+    caplog.set_level(logging.INFO, logger="lockd.server.api")
+    served = _Served(tmp_path, True, max_waiters_per_identity=1)
+    name = "footprint/limits"
+    try:
+        with httpx.Client(timeout=30) as http:
+            holder = acquire(http, served.url, name, owner="holder").json()
+            before = _outcomes(http, served.url)
+            first = _send_acquire(served.port, name, "first")
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+            assert acquire(http, served.url, name, owner="x", wait_ms=5_000).status_code == 429
+            first.close()
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 0, what="gone")
+            wait_until(lambda: "client went away while waiting for lock 'footprint/limits'"
+                       in caplog.text, what="the 499 logged")
+            second = _send_acquire(served.port, name, "second")  # the slot was given back
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+            assert release(http, served.url, name, holder["lease_id"]).status_code == 200
+            assert _response(second)["owner"] == "second"
+            second.close()
+            after = _outcomes(http, served.url)
+            assert after.get("granted", 0) - before.get("granted", 0) == 1
+            assert after.get("error", 0) - before.get("error", 0) >= 2  # the 499 and the 429
+    finally:
+        served.stop()
