@@ -318,7 +318,7 @@ class _ParkedWait:
     ends, ``_answer`` answers exactly as ``_lease_answer`` would (lease, problem, or 499 after
     the connection's loss cancelled it) through the middleware's ``send`` (request id header,
     metrics), in a short task. What a queued acquire holds: this object, the task and its
-    three frames (``LockService.acquire``, ``WaitQueues.acquire``, ``Waiter.sleep``)."""
+    two frames (``LockService.acquire``, ``WaitQueues.acquire``)."""
 
     __slots__ = ("call", "limits", "who", "locks", "scope", "send", "task", "gone")
 

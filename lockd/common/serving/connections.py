@@ -40,8 +40,9 @@ uses it to learn of a client that went away without a task of its own polling ``
 Parking: ``parker(scope)`` is, on this protocol, a function ``park(task, answer, context=None)``:
 the app is about to return without answering; when ``task`` is done, ``answer(task)`` (called in
 ``context``) returns the coroutine that sends the request's whole answer through the ``send``
-the app was given (the disconnect watch is stopped first). The ASGI call then ends at once (no 500 for a response never started), so
-its task, frames, scope objects and middleware state are freed while the request waits;
+the app was given (the disconnect watch is stopped first). The ASGI call then ends at once (no
+500 for a response never started), so its task, frames, scope objects and middleware state are
+freed while the request waits;
 ``task`` and the answer count as the server's tasks (a graceful stop waits for them), an answer
 that raises is logged and answered 500 as uvicorn does for an app, and the connection's
 keep-alive and pipelined requests resume when the late answer completes. The
@@ -192,7 +193,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         try:
             await self._finish(cycle, app(cycle.scope, cycle.receive, cycle.send))
         finally:
-            self._running = None
+            if self._running is cycle:  # not already a pipelined request's that started
+                self._running = None
 
     async def _finish(self, cycle: Any, call: Awaitable[Any]) -> None:
         """Await ``call`` (the app, or a parked request's late answer) and check, as uvicorn
@@ -353,15 +355,23 @@ _PARKED_SCOPE_QUIET = ("type", "method", "path")  # the same without uvicorn's a
 _NO_HEADERS: tuple[Any, ...] = ()  # on_message_begin gives the next request a list of its own
 
 
+_CAN_PARK = hasattr(HttpToolsProtocol, "_start_asgi_task")
+"""uvicorn starts each request's ASGI call through this method, which parking overrides."""
+
+
 def _nothing() -> None:
     pass
 
 
 def parker(scope: Any) -> Any:
-    """The ``park(task)`` function of the request of ``scope`` (module docstring) when it is
-    served by lockd's HTTP protocol, else ``None``."""
+    """The ``park(task, answer, context=None)`` function of the request of ``scope`` (module
+    docstring) when it is served by lockd's HTTP protocol and its ASGI call is running, else
+    ``None``."""
     protocol = getattr(scope.get(DISCONNECT_WATCH), "__self__", None)
-    return partial(protocol._park, scope) if isinstance(protocol, _BoundedProtocol) else None
+    if not isinstance(protocol, _BoundedProtocol) or not _CAN_PARK:
+        return None
+    running = protocol._running  # the request must be the one whose ASGI call runs now
+    return partial(protocol._park, scope) if running is not None and running.scope is scope else None
 
 
 def _peer(client: tuple[str, int] | None) -> str:
