@@ -124,18 +124,7 @@ class RequestMiddleware:
         scope[START] = start
         scope[REQUEST_ID_KEY] = request_id
         token = REQUEST_ID.set(request_id)
-        rid = request_id.encode()
-        status = 0
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid)]
-                if self.on_response is not None:
-                    self.on_response(scope, status, time.perf_counter() - start)
-            await send(message)
-
+        send_with_id = _SendWithId(self.on_response, scope, request_id.encode(), start, send)
         try:
             if size > self.max_header_bytes:
                 await _problem(send_with_id, 431, "headers_too_large",
@@ -159,7 +148,7 @@ class RequestMiddleware:
         finally:
             if self.log.isEnabledFor(logging.DEBUG):
                 self.log.debug("%s %s -> %s in %.1f ms", scope.get("method"), scope.get("path"),
-                               status or "-", (time.perf_counter() - start) * 1000)
+                               send_with_id.status or "-", (time.perf_counter() - start) * 1000)
             REQUEST_ID.reset(token)
 
     def _role(self, scope: Scope, authorization: bytes | None) -> str | None:
@@ -202,6 +191,27 @@ class RequestMiddleware:
         if identity is None or identity.role != role:
             identity = self._plain[key_id] = Identity(key_id, role, key_id)
         return identity
+
+
+class _SendWithId:
+    """The ``send`` the app gets: adds ``X-Request-Id`` to the response and reports it to
+    ``on_response``; ``status`` is the response's (0 before it starts). An object with slots,
+    not a closure: a request that lockd parks while it waits keeps it (~0.1 KB, not ~0.5)."""
+
+    __slots__ = ("on_response", "scope", "rid", "start", "send", "status")
+
+    def __init__(self, on_response: Callable[[Scope, int, float], None] | None, scope: Scope,
+                 rid: bytes, start: float, send: Send) -> None:
+        self.on_response, self.scope, self.rid = on_response, scope, rid
+        self.start, self.send, self.status = start, send, 0
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            status = self.status = message["status"]
+            message["headers"] = [*message.get("headers", ()), (b"x-request-id", self.rid)]
+            if self.on_response is not None:
+                self.on_response(self.scope, status, time.perf_counter() - self.start)
+        await self.send(message)
 
 
 async def _problem(send: Send, status: int, code: str, title: str, detail: str,

@@ -25,7 +25,7 @@ the waiter leaves the queue at once (uvicorn does not cancel a handler on discon
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import contextvars
 import logging
 import math
 import re
@@ -46,8 +46,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from lockd.common.middleware import KEY_ID, REQUEST_ID_KEY
 from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import bounded_body, error_response, problem_response
-from lockd.common.serving.connections import DISCONNECT_WATCH
+from lockd.common.serving.connections import DISCONNECT_WATCH, parker
 from lockd.server.access import authorize, identity_name, visible_prefixes
+from lockd.server.disconnects import ClientGone, until_disconnect
 from lockd.server.errors import ForbiddenLock, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.limits import IdentityLimits
 from lockd.server.schemas import (
@@ -73,7 +74,6 @@ __all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "in_s
 log = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
-_T = TypeVar("_T")
 
 
 # --- problems: the one mapping ------------------------------------------------------------------
@@ -120,7 +120,11 @@ def _http_error(exc: StarletteHTTPException) -> JSONResponse:
 
 
 def _internal(request: Request, exc: BaseException) -> JSONResponse:
-    log.error("unexpected error on %s %s", request.method, request.url.path,
+    return _internal_at(request.scope, exc)
+
+
+def _internal_at(scope: Scope, exc: BaseException) -> JSONResponse:
+    log.error("unexpected error on %s %s", scope.get("method"), scope.get("path"),
               exc_info=(type(exc), exc, exc.__traceback__))
     return problem_response(500, "internal", "Internal error",
                             "the server failed unexpectedly; the failure was logged")
@@ -202,67 +206,6 @@ async def read_body(request: Request, model: type[_M]) -> _M:
         raise _invalid(exc.errors(include_url=False, include_input=False)) from None
 
 
-class _ClientGone(Exception):
-    """The HTTP client disconnected while its request was still waiting."""
-
-
-async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
-    """Return when the ASGI server reports ``http.disconnect`` (the body is already read)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def until_disconnect(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``work``; cancel it if the client disconnects first (raising ``_ClientGone``).
-
-    On lockd's own HTTP protocol (``scope[DISCONNECT_WATCH]``) ``work`` runs in the request's
-    own task and the connection's loss cancels that task: a queued acquire costs no task, no
-    ``receive()`` poller and no ``asyncio.wait`` of its own. Elsewhere (another ASGI server)
-    a second task watches ``receive()`` for ``http.disconnect``."""
-    watch = request.scope.get(DISCONNECT_WATCH)
-    if watch is None:
-        return await _until_disconnect_polling(request, work)
-    task = asyncio.current_task()
-    assert task is not None
-    gone = False
-
-    def lost() -> None:
-        nonlocal gone
-        gone = True
-        task.cancel()
-
-    if not watch(lost):
-        work.close()
-        raise _ClientGone
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if gone and task.uncancel() == 0:  # ours alone, not also a cancel from outside
-            raise _ClientGone from None
-        raise
-    finally:
-        watch(None)
-
-
-async def _until_disconnect_polling(request: Request, work: Coroutine[Any, Any, _T]) -> _T:
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnected(request.receive))
-    try:
-        await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done() and not watch.done():  # we ourselves were cancelled
-            task.cancel()
-        watch.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
-    raise _ClientGone
-
-
 # --- routes -------------------------------------------------------------------------------------
 
 
@@ -340,17 +283,92 @@ async def _lease_answer(request: Request, call, wait_ms: int,
         except LockdError:
             call.close()
             raise
+        if type(request) is _HotRequest and parker(request.scope) is not None:
+            return _ParkedWait(call, limits, who, locks)  # leave_wait: when it ends
         try:
             lease = await until_disconnect(request, call)
-        except _ClientGone:
-            what = (f"lock {locks!r}" if isinstance(locks, str)
-                    else f"locks {', '.join(locks[:8])}")
-            log.info("client went away while waiting for %s", what)
+        except ClientGone:
+            _went_away(locks)
             return Response(status_code=499)
         finally:
             limits.leave_wait(who)
     limits.held(who, lease.lease_id, lease.ttl_ms)
     return JSONResponse(lease.body())
+
+
+def _went_away(locks: str | Sequence[str]) -> None:
+    what = f"lock {locks!r}" if isinstance(locks, str) else f"locks {', '.join(locks[:8])}"
+    log.info("client went away while waiting for %s", what)
+
+
+class _HotRequest(Request):
+    """The ``Request`` of ``HotPathMiddleware``: its waiting acquire may park (``_ParkedWait``)."""
+
+
+async def _no_receive() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
+
+
+class _ParkedWait:
+    """A waiting acquire served by ``HotPathMiddleware`` on lockd's HTTP protocol, sent as the
+    handler's response: instead of waiting inside the request's ASGI call it parks the request
+    (``lockd.common.serving.connections.parker``) and runs ``call`` (the ``LockService``
+    coroutine) as a task of its own; the ASGI call ends at once, freeing its task, ~10
+    coroutine frames, ``Request``, contexts and closures (bench/notes/waiters.md). When ``call``
+    ends, ``_answer`` answers exactly as ``_lease_answer`` would (lease, problem, or 499 after
+    the connection's loss cancelled it) through the middleware's ``send`` (request id header,
+    metrics), in a short task. What a queued acquire holds: this object, the task and its
+    two frames (``LockService.acquire``, ``WaitQueues.acquire``)."""
+
+    __slots__ = ("call", "limits", "who", "locks", "scope", "send", "task", "gone")
+
+    def __init__(self, call: Coroutine[Any, Any, Any], limits: IdentityLimits, who: str,
+                 locks: str | Sequence[str]) -> None:
+        self.call: Coroutine[Any, Any, Any] | None = call
+        self.limits, self.who, self.locks = limits, who, locks
+        self.scope: Scope = {}
+        self.send: Send | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.gone = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call, self.call = self.call, None
+        assert call is not None
+        watch, park = scope[DISCONNECT_WATCH], parker(scope)
+        assert park is not None
+        context = contextvars.copy_context()  # the request id, for the wait's log lines
+        task = self.task = asyncio.get_running_loop().create_task(call, context=context)
+        if not watch(self._lost):  # gone already: never started
+            self._lost()
+        self.scope, self.send = scope, send
+        park(task, self._answer, context)
+
+    def _lost(self) -> None:
+        self.gone = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def _answer(self, task: asyncio.Task[Any]) -> Awaitable[None]:
+        """The answer ``_lease_answer`` would have given for ``task``'s outcome."""
+        assert self.send is not None
+        self.task = None  # (the protocol has stopped the disconnect watch)
+        self.limits.leave_wait(self.who)
+        response: Response
+        if task.cancelled():
+            if self.gone:
+                _went_away(self.locks)
+                response = Response(status_code=499)
+            else:  # cancelled by the server, not by the client's hang-up
+                response = _internal_at(self.scope, asyncio.CancelledError())
+        elif (exc := task.exception()) is None:
+            lease = task.result()
+            self.limits.held(self.who, lease.lease_id, lease.ttl_ms)
+            response = JSONResponse(lease.body())
+        elif isinstance(exc, LockdError):
+            response = _lockd_error(exc)
+        else:
+            response = _internal_at(self.scope, exc)
+        return response(self.scope, _no_receive, self.send)
 
 
 async def _renew(request: Request, name: str) -> Response:
@@ -467,7 +485,7 @@ class HotPathMiddleware:
         if scope["type"] == "http" and scope["method"] == "POST":
             match = _HOT_PATH.fullmatch(scope["path"])
             if match is not None:
-                request = Request(scope, receive, send)
+                request = _HotRequest(scope, receive, send)
                 handler, name = _HOT_HANDLERS[match[2]], match[1]
                 del match  # not kept for a queued acquire's whole wait
                 try:

@@ -1,8 +1,8 @@
-"""What a queued acquire holds in lockd: no task of its own (memory per waiter).
+"""What a queued acquire holds in lockd: one task, its wait's (memory per waiter).
 
-A waiting acquire runs in its request's own task and learns of a client that went away from the
-connection itself (``lockd.common.serving.connections.DISCONNECT_WATCH``), not from a second task
-polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
+On lockd's HTTP protocol a waiting acquire is parked: its ASGI call ends and the wait runs as one
+task, which the connection's loss cancels (``lockd.common.serving.connections``); on plain uvicorn
+it waits inside its request's ASGI call with a second task polling ``receive()``. Both ways (lockd's own HTTP protocol, and plain uvicorn without the
 watch) a client that hangs up leaves the queue at once and the rest are served in order.
 Figures (bytes per waiter) are in bench/notes/waiters.md, not asserted here.
 """
@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,9 +34,9 @@ class _Served:
     """``create_app`` under uvicorn in a thread; ``watch``: with lockd's HTTP protocol (as
     ``lockd serve`` runs it), else uvicorn's plain one."""
 
-    def __init__(self, tmp_path: Path, watch: bool):
+    def __init__(self, tmp_path: Path, watch: bool, **options: Any):
         settings = Settings(store=f"sqlite:///{tmp_path}/w.db", key_dir=tmp_path / "keys",
-                            port=free_port())
+                            port=free_port(), **options)
         self.app = create_app(settings)
         self.url = f"http://127.0.0.1:{settings.port}"
         self.port = settings.port
@@ -74,6 +77,16 @@ class _Served:
             return found
 
         return asyncio.run_coroutine_threadsafe(chains(), loop).result(10)
+
+    def parked_scopes(self) -> list[dict]:
+        """The scopes of the requests parked by the server's connections (their keys)."""
+        loop = self.app.state.service.store._loop
+
+        async def scopes() -> list[dict]:
+            return [dict.fromkeys(c.cycle.scope) for c in self.server.server_state.connections
+                    if c.cycle is not None and not c.cycle.response_complete]
+
+        return asyncio.run_coroutine_threadsafe(scopes(), loop).result(10)
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -122,7 +135,7 @@ def test_a_queued_acquire_has_no_task_of_its_own_and_leaves_when_its_client_hang
             wait_until(lambda i=i: state(http, served.url, name)["waiters"] == i + 1,
                        what=f"waiter {i} queued")
         extra = served.tasks() - before
-        if served.server.config.http != "auto":  # lockd's protocol: the request's task only
+        if served.server.config.http != "auto":  # lockd's protocol: the wait's task only
             assert extra == 5, extra
         else:  # plain uvicorn: the request's task, the work and a receive() watcher
             assert extra == 15, extra
@@ -167,20 +180,68 @@ def test_requests_pipelined_behind_a_waiting_acquire_are_answered_in_order(serve
         assert b'"status":"ok"' in third
 
 
-def test_a_queued_acquire_waits_through_the_ops_middleware_only(served):
+def test_a_parked_acquire_keeps_no_asgi_frame_and_its_answer_goes_through_the_middleware(served):
+    """With lockd's protocol the request's ASGI call ends while it waits: only the wait's own
+    coroutines remain (no middleware, handler or uvicorn frame), the parked request's scope is
+    cut down to what its answer needs, and the late answer still carries the request id."""
     if served.server.config.http == "auto":
-        pytest.skip("plain uvicorn: the wait runs in a task of its own, without the middlewares")
+        pytest.skip("plain uvicorn: the wait runs inside the request's ASGI call")
     name = "footprint/frames"
     with httpx.Client(timeout=30) as http:
         holder = acquire(http, served.url, name, owner="holder").json()
-        sock = _send_acquire(served.port, name, "w")
+        body = json.dumps({"ttl_ms": 10_000, "wait_ms": 60_000, "owner": "w"}).encode()
+        sock = socket.create_connection(("127.0.0.1", served.port))
+        sock.sendall(f"POST /v1/locks/{name}/acquire HTTP/1.1\r\nHost: t\r\n"
+                     f"X-Request-Id: parked-1\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
-        (chain,) = served.waiting_frames()
-        assert "RequestMiddleware.__call__" in chain and "HotPathMiddleware.__call__" in chain
-        skipped = {"Starlette.__call__", "ServerErrorMiddleware.__call__",
-                   "ExceptionTelemetryMiddleware.__call__", "AppBodyLimitMiddleware.__call__",
-                   "ExceptionMiddleware.__call__"}
-        assert not skipped & set(chain), chain
+        asleep = [["LockService.acquire", "WaitQueues.acquire"]]  # (not asking the store now)
+        wait_until(lambda: served.waiting_frames() == asleep, what="asleep with no ASGI frame")
+        scopes = served.parked_scopes()
+        assert scopes and all("headers" not in scope for scope in scopes), scopes
         assert release(http, served.url, name, holder["lease_id"]).status_code == 200
-        assert _response(sock)["owner"] == "w"
+        sock.settimeout(20)
+        data = b""
+        while b'"lease_id"' not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200") and b"x-request-id: parked-1" in data.lower()
+        assert b'"owner":"w"' in data
         sock.close()
+
+
+def _outcomes(http: httpx.Client, url: str) -> dict[str, float]:
+    text = http.get(f"{url}/metrics").text
+    return {m[1]: float(m[2]) for m in
+            re.finditer(r'^lockd_acquires_total\{outcome="(\w+)"\} (\S+)', text, re.M)}
+
+
+def test_a_parked_waiter_counts_against_its_identity_until_it_hangs_up_then_is_a_499(
+        tmp_path, caplog):
+    """Parked requests keep the per-identity waiter limit, the 499 log line and the acquire
+    metrics of a wait inside the ASGI call."""
+    caplog.set_level(logging.INFO, logger="lockd.server.api")
+    served = _Served(tmp_path, True, max_waiters_per_identity=1)
+    name = "footprint/limits"
+    try:
+        with httpx.Client(timeout=30) as http:
+            holder = acquire(http, served.url, name, owner="holder").json()
+            before = _outcomes(http, served.url)
+            first = _send_acquire(served.port, name, "first")
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+            assert acquire(http, served.url, name, owner="x", wait_ms=5_000).status_code == 429
+            first.close()
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 0, what="gone")
+            wait_until(lambda: "client went away while waiting for lock 'footprint/limits'"
+                       in caplog.text, what="the 499 logged")
+            second = _send_acquire(served.port, name, "second")  # the slot was given back
+            wait_until(lambda: state(http, served.url, name)["waiters"] == 1, what="queued")
+            assert release(http, served.url, name, holder["lease_id"]).status_code == 200
+            assert _response(second)["owner"] == "second"
+            second.close()
+            after = _outcomes(http, served.url)
+            assert after.get("granted", 0) - before.get("granted", 0) == 1
+            assert after.get("error", 0) - before.get("error", 0) >= 2  # the 499 and the 429
+    finally:
+        served.stop()

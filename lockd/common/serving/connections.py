@@ -36,23 +36,41 @@ Disconnect watch: every request's scope carries ``scope[DISCONNECT_WATCH]``, a f
 the connection is lost, replacing any earlier callback; ``watch(None)`` stops watching. It
 returns ``False`` if the connection is already gone. A handler that waits (a queued acquire)
 uses it to learn of a client that went away without a task of its own polling ``receive()``.
+
+Parking: ``parker(scope)`` is, on this protocol, a function ``park(task, answer, context=None)``:
+the app is about to return without answering; when ``task`` is done, ``answer(task)`` (called in
+``context``) returns the coroutine that sends the request's whole answer through the ``send``
+the app was given (the disconnect watch is stopped first). The ASGI call then ends at once (no
+500 for a response never started), so its task, frames, scope objects and middleware state are
+freed while the request waits;
+``task`` and the answer count as the server's tasks (a graceful stop waits for them), an answer
+that raises is logged and answered 500 as uvicorn does for an app, and the connection's
+keep-alive and pipelined requests resume when the late answer completes. The
+request's scope is cut down, in place, to what writing, logging and counting the answer read
+(type, method, path; with uvicorn's access log on also HTTP version, raw path, query string,
+client; no headers, no lockd keys).
+Elsewhere ``parker`` returns ``None``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import socket
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from lockd.common.problems import problem_bytes
 
-__all__ = ["DISCONNECT_WATCH", "ConnectionBounds", "bounded_protocol", "descriptor_warning"]
+__all__ = ["DISCONNECT_WATCH", "ConnectionBounds", "bounded_protocol", "descriptor_warning",
+           "parker"]
 
 log = logging.getLogger("lockd.http.connections")
 
@@ -92,7 +110,8 @@ class _BoundedProtocol(HttpToolsProtocol):
     # Slots, not instance-dict entries: uvicorn's protocol already fills its instance dict to a
     # resize threshold, and one more key there costs ~1.5 KB per connection (measured,
     # bench/notes/waiters.md).
-    __slots__ = ("_deadline", "_stall", "_refused", "_on_lost", "_lost")
+    __slots__ = ("_deadline", "_stall", "_refused", "_on_lost", "_lost", "_parked", "_running",
+                 "_late", "_late_cycle")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,6 +122,10 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._refused = False
         self._on_lost: Any = None  # the disconnect watch's callback
         self._lost = False
+        self._parked: Any = None  # the scope of the request whose ASGI call parked it
+        self._running: Any = None  # the cycle whose ASGI call runs now
+        self._late: Any = None  # the parked request's answer(task) and its cycle
+        self._late_cycle: Any = None
 
     # --- disconnect watch -------------------------------------------------------------------
 
@@ -123,6 +146,85 @@ class _BoundedProtocol(HttpToolsProtocol):
             return False
         self._on_lost = callback
         return True
+
+    # --- parking: the answer is sent after the ASGI call has ended ----------------------------
+
+    def _park(self, scope: Any, task: asyncio.Future[Any],
+              answer: Callable[[asyncio.Future[Any]], Awaitable[None]],
+              context: contextvars.Context | None = None) -> None:
+        """Called by the app of the request of ``scope`` (module docstring): it returns
+        unanswered; once ``task`` is done, ``answer(task)`` (run in ``context``) sends the
+        answer."""
+        cycle = self._running
+        assert cycle is not None and cycle.scope is scope
+        self._parked = scope
+        self.tasks.add(task)
+        self._late, self._late_cycle = answer, cycle
+        task.add_done_callback(self._answer_parked, context=context)  # one: no callback list
+        keys = _PARKED_SCOPE if self.access_log else _PARKED_SCOPE_QUIET
+        kept = {key: scope[key] for key in keys if key in scope}
+        scope.clear()  # in place: the cycle and the app's ``send`` hold this same dict
+        scope.update(kept)
+        if self.scope is scope:  # no pipelined request began: its parse state is not needed
+            self.headers = _NO_HEADERS  # type: ignore[assignment]
+            self.url = b""
+
+    def _answer_parked(self, task: asyncio.Future[Any]) -> None:
+        self.tasks.discard(task)
+        self._on_lost = None  # the parked request's disconnect watch ends with its wait
+        cycle, answer = self._late_cycle, self._late
+        self._late = self._late_cycle = None
+        sending = self.loop.create_task(self._finish(cycle, answer(task)))
+        self.tasks.add(sending)
+        sending.add_done_callback(self.tasks.discard)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        if self.config.reset_contextvars:
+            task = self.loop.create_task(self._run_asgi(cycle, app), context=contextvars.Context())
+        else:
+            task = self.loop.create_task(self._run_asgi(cycle, app))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _run_asgi(self, cycle: Any, app: Any) -> None:
+        """uvicorn's ``RequestResponseCycle.run_asgi``, except that an app that parked its
+        request returns without an answer and leaves the cycle to the late answer."""
+        self._running = cycle
+        try:
+            await self._finish(cycle, app(cycle.scope, cycle.receive, cycle.send))
+        finally:
+            if self._running is cycle:  # not already a pipelined request's that started
+                self._running = None
+
+    async def _finish(self, cycle: Any, call: Awaitable[Any]) -> None:
+        """Await ``call`` (the app, or a parked request's late answer) and check, as uvicorn
+        does, that it answered: an exception is logged and answered 500 (or the connection
+        closed if the answer had started)."""
+        parked = False
+        try:
+            result = await call
+        except BaseException as exc:
+            cycle.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not cycle.response_started:
+                await cycle.send_500_response()
+            else:
+                cycle.transport.close()
+        else:
+            parked = self._parked is cycle.scope
+            if parked:
+                self._parked = None
+            elif result is not None:
+                cycle.logger.error("ASGI callable should return None, but returned '%s'.", result)
+                cycle.transport.close()
+            elif not cycle.response_started and not cycle.disconnected:
+                cycle.logger.error("ASGI callable returned without starting response.")
+                await cycle.send_500_response()
+            elif not cycle.response_complete and not cycle.disconnected:
+                cycle.logger.error("ASGI callable returned without completing response.")
+                cycle.transport.close()
+        finally:
+            if not parked:
+                cycle.on_response = _nothing
 
     # --- time to send a request -------------------------------------------------------------
 
@@ -245,6 +347,31 @@ class _Pipeline(list):  # type: ignore[type-arg]
 
     def appendleft(self, item: Any) -> None:
         self.insert(0, item)
+
+
+_PARKED_SCOPE = ("type", "http_version", "method", "path", "raw_path", "query_string", "client")
+"""What a parked request's scope keeps: what writing, logging and counting its answer read."""
+_PARKED_SCOPE_QUIET = ("type", "method", "path")  # the same without uvicorn's access log
+_NO_HEADERS: tuple[Any, ...] = ()  # on_message_begin gives the next request a list of its own
+
+
+_CAN_PARK = hasattr(HttpToolsProtocol, "_start_asgi_task")
+"""uvicorn starts each request's ASGI call through this method, which parking overrides."""
+
+
+def _nothing() -> None:
+    pass
+
+
+def parker(scope: Any) -> Any:
+    """The ``park(task, answer, context=None)`` function of the request of ``scope`` (module
+    docstring) when it is served by lockd's HTTP protocol and its ASGI call is running, else
+    ``None``."""
+    protocol = getattr(scope.get(DISCONNECT_WATCH), "__self__", None)
+    if not isinstance(protocol, _BoundedProtocol) or not _CAN_PARK:
+        return None
+    running = protocol._running  # the request must be the one whose ASGI call runs now
+    return partial(protocol._park, scope) if running is not None and running.scope is scope else None
 
 
 def _peer(client: tuple[str, int] | None) -> str:
