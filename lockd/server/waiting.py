@@ -86,7 +86,7 @@ class Waiter:
     timer handle each (~0.5 KB): thousands may be queued."""
 
     __slots__ = ("locks", "lease_id", "ttl_ms", "owner", "client_id", "mode", "limit", "hint",
-                 "turn", "wake", "_future", "_timer", "_on")
+                 "turn", "wake", "_future", "_on")
 
     def __init__(self, locks: tuple[str, ...], lease_id: str, ttl_ms: int, owner: str = "",
                  client_id: str | None = None, mode: str | Mapping[str, str] = EXCLUSIVE,
@@ -104,7 +104,6 @@ class Waiter:
         self.turn = False
         self.wake = False
         self._future: asyncio.Future[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._on = ""  # the flag the sleeping waiter waits for: "turn" or "wake"
 
     def set_turn(self) -> None:
@@ -122,45 +121,24 @@ class Waiter:
         if future is not None and not future.done():
             future.set_result(None)
 
-    async def sleep(self, flag: str, seconds: float) -> None:
-        """Wait until ``flag`` (``"turn"`` or ``"wake"``) is set or ``seconds`` pass, on the
-        event loop's monotonic timer."""
-        future = self.nap(flag, seconds)
-        if future is not None:
-            try:
-                await future
-            finally:
-                self.woke()
-
-    def nap(self, flag: str, seconds: float,
-            deadlines: Deadlines | None = None) -> asyncio.Future[None] | None:
-        """``sleep`` without a coroutine of its own (one frame less per queued request): the
-        future to await, then call ``woke()`` (also on cancellation); ``None`` if ``flag`` is
-        already set. With ``deadlines`` the timeout is one entry of that shared timer instead
-        of a timer handle of its own (~0.1 KB instead of ~0.5 KB per sleeping waiter)."""
+    def nap(self, flag: str, seconds: float, deadlines: Deadlines) -> asyncio.Future[None] | None:
+        """Sleep until ``flag`` (``"turn"`` or ``"wake"``) is set or ``seconds`` pass, without
+        a coroutine of its own (one frame less per queued request): the future to await, then
+        call ``woke()`` (also on cancellation); ``None`` if ``flag`` is already set. The
+        timeout is one entry of the shared ``deadlines`` (~0.1 KB, not a ~0.5 KB timer
+        handle per sleeping waiter)."""
         if getattr(self, flag):
             return None
         loop = asyncio.get_running_loop()
         future = self._future = loop.create_future()
         self._on = flag
-        if deadlines is None:
-            self._timer = loop.call_later(seconds, _resolve_future, future)
-        else:
-            deadlines.add(loop, loop.time() + seconds, future)
+        deadlines.add(loop, loop.time() + seconds, future)
         return future
 
     def woke(self) -> None:
-        """End the ``nap``: cancel its timer (a ``Deadlines`` entry just goes stale)."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """End the ``nap`` (its ``Deadlines`` entry just goes stale)."""
         self._future = None
         self._on = ""
-
-
-def _resolve_future(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class Deadlines:
@@ -175,7 +153,6 @@ class Deadlines:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf
         self._count = itertools.count()
         self._limit = 1024
