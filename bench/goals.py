@@ -36,6 +36,18 @@ def _row(goal: str, value: float | None, target: float, kind: str, more_is_bette
     return [goal, shown, want, "met" if met else "NOT met"]
 
 
+def _ratio_row(goal: str, value: float | None, base: float | None, target: float
+               ) -> list[Any] | None:
+    """A ratio goal: left out if either row did not run (None); marked "NOT measured" if either
+    ran and measured nothing (every cycle failed: its section shows the errors), so a broken
+    peer or limit row cannot drop its goal from the table unseen."""
+    if value is None or base is None:
+        return None
+    if not value or not base:
+        return [goal, "– (a row failed)", f"≥ {target:g}×", "NOT measured"]
+    return _row(goal, value / base, target, "x")
+
+
 def goals(sections: list[Section]) -> Section | None:
     """The goals table (section key ``G``), or None if no goal's section ran."""
     by_key = {s.key: s for s in sections}
@@ -53,17 +65,15 @@ def goals(sections: list[Section]) -> Section | None:
                 for c in clients:
                     if wanted and c not in wanted:
                         continue
-                    base = _rate(one, _ETCD_LOCK, c)
-                    value = _rate(one, variant, c)
-                    ratio = value / base if value and base else None
-                    rows.append(_row(f"§1 {variant} vs etcd's lock API, {c} clients", ratio,
-                                     target, "x"))
+                    rows.append(_ratio_row(f"§1 {variant} vs etcd's lock API, {c} clients",
+                                           _rate(one, variant, c), _rate(one, _ETCD_LOCK, c),
+                                           target))
         # How much of PostgreSQL's own rate for lockd's very statements lockd delivers: what
         # lockd itself costs, whatever the peer.
         for c in clients:
-            value, limit = _rate(one, "lockd · PostgreSQL", c), _rate(one, _PG_LIMIT, c)
-            rows.append(_row(f"§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, "
-                             f"{c} clients", value / limit if value and limit else None, 0.6, "x"))
+            rows.append(_ratio_row(f"§1 lockd · PostgreSQL vs PostgreSQL's rate for its "
+                                   f"statements, {c} clients", _rate(one, "lockd · PostgreSQL", c),
+                                   _rate(one, _PG_LIMIT, c), 0.6))
     four = by_key.get("4")
     if four is not None:
         base = four.data.get("etcd lease keep-alive (baseline)", {}).get("capacity")
@@ -84,8 +94,9 @@ def goals(sections: list[Section]) -> Section | None:
                 target = 0.8
             else:
                 continue
-            value = median(five.data[key]["rows_per_s"]) / median(base["rows_per_s"])
-            rows.append(_row(f"§5 {name} vs direct fenced, {c} clients", value, target, "x"))
+            rows.append(_ratio_row(f"§5 {name} vs direct fenced, {c} clients",
+                                   median(five.data[key]["rows_per_s"]),
+                                   median(base["rows_per_s"]), target))
     two = by_key.get("2")
     if two is not None:
         for name, target in (("lockd · SQLite", 3.0), ("lockd · PostgreSQL", 5.0)):

@@ -106,11 +106,13 @@ def _lockd_server(bench: Bench, label: str) -> Server:
 
 
 def _lockd_schema(dsn: str) -> str:
-    """``dsn`` with lockd's PostgreSQL schema created in it (for the physical-limit row)."""
-    from lockd.server.store.postgres import sql as pg
+    """``dsn`` with lockd's PostgreSQL schema created in it (for the physical-limit row): the
+    store's own list of DDL, so the grant statement finds every column it reads."""
+    from lockd.server.store.postgres.store import SCHEMA
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(pg.DDL)
+        for ddl in SCHEMA:
+            conn.execute(ddl)
     return dsn
 
 

@@ -59,3 +59,17 @@ def test_goal_rows_are_marked_from_the_runs_own_figures() -> None:
 
 def test_no_goal_section_when_no_goal_section_ran() -> None:
     assert goals([_section("3", {}), _section("6", {})]) is None
+
+
+def test_a_failed_peer_or_limit_row_is_shown_not_dropped() -> None:
+    one = _section("1", {
+        "etcd lock API (baseline) @8": {"rates": [100.0]},
+        "lockd · PostgreSQL @8": {"rates": [150.0]},
+        "PostgreSQL limit: lockd's grant + release statements, psycopg @8": {"rates": [0.0, 0.0]},
+    })
+    table = goals([one])
+    assert table is not None
+    marks = {row[0]: (row[1], row[3]) for row in table.rows}
+    assert marks["§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, 8 clients"] == (
+        "– (a row failed)", "NOT measured")
+    assert marks["§1 lockd · PostgreSQL vs etcd's lock API, 8 clients"] == ("1.50×", "NOT met")

@@ -44,7 +44,7 @@ from lockd.server.store.postgres.listen import Listener, first_line
 from lockd.server.store.postgres.semaphores import SemaphoreOps
 from lockd.server.store.postgres.url import libpq_url, param
 
-__all__ = ["PostgresStore"]
+__all__ = ["SCHEMA", "PostgresStore"]
 
 log = logging.getLogger("lockd.server.store.postgres")
 
@@ -52,6 +52,9 @@ _ACQUIRE_ATTEMPTS = 4
 _LEASE_SWEEP_EVERY = 64  # multi-lock grants between two deletes of expired lease rows
 
 T = TypeVar("T")
+
+# Every statement that creates (or upgrades in place) lockd's schema, in order.
+SCHEMA = (sql.DDL, sql_modes.DDL, sql_sem.DDL, sql_elect.DDL)
 
 
 def _prefix_upper(prefix: str) -> str | None:
@@ -223,7 +226,7 @@ class PostgresStore(SemaphoreOps, ElectionOps):
             return  # nothing to do (and no CREATE privilege needed)
         async with conn.transaction():  # a database of the previous version upgrades in place
             await conn.execute(sql.SCHEMA_LOCK, [sql.SCHEMA_LOCK_KEY])
-            for ddl in (sql.DDL, sql_modes.DDL, sql_sem.DDL, sql_elect.DDL):
+            for ddl in SCHEMA:
                 await conn.execute(ddl)
 
     # -- the one place errors are translated ------------------------------------------------
