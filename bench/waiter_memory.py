@@ -17,8 +17,8 @@ send nothing: the HTTP server's share of a waiter). Prints
 B - A per waiter: RSS bytes, objects by type, and the
 top allocation sites (``--trace``).
 
-Unlike section 7 (RSS queued - RSS of a fresh idle lockd), this separates what a waiter holds
-from what lockd allocates once on first use.
+Section 7 counts the same way (RSS queued - RSS idle after a warm-up round of 20 waiters) and
+keeps the figure from the fresh lockd beside it; this tool adds where the bytes go.
 """
 
 from __future__ import annotations
