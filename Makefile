@@ -41,7 +41,7 @@ system-deps:
 demo: install
 	$(BIN)/python -m lockd.demo
 
-## Benchmarks: table on stdout, bench/results/latest.{json,md,png}; ~10 min.
+## Benchmarks: table on stdout, bench/results/latest.{json,md,png}; ~22 min on 2 idle cores.
 ## Knobs: BENCH_SECONDS, BENCH_ROUNDS, BENCH_ONLY=1,5 (see bench/__main__.py).
 .PHONY: bench
 bench: install
