@@ -19,6 +19,7 @@ from bench.peers import Server, Workspace, rss_mb, sqlalchemy_url
 from bench.primitives import primitives
 from bench.report import Section, fmt, median, pct, ratio
 from bench.transfer import transfers
+from bench.waiter_memory import WARM_WAITERS
 
 __all__ = ["Bench", "Settings", "SCENARIOS"]
 
@@ -647,7 +648,7 @@ def scale(bench: Bench, store: str = "postgres") -> Section:
 
 # --- 7. load -----------------------------------------------------------------------------------
 
-_WARM_WAITERS = 20  # the warm-up round: two waiters a lock, every path of a wait at least once
+_WARM_WAITERS = WARM_WAITERS  # the warm-up round, as ``bench.waiter_memory`` runs it
 
 
 def load(bench: Bench, store: str = "postgres", baseline: Section | None = None) -> Section:

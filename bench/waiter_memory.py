@@ -31,7 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["WARM_WAITERS", "main"]
+
+# The warm-up round before the measured one: every code path of a wait once, without raising
+# the heap's high-water mark. Section 7 of ``make bench`` uses the same round.
+WARM_WAITERS = 20
 
 _WRAPPER = r'''
 import gc, json, os, sys, threading, time, tracemalloc
@@ -154,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", default="postgres")
     parser.add_argument("--waiters", type=int, default=1000)
     parser.add_argument("--locks", type=int, default=10)
-    parser.add_argument("--warm", type=int, default=20,
-                        help="waiters of the warm-up round (default 20: every code path once, "
-                             "without raising the heap's high-water mark)")
+    parser.add_argument("--warm", type=int, default=WARM_WAITERS,
+                        help=f"waiters of the warm-up round (default {WARM_WAITERS}: every code "
+                             "path once, without raising the heap's high-water mark)")
     parser.add_argument("--trace", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--idle", action="store_true",
