@@ -7,7 +7,8 @@ route                                            meaning
 ``GET /``                                        the live status page (``lockd.server.status_page``)
 ``GET /metrics``                                 Prometheus text (``lockd.server.metrics``); no key
 ``GET /v1/events?prefix=&history=``              SSE stream of the events of locks named
-                                                 ``prefix…`` (``lockd.server.events``)
+                                                 ``prefix…`` and of the permits of semaphores
+                                                 named ``prefix…`` (``lockd.server.events``)
 ``GET /v1/locks/{name}/events?history=``         SSE stream of one lock's events
 ``POST /v1/locks/{name}/force-release``          admin key only: end the live lease whoever
                                                  holds it; 200 ``{lock, released, fence, owner}``;
@@ -50,12 +51,12 @@ from starlette.types import ASGIApp
 
 from lockd.common.apidocs import DOCS_PATHS
 from lockd.common.keys import KeySet, bearer_key, load_keys
-from lockd.common.middleware import IDENTITY, REQUEST_ID_KEY, ROLE, RequestMiddleware
+from lockd.common.middleware import REQUEST_ID_KEY, ROLE, RequestMiddleware
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import problem_response
 from lockd.common.tls import CertRoles
-from lockd.server.access import identity_name, load_access_file
+from lockd.server.access import granted_name, identity_name, load_access_file, visibility
 from lockd.server.api import in_scope
 from lockd.server.audit import AuditTrail
 from lockd.server.errors import InvalidRequest, LockdError
@@ -141,13 +142,12 @@ def _stream(request: Request, match: Callable[[str], bool], history: int) -> Res
             f"this lockd already serves {settings.max_event_streams} event streams "
             "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
     scope = request.scope
-    identity = scope.get(IDENTITY)
-    if identity is not None and identity.scope is not None:
+    visible = visibility(scope)
+    if visible is not None:
         wanted = match
-        prefixes = identity.scope
 
         def match(lock: str) -> bool:
-            return lock.startswith(prefixes) and wanted(lock)
+            return visible(lock) and wanted(lock)
 
     body = hub.stream(match, history=history, last_event_id=_last_event_id(request),
                       heartbeat_s=settings.events_heartbeat_ms / 1000,
@@ -176,7 +176,8 @@ def create_ops_router() -> APIRouter:
         """Server-Sent Events of the locks whose name starts with ``prefix``."""
         if not PREFIX_RE.fullmatch(prefix):
             raise InvalidRequest("prefix must be at most 255 characters of A-Z a-z 0-9 . _ : / -")
-        return _stream(request, lambda lock: lock.startswith(prefix), _history(history))
+        return _stream(request, lambda lock: granted_name(lock).startswith(prefix)
+                       or lock.startswith(prefix), _history(history))
 
     @router.get("/v1/locks/{name:path}/events", response_class=StreamingResponse,
                 responses=_SSE_DOC)
