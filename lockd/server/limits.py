@@ -1,4 +1,4 @@
-"""Per-identity bounds, so one key cannot exhaust a lockd's waiters or the store's rows.
+"""Per-identity bounds, so one key cannot exhaust a lockd's waiters, streams or the store's rows.
 
 ``max_leases`` (``--max-leases-per-identity``, default 100 000): live leases one identity may
 hold that this lockd granted; ``max_waiters`` (``--max-waiters-per-identity``, default 10 000):
@@ -17,6 +17,11 @@ accepted: ``reserve`` checks and takes a place in one step (no await between the
 store is asked, and the place becomes the lease when it is granted or is given back when it is
 not (409, a wait that ends, a client that goes away, an error). So acquires sent at once cannot
 all pass the check before any is counted; a waiting acquire holds its place while it waits.
+
+Event streams (``StreamSlots``): every stream of this lockd, lock events and election observers
+alike, holds one of ``max_event_streams`` slots while it is open, and an identity at most a
+quarter of them (rounded up, at least one), so it takes four identities to fill a lockd. A lockd
+that needs no key has one identity for every caller, bounded by the total only.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from collections.abc import Callable
 
 from lockd.server.errors import TooManyLeases, TooManyWaiters
 
-__all__ = ["IdentityLimits", "Reservation"]
+__all__ = ["STREAM_SHARE", "IdentityLimits", "Reservation", "StreamSlots"]
+
+STREAM_SHARE = 4
+"""An identity may hold at most ``1/STREAM_SHARE`` of a lockd's stream slots (rounded up)."""
 
 
 class IdentityLimits:
@@ -150,3 +158,43 @@ class Reservation:
         if self._open:
             self._open = False
             self._limits._unreserve(self._identity)
+
+
+class StreamSlots:
+    """The open event streams of this lockd, ``total`` at most, ``share`` (``total`` /
+    ``STREAM_SHARE``, rounded up, at least 1) per identity (see the module docstring).
+    ``take`` checks and takes a slot in one step; ``give_back`` returns it."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.share = max(1, math.ceil(total / STREAM_SHARE))
+        self.open = 0
+        self._held: dict[str, int] = {}
+
+    def take(self, identity: str | None) -> str | None:
+        """Take a slot for a stream of ``identity`` (``None``: a lockd without keys, where the
+        total alone bounds). Returns ``None`` when taken, else why not: ``"total"`` (every slot
+        is taken) or ``"identity"`` (the identity holds its share)."""
+        if self.open >= self.total:
+            return "total"
+        if identity is not None:
+            held = self._held.get(identity, 0)
+            if held >= self.share:
+                return "identity"
+            self._held[identity] = held + 1
+        self.open += 1
+        return None
+
+    def give_back(self, identity: str | None) -> None:
+        """A stream of ``identity`` that ``take`` let in has ended."""
+        self.open -= 1
+        if identity is not None:
+            left = self._held.get(identity, 1) - 1
+            if left > 0:
+                self._held[identity] = left
+            else:
+                self._held.pop(identity, None)
+
+    def held(self, identity: str) -> int:
+        """The streams ``identity`` has open."""
+        return self._held.get(identity, 0)
