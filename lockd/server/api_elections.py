@@ -17,7 +17,8 @@ route                                            answer
 ``GET /v1/elections/{name}/observe``             SSE: ``state``, then ``leader`` / ``proclaim`` /
                                                  ``resign`` entries, ``id`` = ``seq``; resumable
                                                  with ``Last-Event-ID``
-``GET /v1/elections``                            the elections this lockd served (status page)
+``GET /v1/elections``                            the elections led through this lockd (status
+                                                 page)
 ===============================================  ==============================================
 
 Every route authorizes the election's name like a lock's (``lockd.server.access``: identity
@@ -209,8 +210,9 @@ def create_election_router() -> APIRouter:
 
     @router.get("/v1/elections", response_model=ElectionListBody, responses=_problems(503))
     async def list_elections(request: Request) -> Response:
-        """The elections this lockd process served since it started (campaigned or observed
-        here), in name order: only those the caller's scope covers."""
+        """The elections led through this lockd process (a campaign granted or a leader
+        renewed here; the 1,000 most recent), in name order: only those the caller's scope
+        covers."""
         scope = request.scope
         items = await _elections(request).known(lambda name: covers(scope, name))
         return JSONResponse({"items": items})

@@ -143,6 +143,7 @@ class ElectionStateBody(BaseModel):
 
 
 class ElectionListBody(BaseModel):
-    """The elections this lockd process has served since it started (the status page's list)."""
+    """The elections led through this lockd process (a campaign granted or a leader renewed
+    here; the 1,000 most recent), for the status page's list."""
 
     items: list[ElectionStateBody]
