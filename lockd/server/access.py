@@ -13,7 +13,9 @@ The access file (``lockd serve --access-file FILE``, ``LOCKD_ACCESS_FILE``) is Y
 Each entry has exactly one of ``key`` (at least 8 characters), ``key_sha256`` (64 hex digits:
 the key's SHA-256, so the file need not hold the secret) or ``subject`` (a client-certificate
 subject, RFC 4514; needs mTLS). An unknown field, a duplicate name, key or subject, an empty or
-missing ``prefixes`` of a client, or ``prefixes`` on an admin is refused at start
+missing ``prefixes`` of a client, a prefix that does not end with ``/`` (a prefix covers whole
+name segments: ``team-a`` would also cover ``team-ab/...``), or ``prefixes`` on an admin is
+refused at start
 (``lockd.common.access.AccessFileError``, one line; ``lockd serve`` exits 2): the shared parser
 of ``lockd.common.access`` reads it, with ``prefixes`` as the scope field and lockd's rules for
 names and prefixes (``_LOCKD_RULES``). Keys of ``LOCKD_API_KEYS`` /
@@ -24,13 +26,17 @@ Decisions are made by name only: ``authorize`` answers 403 ``forbidden_lock`` fo
 the caller's prefixes whether or not the lock exists, so ``GET /v1/locks/{name}`` answers 403
 too (not 404): the answer depends only on the name and the caller's own scope, which the caller
 already knows, so it tells nothing about other teams' locks. Lists and event streams are
-narrowed to the caller's prefixes (``visible_prefixes``, ``covers``).
+narrowed to the caller's prefixes (``visible_prefixes``, ``covers``, ``visibility``).
+
+Every decision is taken on the name the identity was granted (``granted_name``): a semaphore's
+slot lock ``sem/{name}/{slot}`` (its permits' events, the slot's event stream) is judged by the
+semaphore's ``name``, so a team scoped to ``team-b/`` sees its own semaphores and no other's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +44,28 @@ from lockd.common.access import AccessFile, AccessFileError, Identity, load_acce
 from lockd.common.access import parse_access as parse_any_access
 from lockd.common.middleware import IDENTITY
 from lockd.server.errors import ForbiddenLock
+from lockd.server.observe_semaphores import semaphore_of
 from lockd.server.schemas import PREFIX_RE
 
-__all__ = ["access_file_problem", "authorize", "covers", "identity_name", "load_access_file",
-           "parse_access", "visible_prefixes"]
+__all__ = ["access_file_problem", "authorize", "covers", "granted_name", "identity_name",
+           "load_access_file", "parse_access", "visibility", "visible_prefixes"]
 
 ANONYMOUS = "anonymous"
 """The identity name of a request to a lockd that needs no key."""
 
+def _prefix_problem(prefix: str) -> str | None:
+    """Why ``prefix`` cannot be a client's prefix (``None``: it can)."""
+    if not PREFIX_RE.fullmatch(prefix):
+        return f"prefix {prefix!r} is not 0-255 characters of A-Za-z0-9._:/-"
+    if prefix and not prefix.endswith("/"):
+        return (f"prefix {prefix!r} must end with '/' (a prefix covers whole name segments: "
+                f"{prefix!r} would also cover {prefix + 'x'!r}...; '' covers every lock)")
+    return None
+
+
 _LOCKD_RULES: dict[str, Any] = dict(
     scope_field="prefixes", all_item="", name_re=re.compile(r"[A-Za-z0-9._-]{1,64}"),
-    name_rule="1-64 characters of A-Za-z0-9._-",
-    check_item=lambda prefix: None if PREFIX_RE.fullmatch(prefix) else (
-        f"prefix {prefix!r} is not 0-255 characters of A-Za-z0-9._:/-"))
+    name_rule="1-64 characters of A-Za-z0-9._-", check_item=_prefix_problem)
 """lockd's rules for the shared access-file parser (``lockd.common.access``)."""
 
 
@@ -80,6 +95,12 @@ def access_file_problem(path: str | Path | None) -> str | None:
 # --- decisions -----------------------------------------------------------------------------------
 
 
+def granted_name(lock: str) -> str:
+    """The name access to ``lock`` is decided on: a semaphore slot's lock
+    (``sem/{name}/{slot}``) is its semaphore's ``name``, any other lock itself."""
+    return semaphore_of(lock) or lock
+
+
 def authorize(scope: Any, locks: str | Iterable[str]) -> None:
     """Raise ``ForbiddenLock`` (403) unless the request's identity may use every lock of
     ``locks`` (one name or several: a set is all or nothing, the first lock outside is named).
@@ -89,7 +110,7 @@ def authorize(scope: Any, locks: str | Iterable[str]) -> None:
         return
     prefixes = identity.scope
     for lock in (locks,) if isinstance(locks, str) else locks:
-        if not lock.startswith(prefixes):
+        if not granted_name(lock).startswith(prefixes):
             raise ForbiddenLock(
                 f"identity {identity.name!r} may not use lock {lock!r}: it is outside its "
                 f"prefixes", lock=lock, identity=identity.name)
@@ -98,7 +119,18 @@ def authorize(scope: Any, locks: str | Iterable[str]) -> None:
 def covers(scope: Any, lock: str) -> bool:
     """Whether the request's identity may see ``lock`` (see ``authorize``)."""
     identity: Identity | None = scope.get(IDENTITY)
-    return identity is None or identity.scope is None or lock.startswith(identity.scope)
+    return (identity is None or identity.scope is None
+            or granted_name(lock).startswith(identity.scope))
+
+
+def visibility(scope: Any) -> Callable[[str], bool] | None:
+    """``covers`` for many locks of one request (an event stream's filter): ``None`` when the
+    identity sees every lock."""
+    identity: Identity | None = scope.get(IDENTITY)
+    if identity is None or identity.scope is None:
+        return None
+    prefixes = identity.scope
+    return lambda lock: granted_name(lock).startswith(prefixes)
 
 
 def visible_prefixes(scope: Any, prefix: str) -> tuple[str, ...]:

@@ -50,7 +50,7 @@ from lockd.common.serving.connections import DISCONNECT_WATCH, parker
 from lockd.server.access import authorize, identity_name, visible_prefixes
 from lockd.server.disconnects import ClientGone, until_disconnect
 from lockd.server.errors import ForbiddenLock, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
-from lockd.server.limits import IdentityLimits
+from lockd.server.limits import IdentityLimits, Reservation
 from lockd.server.schemas import (
     AcquireManyRequest,
     AcquireRequest,
@@ -272,27 +272,40 @@ async def _lease_answer(request: Request, call, wait_ms: int,
                         locks: str | Sequence[str], who: str) -> Response:
     """The lease ``call`` grants, as the answer. With ``wait_ms`` > 0 the wait ends early if the
     client goes away: 499, nothing granted (``locks``, one name or several, for the log line).
-    The acquire counts as one of ``who``'s waiters while it waits, the lease as one of its
-    leases once granted (``lockd.server.limits``)."""
+    The acquire counts as one of ``who``'s leases from now (a reservation, given back unless
+    granted) and as one of its waiters while it waits (``lockd.server.limits``)."""
     limits = _limits(request)
-    if wait_ms == 0:
-        lease = await call
-    else:
+    try:
+        reservation = limits.reserve(who)  # counted from now: concurrent acquires see it
+    except LockdError:
+        call.close()
+        raise
+    if wait_ms > 0:
         try:
             limits.enter_wait(who)
         except LockdError:
+            reservation.cancel()
             call.close()
             raise
-        if type(request) is _HotRequest and parker(request.scope) is not None:
-            return _ParkedWait(call, limits, who, locks)  # leave_wait: when it ends
-        try:
-            lease = await until_disconnect(request, call)
-        except ClientGone:
-            _went_away(locks)
-            return Response(status_code=499)
-        finally:
-            limits.leave_wait(who)
-    limits.held(who, lease.lease_id, lease.ttl_ms)
+    parked = False
+    try:
+        if wait_ms == 0:
+            lease = await call
+        else:
+            if type(request) is _HotRequest and parker(request.scope) is not None:
+                parked = True  # leave_wait and the reservation's end: when it ends
+                return _ParkedWait(call, limits, who, locks, reservation)
+            try:
+                lease = await until_disconnect(request, call)
+            except ClientGone:
+                _went_away(locks)
+                return Response(status_code=499)
+            finally:
+                limits.leave_wait(who)
+        reservation.granted(lease.lease_id, lease.ttl_ms)
+    finally:
+        if not parked:
+            reservation.cancel()  # not granted (a no-op once it was)
     return JSONResponse(lease.body())
 
 
@@ -320,12 +333,14 @@ class _ParkedWait:
     metrics), in a short task. What a queued acquire holds: this object, the task and its
     two frames (``LockService.acquire``, ``WaitQueues.acquire``)."""
 
-    __slots__ = ("call", "limits", "who", "locks", "scope", "send", "task", "gone")
+    __slots__ = ("call", "limits", "who", "locks", "reservation", "scope", "send", "task",
+                 "gone")
 
     def __init__(self, call: Coroutine[Any, Any, Any], limits: IdentityLimits, who: str,
-                 locks: str | Sequence[str]) -> None:
+                 locks: str | Sequence[str], reservation: Reservation) -> None:
         self.call: Coroutine[Any, Any, Any] | None = call
         self.limits, self.who, self.locks = limits, who, locks
+        self.reservation = reservation
         self.scope: Scope = {}
         self.send: Send | None = None
         self.task: asyncio.Task[Any] | None = None
@@ -354,6 +369,8 @@ class _ParkedWait:
         self.task = None  # (the protocol has stopped the disconnect watch)
         self.limits.leave_wait(self.who)
         response: Response
+        if task.cancelled() or task.exception() is not None:
+            self.reservation.cancel()
         if task.cancelled():
             if self.gone:
                 _went_away(self.locks)
@@ -362,7 +379,7 @@ class _ParkedWait:
                 response = _internal_at(self.scope, asyncio.CancelledError())
         elif (exc := task.exception()) is None:
             lease = task.result()
-            self.limits.held(self.who, lease.lease_id, lease.ttl_ms)
+            self.reservation.granted(lease.lease_id, lease.ttl_ms)
             response = JSONResponse(lease.body())
         elif isinstance(exc, LockdError):
             response = _lockd_error(exc)

@@ -17,13 +17,15 @@ route                                            answer
 ``GET /v1/elections/{name}/observe``             SSE: ``state``, then ``leader`` / ``proclaim`` /
                                                  ``resign`` entries, ``id`` = ``seq``; resumable
                                                  with ``Last-Event-ID``
-``GET /v1/elections``                            the elections this lockd served (status page)
+``GET /v1/elections``                            the elections led through this lockd (status
+                                                 page)
 ===============================================  ==============================================
 
 Every route authorizes the election's name like a lock's (``lockd.server.access``: identity
-prefixes apply to it). Observe streams count against ``max_event_streams`` together with the
-lock event streams (503 ``too_many_streams`` beyond), send ``: keepalive`` every
-``events_heartbeat_ms`` of silence and end when lockd stops. A campaign's wait ends early when
+prefixes apply to it). Observe streams open through ``lockd.server.streams.open_stream``: they
+count against ``max_event_streams`` and the identity's share together with the lock event
+streams (503 ``too_many_streams`` / 429 ``too_many_identity_streams`` beyond), send
+``: keepalive`` every ``events_heartbeat_ms`` of silence and end when lockd stops. A campaign's wait ends early when
 its client goes away (499, nothing granted), as a lock acquire's does. Because
 ``/v1/elections/{name}/observe`` is a stream, an election whose name ends in ``/observe``
 cannot be read with ``GET /v1/elections/{name}``.
@@ -31,6 +33,7 @@ cannot be read with ``GET /v1/elections/{name}``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
 
@@ -68,10 +71,10 @@ from lockd.server.elections import ElectionService
 from lockd.server.errors import LockdError
 from lockd.server.limits import IdentityLimits
 from lockd.server.ops_api import _admin_denied, _last_event_id
+from lockd.server.streams import open_stream
 
 __all__ = ["create_election_router"]
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _elections(request: Request) -> ElectionService:
@@ -186,7 +189,7 @@ def create_election_router() -> APIRouter:
                                  "proclaim / resign entries in seq order (id = seq)",
                                  "content": {"text/event-stream": {"schema": {
                                      "type": "string"}}}},
-                           **_problems(403, 422, 503)})
+                           **_problems(403, 422, 429, 503)})
     async def observe(name: str, request: Request) -> Response:
         """Server-Sent Events of the election: the current ``state`` first, then every change
         in order; reconnect with ``Last-Event-ID`` to resume without gaps."""
@@ -196,20 +199,20 @@ def create_election_router() -> APIRouter:
             return problem_response(503, "shutting_down", "Service unavailable",
                                     "this lockd is stopping; observe at another replica or "
                                     "retry later", headers={"Retry-After": "5"})
-        if request.app.state.events.streams + elections.streams >= settings.max_event_streams:
-            return problem_response(
-                503, "too_many_streams", "Service unavailable",
-                f"this lockd already serves {settings.max_event_streams} event streams "
-                "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
-        state, after = await elections.start_observing(name, _last_event_id(request))
-        body = elections.observe(name, state, after,
-                                 heartbeat_s=settings.events_heartbeat_ms / 1000)
-        return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+        last_event_id = _last_event_id(request)
+
+        async def start() -> AsyncIterator[bytes]:  # after a stream slot was taken
+            state, after = await elections.start_observing(name, last_event_id)
+            return elections.observe(name, state, after,
+                                     heartbeat_s=settings.events_heartbeat_ms / 1000)
+
+        return await open_stream(request, start)
 
     @router.get("/v1/elections", response_model=ElectionListBody, responses=_problems(503))
     async def list_elections(request: Request) -> Response:
-        """The elections this lockd process served since it started (campaigned or observed
-        here), in name order: only those the caller's scope covers."""
+        """The elections led through this lockd process (a campaign granted or a leader
+        renewed here; the 1,000 most recent), in name order: only those the caller's scope
+        covers."""
         scope = request.scope
         items = await _elections(request).known(lambda name: covers(scope, name))
         return JSONResponse({"items": items})

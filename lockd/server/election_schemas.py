@@ -1,7 +1,8 @@
 """Request and response bodies of lockd's election routes (``lockd.server.api_elections``).
 
 Strict like the lock routes' bodies (``lockd.server.schemas``): JSON integers only, unknown
-fields refused, every failure 422 ``invalid_request``. The bounds that depend on settings (TTL,
+fields refused, text fields of the same types (no control characters), every failure 422
+``invalid_request``. The bounds that depend on settings (TTL,
 wait) and the value's size in bytes are checked by ``lockd.server.elections``.
 """
 
@@ -11,17 +12,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from lockd.server.schemas import CLIENT_ID_PATTERN
+from lockd.server.schemas import ClientId, Label, LeaseId, Text, label
 
 __all__ = ["CampaignRequest", "ElectionLeaseBody", "ElectionListBody", "ElectionRenewBody",
            "ElectionStateBody", "HandoverBody", "HandoverRequest", "LeaderBody",
            "ProclaimRequest", "ProclaimedBody", "ResignRequest", "ResignedBody",
            "ElectionRenewRequest"]
 
-_Label = Annotated[str, Field(max_length=255)]
-_LeaseId = Annotated[str, Field(min_length=1, max_length=255)]
-_ClientId = Annotated[str, Field(pattern=CLIENT_ID_PATTERN)]
-_Value = Annotated[str, Field(max_length=4096)]  # characters; the 4096-BYTE rule is the service's
+_Label, _LeaseId, _ClientId = Label, LeaseId, ClientId
+_Value = Annotated[Text, Field(max_length=4096)]  # characters; the 4096-BYTE rule is the service's
 
 
 class _Request(BaseModel):
@@ -70,7 +69,7 @@ class HandoverRequest(_Request):
     ``"next"`` (the longest-waiting candidate). ``lease_id``: the leader's own lease (then no
     admin key is needed)."""
 
-    target: Annotated[str, Field(min_length=1, max_length=255)]
+    target: label(1)  # type: ignore[valid-type]
     lease_id: _LeaseId | None = None
 
 
@@ -144,6 +143,7 @@ class ElectionStateBody(BaseModel):
 
 
 class ElectionListBody(BaseModel):
-    """The elections this lockd process has served since it started (the status page's list)."""
+    """The elections led through this lockd process (a campaign granted or a leader renewed
+    here; the 1,000 most recent), for the status page's list."""
 
     items: list[ElectionStateBody]

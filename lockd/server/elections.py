@@ -20,6 +20,13 @@ depends on a notification arriving. Every entry's SSE ``id`` is its ``seq``: a c
 reconnects with ``Last-Event-ID`` is replayed what it missed from the store's log; if the log
 no longer has all of it, the stream starts again from the current ``state``.
 
+List (``known``): the elections led through this lockd (a campaign granted or a leader renewed
+here; an observe is not enough, so observing names cannot push real elections out), the
+``_KNOWN_MAX`` most recently led. Each one's state is re-read from the store only when it may
+have changed: a write of it was notified, it was granted or renewed here, its leader's lease has
+run out since the last read, or ``_KNOWN_FRESH_S`` passed (a notification lost); a list of
+unchanged elections costs no store read.
+
 Errors: ``InvalidRequest`` (name, TTL, wait, value over 4096 bytes, target), ``LockHeld``,
 ``LeaseLost``, ``NoLeader``, ``StoreUnavailable``. Durations are integer milliseconds.
 """
@@ -30,6 +37,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +55,19 @@ log = logging.getLogger(__name__)
 MAX_VALUE_BYTES = 4096
 _LOG_BATCH = 256  # log entries read (and written to a stream) at once
 _KNOWN_MAX = 1000  # elections remembered for the status page list
+_KNOWN_FRESH_S = 5.0  # longest a listed election is shown without a store read
 _CACHE_MAX = 10_000
+
+
+@dataclass(slots=True)
+class _Known:
+    """A listed election: its state as last read (``None``: never read), when (monotonic
+    seconds), until when it is shown without a read, and whether it changed since."""
+
+    state: ElectionState | None = None
+    read_at: float = 0.0
+    fresh_until: float = 0.0
+    changed: bool = True
 
 
 class NoLeader(LockdError):
@@ -175,7 +195,7 @@ class ElectionService:
         self._tokens: dict[str, tuple[int, str, str]] = {}  # name -> (fence, kid, token)
         self._terms: dict[str, tuple[str, float]] = {}  # name -> (lease id, monotonic start)
         self._watchers: dict[str, set[asyncio.Event]] = {}
-        self._known: dict[str, None] = {}
+        self._known: OrderedDict[str, _Known] = OrderedDict()  # least recently led first
         self._closed = False
         self.streams = 0
         self.store.subscribe(self._notified)
@@ -209,12 +229,17 @@ class ElectionService:
                                  "characters) or \"next\"")
 
     def _remember(self, name: str) -> None:
+        """``name`` was led through this lockd just now (granted or renewed): listed, most
+        recent last, and re-read at the next list."""
         known = self._known
-        if name in known:
-            return
-        if len(known) >= _KNOWN_MAX:
-            del known[next(iter(known))]
-        known[name] = None
+        entry = known.get(name)
+        if entry is None:
+            if len(known) >= _KNOWN_MAX:
+                known.popitem(last=False)
+            entry = known[name] = _Known()
+        else:
+            known.move_to_end(name)
+        entry.changed = True
 
     # --- leases ---------------------------------------------------------------------------------
 
@@ -233,6 +258,7 @@ class ElectionService:
 
     def _leadership(self, grant: Grant, *, value: str | None = None,
                     handover_to: str | None = None) -> Leadership:
+        self._remember(grant.lock)
         return Leadership(grant.lock, grant.lease_id, grant.fence,
                           self._token(grant.lock, grant.fence), grant.ttl_ms, grant.owner,
                           value, handover_to)
@@ -245,7 +271,6 @@ class ElectionService:
         self.check_value(value)
         self._check_ttl(ttl_ms)
         self._check_wait(wait_ms)
-        self._remember(name)
         waiter = _Candidate(name, new_lease_id(), ttl_ms, owner, client_id, value)
         grant: Grant = await self.waiting.acquire(self._campaign, waiter, wait_ms)
         if grant.lease_id == waiter.lease_id:  # a new term (not a client_id retry)
@@ -337,10 +362,30 @@ class ElectionService:
                 "waiting_owners": self.waiting.owners(name)}
 
     async def known(self, visible: Any = None) -> list[dict[str, Any]]:
-        """``get`` of every election this lockd served since it started (name order) that
-        ``visible(name)`` accepts (``None``: all)."""
-        names = sorted(n for n in self._known if visible is None or visible(n))
-        return [await self.get(name) for name in names]
+        """``get`` of every election led through this lockd (name order; see the module
+        docstring) that ``visible(name)`` accepts (``None``: all), each read from the store
+        only if it may have changed since the last list (a leader's ``ttl_ms`` is then what
+        is left of it now)."""
+        items = []
+        for name in sorted(n for n in self._known if visible is None or visible(n)):
+            entry = self._known.get(name)
+            if entry is None:
+                continue  # dropped while an earlier one was read
+            now = time.monotonic()
+            if entry.changed or entry.state is None or now >= entry.fresh_until:
+                entry.changed = False
+                state = await self.store.elect_get(name)
+                now = time.monotonic()
+                entry.state, entry.read_at = state, now
+                left_s = state.leader.ttl_ms / 1000 if state.leader else _KNOWN_FRESH_S
+                entry.fresh_until = now + min(left_s, _KNOWN_FRESH_S)
+            doc = state_doc(entry.state)
+            if doc["leader"] is not None:
+                elapsed_ms = int((now - entry.read_at) * 1000)
+                doc["leader"]["ttl_ms"] = max(0, doc["leader"]["ttl_ms"] - elapsed_ms)
+            items.append({**doc, "waiters": self.waiting.count(name),
+                          "waiting_owners": self.waiting.owners(name)})
+        return items
 
     # --- observe --------------------------------------------------------------------------------
 
@@ -349,6 +394,11 @@ class ElectionService:
         self._wake(name)
 
     def _wake(self, name: str) -> None:
+        """``name`` changed (a write here, or the store said so): wake its observers, re-read
+        it at the next list."""
+        entry = self._known.get(name)
+        if entry is not None:
+            entry.changed = True
         for wake in self._watchers.get(name, ()):
             wake.set()
 
@@ -358,7 +408,6 @@ class ElectionService:
         stream) and the ``seq`` after which it reads the log. One store read; raises
         ``StoreUnavailable`` (before the stream begins, so the client gets a 503)."""
         self.check_name(name)
-        self._remember(name)
         if last_event_id is not None:
             entries = await self.store.elect_log(name, last_event_id, 1)
             if entries and entries[0].seq == last_event_id + 1:

@@ -3,7 +3,8 @@
 An ``Event`` carries ``id`` (increasing per lockd process), ``type``, ``lock``, ``fence``,
 ``owner``, ``ttl_ms`` (acquired: the TTL granted) and ``at`` (unix ms); ``released`` events of
 a force-release have ``forced: true``; events of a shared lease have ``mode: "shared"``, those
-of a semaphore permit ``mode: "permit"`` and name its slot's lock (``sem/{name}/{slot}``). Never a lease id or a token. ``audit`` events
+of a semaphore permit ``mode: "permit"``, name its slot's lock (``sem/{name}/{slot}``) and
+carry ``semaphore`` (its name, what access is judged on). Never a lease id or a token. ``audit`` events
 (``publish_audit``: an admin action or a burst of scope denials, ``lockd.server.audit``) carry
 ``id``, ``type``, ``at`` and the audit entry's fields, and go to admin streams only.
 
@@ -39,6 +40,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lockd.server.observe_semaphores import semaphore_of
+
 __all__ = ["Event", "EventHub"]
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,8 @@ class Event:
             doc["forced"] = True
         if self.mode in ("shared", "permit"):
             doc["mode"] = self.mode
+        if self.mode == "permit":
+            doc["semaphore"] = semaphore_of(self.lock)
         return doc
 
     def _encode(self) -> bytes:

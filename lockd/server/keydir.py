@@ -6,17 +6,22 @@ no restart. ``rotate`` records the new key with a ``signs_from`` in the future a
 writes its file: every replica publishes it before any signs with it. ``retire`` deletes a key's
 file once ``max_ttl_ms`` has passed since it stopped signing (a lease lives at most that long
 past its last renewal, and renewals after the switch are signed by the new key), or at once with
-``force``. The steps, and why this time rule rather than asking lockd: docs/keys.md.
+``force``. Both read, change and write the manifest while holding the directory's lock file
+(``.keys.lock``, ``flock``), so two operators (or scripts) rotating at once cannot both add a
+key: the second waits for the first and is then refused, as a rotation while one is pending is.
+The steps, and why this time rule rather than asking lockd: docs/keys.md.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +37,15 @@ from lockd.tokens import (
     write_private_key,
 )
 
-__all__ = ["KeyDirError", "KeyState", "list_keys", "retire", "rotate", "watch"]
+__all__ = ["LOCK_FILE", "KeyDirError", "KeyState", "list_keys", "locked", "retire", "rotate",
+           "watch"]
 
 log = logging.getLogger("lockd.keys")
+
+LOCK_FILE = ".keys.lock"
+"""The key directory's lock file: held (``flock``, exclusive) by every rotate and retire."""
+LOCK_WAIT_S = 30.0
+"""How long a key operation waits for another one's lock before giving up."""
 
 
 class KeyDirError(Exception):
@@ -98,10 +109,16 @@ def rotate(key_dir: str | os.PathLike[str], *, publish_delay_s: float,
     ``jwks_refetch_interval_ms`` (plus clock skew): each replica publishes the key before any
     signs with it, and a proxy whose last load just missed it may refetch on the new ``kid``
     by then. Raises ``KeyDirError`` while another rotation is still pending (two pending keys
-    would leave the order to chance), ``OSError``/``ValueError`` for an unreadable directory."""
+    would leave the order to chance; so is the second of two concurrent rotations, once the first
+    is done) or when another key operation holds the directory for ``LOCK_WAIT_S``;
+    ``OSError``/``ValueError`` for an unreadable directory."""
     directory = Path(key_dir)
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    now = time.time() if now is None else now
+    with locked(directory):
+        return _rotate(directory, publish_delay_s, time.time() if now is None else now)
+
+
+def _rotate(directory: Path, publish_delay_s: float, now: float) -> KeyState:
     pending = [s for s in list_keys(directory, now=now) if s.state == "pending"]
     if pending:
         raise KeyDirError(f"key {pending[0].kid} is already pending (it signs from "
@@ -134,7 +151,13 @@ def retire(key_dir: str | os.PathLike[str], kid: str, *, max_ttl_ms: int, force:
     ``force`` inside that window the line says that tokens of leases granted or renewed in the
     last so many seconds may become unverifiable."""
     directory = Path(key_dir)
-    now = time.time() if now is None else now
+    if not directory.is_dir():  # no key to retire, and no lock file to take
+        return _retire(directory, kid, max_ttl_ms, force, time.time() if now is None else now)
+    with locked(directory):
+        return _retire(directory, kid, max_ttl_ms, force, time.time() if now is None else now)
+
+
+def _retire(directory: Path, kid: str, max_ttl_ms: int, force: bool, now: float) -> str:
     states = {s.kid: s for s in list_keys(directory, now=now)}
     state = states.get(kid)
     if state is None or state.state == "retired":
@@ -162,6 +185,28 @@ def retire(key_dir: str | os.PathLike[str], kid: str, *, max_ttl_ms: int, force:
     _write_manifest(directory, manifest)
     (directory / f"{kid}.pem").unlink(missing_ok=True)
     return note
+
+
+@contextlib.contextmanager
+def locked(directory: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold ``directory``'s lock file (``LOCK_FILE``) for a read-change-write of its keys;
+    waits up to ``wait_s`` for another holder (``KeyDirError`` after that). The kernel drops
+    the lock when its process dies, so a crashed operation never blocks the next."""
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise KeyDirError(f"another key operation has held {directory / LOCK_FILE} "
+                                      f"for {wait_s:.0f} s: retry when it is done") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:

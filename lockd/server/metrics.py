@@ -38,7 +38,8 @@ metric                                   type       meaning
 ``lockd_auth_failures_total{reason}``    counter    ``missing`` / ``wrong`` key, ``forbidden``,
                                                     ``forbidden_lock`` (outside the scope)
 ``lockd_identity_limited_total``         counter    429s of an identity at its limit;
-``{identity, limit}``                               ``limit``: ``leases`` / ``waiters``
+``{identity, limit}``                               ``limit``: ``leases`` / ``waiters`` /
+                                                    ``streams`` (its share of event streams)
 ``lockd_election_leader_changes_total``  counter    new leaders elected here (a new term each)
 ``lockd_election_term_seconds``          histogram  a term from election to resignation here
                                                     (or to the next election here, if it lapsed)

@@ -10,7 +10,7 @@ from typing import Any
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import SemFull, SemGrant, SemState
 
-__all__ = ["PERMIT", "ObservedSemaphores", "slot_lock"]
+__all__ = ["PERMIT", "ObservedSemaphores", "semaphore_of", "slot_lock"]
 
 PERMIT = "permit"
 """The tracking mode of a semaphore's permit."""
@@ -20,6 +20,15 @@ _PERMIT = PERMIT
 def slot_lock(name: str, slot: int) -> str:
     """The lock name of slot ``slot`` of semaphore ``name`` (what its permit's token fences)."""
     return f"sem/{name}/{slot}"
+
+
+def semaphore_of(lock: str) -> str | None:
+    """The semaphore whose slot ``lock`` is (``sem/{name}/{slot}`` -> ``name``); ``None`` for
+    any other lock name."""
+    if not lock.startswith("sem/"):
+        return None
+    name, _, slot = lock[4:].rpartition("/")
+    return name if name and slot.isascii() and slot.isdigit() else None
 
 
 class ObservedSemaphores:

@@ -7,7 +7,8 @@ route                                            meaning
 ``GET /``                                        the live status page (``lockd.server.status_page``)
 ``GET /metrics``                                 Prometheus text (``lockd.server.metrics``); no key
 ``GET /v1/events?prefix=&history=``              SSE stream of the events of locks named
-                                                 ``prefix…`` (``lockd.server.events``)
+                                                 ``prefix…`` and of the permits of semaphores
+                                                 named ``prefix…`` (``lockd.server.events``)
 ``GET /v1/locks/{name}/events?history=``         SSE stream of one lock's events
 ``POST /v1/locks/{name}/force-release``          admin key only: end the live lease whoever
                                                  holds it; 200 ``{lock, released, fence, owner}``;
@@ -15,8 +16,10 @@ route                                            meaning
 ``GET /v1/audit?since=&limit=``                  admin key only: the audit trail, paged
 ===============================================  ==============================================
 
-At most ``max_event_streams`` streams are open at once; beyond, 503 ``too_many_streams`` with
-``Retry-After: 5``. ``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
+Every stream (these and election observers) opens through ``lockd.server.streams.open_stream``:
+at most ``max_event_streams`` streams are open at once (beyond, 503 ``too_many_streams``), and
+an identity holds at most a quarter of them (beyond, 429 ``too_many_identity_streams``); both
+with ``Retry-After: 5``. ``history`` (0-256, default 0) replays that many recent events first; a reconnecting client's
 ``Last-Event-ID`` replays what it missed instead (anything but an event id there is 422). Because ``/v1/locks/{name}/events`` is an
 event stream, the state of a lock whose name ends in ``/events`` cannot be read with
 ``GET /v1/locks/{name}`` (list it with ``GET /v1/locks?prefix=``).
@@ -37,7 +40,7 @@ stream with the key it is given; admin streams also carry the audit events. ``/h
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -50,28 +53,28 @@ from starlette.types import ASGIApp
 
 from lockd.common.apidocs import DOCS_PATHS
 from lockd.common.keys import KeySet, bearer_key, load_keys
-from lockd.common.middleware import IDENTITY, REQUEST_ID_KEY, ROLE, RequestMiddleware
+from lockd.common.middleware import REQUEST_ID_KEY, ROLE, RequestMiddleware
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import problem_response
 from lockd.common.tls import CertRoles
-from lockd.server.access import identity_name, load_access_file
+from lockd.server.access import granted_name, identity_name, load_access_file, visibility
 from lockd.server.api import in_scope
 from lockd.server.audit import AuditTrail
 from lockd.server.errors import InvalidRequest, LockdError
 from lockd.server.events import EventHub
-from lockd.server.limits import IdentityLimits
+from lockd.server.limits import IdentityLimits, StreamSlots
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.status_page import STATUS_PAGE
+from lockd.server.streams import open_stream
 
 __all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_request_middleware"]
 
 OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", *DOCS_PATHS})
 HISTORY_MAX = 256
 AUDIT_LIMIT_MAX = 1000
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 class ForceReleasedBody(BaseModel):
@@ -110,6 +113,7 @@ def _problem_doc(status: int, description: str) -> dict[str, Any]:
 _SSE_DOC = {200: {"description": "text/event-stream of acquired/released/expired events",
                   "content": {"text/event-stream": {"schema": {"type": "string"}}}},
             422: _problem_doc(422, "Invalid request"),
+            429: _problem_doc(429, "The identity holds its share of the event streams"),
             503: _problem_doc(503, "Too many event streams")}
 
 
@@ -130,29 +134,26 @@ def _last_event_id(request: Request) -> int | None:
     return int(raw)
 
 
-def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
+async def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
     """An event stream of the locks ``match`` accepts and the caller's scope covers; an
     admin's stream also carries the audit events."""
     hub: EventHub = request.app.state.events
     settings: Settings = request.app.state.settings
-    if hub.streams >= settings.max_event_streams:
-        return problem_response(
-            503, "too_many_streams", "Service unavailable",
-            f"this lockd already serves {settings.max_event_streams} event streams "
-            "(LOCKD_MAX_EVENT_STREAMS); retry later", headers={"Retry-After": "5"})
+    last_event_id = _last_event_id(request)
     scope = request.scope
-    identity = scope.get(IDENTITY)
-    if identity is not None and identity.scope is not None:
+    visible = visibility(scope)
+    if visible is not None:
         wanted = match
-        prefixes = identity.scope
 
         def match(lock: str) -> bool:
-            return lock.startswith(prefixes) and wanted(lock)
+            return visible(lock) and wanted(lock)
 
-    body = hub.stream(match, history=history, last_event_id=_last_event_id(request),
-                      heartbeat_s=settings.events_heartbeat_ms / 1000,
-                      audit=scope.get(ROLE) == "admin")
-    return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+    async def start() -> AsyncIterator[bytes]:
+        return hub.stream(match, history=history, last_event_id=last_event_id,
+                          heartbeat_s=settings.events_heartbeat_ms / 1000,
+                          audit=scope.get(ROLE) == "admin")
+
+    return await open_stream(request, start)
 
 
 def create_ops_router() -> APIRouter:
@@ -176,7 +177,8 @@ def create_ops_router() -> APIRouter:
         """Server-Sent Events of the locks whose name starts with ``prefix``."""
         if not PREFIX_RE.fullmatch(prefix):
             raise InvalidRequest("prefix must be at most 255 characters of A-Z a-z 0-9 . _ : / -")
-        return _stream(request, lambda lock: lock.startswith(prefix), _history(history))
+        return await _stream(request, lambda lock: granted_name(lock).startswith(prefix)
+                             or lock.startswith(prefix), _history(history))
 
     @router.get("/v1/locks/{name:path}/events", response_class=StreamingResponse,
                 responses=_SSE_DOC)
@@ -185,7 +187,7 @@ def create_ops_router() -> APIRouter:
         if not is_lock_name(name):
             raise InvalidRequest(LOCK_NAME_RULE)
         in_scope(request, name)
-        return _stream(request, name.__eq__, _history(history))
+        return await _stream(request, name.__eq__, _history(history))
 
     @router.post("/v1/locks/{name:path}/force-release", response_model=ForceReleasedBody,
                  responses={s: _problem_doc(s, d) for s, d in (
@@ -278,6 +280,7 @@ def install_request_middleware(app: FastAPI, settings: Settings,
     app.state.limits = IdentityLimits(
         settings.max_leases_per_identity, settings.max_waiters_per_identity,
         on_limited=lambda who, limit: limited.labels(who, limit).inc())
+    app.state.stream_slots = StreamSlots(settings.max_event_streams)
     acquire_outcomes = metrics.acquire_outcomes
 
     def on_response(scope: Any, status: int, seconds: float) -> None:

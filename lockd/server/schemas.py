@@ -4,17 +4,28 @@ Requests are strict: integers must be JSON integers (``"30"`` and ``30.0`` are r
 fields are refused (a typo such as ``wait`` for ``wait_ms`` would otherwise silently mean "do not
 wait"). Bounds that depend on settings (TTL, wait) are checked by ``LockService``; both kinds of
 failure are 422 ``invalid_request``.
+
+Text fields are checked here, once for every route (the election bodies use the same types):
+``Label`` (``owner``, a handover ``target``) and ``LeaseId`` hold no control character
+(``U+0000-U+001F``, ``U+007F-U+009F``), ``Text`` (an election ``value``) none but tab, line feed
+and carriage return. No store can keep a NUL (PostgreSQL's ``text`` refuses it) and a control
+character in a label garbles logs and pages, so such text is 422 before any store is asked.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 __all__ = [
     "CLIENT_ID_PATTERN",
+    "ClientId",
+    "Label",
+    "LeaseId",
+    "Text",
+    "label",
     "NAME_PATTERN",
     "NAME_RE",
     "PREFIX_RE",
@@ -47,15 +58,49 @@ NAME_RE = re.compile(NAME_PATTERN)
 adds the segment rule (no empty, ``.`` or ``..`` segment)."""
 PREFIX_RE = re.compile(r"^[A-Za-z0-9._:/-]{0,255}$")
 
-_Label = Annotated[str, Field(max_length=255)]
-_LeaseId = Annotated[str, Field(min_length=1, max_length=255)]
+_LABEL_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+_TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]*$"
+_LABEL_BAD = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_TEXT_BAD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _no_control(value: str) -> str:
+    if _LABEL_BAD.search(value):
+        raise ValueError("must not contain control characters (U+0000-U+001F, U+007F-U+009F)")
+    return value
+
+
+def _text(value: str) -> str:
+    if _TEXT_BAD.search(value):
+        raise ValueError("must not contain control characters (U+0000-U+001F, U+007F-U+009F) "
+                         "other than tab, line feed and carriage return")
+    return value
+
+
+def label(min_length: int | None = None, max_length: int = 255) -> Any:
+    """A string field of ``min_length`` (default 0) to ``max_length`` characters with no
+    control character (the rule and its pattern in the OpenAPI document)."""
+    return Annotated[str, Field(min_length=min_length, max_length=max_length,
+                                json_schema_extra={"pattern": _LABEL_PATTERN}),
+                     AfterValidator(_no_control)]
+
+
+Label = label()
+"""A label for humans (``owner``): at most 255 characters, no control character."""
+LeaseId = label(1)
+"""A lease id as a request carries it: 1-255 characters, no control character (lockd's own are
+32 URL-safe characters; anything else is simply not live)."""
+Text = Annotated[str, Field(json_schema_extra={"pattern": _TEXT_PATTERN}), AfterValidator(_text)]
+"""Free text (an election's ``value``): no control character but tab, line feed and carriage
+return; its size is bounded where it is used."""
 CLIENT_ID_PATTERN = r"^[A-Za-z0-9_-]{22,255}$"
-_ClientId = Annotated[str, Field(pattern=CLIENT_ID_PATTERN)]
+ClientId = Annotated[str, Field(pattern=CLIENT_ID_PATTERN)]
 """An acquire's idempotency key, and a per-attempt SECRET: whoever sends the same ``client_id``
 while the lease is live receives that lease (id and token). 22+ characters of ``[A-Za-z0-9_-]``
 hold 128 random bits when drawn at random (``secrets.token_urlsafe(16)``, as the client library
 does for every attempt); a hostname or a counter is not one. With API keys configured, lockd
 binds it to the key that sent it, so another key's identical ``client_id`` is another lease."""
+_Label, _LeaseId, _ClientId = Label, LeaseId, ClientId
 
 
 class _Request(BaseModel):

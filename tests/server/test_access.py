@@ -246,7 +246,10 @@ def test_per_identity_limits_answer_429(lockd_factory, tmp_path, http, run):
     over = _acquire(http, url, f"a/{run}/2", KEY_A)
     body = assert_problem(over, 429, "too_many_leases")
     assert body["identity"] == "team-a" and int(over.headers["Retry-After"]) >= 1
-    assert _acquire(http, url, f"b/{run}/0", KEY_B).status_code == 200  # others unaffected
+    other = _acquire(http, url, f"b/{run}/0", KEY_B)
+    assert other.status_code == 200  # others unaffected
+    assert http.post(f"{url}/v1/locks/b/{run}/0/release", headers=_auth(KEY_B),
+                     json={"lease_id": other.json()["lease_id"]}).status_code == 200
     released = http.post(f"{url}/v1/locks/a/{run}/0/release",
                          json={"lease_id": leases[0]["lease_id"]}, headers=_auth(KEY_A))
     assert released.status_code == 200
@@ -254,7 +257,8 @@ def test_per_identity_limits_answer_429(lockd_factory, tmp_path, http, run):
     with LockClient(url, api_key=KEY_A) as client, pytest.raises(LimitExceeded) as over_limit:
         client.try_acquire(f"a/{run}/3", ttl=10)  # the client's own type, with the wait
     assert over_limit.value.code == "too_many_leases" and over_limit.value.retry_after >= 1
-    # waiters: team-b holds b/w; its first waiting acquire queues, the second is refused
+    # waiters: ops holds b/w; team-b's first waiting acquire queues (and counts as one of its
+    # leases while it waits), the second is refused as a waiter
     assert _acquire(http, url, f"b/{run}/w", KEY_OPS).status_code == 200
     results: list[int] = []
     waiter = threading.Thread(target=lambda: results.append(
