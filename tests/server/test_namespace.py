@@ -137,3 +137,25 @@ def test_a_new_reservation_is_one_row_of_the_table():
     rows = {p.kind: p for p in namespace.PRIMITIVES}
     assert set(rows) == {"lock", "election", "semaphore"}
     assert [p.reserves for p in namespace.PRIMITIVES if p.reserves] == ["sem/"]
+
+
+def test_the_signer_refuses_a_lock_its_primitive_does_not_own(tmp_path):
+    """The last door: even a grant of a reserved name that reached the lock service (a store
+    bug, an old database) is not signed; the semaphore's own slot is."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from lockd.common.namespace import ELECTION, LOCK, SEMAPHORE
+    from lockd.server.errors import LockdError
+    from lockd.server.service import LockService
+    from lockd.server.settings import Settings
+    from lockd.server.store.sqlite import SqliteStore
+    from lockd.tokens import KeyRing
+
+    service = LockService(SqliteStore(str(tmp_path / "s.db")), KeyRing(Ed25519PrivateKey.generate()),
+                          Settings(store=f"sqlite:///{tmp_path}/s.db", key_dir=tmp_path))
+    assert service.token("sem/pool/0", 3, primitive=SEMAPHORE)
+    for primitive in (LOCK, ELECTION):
+        with pytest.raises(LockdError) as refused:
+            service.token("sem/pool/0", 4, primitive=primitive)
+        assert refused.value.status == 500 and "sem/pool/0" in refused.value.detail
+    assert service.token("pool/0", 4) and service.token("pool/0", 4, primitive=ELECTION)

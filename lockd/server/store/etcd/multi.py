@@ -170,8 +170,9 @@ class MultiLocks:
         """The live multi-lock lease of ``record``'s client id and locks that holds one of
         ``holders`` (keys of the wanted locks), renewed; or None. ``ClientIdConflict`` if it
         holds them in other modes (a retry gets only the modes it asks for)."""
-        for lid in dict.fromkeys(h.lease_id for h in holders
-                                 if h.lease_id.startswith(MULTI_PREFIX)):
+        for lid in dict.fromkeys(h.lease_id for h in holders  # (exclusive keys carry none)
+                                 if h.lease_id.startswith(MULTI_PREFIX)
+                                 and h.client_id in (None, record["client_id"])):
             theirs = await self._read_lease(lid)
             if (theirs is None or theirs[0].get("client_id") != record["client_id"]
                     or theirs[0].get("locks") != record["locks"]):
