@@ -4,9 +4,10 @@ A semaphore ``name`` has ``limit`` permits (1-10,000). Each permit is a lease of
 (``0 .. limit-1``, unique among live permits) with a fence strictly increasing per semaphore;
 its token is an ordinary single-lock token for the lock ``sem/{name}/{slot}`` with that fence,
 so a resource fences per slot like any lock (those names are the semaphores' own in the one
-namespace, ``lockd.common.namespace``: no other primitive may use or sign one). The store decides every grant and counts the permits; waiters queue at this lockd in the
-semaphore's one FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting``
-(mode ``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
+namespace, ``lockd.common.namespace``: no other primitive may use or sign one). The store
+decides every grant and counts the permits; waiters queue at this lockd in the semaphore's one
+FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting`` (mode
+``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
 
 Errors: ``InvalidRequest`` (bad name, limit, TTL or wait), ``LockHeld`` (409 ``held``: every
 permit is taken; ``limit``, ``owners``, ``ttl_ms`` of the soonest expiry), ``LimitMismatch``
@@ -31,7 +32,7 @@ LIMIT_MAX = 10_000
 
 
 def slot_lock(name: str, slot: int) -> str:
-    """The lock name a permit's token fences: ``sem/{name}/{slot}`` (``namespace.SEMAPHORE``)."""
+    """The lock name a permit's token fences: ``sem/{name}/{slot}`` (``SEMAPHORE``'s row)."""
     return token_lock(SEMAPHORE, name, slot)
 
 

@@ -6,8 +6,9 @@ current fence (the epoch, 0 if never written) into its row; the first one after 
 lease that ended without a clean release (``locks.writer_open`` still 1, the lease no longer
 live) raises the fence by one first and clears ``writer_open``, in the same statement, so the
 readers that follow share that epoch. The ``locks`` row is created with fence 0 if the lock was
-never granted, so ``list`` finds it and the fence survives exactly like an exclusive one. Expired shared rows are deleted when the lock
-is next acquired or force-released (they are never live again, whatever the clock does next).
+never granted, so ``list`` finds it and the fence survives exactly like an exclusive one.
+Expired shared rows are deleted when the lock is next acquired or force-released (they are never
+live again, whatever the clock does next).
 
 Every function here runs on the store thread inside the batch's transaction; ``now`` is
 lockd-clock milliseconds. Like the store's other operations they read before they write, so an

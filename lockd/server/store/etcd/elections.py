@@ -13,8 +13,8 @@ Every log append is ONE transaction guarded on ``version(#seq) == n`` as read, s
 handover and ``"leader"`` entry are that one transaction (guarded on "no holder of the lock",
 as an exclusive acquire), so its fence is the transaction's revision, which is also the
 ``create_revision`` of its log entry. A resign is a clean release: its transaction also puts
-the fence key ``x:<fence>`` (``wire.RELEASED_MARK``). Every 100th append deletes entries more than 1,000 behind.
-Every write lands under ``elections/``, watched by a stream of its own: listeners hear ``name``.
+the fence key ``x:<fence>`` (``wire.RELEASED_MARK``). Every 100th append deletes entries more
+than 1,000 behind. Every write lands under ``elections/``, watched by a stream of its own: listeners hear ``name``.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ The grant is one transaction ``if no holder key of any exclusive lock and no exc
 any shared lock (whose fence key is unchanged since a read): put every lock key and fence key
 (shared locks: a shared key each); else range every lock's keys``, so every exclusive lock's
 fence is that transaction's revision and every shared one carries its current fence (or starts
-a new epoch at that revision, by the single-lock rule: ``LockModes.epoch_ops``). The lease key (``leases/<id>``: the set, owner, client id, TTL) is put just before it
-on the same etcd lease, keeping the grant within etcd's default ``--max-txn-ops`` (128: 64
-locks). Revoking the etcd lease deletes every key of the set in one step. See
+a new epoch at that revision, by the single-lock rule: ``LockModes.epoch_ops``). The lease key
+(``leases/<id>``: the set, owner, client id, TTL) is put just before it on the same etcd lease,
+keeping the grant within etcd's default ``--max-txn-ops`` (128: 64 locks). Revoking the etcd lease deletes every key of the set in one step. See
 docs/stores/etcd.md ("Multi-lock leases").
 """
 
