@@ -42,10 +42,26 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.server.errors import InvalidRequest, LeaseLost, LockdError, LockHeld, StoreUnavailable
+from lockd.common.namespace import ELECTION
+from lockd.server.errors import (
+    ClientIdConflict,
+    InvalidRequest,
+    LeaseLost,
+    LockdError,
+    LockHeld,
+    StoreUnavailable,
+)
 from lockd.server.metrics import LockdMetrics
-from lockd.server.service import LockService, new_lease_id
-from lockd.server.store.base import ElectionEvent, ElectionState, Grant, Holder
+from lockd.server.service import LockService, check_name, new_lease_id
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    MULTI_PREFIX,
+    SHARED_PREFIX,
+    ElectionEvent,
+    ElectionState,
+    Grant,
+    Holder,
+)
 from lockd.server.waiting import Waiter, WaitQueues
 
 __all__ = ["MAX_VALUE_BYTES", "ElectionService", "Leadership", "NoLeader"]
@@ -192,7 +208,6 @@ class ElectionService:
         self._service = service
         self._metrics = metrics
         self._campaign = _Campaign(self)
-        self._tokens: dict[str, tuple[int, str, str]] = {}  # name -> (fence, kid, token)
         self._terms: dict[str, tuple[str, float]] = {}  # name -> (lease id, monotonic start)
         self._watchers: dict[str, set[asyncio.Event]] = {}
         self._known: OrderedDict[str, _Known] = OrderedDict()  # least recently led first
@@ -202,8 +217,11 @@ class ElectionService:
 
     # --- checks ---------------------------------------------------------------------------------
 
-    def check_name(self, name: str) -> None:
-        self._service.check_name(name)
+    @staticmethod
+    def check_name(name: str) -> None:
+        """The namespace's rule for an election's name (``lockd.server.service.check_name``):
+        every election route calls it, reads included."""
+        check_name(name, ELECTION)
 
     def _check_ttl(self, ttl_ms: int) -> None:
         low, high = self.settings.min_ttl_ms, self.settings.max_ttl_ms
@@ -214,6 +232,15 @@ class ElectionService:
         high = self.settings.max_wait_ms
         if not 0 <= wait_ms <= high:
             raise InvalidRequest(f"wait_ms must be between 0 and {high} (got {wait_ms})")
+
+    @staticmethod
+    def _check_lease_id(name: str, lease_id: str) -> None:
+        """``LeaseLost`` for a lease id that can never be a leader's: a multi-lock lease's or a
+        shared lease's (lockd draws those with their prefixes), so no election route renews,
+        resigns or proclaims with a lease the store holds in another shape."""
+        if lease_id.startswith((MULTI_PREFIX, SHARED_PREFIX)):
+            raise LeaseLost(f"that lease is not the live leader of election {name!r}",
+                            lock=name)
 
     @staticmethod
     def check_value(value: str) -> None:
@@ -243,25 +270,20 @@ class ElectionService:
 
     # --- leases ---------------------------------------------------------------------------------
 
-    def _token(self, name: str, fence: int) -> str:
-        """The leader's token: a single-lock token of ``name`` with the leader's fence, signed
-        anew after a key rotation (``KeyRing.kid`` changed)."""
-        kid = self.keyring.kid
-        cached = self._tokens.get(name)
-        if cached is not None and cached[0] == fence and cached[1] == kid:
-            return cached[2]
-        token = self.keyring.sign(name, fence)
-        if len(self._tokens) >= _CACHE_MAX:
-            self._tokens.clear()
-        self._tokens[name] = (fence, kid, token)
-        return token
-
     def _leadership(self, grant: Grant, *, value: str | None = None,
                     handover_to: str | None = None) -> Leadership:
+        """The leader's lease and token: a single-lock token of the election's lock, signed by
+        the lock service's one signer in the mode of the STORE's grant. A leader holds the lock
+        exclusively, so any other grant is refused (``ClientIdConflict``), never signed."""
+        if grant.mode != EXCLUSIVE:
+            raise ClientIdConflict(
+                f"the client_id holds election {grant.lock!r}'s lock {grant.mode}, not as its "
+                "leader; campaign with another client_id", lock=grant.lock,
+                election=grant.lock, held_mode=grant.mode)
         self._remember(grant.lock)
         return Leadership(grant.lock, grant.lease_id, grant.fence,
-                          self._token(grant.lock, grant.fence), grant.ttl_ms, grant.owner,
-                          value, handover_to)
+                          self._service.token(grant.lock, grant.fence, grant.mode, ELECTION),
+                          grant.ttl_ms, grant.owner, value, handover_to)
 
     async def campaign(self, name: str, *, value: str, ttl_ms: int, wait_ms: int = 0,
                        owner: str = "", client_id: str | None = None) -> Leadership:
@@ -282,6 +304,7 @@ class ElectionService:
         """Extend the leader's lease (same fence and token); the answer says whether a handover
         is wanted. Raises ``LeaseLost`` if ``lease_id`` is not the live leader."""
         self.check_name(name)
+        self._check_lease_id(name, lease_id)
         if ttl_ms is not None:
             self._check_ttl(ttl_ms)
         grant, handover_to = await self.store.elect_renew(name, lease_id, ttl_ms)
@@ -294,6 +317,7 @@ class ElectionService:
         """End the leader's lease; the next candidate (the preferred one, after a handover) is
         elected at once. Raises ``LeaseLost``."""
         self.check_name(name)
+        self._check_lease_id(name, lease_id)
         await self.store.elect_resign(name, lease_id)
         self.waiting.may_be_free(name)
         self._end_term(name, lease_id)
@@ -303,6 +327,7 @@ class ElectionService:
         """Set the leader's value without a new term (same fence). Raises ``LeaseLost``."""
         self.check_name(name)
         self.check_value(value)
+        self._check_lease_id(name, lease_id)
         state = await self.store.elect_proclaim(name, lease_id, value)
         self._wake(name)
         return state
@@ -316,6 +341,7 @@ class ElectionService:
         self.check_name(name)
         self.check_target(target)
         if lease_id is not None:
+            self._check_lease_id(name, lease_id)
             await self.store.elect_renew(name, lease_id, None)
         try:
             state = await self.store.elect_handover(name, target)

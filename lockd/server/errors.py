@@ -8,6 +8,7 @@
     ├── NotFound                    404  not_found
     ├── LockHeld                    409  held              not granted within wait_ms
     ├── LimitMismatch               409  limit_mismatch    semaphore held under another limit
+    ├── ClientIdConflict            409  client_id_conflict  the client_id holds another lease
     ├── LeaseLost                   410  lease_lost        expired, released or unknown lease
     ├── Unauthorized                401  unauthorized
     ├── Forbidden                   403  forbidden
@@ -32,6 +33,7 @@ __all__ = [
     "NotFound",
     "LockHeld",
     "LimitMismatch",
+    "ClientIdConflict",
     "LeaseLost",
     "Unauthorized",
     "Forbidden",
@@ -85,6 +87,15 @@ class LimitMismatch(LockdError):
     def __init__(self, detail: str, *, limit: int, **extra: object) -> None:
         super().__init__(detail, limit=limit, **extra)
         self.limit = limit
+
+
+class ClientIdConflict(LockdError):
+    """A ``client_id`` retry asked for another lease than the one that client_id holds live:
+    another mode, another set of locks, or a campaign finding a lock lease (409). The live
+    lease is neither returned nor changed: its mode is the store's record, never the route's.
+    ``extra``: ``lock`` (or ``locks``) and ``held_mode`` when known; never a lease id."""
+
+    status, code, title = 409, "client_id_conflict", "client_id holds another lease"
 
 
 class LeaseLost(LockdError):

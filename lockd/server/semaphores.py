@@ -3,10 +3,11 @@
 A semaphore ``name`` has ``limit`` permits (1-10,000). Each permit is a lease of one slot
 (``0 .. limit-1``, unique among live permits) with a fence strictly increasing per semaphore;
 its token is an ordinary single-lock token for the lock ``sem/{name}/{slot}`` with that fence,
-so a resource fences per slot like any lock (those names are reserved: no lock acquire may take
-one). The store decides every grant and counts the permits; waiters queue at this lockd in the
-semaphore's one FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting``
-(mode ``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
+so a resource fences per slot like any lock (those names are the semaphores' own in the one
+namespace, ``lockd.common.namespace``: no other primitive may use or sign one). The store
+decides every grant and counts the permits; waiters queue at this lockd in the semaphore's one
+FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting`` (mode
+``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
 
 Errors: ``InvalidRequest`` (bad name, limit, TTL or wait), ``LockHeld`` (409 ``held``: every
 permit is taken; ``limit``, ``owners``, ``ttl_ms`` of the soonest expiry), ``LimitMismatch``
@@ -18,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.common.names import LOCK_NAME_RULE, is_lock_name
+from lockd.common.namespace import SEMAPHORE, token_lock
 from lockd.server.errors import InvalidRequest, LockHeld
-from lockd.server.service import RESERVED_PREFIX, LockService, new_lease_id
+from lockd.server.service import LockService, check_name, new_lease_id
 from lockd.server.store.base import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
 from lockd.server.waiting import PERMIT, Waiter
 
@@ -31,8 +32,8 @@ LIMIT_MAX = 10_000
 
 
 def slot_lock(name: str, slot: int) -> str:
-    """The lock name a permit's token fences: ``sem/{name}/{slot}``."""
-    return f"{RESERVED_PREFIX}{name}/{slot}"
+    """The lock name a permit's token fences: ``sem/{name}/{slot}`` (``SEMAPHORE``'s row)."""
+    return token_lock(SEMAPHORE, name, slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +118,9 @@ class SemaphoreService:
     @staticmethod
     def check_name(name: str, limit: int = 1) -> None:
         """``InvalidRequest`` unless ``name`` is a lock name whose last slot's lock name
-        (``sem/{name}/{limit-1}``) is one too (at most 255 characters)."""
-        if not is_lock_name(name):
-            raise InvalidRequest("semaphore names follow the lock-name rule: " + LOCK_NAME_RULE,
-                                 semaphore=name[:300])
-        if not is_lock_name(slot_lock(name, max(0, limit - 1))):
-            raise InvalidRequest(
-                f"semaphore name too long: the lock name of its last slot, "
-                f"{RESERVED_PREFIX}{{name}}/{max(0, limit - 1)}, must fit 255 characters",
-                semaphore=name[:300])
+        (``sem/{name}/{limit-1}``) is one too (at most 255 characters): the namespace's rule
+        (``lockd.server.service.check_name``)."""
+        check_name(name, SEMAPHORE, limit)
 
     @staticmethod
     def check_limit(limit: int) -> None:
@@ -133,7 +128,8 @@ class SemaphoreService:
             raise InvalidRequest(f"limit must be between 1 and {LIMIT_MAX} (got {limit})")
 
     def _permit(self, grant: SemGrant) -> PermitLease:
-        token = self.locks.token(slot_lock(grant.name, grant.slot), grant.fence)
+        token = self.locks.token(slot_lock(grant.name, grant.slot), grant.fence,
+                                 primitive=SEMAPHORE)
         return PermitLease(grant.name, grant.lease_id, grant.fence, grant.slot, grant.limit,
                            token, grant.ttl_ms, grant.owner)
 

@@ -15,8 +15,10 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.common.names import LOCK_NAME_RULE, is_lock_name
-from lockd.server.errors import InvalidRequest, LeaseLost, LockHeld
+from lockd.common import namespace
+from lockd.common.names import is_lock_name
+from lockd.common.namespace import LOCK, Primitive
+from lockd.server.errors import InvalidRequest, LeaseLost, LockdError, LockHeld
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.store.base import (
@@ -33,15 +35,36 @@ from lockd.server.store.base import (
 from lockd.server.waiting import Waiter, WaitQueues, mode_of
 from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits
 
-__all__ = ["Lease", "LockService", "MultiLease", "new_lease_id", "encode_cursor",
-           "decode_cursor"]
+__all__ = ["Lease", "LockService", "MultiLease", "check_mint", "check_name", "new_lease_id",
+           "encode_cursor", "decode_cursor"]
 
 _TOKEN_CACHE_SIZE = 10_000
 LIST_LIMIT_MAX = 1000
-RESERVED_PREFIX = "sem/"
-"""Lock names under this prefix are the slots of semaphores (``sem/{name}/{slot}``): no plain
-or multi-lock acquire may take one."""
 MODES = (EXCLUSIVE, SHARED)
+
+
+def check_name(name: str, primitive: Primitive = LOCK, slots: int = 1) -> None:
+    """``InvalidRequest`` (422) unless ``primitive`` may use ``name``
+    (``lockd.common.namespace.check``: the lock-name rule and every reservation; the problem
+    names the ``owner`` of a reserved name). Every route of every primitive calls this."""
+    try:
+        namespace.check(primitive, name, slots)
+    except namespace.NameRefused as refused:
+        extra: dict[str, Any] = {primitive.kind: refused.name[:300]}
+        if primitive.token == "{name}":  # the name is the lock its tokens carry
+            extra["lock"] = refused.name[:300]
+        if refused.owner:
+            extra.update(owner=refused.owner, reserved=refused.reserved)
+        raise InvalidRequest(refused.detail, **extra) from None
+
+
+def check_mint(primitive: Primitive, lock: str) -> None:
+    """Before signing: ``LockdError`` (500, no token made) unless ``primitive`` owns ``lock``
+    (``namespace.mints``). Every route checked the name already, so only a store that granted
+    a name it should not have gets here; the token is the last door."""
+    if not namespace.mints(primitive, lock):
+        raise LockdError(f"refusing to sign a {primitive.kind} token for lock {lock!r}: the name"
+                         " belongs to another primitive")
 
 
 def new_lease_id() -> str:
@@ -235,18 +258,7 @@ class LockService:
 
     # --- checks ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def check_name(name: str) -> None:
-        if not is_lock_name(name):
-            raise InvalidRequest(LOCK_NAME_RULE, lock=name[:300])
-
-    @staticmethod
-    def check_acquirable(name: str) -> None:
-        """``InvalidRequest`` for a name under ``sem/``: the semaphores' slots, reserved."""
-        if name.startswith(RESERVED_PREFIX):
-            raise InvalidRequest(
-                f"lock names starting with {RESERVED_PREFIX!r} are reserved for semaphore slots;"
-                " acquire a permit with POST /v1/semaphores/{name}/acquire", lock=name)
+    check_name = staticmethod(check_name)
 
     @staticmethod
     def _check_mode(mode: str) -> None:
@@ -278,9 +290,13 @@ class LockService:
             self._tokens_kid = kid
         return self._tokens.get(key)
 
-    def token(self, lock: str, fence: int, mode: str = EXCLUSIVE) -> str:
-        """The signed token of a grant of ``lock`` with ``fence`` (a SHARED one says so in its
-        ``mode`` claim), cached: every lease of one grant gets one token text."""
+    def token(self, lock: str, fence: int, mode: str = EXCLUSIVE,
+              primitive: Primitive = LOCK) -> str:
+        """The signed token of ``primitive``'s grant of ``lock`` with ``fence`` in ``mode`` (the
+        mode of the store's record of the lease; a SHARED token says so in its ``mode`` claim),
+        cached: every lease of one grant gets one token text. The one signer of single-lock
+        tokens: ``check_mint`` first, so no primitive signs a lock another one owns."""
+        check_mint(primitive, lock)
         key: tuple[Any, ...] = (lock, fence) if mode == EXCLUSIVE else (lock, fence, mode)
         token = self._cached_token(key)
         if token is None:
@@ -304,7 +320,6 @@ class LockService:
         Raises ``LockHeld`` if not granted in time, ``StoreUnavailable``, ``InvalidRequest``.
         """
         self.check_name(name)
-        self.check_acquirable(name)
         self._check_ttl(ttl_ms)
         self._check_wait(wait_ms)
         if mode is not EXCLUSIVE:
@@ -370,8 +385,6 @@ class LockService:
             dupes = sorted({n for n in names if names.count(n) > 1})
             raise InvalidRequest(f"locks must be distinct; repeated: {', '.join(dupes)}",
                                  locks=dupes)
-        for name in ordered:
-            self.check_acquirable(name)
         if not multi_token_fits(ordered):
             raise InvalidRequest(
                 f"the lock names are too long for one token of at most {MAX_TOKEN_CHARS} "
@@ -383,6 +396,8 @@ class LockService:
         key = (grant.lease_id, -1)  # the fences of a lease never change: one token per lease
         token = self._cached_token(key)
         if token is None:
+            for name in grant.fences:
+                check_mint(LOCK, name)
             shared = [name for name, mode in modes.items() if mode == SHARED]
             token = self.keyring.sign_many(grant.fences,
                                            extra={"shared": shared} if shared else None)

@@ -12,8 +12,11 @@ the store reports that a lock may have freed (``subscribe``) or when the holder'
 Optional: a store whose operations apply in call order (one queue; SQLite) says so with a class
 attribute ``ordered = True``; see ``LockService.release``.
 
-Errors: ``LeaseLost`` (renew/release of a lease that is not live) and ``StoreUnavailable`` (the
-store cannot answer; nothing was changed or the outcome is unknown). Nothing else escapes a store.
+Errors: ``LeaseLost`` (renew/release of a lease that is not live), ``ClientIdConflict`` (a
+``client_id`` retry that asks for another lease than the live one of that client_id:
+``client_id_conflict``; nothing changed), ``LimitMismatch`` (semaphores) and ``StoreUnavailable``
+(the store cannot answer; nothing was changed or the outcome is unknown). Nothing else escapes
+a store.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from lockd.server.errors import ClientIdConflict
+
 __all__ = ["MULTI_PREFIX", "SHARED_PREFIX", "SEM_KEY_PREFIX", "EXCLUSIVE", "SHARED", "Grant", "Holder",
            "HolderView", "LockState", "MultiGrant", "Store", "ReleaseListener", "SemGrant",
-           "SemFull", "SemState", "Permit", "ElectionEvent", "ElectionState", "sem_key"]
+           "SemFull", "SemState", "Permit", "ElectionEvent", "ElectionState", "not_a_leader",
+           "other_mode", "other_modes", "sem_key"]
 
 MULTI_PREFIX = "m."
 """Every multi-lock lease id starts with this (``.`` never occurs in a single lease's id), so
@@ -33,16 +39,20 @@ the single-lock renew/release can refuse one instead of ending part of a set."""
 SHARED_PREFIX = "s."
 """A shared single-lock lease's id starts with this when lockd drew it: a hint that lets a store
 renew or release it as shared first (one statement instead of an exclusive miss, then the shared
-one). Only a hint: an id without it may still be shared (drawn by an older lockd, or a client's
-retry answered with its live shared lease), so a store that misses tries the other mode."""
+one). Only a hint: an id without it may still be shared (drawn by an older lockd), so a store
+that misses tries the other mode."""
 
 
 EXCLUSIVE = "exclusive"
 SHARED = "shared"
 """The two lock modes. Any number of live SHARED leases may hold a lock at once; a live
 EXCLUSIVE lease excludes every other lease of either mode. An exclusive grant raises the lock's
-fence; a shared grant carries the lock's current fence (the write epoch, 0 if never written) and
-does not raise it."""
+fence. A shared grant carries the lock's current fence (the epoch, 0 if never written), except
+the first one after an exclusive lease that ended WITHOUT a clean release (it expired, or was
+force-released): that one raises the fence once, a new epoch, so the lapsed writer's fence is
+below every reader's; later shared grants carry it. A store remembers, per lock, whether the
+last exclusive lease was released cleanly (a release, a resign, a multi-lock release), atomically
+with the grants and releases (docs/primitives.md, "Epochs")."""
 
 SEM_KEY_PREFIX = "#sem/"
 """Release notifications and wait queues of semaphore ``s`` use the key ``#sem/s`` (``#`` is
@@ -52,6 +62,33 @@ never in a lock name, so a semaphore's key cannot collide with a lock's)."""
 def sem_key(name: str) -> str:
     """The notification / wait-queue key of semaphore ``name``."""
     return SEM_KEY_PREFIX + name
+
+
+def other_mode(lock: str, held: str, asked: str) -> ClientIdConflict:
+    """A single-lock ``client_id`` retry asking ``asked`` while that client_id holds ``lock``
+    live in mode ``held``: refused, never answered with the other mode's lease (its token would
+    carry the mode the store recorded, not the one the route asked for)."""
+    return ClientIdConflict(
+        f"client_id already holds lock {lock!r} {held}, not {asked}: a retry must ask for the "
+        "same mode (release that lease first, or use another client_id)",
+        lock=lock, held_mode=held, asked_mode=asked)
+
+
+def other_modes(locks: tuple[str, ...] | list[str]) -> ClientIdConflict:
+    """A multi-lock ``client_id`` retry of the same locks in other modes than the live lease."""
+    return ClientIdConflict(
+        "client_id already holds these locks as a multi-lock lease in other modes: a retry must "
+        "ask for the same modes (release that lease first, or use another client_id)",
+        locks=list(locks)[:64])
+
+
+def not_a_leader(name: str) -> ClientIdConflict:
+    """A campaign's ``client_id`` retry that found that client_id's live lock lease of ``name``
+    granted by a lock route, not by a campaign: it does not lead (no value, no term)."""
+    return ClientIdConflict(
+        f"client_id holds lock {name!r} as a lock lease, not as election {name!r}'s leader: a "
+        "campaign retry returns only a leadership (release that lease first, or use another "
+        "client_id)", lock=name, election=name, held_mode=EXCLUSIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +254,12 @@ class Store(Protocol):
     ) -> Grant | Holder:
         """Grant ``lock`` to a new lease ``lease_id`` for ``ttl_ms`` if no live lease holds it.
 
-        The grant's fence is strictly greater than every fence ever issued for ``lock``
-        (invariant 1). If the live lease was acquired with the same non-empty ``client_id``, that
-        lease is returned (same lease id and fence) and its expiry is pushed to ``ttl_ms`` from
-        now: a retried acquire must not deadlock on itself. Otherwise returns the ``Holder``.
+        An exclusive grant's fence is strictly greater than every fence ever issued for
+        ``lock`` (invariant 1); a shared one's follows ``SHARED``'s rule. If a live single-lock
+        lease of ``lock`` was acquired with the same non-empty ``client_id`` IN THE SAME MODE,
+        that lease is returned (same lease id and fence) and its expiry is pushed to ``ttl_ms``
+        from now: a retried acquire must not deadlock on itself. In the other mode: raises
+        ``ClientIdConflict`` (``other_mode``), nothing changed. Otherwise returns the ``Holder``.
         """
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
@@ -232,7 +271,8 @@ class Store(Protocol):
         """
 
     async def release(self, lock: str, lease_id: str) -> None:
-        """End a live lease and notify listeners (here and on other lockd processes).
+        """End a live lease and notify listeners (here and on other lockd processes). Ending
+        an exclusive lease this way is a CLEAN release (``SHARED``: no new epoch follows it).
 
         Raises ``LeaseLost`` if the lease is not live (an expired lease cannot be released).
         """
@@ -246,7 +286,8 @@ class Store(Protocol):
         One atomic store step: each lock's fence is strictly greater than every fence ever
         issued for it (invariant 1, per lock). Returns the ``Holder`` of every lock that is held
         (nothing written, no fence raised). A live lease of exactly these locks acquired with
-        the same non-empty ``client_id`` is returned instead (expiry pushed to ``ttl_ms``).
+        the same non-empty ``client_id`` in the same modes is returned instead (expiry pushed to
+        ``ttl_ms``); in other modes, ``ClientIdConflict`` (``other_modes``).
         """
 
     async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
@@ -275,8 +316,9 @@ class Store(Protocol):
     async def force_release(self, lock: str) -> Holder | None:
         """End the live lease of ``lock`` whoever holds it (an operator's override) and notify
         listeners like a release. Returns the lease that was ended (``ttl_ms``: what it had
-        left), or ``None`` if the lock was not held. The fence is kept, so the next grant still
-        gets a higher one (invariant 1); the ended lease's renew/release answer ``LeaseLost``.
+        left), or ``None`` if the lock was not held. The fence is kept, so the next exclusive
+        grant still gets a higher one (invariant 1) and, since this is no clean release, so does
+        the next shared one (``SHARED``); the ended lease's renew/release answer ``LeaseLost``.
         """
 
     async def clock_offset(self) -> float | None:
@@ -289,7 +331,8 @@ class Store(Protocol):
     # work on a lease of either mode (the store knows it); ``release`` of a shared lease notifies
     # listeners like any release; ``force_release`` ends every live lease of the lock (all its
     # shared holders) and returns the one that ended last. A ``client_id`` retry returns the
-    # live lease of that client_id in either mode.
+    # live lease of that client_id only in the mode it asks for (else ``ClientIdConflict``); a
+    # single-lock retry never returns a multi-lock lease, nor a multi-lock retry a single one.
 
     # --- semaphores (notification key: ``sem_key(name)``) -----------------------------------
 
@@ -323,16 +366,20 @@ class Store(Protocol):
     ) -> Grant | Holder:
         """``acquire(name, mode=EXCLUSIVE)`` that, when it grants a NEW lease, also sets the
         election's value, clears any pending handover and appends a ``"leader"`` log entry, all
-        in one atomic step."""
+        in one atomic step. A ``client_id`` retry returns only that client_id's live
+        LEADERSHIP (a lease a campaign granted, which holds the value): a live shared lease of
+        it raises ``ClientIdConflict`` (``other_mode``), a lock route's exclusive lease
+        ``ClientIdConflict`` (``not_a_leader``); nothing changed."""
 
     async def elect_renew(self, name: str, lease_id: str,
                           ttl_ms: int | None) -> tuple[Grant, str | None]:
-        """``renew`` of the leader's lease, answering the pending handover target too (``None``:
-        none). Raises ``LeaseLost``."""
+        """``renew`` of the leader's lease (an EXCLUSIVE lease of ``name``; a shared one is not
+        a leader's: ``LeaseLost``), answering the pending handover target too (``None``: none).
+        Raises ``LeaseLost``."""
 
     async def elect_resign(self, name: str, lease_id: str) -> None:
         """``release`` of the leader's lease that appends a ``"resign"`` entry and clears the
-        value and handover atomically. Raises ``LeaseLost``."""
+        value and handover atomically: a clean release. Raises ``LeaseLost``."""
 
     async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
         """Set the live leader's value (same lease, same fence) and append a ``"proclaim"``

@@ -5,7 +5,9 @@ Design:
 - **One row per lock, never deleted.** ``fence`` in the row is the last fence issued for that
   lock; a grant writes ``fence + 1`` in the same statement that installs the lease, so fences
   strictly increase per lock across release, expiry and restarts (invariant 1), and
-  ``GET /v1/locks/{name}`` can show the last fence of a free lock. (A store-wide counter would
+  ``GET /v1/locks/{name}`` can show the last fence of a free lock. ``writer_open`` says whether
+  the exclusive lease of that fence has NOT ended by a clean release (a shared grant after such
+  an end starts a new epoch: ``sqlite_modes``). (A store-wide counter would
   let idle rows be deleted; rows are ~100 bytes, so keeping them is the simpler guarantee.)
 - **Durable grants.** WAL journal with ``synchronous=FULL``: every commit that grants or renews
   is fsynced before the caller hears of it, so a fence once handed out, and an expiry once
@@ -14,8 +16,10 @@ Design:
   by every later operation, survives ``kill -9`` (the WAL is in the OS's cache), and is made
   durable by the next fsynced commit (the WAL is one file written in order, so that fsync
   covers every frame before it). A power loss before then can undo a release; the lease then
-  runs to its expiry, which delays the lock's next grant but never repeats a fence. Measured:
-  this halves the fsyncs of a single client's acquire + release cycle.
+  runs to its expiry, which delays the lock's next grant but never repeats a fence (and, its
+  ``writer_open = 0`` undone too, ends uncleanly: the next reader starts a new epoch, one raise
+  more than needed, never one less). Measured: this halves the fsyncs of a single client's
+  acquire + release cycle.
 - **Modes, semaphores, elections** keep the same rules in tables of their own (rows holding a
   fence or a log seq never deleted; grants fsynced; expiry by lockd's clock): shared leases in
   ``shared`` (``sqlite_modes``), permits per semaphore in ``semaphores``/``permits``
@@ -64,6 +68,7 @@ from lockd.server.store.base import (
     LockState,
     MultiGrant,
     ReleaseListener,
+    other_mode,
 )
 
 __all__ = ["SqliteStore"]
@@ -72,15 +77,21 @@ log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS locks (
-    name       TEXT PRIMARY KEY,
-    fence      INTEGER NOT NULL,
-    lease_id   TEXT,
-    owner      TEXT NOT NULL DEFAULT '',
-    client_id  TEXT,
-    expires_ms INTEGER NOT NULL DEFAULT 0,
-    ttl_ms     INTEGER NOT NULL DEFAULT 0
+    name        TEXT PRIMARY KEY,
+    fence       INTEGER NOT NULL,
+    lease_id    TEXT,
+    owner       TEXT NOT NULL DEFAULT '',
+    client_id   TEXT,
+    expires_ms  INTEGER NOT NULL DEFAULT 0,
+    ttl_ms      INTEGER NOT NULL DEFAULT 0,
+    writer_open INTEGER NOT NULL DEFAULT 1
 ) WITHOUT ROWID
 """
+# ``writer_open``: 1 while the exclusive lease of ``fence`` has not ended by a clean release (it
+# is live, expired or was force-released), 0 once released cleanly or once a shared grant
+# started a new epoch (``sqlite_modes.grant_shared``). An older file gets the column with 1 (a
+# shared grant may then raise once more than needed: never less).
+_WRITER_OPEN = "ALTER TABLE locks ADD COLUMN writer_open INTEGER NOT NULL DEFAULT 1"
 # Multi-lock leases: the set of locks each one holds (its lock rows carry its lease_id).
 _SCHEMA_LEASES = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -96,10 +107,13 @@ _MAX_BATCH = 256
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:
-    """Create every table and index the store uses, idempotently (no transaction needed)."""
+    """Create every table and index the store uses, idempotently (no transaction needed); a
+    file of an older version gets the columns it lacks."""
     for statement in (_SCHEMA, _SCHEMA_LEASES, *modes.SCHEMA, *sem.SCHEMA,
                       *elect.SCHEMA):
         conn.execute(statement)
+    if "writer_open" not in {row[1] for row in conn.execute("PRAGMA table_info(locks)")}:
+        conn.execute(_WRITER_OPEN)
 
 _Op = Callable[..., Any]
 _Item = tuple[_Op, tuple[Any, ...], "asyncio.Future[Any]"]
@@ -119,6 +133,8 @@ def _acquire(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_m
     if row is not None and row[1] is not None and row[4] > now:
         fence, live_id, live_owner, live_client, expires = row[:5]
         if client_id and live_client == client_id:
+            if mode != EXCLUSIVE:  # a retry answers only the mode the store recorded
+                raise other_mode(lock, EXCLUSIVE, mode)
             conn.execute("UPDATE locks SET expires_ms = ?, ttl_ms = ? WHERE name = ?",
                          (now + ttl_ms, ttl_ms, lock))
             return Grant(lock, live_id, fence, ttl_ms, live_owner)
@@ -127,15 +143,15 @@ def _acquire(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_m
         shared = modes.shared_check(conn, now, lock, mode, ttl_ms, client_id)
         if shared is not None:  # a client_id retry of a shared lease, or shared holders block
             return shared
-    if mode == SHARED:
-        return modes.grant_shared(conn, now, lock, row[0] if row is not None else 0, lease_id,
-                                  ttl_ms, owner, client_id)
+    if mode == SHARED:  # the first one after an unclean end raises the fence (a new epoch)
+        return modes.grant_shared(conn, now, lock, lease_id, ttl_ms, owner, client_id)
     fence = (row[0] if row is not None else 0) + 1
     conn.execute(
-        "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET fence = excluded.fence,"
-        " lease_id = excluded.lease_id, owner = excluded.owner, client_id = excluded.client_id,"
-        " expires_ms = excluded.expires_ms, ttl_ms = excluded.ttl_ms",
+        "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms,"
+        " writer_open) VALUES (?, ?, ?, ?, ?, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET"
+        " fence = excluded.fence, lease_id = excluded.lease_id, owner = excluded.owner,"
+        " client_id = excluded.client_id, expires_ms = excluded.expires_ms,"
+        " ttl_ms = excluded.ttl_ms, writer_open = 1",
         (lock, fence, lease_id, owner, client_id, now + ttl_ms, ttl_ms),
     )
     return Grant(lock, lease_id, fence, ttl_ms, owner)
@@ -155,9 +171,9 @@ def _renew(conn: sqlite3.Connection, now: int, lock: str, lease_id: str,
 
 
 def _release(conn: sqlite3.Connection, now: int, lock: str, lease_id: str) -> None:
-    cur = conn.execute(
-        "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
-        " WHERE name = ? AND lease_id = ? AND expires_ms > ?",
+    cur = conn.execute(  # a clean release: the writer is done (writer_open = 0)
+        "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0,"
+        " writer_open = 0 WHERE name = ? AND lease_id = ? AND expires_ms > ?",
         (lock, lease_id, now),
     )
     if cur.rowcount != 1:
@@ -171,7 +187,7 @@ def _force_release(conn: sqlite3.Connection, now: int, lock: str) -> Holder | No
     ).fetchone()
     if row is None:
         return modes.force_shared(conn, now, lock)  # every shared holder, if any
-    conn.execute(
+    conn.execute(  # no clean release: writer_open stays 1, the next shared grant raises
         "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
         " WHERE name = ?", (lock,)
     )
@@ -191,7 +207,8 @@ def _acquire_many(conn: sqlite3.Connection, now: int, locks: tuple[str, ...], le
         f"SELECT name, fence, lease_id, owner, expires_ms FROM locks WHERE name IN"
         f" ({_marks(len(locks))})", locks)}
     live = sorted((n, r) for n, r in rows.items() if r[1] is not None and r[3] > now)
-    if client_id and (held_id := modes.multi_retry(conn, now, locks, client_id)) is not None:
+    if client_id and (held_id := modes.multi_retry(conn, now, locks, client_id,
+                                                   mode_of)) is not None:
         return _renew_many(conn, now, held_id, ttl_ms)
     blocked = {n: Holder(n, r[2], r[3] - now, r[0]) for n, r in live}
     blocked.update(modes.shared_blockers(
@@ -201,16 +218,17 @@ def _acquire_many(conn: sqlite3.Connection, now: int, locks: tuple[str, ...], le
     conn.execute("DELETE FROM leases WHERE expires_ms <= ?", (now,))
     fences: dict[str, int] = {}
     for name in locks:
-        if mode_of[name] == SHARED:  # carries the lock's fence, does not raise it
-            fences[name] = modes.grant_shared(conn, now, name, rows[name][0] if name in rows
-                                              else 0, lease_id, ttl_ms, owner, None).fence
+        if mode_of[name] == SHARED:  # the single-lock rule, per lock (a new epoch or not)
+            fences[name] = modes.grant_shared(conn, now, name, lease_id, ttl_ms, owner,
+                                              None).fence
             continue
         fence = (rows[name][0] if name in rows else 0) + 1
         conn.execute(
-            "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms)"
-            " VALUES (?, ?, ?, ?, NULL, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+            "INSERT INTO locks (name, fence, lease_id, owner, client_id, expires_ms, ttl_ms,"
+            " writer_open) VALUES (?, ?, ?, ?, NULL, ?, ?, 1) ON CONFLICT (name) DO UPDATE SET"
             " fence = excluded.fence, lease_id = excluded.lease_id, owner = excluded.owner,"
-            " client_id = NULL, expires_ms = excluded.expires_ms, ttl_ms = excluded.ttl_ms",
+            " client_id = NULL, expires_ms = excluded.expires_ms, ttl_ms = excluded.ttl_ms,"
+            " writer_open = 1",
             (name, fence, lease_id, owner, now + ttl_ms, ttl_ms),
         )
         fences[name] = fence
@@ -255,10 +273,10 @@ def _release_many(conn: sqlite3.Connection, now: int,
     if row is None:
         return (), False
     names = json.loads(row[0])
-    freed = conn.execute(
-        "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
-        f" WHERE name IN ({_marks(len(names))}) AND lease_id = ? AND expires_ms > ?"
-        " RETURNING name", (*names, lease_id, now)).fetchall()
+    freed = conn.execute(  # a clean release of each lock still held (writer_open = 0)
+        "UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0,"
+        f" writer_open = 0 WHERE name IN ({_marks(len(names))}) AND lease_id = ?"
+        " AND expires_ms > ? RETURNING name", (*names, lease_id, now)).fetchall()
     freed += [r[:1] for r in conn.execute(  # its shared part (a multi lease id is never reused)
         "DELETE FROM shared WHERE lease_id = ? RETURNING name, expires_ms",
         (lease_id,)).fetchall() if r[1] > now]

@@ -27,6 +27,7 @@ from lockd.server.store.base import (
     Grant,
     Holder,
     HolderView,
+    not_a_leader,
 )
 
 __all__ = ["LAZY_OPS", "LOG_KEEP", "SCHEMA", "ElectionMethods"]
@@ -104,6 +105,13 @@ def _state(conn: sqlite3.Connection, now: int, name: str) -> ElectionState:
 def _campaign(conn: sqlite3.Connection, now: int, acquire: Callable[..., Grant | Holder],
               name: str, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
               value: str) -> Grant | Holder:
+    if client_id:  # a retry returns only a leadership: the lease the election's value is of
+        row = conn.execute(
+            "SELECT l.lease_id, e.lease_id FROM locks l LEFT JOIN elections e ON e.name = l.name"
+            " WHERE l.name = ? AND l.client_id = ? AND l.lease_id IS NOT NULL"
+            " AND l.expires_ms > ?", (name, client_id, now)).fetchone()
+        if row is not None and row[0] != row[1]:
+            raise not_a_leader(name)  # (a shared lease of it: the acquire raises other_mode)
     got = acquire(conn, now, name, lease_id, ttl_ms, owner, client_id)
     if isinstance(got, Grant) and got.lease_id == lease_id:  # a new leader (not a retry)
         _append(conn, name, "leader", owner, value, got.fence)
@@ -127,8 +135,8 @@ def _renew(conn: sqlite3.Connection, now: int, name: str, lease_id: str,
 
 def _resign(conn: sqlite3.Connection, now: int, name: str, lease_id: str) -> None:
     _, owner, fence, _ = _leader(conn, now, name, lease_id)
-    conn.execute("UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0"
-                 " WHERE name = ?", (name,))
+    conn.execute("UPDATE locks SET lease_id = NULL, client_id = NULL, owner = '', expires_ms = 0,"
+                 " writer_open = 0 WHERE name = ?", (name,))  # a clean release
     _append(conn, name, "resign", owner, "", fence)
     conn.execute("UPDATE elections SET lease_id = NULL, value = '', handover = NULL,"
                  " handover_lease = NULL WHERE name = ?", (name,))

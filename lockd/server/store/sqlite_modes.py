@@ -2,10 +2,13 @@
 
 A lock's exclusive lease lives in its ``locks`` row; its SHARED leases live in the ``shared``
 table, one row per (lock, lease), in grant order (rowid). A shared grant copies the lock's
-current fence (the write epoch, 0 if never written) into its row and never raises it; the
-``locks`` row is created with fence 0 if the lock was never granted, so ``list`` finds it and
-the fence survives exactly like an exclusive one. Expired shared rows are deleted when the lock
-is next acquired or force-released (they are never live again, whatever the clock does next).
+current fence (the epoch, 0 if never written) into its row; the first one after an exclusive
+lease that ended without a clean release (``locks.writer_open`` still 1, the lease no longer
+live) raises the fence by one first and clears ``writer_open``, in the same statement, so the
+readers that follow share that epoch. The ``locks`` row is created with fence 0 if the lock was
+never granted, so ``list`` finds it and the fence survives exactly like an exclusive one.
+Expired shared rows are deleted when the lock is next acquired or force-released (they are never
+live again, whatever the clock does next).
 
 Every function here runs on the store thread inside the batch's transaction; ``now`` is
 lockd-clock milliseconds. Like the store's other operations they read before they write, so an
@@ -16,10 +19,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import EXCLUSIVE, SHARED, Grant, Holder, HolderView, LockState
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    SHARED,
+    Grant,
+    Holder,
+    HolderView,
+    LockState,
+    other_mode,
+    other_modes,
+)
 
 __all__ = ["SCHEMA", "force_shared", "grant_shared", "held_by", "holders_of", "lock_state",
            "modes_of", "multi_retry", "release_shared", "renew_shared", "shared_blockers", "shared_check"]
@@ -55,8 +67,9 @@ def shared_check(conn: sqlite3.Connection, now: int, lock: str, mode: str, ttl_m
                  client_id: str | None) -> Grant | Holder | None:
     """Before granting ``lock`` (no live exclusive lease holds it): a live shared lease of the
     same non-empty ``client_id`` is returned with its expiry pushed to ``ttl_ms`` from now (a
-    retried acquire, whatever mode it asks); an EXCLUSIVE request is refused with the shared
-    holder whose lease ends last; ``None``: go ahead and grant."""
+    retried SHARED acquire; an exclusive one raises ``ClientIdConflict``, nothing changed); an
+    EXCLUSIVE request is refused with the shared holder whose lease ends last; ``None``: go
+    ahead and grant."""
     rows = conn.execute(
         "SELECT lease_id, owner, client_id, fence, expires_ms FROM shared WHERE name = ?"
         " ORDER BY id", (lock,)).fetchall()
@@ -68,6 +81,8 @@ def shared_check(conn: sqlite3.Connection, now: int, lock: str, mode: str, ttl_m
     if client_id:
         for lease_id, owner, live_client, fence, _ in live:
             if live_client == client_id:
+                if mode != SHARED:
+                    raise other_mode(lock, SHARED, mode)
                 conn.execute("UPDATE shared SET expires_ms = ?, ttl_ms = ? WHERE name = ?"
                              " AND lease_id = ?", (now + ttl_ms, ttl_ms, lock, lease_id))
                 return Grant(lock, lease_id, fence, ttl_ms, owner, SHARED)
@@ -77,11 +92,19 @@ def shared_check(conn: sqlite3.Connection, now: int, lock: str, mode: str, ttl_m
     return None
 
 
-def grant_shared(conn: sqlite3.Connection, now: int, lock: str, fence: int, lease_id: str,
-                 ttl_ms: int, owner: str, client_id: str | None) -> Grant:
-    """Install a shared lease of ``lock`` carrying the lock's current ``fence`` (not raised)."""
-    conn.execute("INSERT INTO locks (name, fence) VALUES (?, 0) ON CONFLICT (name) DO NOTHING",
-                 (lock,))
+def grant_shared(conn: sqlite3.Connection, now: int, lock: str, lease_id: str, ttl_ms: int,
+                 owner: str, client_id: str | None) -> Grant:
+    """Install a shared lease of ``lock`` (no live exclusive lease holds it) carrying the lock's
+    fence: raised by one first if the last exclusive lease ended without a clean release (a
+    new epoch: the lapsed writer's fence is below it), else the current one."""
+    fence = conn.execute(
+        "INSERT INTO locks (name, fence, writer_open) VALUES (?, 0, 0) ON CONFLICT (name) DO"
+        " UPDATE SET fence = fence + 1, writer_open = 0 WHERE writer_open"
+        " AND NOT (lease_id IS NOT NULL AND expires_ms > ?) RETURNING fence",
+        (lock, now)).fetchone()
+    if fence is None:  # no new epoch: the current fence
+        fence = conn.execute("SELECT fence FROM locks WHERE name = ?", (lock,)).fetchone()
+    fence = fence[0]
     conn.execute("DELETE FROM shared WHERE name = ? AND expires_ms <= ?", (lock, now))
     conn.execute(
         "INSERT INTO shared (name, lease_id, owner, client_id, fence, expires_ms, ttl_ms)"
@@ -161,15 +184,20 @@ def held_by(conn: sqlite3.Connection, now: int, names: Sequence[str],
     return held
 
 
-def multi_retry(conn: sqlite3.Connection, now: int, locks: Sequence[str],
-                client_id: str) -> str | None:
+def multi_retry(conn: sqlite3.Connection, now: int, locks: Sequence[str], client_id: str,
+                wanted: Mapping[str, str]) -> str | None:
     """The live multi-lock lease of ``client_id`` holding exactly ``locks`` (every one of them
-    still live, in either mode), or ``None``."""
+    still live) in the ``wanted`` modes (name -> mode), or ``None``. Raises
+    ``ClientIdConflict`` if that lease holds them in other modes."""
     for lease_id, names in conn.execute(
             "SELECT lease_id, locks FROM leases WHERE client_id = ? AND expires_ms > ?",
             (client_id, now)).fetchall():
-        if json.loads(names) == list(locks) and len(held_by(conn, now, locks, lease_id)) == len(
-                locks):
+        if json.loads(names) != list(locks):
+            continue
+        held = held_by(conn, now, locks, lease_id)
+        if len(held) == len(locks):
+            if any(held[n][1] != wanted[n] for n in locks):
+                raise other_modes(locks)
             return str(lease_id)
     return None
 

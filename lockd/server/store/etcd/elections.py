@@ -12,8 +12,9 @@ Every log append is ONE transaction guarded on ``version(#seq) == n`` as read, s
 1, 2, 3, … with no gap or duplicate across lockd processes; a campaign's grant, value, cleared
 handover and ``"leader"`` entry are that one transaction (guarded on "no holder of the lock",
 as an exclusive acquire), so its fence is the transaction's revision, which is also the
-``create_revision`` of its log entry. Every 100th append deletes entries more than 1,000 behind.
-Every write lands under ``elections/``, watched by a stream of its own: listeners hear ``name``.
+``create_revision`` of its log entry. A resign is a clean release: its transaction also puts
+the fence key ``x:<fence>`` (``wire.RELEASED_MARK``). Every 100th append deletes entries more
+than 1,000 behind. Every write lands under ``elections/``, watched by a stream of its own: listeners hear ``name``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,17 @@ import secrets
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import ElectionEvent, ElectionState, Grant, Holder, HolderView
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    ElectionEvent,
+    ElectionState,
+    Grant,
+    Holder,
+    HolderView,
+    not_a_leader,
+)
 from lockd.server.store.etcd.leases import Leases
-from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot
+from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot, retry_of
 from lockd.server.store.etcd.transport import Transport
 from lockd.server.store.etcd.wire import (
     Held,
@@ -37,6 +46,7 @@ from lockd.server.store.etcd.wire import (
     lock_value,
     prefix_end,
     range_kvs,
+    released_value,
     secs,
     to_int,
     unb64,
@@ -57,6 +67,14 @@ async def _backoff(attempt: int) -> None:
 
 def _json(kv: dict[str, Any] | None) -> dict[str, Any]:
     return json.loads(unb64(kv.get("value"))) if kv else {}
+
+
+def _value_fence(kv: dict[str, Any] | None) -> int:
+    """The fence of the leader whose value ``kv`` (the ``#v`` key) holds: its ``fence`` member
+    (a proclaim's), else the revision of the campaign that put it (its leader's fence)."""
+    if kv is None:
+        return 0
+    return int(_json(kv).get("fence") or to_int(kv.get("mod_revision")))
 
 
 class Elections:
@@ -109,14 +127,18 @@ class Elections:
         try:
             for attempt in range(_ATTEMPTS):
                 await _backoff(attempt)
-                exclusive, shared, fence_kv, _, _, seq = read if not attempt else \
+                exclusive, shared, fence_kv, value_kv, _, seq = read if not attempt else \
                     await self._read(name)
                 if exclusive is not None or shared:
-                    mine = [h for h in ((exclusive,) if exclusive else ()) + shared
-                            if client_id and h.client_id == client_id]
-                    if mine:
+                    # a retry: only this client_id's leadership (its shared lease, or a lock
+                    # route's lease of it: ClientIdConflict)
+                    mine = retry_of(((exclusive,) if exclusive else ()) + shared, client_id,
+                                    EXCLUSIVE)
+                    if mine is not None:
+                        if _value_fence(value_kv) != mine.fence:
+                            raise not_a_leader(name)
                         try:
-                            return await self._modes.extend(mine[0], ttl_ms)
+                            return await self._modes.extend(mine, ttl_ms)
                         except (LeaseLost, Moved):
                             continue
                     fence = max([fence_of(fence_kv)] + [h.fence for h in shared])
@@ -184,6 +206,8 @@ class Elections:
                 [{"key": lock_key, "target": "MOD", "mod_revision": str(held.mod_revision)},
                  {"key": self._key(name, "seq"), "target": "VERSION", "version": str(seq)}],
                 [{"request_delete_range": {"key": lock_key}},
+                 {"request_put": {"key": b64(self._keys.fence(name)),  # a clean release
+                                  "value": released_value(held.fence)}},
                  {"request_delete_range": {"key": self._key(name, "v")}},
                  {"request_delete_range": {"key": self._key(name, "h")}},
                  *self._append(name, seq + 1, entry)], [])
@@ -245,10 +269,10 @@ class Elections:
             return ElectionState(name, None, fence, "", seq, None)
         leader = HolderView(exclusive.owner, live[0][1])
         value = _json(value_kv)
-        value_fence = value.get("fence") or to_int(value_kv.get("mod_revision")) if value_kv else 0
         handover = _json(handover_kv)
         return ElectionState(
-            name, leader, fence, value.get("value", "") if value_fence == exclusive.fence else "",
+            name, leader, fence,
+            value.get("value", "") if _value_fence(value_kv) == exclusive.fence else "",
             seq, handover.get("target") if handover.get("fence") == exclusive.fence else None)
 
     async def log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:

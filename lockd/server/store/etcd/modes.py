@@ -8,10 +8,15 @@ holder of either mode" and an exclusive grant is a single guarded transaction, a
 
 A shared grant is one transaction guarded on ``create_revision(lock key) == 0`` (no exclusive
 holder) and on the fence key's ``mod_revision`` as read just before (no exclusive grant came and
-went in between, so the fence it carries is the current one). It does not raise the fence; on a
-lock never written it creates the fence key with the value ``SHARED_MARK`` (fence 0), so the
-lock is listed. A ``client_id`` acquire also compares "no shared key created since the read",
-so two retries of one client cannot both grant. See docs/stores/etcd.md ("Lock modes").
+went in between, so the fence it carries is the current one). It carries the fence, except
+after an exclusive lease that ended without a clean release (the fence key still has the empty
+value its grant put; a clean release puts ``x:<fence>``): then it puts the fence key
+``EPOCH_MARK``, so the epoch's fence is the transaction's revision, and writes its shared key
+without a ``fence`` member (its fence is its ``create_revision``, that same revision); readers
+after it carry that epoch (``epoch_ops``). On a lock never written it creates the fence key with
+the value ``SHARED_MARK`` (fence 0), so the lock is listed. A ``client_id`` acquire also compares
+"no shared key created since the read", so two retries of one client cannot both grant. See
+docs/stores/etcd.md ("Lock modes").
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ from lockd.server.store.base import (
     Holder,
     HolderView,
     LockState,
+    other_mode,
 )
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.transport import Transport
 from lockd.server.store.etcd.wire import (
+    EPOCH_MARK,
     SHARED_MARK,
     Held,
     Keys,
@@ -40,11 +47,13 @@ from lockd.server.store.etcd.wire import (
     fence_of,
     lock_value,
     range_kvs,
+    released_value,
     secs,
     to_int,
+    writer_lapsed,
 )
 
-__all__ = ["LockModes", "Moved", "Snapshot"]
+__all__ = ["LockModes", "Moved", "Snapshot", "retry_of"]
 
 _LIST_CHUNK = 40  # names per read transaction of ``states`` (3 ranges each, within 128 ops)
 
@@ -64,6 +73,21 @@ class Snapshot:
     fence_kv: dict | None
     fence: int
     revision: int
+
+
+def retry_of(holders: tuple[Held, ...] | list[Held], client_id: str | None,
+             mode: str) -> Held | None:
+    """The single-lock lease of ``holders`` that a ``client_id`` acquire in ``mode`` retries
+    (``None``: none; a multi-lock lease's key is never one). Raises ``ClientIdConflict`` if
+    that client_id holds the lock in the other mode."""
+    if not client_id:
+        return None
+    for held in holders:
+        if held.client_id == client_id and not held.lease_id.startswith(MULTI_PREFIX):
+            if held.mode != mode:
+                raise other_mode(held.name, held.mode, mode)
+            return held
+    return None
 
 
 class LockModes:
@@ -161,11 +185,38 @@ class LockModes:
 
     # -- shared grants ---------------------------------------------------------------------
 
+    def epoch_ops(self, snap: Snapshot) -> tuple[list[dict], list[dict], int | None]:
+        """(compares, puts, fence) that a shared grant of ``snap``'s lock adds to its
+        transaction (no live exclusive key): the fence key unchanged since the read, and a new
+        epoch after an unclean end (``fence`` ``None``: the transaction's revision; the shared
+        key is then written without a ``fence`` member, see the module docstring)."""
+        fence_key = b64(self._keys.fence(snap.name))
+        if snap.fence_kv is None:
+            return ([{"key": fence_key, "target": "CREATE", "create_revision": "0"}],
+                    [{"request_put": {"key": fence_key, "value": b64(SHARED_MARK)}}], snap.fence)
+        compare = [{"key": fence_key, "target": "MOD",
+                    "mod_revision": str(to_int(snap.fence_kv.get("mod_revision")))}]
+        if writer_lapsed(snap.fence_kv):
+            return compare, [{"request_put": {"key": fence_key, "value": b64(EPOCH_MARK)}}], None
+        return compare, [], snap.fence
+
+    async def mark_released(self, lock: str, etcd_lease: int, fence: int) -> bool:
+        """Record the clean release of the exclusive lease of ``fence`` (its key is on
+        ``etcd_lease``) before the release revokes it: the fence key becomes ``x:<fence>``, so
+        no new epoch follows. False if the key is not on that etcd lease any more."""
+        lock_key = b64(self._keys.lock(lock))
+        doc = await self._transport.txn(
+            [{"key": lock_key, "target": "LEASE", "lease": str(etcd_lease)}],
+            [{"request_put": {"key": b64(self._keys.fence(lock)),
+                              "value": released_value(fence)}}], [])
+        return bool(doc.get("succeeded"))
+
     async def acquire_shared(self, lock: str, *, lease_id: str, ttl_ms: int, owner: str,
                              client_id: str | None) -> Grant | Holder:
-        """See the module docstring: a read, an etcd lease, one guarded transaction."""
+        """See the module docstring: a read, an etcd lease, one guarded transaction. Raises
+        ``ClientIdConflict`` if ``client_id`` holds the lock exclusively (``retry_of``)."""
         key = b64(self._keys.shared(lock, lease_id))
-        lock_key, fence_key = b64(self._keys.lock(lock)), b64(self._keys.fence(lock))
+        lock_key = b64(self._keys.lock(lock))
         snap, (etcd_lease, granted) = await asyncio.gather(self.read(lock),
                                                            self._leases.grant(secs(ttl_ms)))
         keep = False  # the etcd lease is unused until a grant: reused by every attempt
@@ -173,30 +224,25 @@ class LockModes:
             for attempt in range(6):
                 if attempt:
                     snap = await self.read(lock)
-                if snap.exclusive is not None or (client_id and any(
-                        h.client_id == client_id for h in snap.shared)):
-                    mine = [h for h in ((snap.exclusive,) if snap.exclusive else ()) + snap.shared
-                            if client_id and h.client_id == client_id]
-                    if mine:
-                        try:
-                            return await self.extend(mine[0], ttl_ms)
-                        except (LeaseLost, Moved):
-                            continue
+                mine = retry_of(((snap.exclusive,) if snap.exclusive else ()) + snap.shared,
+                                client_id, SHARED)
+                if mine is not None:
+                    try:
+                        return await self.extend(mine, ttl_ms)
+                    except (LeaseLost, Moved):
+                        continue
+                if snap.exclusive is not None:
                     holder = await self.blocker(snap)
                     if holder is None:
                         continue
                     return holder
                 compare = [{"key": lock_key, "target": "CREATE", "create_revision": "0"}]
+                epoch, puts, fence = self.epoch_ops(snap)
+                more = {"mode": SHARED} if fence is None else {"mode": SHARED, "fence": fence}
                 success = [{"request_put": {"key": key, "lease": str(etcd_lease), "value":
                                             lock_value(lease_id, owner, client_id, ttl_ms,
-                                                       mode=SHARED, fence=snap.fence)}}]
-                if snap.fence_kv is None:
-                    compare.append({"key": fence_key, "target": "CREATE", "create_revision": "0"})
-                    success.append({"request_put": {"key": fence_key,
-                                                    "value": b64(SHARED_MARK)}})
-                else:
-                    compare.append({"key": fence_key, "target": "MOD", "mod_revision":
-                                    str(to_int(snap.fence_kv.get("mod_revision")))})
+                                                       **more)}}, *puts]
+                compare += epoch
                 if client_id:
                     start, end = self._keys.shared_range(lock)
                     compare.append({"key": start, "range_end": end, "target": "CREATE",
@@ -206,9 +252,12 @@ class LockModes:
                 kvs = range_kvs(doc)
                 if doc.get("succeeded") or (kvs and to_int(kvs[0].get("lease")) == etcd_lease):
                     keep = True  # granted (or a replay of our own grant)
-                    self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms, snap.fence,
+                    if fence is None:  # a new epoch: this transaction's revision
+                        fence = (Held.parse(lock, kvs[0]).fence if kvs
+                                 else to_int(doc["header"]["revision"]))
+                    self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms, fence,
                                                           owner, SHARED))
-                    return Grant(lock, lease_id, snap.fence, granted * 1000, owner, SHARED)
+                    return Grant(lock, lease_id, fence, granted * 1000, owner, SHARED)
         finally:
             if not keep:
                 self._leases.revoke_soon(etcd_lease)

@@ -3,9 +3,10 @@
 The grant is one transaction ``if no holder key of any exclusive lock and no exclusive key of
 any shared lock (whose fence key is unchanged since a read): put every lock key and fence key
 (shared locks: a shared key each); else range every lock's keys``, so every exclusive lock's
-fence is that transaction's revision and every shared one carries its current fence. The lease key (``leases/<id>``: the set, owner, client id, TTL) is put just before it
-on the same etcd lease, keeping the grant within etcd's default ``--max-txn-ops`` (128: 64
-locks). Revoking the etcd lease deletes every key of the set in one step. See
+fence is that transaction's revision and every shared one carries its current fence (or starts
+a new epoch at that revision, by the single-lock rule: ``LockModes.epoch_ops``). The lease key
+(``leases/<id>``: the set, owner, client id, TTL) is put just before it on the same etcd lease,
+keeping the grant within etcd's default ``--max-txn-ops`` (128: 64 locks). Revoking the etcd lease deletes every key of the set in one step. See
 docs/stores/etcd.md ("Multi-lock leases").
 """
 
@@ -16,18 +17,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import EXCLUSIVE, MULTI_PREFIX, SHARED, Holder, MultiGrant
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    MULTI_PREFIX,
+    SHARED,
+    Holder,
+    MultiGrant,
+    other_modes,
+)
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Snapshot
 from lockd.server.store.etcd.transport import Transport
 from lockd.server.store.etcd.wire import (
-    SHARED_MARK,
     Held,
     Keys,
     b64,
     lock_value,
     range_kv,
     range_kvs,
+    released_value,
     secs,
     to_int,
     unb64,
@@ -64,7 +72,10 @@ class MultiLocks:
             if shared:
                 snaps = {snap.name: snap for snap in await self._modes.read_many(shared)}
                 if client_id:
-                    mine = await self._retry_of(snaps[shared[0]], record, ttl_ms)
+                    mine = await self._retry_of(
+                        [h for snap in snaps.values()
+                         for h in ((snap.exclusive,) if snap.exclusive else ()) + snap.shared],
+                        record, ttl_ms)
                     if mine is not None:
                         return mine
                 if any(snap.exclusive is not None for snap in snaps.values()):
@@ -104,17 +115,12 @@ class MultiLocks:
             finally:
                 if not keep:
                     self._leases.revoke_soon(etcd_lease)
-            if client_id and not shared:
-                held = [ex for ex, _ in parsed if ex is not None]
-                if len(held) == len(locks) and len({h.lease_id for h in held}) == 1:
-                    theirs = await self._read_lease(held[0].lease_id)
-                    if (theirs is not None and theirs[0].get("client_id") == client_id
-                            and theirs[0].get("locks") == list(locks)
-                            and not theirs[0].get("shared")):
-                        try:
-                            return await self.renew(held[0].lease_id, ttl_ms)
-                        except LeaseLost:
-                            continue
+            if client_id:
+                mine = await self._retry_of(
+                    [h for ex, sharers in parsed for h in ((ex,) if ex else ()) + sharers],
+                    record, ttl_ms)
+                if mine is not None:
+                    return mine
             holders = await self._blockers(locks, shared, parsed)
             if holders:
                 return holders
@@ -123,7 +129,9 @@ class MultiLocks:
     def _grant_ops(self, locks: tuple[str, ...], shared: list[str], snaps: dict[str, Snapshot],
                    lease_id: str, owner: str, client_id: str | None, ttl_ms: int,
                    etcd_lease: int) -> tuple[list, list, dict[str, int]]:
-        """(compare, success, fences of the shared locks) of the grant transaction."""
+        """(compare, success, fences of the shared locks that carry one) of the grant
+        transaction; a shared lock that starts a new epoch (``LockModes.epoch_ops``) is left
+        out of the fences: its fence is the transaction's revision."""
         compare: list[dict[str, Any]] = []
         success: list[dict[str, Any]] = []
         fences: dict[str, int] = {}
@@ -139,7 +147,6 @@ class MultiLocks:
                                                 "value": ""}})
                 continue
             snap = snaps[lock]
-            fences[lock] = snap.fence
             if client_id and lock == shared[0]:  # no holder created since the read (which
                 # saw no exclusive one): also no second grant of this client_id
                 compare.append({"key": start, "range_end": end, "target": "CREATE",
@@ -147,35 +154,35 @@ class MultiLocks:
             else:
                 compare.append({"key": b64(self._keys.lock(lock)), "target": "CREATE",
                                 "create_revision": "0"})
-            fence_key = b64(self._keys.fence(lock))
-            if snap.fence_kv is None:
-                compare.append({"key": fence_key, "target": "CREATE", "create_revision": "0"})
-                success.append({"request_put": {"key": fence_key, "value": b64(SHARED_MARK)}})
-            else:
-                compare.append({"key": fence_key, "target": "MOD", "mod_revision":
-                                str(to_int(snap.fence_kv.get("mod_revision")))})
+            epoch, puts, fence = self._modes.epoch_ops(snap)
+            compare += epoch
+            success += puts
+            more: dict[str, Any] = {"mode": SHARED}
+            if fence is not None:
+                fences[lock] = more["fence"] = fence
             success.append({"request_put": {
                 "key": b64(self._keys.shared(lock, lease_id)), "lease": str(etcd_lease),
-                "value": lock_value(lease_id, owner, client_id, ttl_ms, mode=SHARED,
-                                    fence=snap.fence)}})
+                "value": lock_value(lease_id, owner, client_id, ttl_ms, **more)}})
         return compare, success, fences
 
-    async def _retry_of(self, snap: Snapshot, record: dict[str, Any],
+    async def _retry_of(self, holders: list[Held], record: dict[str, Any],
                         ttl_ms: int) -> MultiGrant | None:
-        """A live multi-lock lease of the same client id, locks and modes (it holds a shared
-        key of ``snap``'s lock), renewed; or None."""
-        for held in snap.shared:
-            if not (held.lease_id.startswith(MULTI_PREFIX)
-                    and held.client_id == record["client_id"]):
+        """The live multi-lock lease of ``record``'s client id and locks that holds one of
+        ``holders`` (keys of the wanted locks), renewed; or None. ``ClientIdConflict`` if it
+        holds them in other modes (a retry gets only the modes it asks for)."""
+        for lid in dict.fromkeys(h.lease_id for h in holders  # (exclusive keys carry none)
+                                 if h.lease_id.startswith(MULTI_PREFIX)
+                                 and h.client_id in (None, record["client_id"])):
+            theirs = await self._read_lease(lid)
+            if (theirs is None or theirs[0].get("client_id") != record["client_id"]
+                    or theirs[0].get("locks") != record["locks"]):
                 continue
-            theirs = await self._read_lease(held.lease_id)
-            if (theirs is not None and theirs[0].get("client_id") == record["client_id"]
-                    and theirs[0].get("locks") == record["locks"]
-                    and theirs[0].get("shared") == record["shared"]):
-                try:
-                    return await self.renew(held.lease_id, ttl_ms)
-                except LeaseLost:
-                    return None
+            if sorted(theirs[0].get("shared") or ()) != sorted(record.get("shared") or ()):
+                raise other_modes(record["locks"])
+            try:
+                return await self.renew(lid, ttl_ms)
+            except LeaseLost:
+                return None
         return None
 
     async def _holders(self, locks: tuple[str, ...], shared: list[str]) -> list[Holder]:
@@ -269,16 +276,33 @@ class MultiLocks:
         raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
 
     async def release(self, lease_id: str) -> tuple[str, ...]:
-        """Revoke the set's etcd lease: every key of it goes in one atomic step. If etcd no
-        longer has that etcd lease (it expired, or a concurrent renew moved the set to a new
-        one), read the set again: ``LeaseLost`` if it is gone."""
+        """Revoke the set's etcd lease: every key of it goes in one atomic step. Before that,
+        the clean release of each exclusive lock it still holds is recorded (``_mark``). If
+        etcd no longer has that etcd lease (it expired, or a concurrent renew moved the set to
+        a new one), read the set again: ``LeaseLost`` if it is gone."""
         for _ in range(3):
             value, etcd_lease, _, held = await self._read_set(lease_id)
+            await self._mark([h for h in held if h.mode == EXCLUSIVE], etcd_lease)
             if await self._leases.revoke_now(etcd_lease):
                 if len(held) != len(value["locks"]):
                     raise LeaseLost("a lock of the multi-lock lease was no longer held by it")
                 return tuple(h.name for h in held)
         raise StoreUnavailable("etcd: the multi-lock lease kept changing; try again")
+
+
+    async def _mark(self, writers: list[Held], etcd_lease: int) -> None:
+        """``LockModes.mark_released`` of each of ``writers`` (exclusive keys on
+        ``etcd_lease``): one transaction for them all (at most 128 operations for 64 locks);
+        if one key moved meanwhile, lock by lock."""
+        if not writers:
+            return
+        doc = await self._transport.txn(
+            [{"key": b64(h.key), "target": "LEASE", "lease": str(etcd_lease)} for h in writers],
+            [{"request_put": {"key": b64(self._keys.fence(h.name)),
+                              "value": released_value(h.fence)}} for h in writers], [])
+        if not doc.get("succeeded"):
+            for h in writers:
+                await self._modes.mark_released(h.name, etcd_lease, h.fence)
 
 
 def _held_by(lock: str, parsed: tuple[Held | None, tuple[Held, ...]], lease_id: str,

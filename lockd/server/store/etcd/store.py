@@ -31,7 +31,7 @@ from lockd.server.store.base import (
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.elections import Elections
 from lockd.server.store.etcd.leases import Leases
-from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot
+from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot, retry_of
 from lockd.server.store.etcd.multi import MultiLocks
 from lockd.server.store.etcd.semaphores import Semaphores
 from lockd.server.store.etcd.transport import Transport
@@ -142,11 +142,11 @@ class EtcdStore:
                     self._cache.put(lease_id, CachedLease(lock, etcd_lease, ttl_ms,
                                                           exclusive.fence, owner))
                     return Grant(lock, lease_id, exclusive.fence, granted * 1000, owner)
-                mine = [h for h in ((exclusive,) if exclusive else ()) + shared
-                        if client_id and h.client_id == client_id]
-                if mine:
+                mine = retry_of(((exclusive,) if exclusive else ()) + shared, client_id,
+                                EXCLUSIVE)  # (this client_id's shared lease: ClientIdConflict)
+                if mine is not None:
                     try:
-                        return await self._modes.extend(mine[0], ttl_ms)
+                        return await self._modes.extend(mine, ttl_ms)
                     except (LeaseLost, Moved):
                         continue  # it lapsed or changed meanwhile: try again from the start
                 fence_kv = range_kv(doc, 1)
@@ -161,15 +161,19 @@ class EtcdStore:
                 self._leases.revoke_soon(etcd_lease)
         raise StoreUnavailable(f"etcd: lock {lock!r} kept changing hands; try again")
 
-    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None,
+                    mode: str | None = None) -> Grant:
         """Keep this lease's etcd lease alive (or move it to a new TTL; ``None``: keep its own).
 
         A lease this process granted, moved or renewed before (the lease cache) is ONE
         keep-alive of its etcd lease when the TTL stays; a keep-alive that fails (the etcd lease
         is gone: released, moved or expired elsewhere) or a miss reads the key (the exclusive
-        one, or this lease's shared one). Raises ``LeaseLost``.
+        one, or this lease's shared one). ``mode``: only a lease of that mode (a leader's renew:
+        EXCLUSIVE). Raises ``LeaseLost``.
         """
         entry = self._cache.get(lease_id, lock)
+        if entry is not None and mode is not None and entry.mode != mode:
+            raise LeaseLost(f"no live {mode} lease on {lock!r} with that id", lock=lock)
         if entry is not None and (ttl_ms is None or secs(ttl_ms) == secs(entry.ttl_ms)):
             granted = await self._leases.keepalive(entry.etcd_lease)
             if granted > 0:
@@ -178,7 +182,7 @@ class EtcdStore:
             self._cache.drop(lease_id, entry.etcd_lease)
         for _ in range(3):
             held = await self._modes.find(lock, lease_id)
-            if held is None:
+            if held is None or (mode is not None and held.mode != mode):
                 self._cache.drop(lease_id)
                 raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
             try:
@@ -196,6 +200,8 @@ class EtcdStore:
     async def release(self, lock: str, lease_id: str) -> None:
         """Revoke the etcd lease that holds the lease's key (exclusive or shared; the key goes
         in the same step): ONE call when the lease cache knows it, else a read of the key first.
+        An exclusive lease's release is a clean one: a guarded put of the fence key
+        (``LockModes.mark_released``) precedes the revoke, so no new epoch follows it.
 
         If etcd no longer has that etcd lease, the key expired, was released, or moved to a new
         etcd lease by a renew: read the key again. If a renew moved it after our read but before
@@ -205,13 +211,16 @@ class EtcdStore:
         """
         entry = self._cache.get(lease_id, lock)
         etcd_lease = entry.etcd_lease if entry is not None else None
+        writer = (entry.fence, entry.mode) if entry is not None else None
         self._cache.drop(lease_id)
         for _ in range(3):
             if etcd_lease is None:
                 held = await self._modes.find(lock, lease_id)
                 if held is None:
                     raise LeaseLost(f"no live lease on {lock!r} with that id", lock=lock)
-                etcd_lease = held.etcd_lease
+                etcd_lease, writer = held.etcd_lease, (held.fence, held.mode)
+            if writer is not None and writer[1] == EXCLUSIVE:
+                await self._modes.mark_released(lock, etcd_lease, writer[0])
             if await self._leases.revoke_now(etcd_lease):
                 return
             etcd_lease = None  # gone (expired, released, moved): read the key again
@@ -307,8 +316,8 @@ class EtcdStore:
 
     async def elect_renew(self, name: str, lease_id: str,
                           ttl_ms: int | None) -> tuple[Grant, str | None]:
-        """``renew`` of the leader's lease and the handover pending for its term."""
-        grant = await self.renew(name, lease_id, ttl_ms)
+        """``renew`` of the leader's (exclusive) lease and the handover pending for its term."""
+        grant = await self.renew(name, lease_id, ttl_ms, EXCLUSIVE)
         return grant, await self._elections.handover_of(name, grant.fence)
 
     async def elect_resign(self, name: str, lease_id: str) -> None:

@@ -17,12 +17,33 @@ from typing import Any
 
 from lockd.server.store.base import EXCLUSIVE
 
-__all__ = ["Held", "Keys", "b64", "fence_of", "json_object", "lock_value", "notify_name",
-           "prefix_end", "range_kv", "range_kvs", "secs", "to_int", "unb64", "SHARED_MARK"]
+__all__ = ["EPOCH_MARK", "Held", "Keys", "RELEASED_MARK", "SHARED_MARK", "b64", "fence_of",
+           "json_object", "lock_value", "notify_name", "prefix_end", "range_kv", "range_kvs",
+           "released_value", "secs", "to_int", "unb64", "writer_lapsed"]
 
 SHARED_MARK = b"s"
 """The value of a fence key that a shared grant created: the lock was never written (fence 0).
 An exclusive grant puts the fence key with an empty value; its ``mod_revision`` is the fence."""
+
+EPOCH_MARK = b"e"
+"""The value of a fence key that a shared grant put to start a new epoch (the last exclusive
+lease ended without a clean release): its ``mod_revision`` is the epoch's fence."""
+
+RELEASED_MARK = b"x:"
+"""A clean release of the exclusive lease of fence ``n`` puts the fence key ``x:<n>``: the
+fence stays ``n`` (the value says it; the put's own revision is not a fence)."""
+
+
+def released_value(fence: int) -> str:
+    """The fence key's value (base64) after a clean release of the lease of ``fence``."""
+    return b64(RELEASED_MARK + str(fence).encode())
+
+
+def writer_lapsed(kv: dict[str, Any] | None) -> bool:
+    """Whether a fence key says an exclusive lease holds (or held) its fence and was not
+    released cleanly (the empty value an exclusive grant put). With no live exclusive key,
+    the next shared grant starts a new epoch."""
+    return kv is not None and unb64(kv.get("value")) == b""
 
 
 def b64(data: bytes) -> str:
@@ -55,9 +76,14 @@ def json_object(data: bytes) -> dict[str, Any] | None:
 
 def fence_of(kv: dict[str, Any] | None) -> int:
     """The fence a fence key records: its ``mod_revision``, 0 if absent or only ever created by
-    a shared grant (``SHARED_MARK``)."""
-    if kv is None or unb64(kv.get("value")) == SHARED_MARK:
+    a shared grant (``SHARED_MARK``), ``n`` after a clean release (``RELEASED_MARK``)."""
+    if kv is None:
         return 0
+    value = unb64(kv.get("value"))
+    if value == SHARED_MARK:
+        return 0
+    if value.startswith(RELEASED_MARK):
+        return int(value[len(RELEASED_MARK):])
     return to_int(kv.get("mod_revision"))
 
 

@@ -22,6 +22,8 @@ from lockd.server.store.base import (
     Grant,
     Holder,
     HolderView,
+    not_a_leader,
+    other_mode,
 )
 
 __all__ = ["ElectionOps"]
@@ -41,20 +43,27 @@ class ElectionOps:
         value: str
     ) -> Grant | Holder:
         """See ``Store.elect_campaign``: one transaction (the grant, then the election row and
-        its log entry); a retry that finds its own lease appends nothing."""
+        its log entry); a retry that finds its own lease appends nothing. A client_id retry
+        that found a lease no campaign granted (the election row holds another lease) raises
+        ``ClientIdConflict`` and rolls back (a shared one: ``_acquire_exclusive`` raises)."""
         p = {"lock": name, "name": name, "lease_id": lease_id, "ttl_ms": int(ttl_ms),
              "owner": owner or "", "client_id": client_id or None}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant | Holder:
             async with conn.transaction():
                 got = await self._acquire_exclusive(conn, p)
-                if not isinstance(got, Grant) or got.mode != EXCLUSIVE:
+                if not isinstance(got, Grant):
                     return got
+                if got.mode != EXCLUSIVE:
+                    raise other_mode(name, got.mode, EXCLUSIVE)  # rolls back
                 cur = await conn.execute(q.ELECT_LEASE, p)
                 row = await cur.fetchone()
-                if row is None or row[0] != got.lease_id:  # a new term
-                    await _append(conn, name, "leader", got.owner, value, got.fence,
-                                  got.lease_id, clear=True)
+                if row is not None and row[0] == got.lease_id:
+                    return got  # a retry: this client's (or our lost answer's) leadership
+                if got.lease_id != lease_id:
+                    raise not_a_leader(name)  # this client's lock lease: rolls back
+                await _append(conn, name, "leader", got.owner, value, got.fence, got.lease_id,
+                              clear=True)  # a new term
                 return got
 
         return await self._run(op, retry=True)

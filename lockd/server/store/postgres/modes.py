@@ -15,18 +15,27 @@ import psycopg
 
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_modes as q
-from lockd.server.store.base import EXCLUSIVE, SHARED, Grant, Holder, HolderView, LockState
+from lockd.server.store.base import (
+    EXCLUSIVE,
+    SHARED,
+    Grant,
+    Holder,
+    HolderView,
+    LockState,
+    other_mode,
+    other_modes,
+)
 
-__all__ = ["acquire_shared", "blockers", "fix_shared_until", "force_release", "holder_or_client",
-           "release_shared", "renew_shared", "state"]
+__all__ = ["acquire_shared", "blockers", "blocking_holder", "client_leases", "fix_shared_until",
+           "force_release", "release_shared", "renew_shared", "state"]
 
 
 async def acquire_shared(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) -> Grant | Holder:
     """Without a client_id, first one statement (``SHARED_FAST``). Else, or when it found an
     exclusive lease live, one transaction: lock the lock row; refused by a live exclusive lease
-    (unless it is this lease or this client's: then that lease is renewed and returned); else
-    join the shared holders (or renew this client's shared lease) carrying the lock's fence,
-    unraised."""
+    (``ClientIdConflict`` if it is this client's: a retry gets only its own mode, and the
+    transaction rolls back); else join the shared holders (or renew this client's shared
+    lease) carrying the lock's fence (a new epoch after an unclean end: ``sql_modes``)."""
     lock = p["lock"]
     if not p["client_id"]:  # one statement, unless an exclusive lease is live
         cur = await conn.execute(q.SHARED_FAST, p)
@@ -37,14 +46,10 @@ async def acquire_shared(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) ->
         cur = await conn.execute(q.LOCK_ONE, p)
         row = await cur.fetchone()
         assert row is not None
-        fence, live, holder_lease, owner, holder_client, ttl = row
+        fence, live, _, owner, holder_client, ttl = row
         if live:
-            if holder_lease == p["lease_id"] or (p["client_id"] and
-                                                 holder_client == p["client_id"]):
-                cur = await conn.execute(sql.RENEW, {**p, "lease_id": holder_lease})
-                renewed = await cur.fetchone()
-                assert renewed is not None  # the row is locked and live
-                return Grant(lock, holder_lease, renewed[0], renewed[2], renewed[1], EXCLUSIVE)
+            if p["client_id"] and holder_client == p["client_id"]:
+                raise other_mode(lock, EXCLUSIVE, SHARED)  # rolls back: nothing changed
             return Holder(lock, owner, max(1, ttl), fence, EXCLUSIVE)
         cur = await conn.execute(q.SHARED_GRANT, p)
         got = await cur.fetchone()
@@ -106,23 +111,20 @@ async def force_release(conn: psycopg.AsyncConnection, lock: str) -> Holder | No
     return None
 
 
-async def holder_or_client(conn: psycopg.AsyncConnection, p: Mapping[str, Any],
-                           ttl_ms: int) -> Grant | Holder | None:
-    """After an exclusive acquire was refused: with a fresh snapshot, this client's live shared
-    lease (renewed) if any, else the blocking holder (exclusive, or the shared holder whose
-    lease ends last); ``None`` if the lock is free now (try again)."""
+async def blocking_holder(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) -> Holder | None:
+    """After an exclusive acquire was refused: with a fresh snapshot, the blocking holder
+    (exclusive, or the shared holder whose lease ends last); ``None`` if the lock is free now
+    (try again). Raises ``ClientIdConflict`` if this client holds it shared: an exclusive
+    retry never gets a shared lease."""
     lock = p["lock"]
     cur = await conn.execute(q.HOLDERS_ANY, {"names": [lock]})
     rows = await cur.fetchall()
     if not rows:
         return None
     client_id = p.get("client_id")
-    if client_id:
-        for _, mode, _, _, _, lid, cid in rows:
-            if mode == SHARED and cid == client_id:
-                renewed = await renew_shared(conn, lock, lid, ttl_ms)
-                if renewed is not None:
-                    return renewed
+    if client_id and any(mode == SHARED and cid == client_id
+                         for _, mode, _, _, _, _, cid in rows):
+        raise other_mode(lock, SHARED, EXCLUSIVE)
     _, mode, fence, owner, ttl, _, _ = rows[0]
     return Holder(lock=lock, owner=owner, ttl_ms=max(1, ttl), fence=fence, mode=mode)
 
@@ -141,6 +143,23 @@ async def blockers(conn: psycopg.AsyncConnection, locks: Sequence[str],
             found[name] = Holder(lock=name, owner=owner, ttl_ms=max(1, ttl), fence=fence,
                                  mode=mode)
     return [found[n] for n in locks if n in found]
+
+
+async def client_leases(conn: psycopg.AsyncConnection, p: Mapping[str, Any]) -> list[str]:
+    """The multi-lock leases of ``p``'s client_id holding exactly ``p``'s ``names`` in the
+    modes asked for (``p["shared"]``), to renew as a retry. Raises ``ClientIdConflict`` if one
+    holds every lock of them live in other modes."""
+    cur = await conn.execute(q.LEASE_BY_CLIENT, p)
+    found = []
+    for lease_id, held_shared in await cur.fetchall():
+        if set(held_shared) == set(p["shared"]):
+            found.append(lease_id)
+            continue
+        live = await conn.execute(q.LEASE_LIVE, {"lease_id": lease_id})
+        row = await live.fetchone()
+        if row and row[0]:
+            raise other_modes(p["names"])
+    return found
 
 
 async def fix_shared_until(conn: psycopg.AsyncConnection, locks: Sequence[str]) -> None:

@@ -3,8 +3,9 @@
 
 All text is constant (values are psycopg's named parameters), so statements are prepared after a
 few uses. Expiry is judged only by the database's ``now()``; a grant raises the lock row's fence
-in the statement that installs the lease; a release NOTIFYs ``CHANNEL`` with the lock name in
-its own commit. The reasoning behind each statement: docs/stores/postgres.md ("Statements").
+in the statement that installs the lease and sets ``writer_open`` (its lease has not ended by a
+clean release: see ``sql_modes``); a release clears it and NOTIFYs ``CHANNEL`` with the lock name
+in its own commit. The reasoning behind each statement: docs/stores/postgres.md ("Statements").
 """
 
 from __future__ import annotations
@@ -58,13 +59,14 @@ COMMENT ON TABLE lockd.leases IS
 # and the transaction is rolled back: nothing granted, no fence raised.
 ACQUIRE_MANY = f"""
 WITH up AS (
-    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
-    SELECT n, 1, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms,
+                                  writer_open)
+    SELECT n, 1, %(lease_id)s, %(owner)s, NULL, {_NEW_EXPIRY}, %(ttl_ms)s::int, true
       FROM unnest(%(names)s::text[]) AS n ORDER BY n COLLATE "C"
     ON CONFLICT (name) DO UPDATE SET
         fence = l.fence + 1, lease_id = excluded.lease_id, owner = excluded.owner,
         client_id = NULL, expires_at = excluded.expires_at, ttl_ms = excluded.ttl_ms,
-        released_at = NULL
+        released_at = NULL, writer_open = true
     WHERE (l.expires_at > now()) IS NOT TRUE AND (l.shared_until > now()) IS NOT TRUE
     RETURNING name, fence, {_TTL} AS ttl
 ), lease AS (
@@ -103,7 +105,7 @@ WITH lease AS (
        AND expires_at > now()
      ORDER BY name COLLATE "C" FOR UPDATE
 ), r AS (
-    UPDATE lockd.locks l SET expires_at = NULL, released_at = now()
+    UPDATE lockd.locks l SET expires_at = NULL, released_at = now(), writer_open = false
       FROM sel WHERE l.name = sel.name
     RETURNING l.name, pg_notify('{CHANNEL}', l.name)
 )
@@ -114,8 +116,10 @@ SELECT (SELECT cardinality(locks) FROM lease), (SELECT array_agg(name) FROM r)
 # grant is refused, judged on the row's latest version like everything else here.
 ACQUIRE = f"""
 WITH up AS (
-    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms)
-    VALUES (%(lock)s, 1, %(lease_id)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s::int)
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms,
+                                  writer_open)
+    VALUES (%(lock)s, 1, %(lease_id)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s::int,
+            true)
     ON CONFLICT (name) DO UPDATE SET
         fence = CASE WHEN l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
         lease_id = CASE WHEN l.expires_at > now() THEN l.lease_id ELSE excluded.lease_id END,
@@ -123,7 +127,8 @@ WITH up AS (
         client_id = CASE WHEN l.expires_at > now() THEN l.client_id ELSE excluded.client_id END,
         expires_at = excluded.expires_at,
         ttl_ms = excluded.ttl_ms,
-        released_at = NULL
+        released_at = NULL,
+        writer_open = true
     WHERE ((l.expires_at > now()) IS NOT TRUE AND (l.shared_until > now()) IS NOT TRUE)
        OR ((l.expires_at > now()) IS TRUE
            AND (l.lease_id = excluded.lease_id
@@ -152,7 +157,7 @@ ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 RELEASE = f"""
 WITH r AS (
-    UPDATE lockd.locks SET expires_at = NULL, released_at = now()
+    UPDATE lockd.locks SET expires_at = NULL, released_at = now(), writer_open = false
      WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
     RETURNING name
 ), async_commit AS ({ASYNC_COMMIT})
@@ -160,6 +165,7 @@ SELECT pg_notify('{CHANNEL}', name) FROM r, async_commit
 """
 
 # An operator's force-release: end whatever lease is live, keep the fence, NOTIFY like a release.
+# No clean release: ``writer_open`` stays true (the next shared grant starts a new epoch).
 FORCE_RELEASE = f"""
 WITH old AS (
     SELECT name, fence, owner, expires_at FROM lockd.locks

@@ -90,7 +90,7 @@ SELECT r.*, (SELECT handover FROM lockd.elections
 """
 
 ELECT_RELEASE = """
-UPDATE lockd.locks SET expires_at = NULL, released_at = now()
+UPDATE lockd.locks SET expires_at = NULL, released_at = now(), writer_open = false
  WHERE name = %(name)s AND lease_id = %(lease_id)s AND expires_at > now()
 RETURNING fence, owner
 """

@@ -10,6 +10,12 @@ lowered only by a release, or by an exclusive request that found nobody live, in
 that runs after the lock row was locked (a fresh snapshot sees every shared grant committed
 before). Shared rows are never judged live while the
 lock row's exclusive lease is: the exclusive grant waits until ``shared_until`` has passed.
+
+Epochs: ``writer_open`` is true from an exclusive grant until that lease is released cleanly
+(release, resign, multi-lock release; NOT an expiry or a force-release). A shared grant that
+finds it true with no live exclusive lease raises the fence by one and clears it, in the same
+update of the locked lock row, so that the first reader after an unclean end starts a new epoch
+and the readers after it share it (``_EPOCH``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from lockd.server.store.postgres.sql import CHANNEL
 
 __all__ = [
     "CATCH_UP", "DDL", "HOLDERS_ANY", "LEASE_BY_CLIENT", "LEASE_BY_ID", "LEASE_DELETE",
-    "LEASE_MODES",
+    "LEASE_LIVE", "LEASE_MODES",
     "LOCK_MANY", "LOCK_ONE", "LOCK_ROWS", "MANY_GRANT", "MANY_STATE", "RELEASE_MANY_ROWS",
     "RELEASE_SHARED_ALL", "SCHEMA_CURRENT", "SHARED_FAST", "SHARED_GRANT", "SHARED_RELEASE",
     "SHARED_RELEASED_BY", "SHARED_RENEW", "SHARED_RENEW_MANY", "SHARED_UNTIL_FIX", "STATE",
@@ -33,6 +39,10 @@ def ttl(col: str) -> str:
 
 
 _NEW_EXPIRY = "now() + %(ttl_ms)s::bigint * interval '1 millisecond'"
+
+# SET items of a shared grant's update of lock row ``l``: a new epoch after an unclean end.
+_EPOCH = """fence = l.fence + (l.writer_open AND (l.expires_at > now()) IS NOT TRUE)::int,
+       writer_open = l.writer_open AND (l.expires_at > now()) IS TRUE"""
 
 # Idempotent, for a new database and for one of the previous version alike (run under the schema
 # advisory lock). A lock row first written by a shared grant has fence 0 ("never written").
@@ -58,6 +68,7 @@ CREATE INDEX IF NOT EXISTS shared_lease ON lockd.shared (lease_id);
 COMMENT ON TABLE lockd.shared IS
     'lockd shared holders: written only while holding the lock row (see lockd.locks.shared_until)';
 ALTER TABLE lockd.leases ADD COLUMN IF NOT EXISTS shared text[] NOT NULL DEFAULT '{}';
+ALTER TABLE lockd.locks ADD COLUMN IF NOT EXISTS writer_open boolean NOT NULL DEFAULT true;
 """
 
 # True when every table and column of this version exists (else DDL runs, under the lock).
@@ -71,6 +82,8 @@ SELECT to_regclass('lockd.locks') IS NOT NULL AND to_regclass('lockd.leases') IS
                   AND attname = 'shared_until' AND NOT attisdropped)
    AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('lockd.leases')
                   AND attname = 'shared' AND NOT attisdropped)
+   AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('lockd.locks')
+                  AND attname = 'writer_open' AND NOT attisdropped)
 """
 
 _LIVE_L = "(l.expires_at > now()) IS TRUE"
@@ -78,13 +91,14 @@ _LIVE_X = "(x.expires_at > now()) IS TRUE"
 
 # Lock (creating it with fence 0 if new) one lock row and read its exclusive lease.
 LOCK_ONE = f"""
-INSERT INTO lockd.locks AS l (name, fence) VALUES (%(lock)s, 0)
+INSERT INTO lockd.locks AS l (name, fence, writer_open) VALUES (%(lock)s, 0, false)
 ON CONFLICT (name) DO UPDATE SET fence = l.fence
 RETURNING l.fence, {_LIVE_L}, l.lease_id, l.owner, l.client_id, {ttl('l.expires_at')}
 """
 
 # After LOCK_ONE found no live exclusive lease: renew this client's (or this lease id's) live
-# shared lease, else insert a new one; then raise shared_until to cover it.
+# shared lease, else insert a new one; then raise shared_until to cover it (and start a new
+# epoch after an unclean end: ``_EPOCH``).
 SHARED_GRANT = f"""
 WITH mine AS (
     UPDATE lockd.shared SET expires_at = {_NEW_EXPIRY}, ttl_ms = %(ttl_ms)s::int
@@ -99,20 +113,21 @@ WITH mine AS (
         ttl_ms = excluded.ttl_ms, released_at = NULL
     RETURNING lease_id, owner, expires_at
 ), g AS (SELECT * FROM mine UNION ALL SELECT * FROM ins)
-UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, g.expires_at)
+UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, g.expires_at), {_EPOCH}
   FROM g WHERE l.name = %(lock)s
 RETURNING l.fence, g.lease_id, g.owner, {ttl('g.expires_at')}
 """
 
 # The common shared grant (no client_id) in one autocommit statement: the lock row's upsert,
-# judged on its latest version like the exclusive grant, raises shared_until unless an
-# exclusive lease is live (then nothing comes back and LOCK_ONE/SHARED_GRANT explain it); the
-# shared row is written only if the lock row was.
+# judged on its latest version like the exclusive grant, raises shared_until (and starts a new
+# epoch after an unclean end) unless an exclusive lease is live (then nothing comes back and
+# LOCK_ONE/SHARED_GRANT explain it); the shared row is written only if the lock row was.
 SHARED_FAST = f"""
 WITH lk AS (
-    INSERT INTO lockd.locks AS l (name, fence, shared_until)
-    VALUES (%(lock)s, 0, {_NEW_EXPIRY})
-    ON CONFLICT (name) DO UPDATE SET shared_until = GREATEST(l.shared_until, excluded.shared_until)
+    INSERT INTO lockd.locks AS l (name, fence, shared_until, writer_open)
+    VALUES (%(lock)s, 0, {_NEW_EXPIRY}, false)
+    ON CONFLICT (name) DO UPDATE SET
+        shared_until = GREATEST(l.shared_until, excluded.shared_until), {_EPOCH}
     WHERE (l.expires_at > now()) IS NOT TRUE
     RETURNING l.fence
 ), ins AS (
@@ -212,20 +227,30 @@ SELECT name, mode, fence, owner, ttl, lease_id, client_id FROM (
 # -- multi-lock leases with modes ---------------------------------------------------------------
 
 LEASE_BY_CLIENT = """
-SELECT lease_id FROM lockd.leases
+SELECT lease_id, shared FROM lockd.leases
  WHERE client_id = %(client_id)s AND client_id <> '' AND locks = %(names)s::text[]
    AND expires_at > now()
 """
 
 LEASE_BY_ID = "SELECT 1 FROM lockd.leases WHERE lease_id = %(lease_id)s"
 
+# Whether a multi-lock lease still holds every lock of it, in either mode.
+LEASE_LIVE = """
+SELECT cardinality(ls.locks) = (
+    SELECT count(*) FROM lockd.locks l
+     WHERE l.name = ANY(ls.locks) AND l.lease_id = ls.lease_id AND l.expires_at > now())
+  + (SELECT count(*) FROM lockd.shared s
+      WHERE s.name = ANY(ls.locks) AND s.lease_id = ls.lease_id AND s.expires_at > now())
+  FROM lockd.leases ls WHERE ls.lease_id = %(lease_id)s AND ls.expires_at > now()
+"""
+
 LEASE_MODES = "SELECT locks, owner, ttl_ms, shared FROM lockd.leases WHERE lease_id = %s FOR UPDATE"
 
 # Lock every row of the set in name order ("C" collation, as every multi-row lock of lockd),
 # creating missing ones with fence 0; nothing is written to an existing row.
 LOCK_MANY = """
-INSERT INTO lockd.locks AS l (name, fence)
-SELECT n, 0 FROM unnest(%(names)s::text[]) AS n ORDER BY n COLLATE "C"
+INSERT INTO lockd.locks AS l (name, fence, writer_open)
+SELECT n, 0, false FROM unnest(%(names)s::text[]) AS n ORDER BY n COLLATE "C"
 ON CONFLICT (name) DO UPDATE SET fence = l.fence WHERE false
 """
 
@@ -236,12 +261,13 @@ SELECT l.name, l.fence, (l.expires_at > now()) IS TRUE,
   FROM lockd.locks l WHERE l.name = ANY(%(names)s::text[])
 """
 
-# Grant a locked, free set: exclusive rows raise their fence, shared rows join; the lease row.
+# Grant a locked, free set: exclusive rows raise their fence, shared rows join (a new epoch
+# after an unclean end, per lock); the lease row.
 MANY_GRANT = f"""
 WITH ex AS (
     UPDATE lockd.locks l SET fence = l.fence + 1, lease_id = %(lease_id)s, owner = %(owner)s,
            client_id = NULL, expires_at = {_NEW_EXPIRY}, ttl_ms = %(ttl_ms)s::int,
-           released_at = NULL
+           released_at = NULL, writer_open = true
      WHERE l.name = ANY(%(excl)s::text[]) RETURNING l.name, l.fence
 ), sh AS (
     INSERT INTO lockd.shared (name, lease_id, owner, client_id, expires_at, ttl_ms)
@@ -251,7 +277,7 @@ WITH ex AS (
         ttl_ms = excluded.ttl_ms, released_at = NULL
     RETURNING name, expires_at
 ), su AS (
-    UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, sh.expires_at)
+    UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, sh.expires_at), {_EPOCH}
       FROM sh WHERE l.name = sh.name RETURNING l.name, l.fence
 ), lease AS (
     INSERT INTO lockd.leases (lease_id, locks, owner, client_id, expires_at, ttl_ms, shared)
@@ -276,7 +302,7 @@ UPDATE lockd.locks l SET shared_until = GREATEST(l.shared_until, s.expires_at)
 # End a multi-lock lease's live rows of both modes (after LOCK_ROWS); NOTIFY each freed lock.
 RELEASE_MANY_ROWS = f"""
 WITH ex AS (
-    UPDATE lockd.locks SET expires_at = NULL, released_at = now()
+    UPDATE lockd.locks SET expires_at = NULL, released_at = now(), writer_open = false
      WHERE name = ANY(%(names)s::text[]) AND lease_id = %(lease_id)s AND expires_at > now()
     RETURNING name
 ), sh AS (

@@ -324,7 +324,7 @@ class PostgresStore(SemaphoreOps, ElectionOps):
                 return Holder(lock=lock, owner=row[3], ttl_ms=row[4], fence=row[2])
             # Refused by shared holders, or the statement's snapshot did not show the lease
             # that refused us (inserted or replaced concurrently): look with a fresh snapshot.
-            found = await modes_.holder_or_client(conn, params, params["ttl_ms"])
+            found = await modes_.blocking_holder(conn, params)
             if found is not None:
                 return found
             if row is not None:  # freed in between, or shared_until was too high: again
@@ -419,11 +419,9 @@ class PostgresStore(SemaphoreOps, ElectionOps):
                     fences = {r[0]: r[1] for r in rows}
                     return MultiGrant(lease_id, {n: fences[n] for n in locks}, int(ttl_ms),
                                       owner or "", out_modes)
-                # A retry (this client's, or ours after a lost answer): the live lease.
-                again = []
-                if client_id:
-                    cur = await conn.execute(sql_modes.LEASE_BY_CLIENT, params)
-                    again = [r[0] for r in await cur.fetchall()]
+                # A retry (this client's, or ours after a lost answer): the live lease, in the
+                # modes asked for (another modes' lease of this client: ClientIdConflict).
+                again = await modes_.client_leases(conn, params) if client_id else []
                 cur = await conn.execute(sql_modes.LEASE_BY_ID, params)
                 if await cur.fetchone() is not None:
                     again.append(lease_id)

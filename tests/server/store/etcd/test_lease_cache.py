@@ -1,5 +1,6 @@
 """The etcd store's lease cache (``lockd.server.store.etcd.cache``): a renew is one keep-alive
-and a release one revoke for a lease this process knows, and a stale entry never gives a false
+and a release one revoke (an exclusive lease's: after one put that marks it clean) for a lease
+this process knows, and a stale entry never gives a false
 success. Two ``EtcdStore`` objects on one prefix play two lockd replicas (A grants, B is the
 other replica); real 3-member etcd cluster.
 
@@ -18,10 +19,10 @@ import httpx
 import pytest
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import Grant
+from lockd.server.store.base import SHARED, Grant
 from lockd.server.store.etcd import EtcdStore, cache_size
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
-from tests.server.store.etcd.helpers import acquire, name, opened
+from tests.server.store.etcd.helpers import acquire, lease_id, name, opened
 
 
 def _etcd_lease_alive(cluster, etcd_lease: int) -> bool:
@@ -86,6 +87,9 @@ def test_cache_size_comes_from_the_url():
 
 
 def test_renew_is_one_keepalive_and_release_one_revoke(etcd_url):
+    """An exclusive lease's release first records that it is a clean one (one guarded put of
+    the fence key: no new epoch for the readers after it), then revokes; a shared one only
+    revokes."""
     async def body():
         async with opened(etcd_url) as a:
             lock = name()
@@ -97,8 +101,14 @@ def test_renew_is_one_keepalive_and_release_one_revoke(etcd_url):
             assert (r.fence, r.ttl_ms, r2.ttl_ms) == (g.fence, 3000, 3000)
             calls.paths.clear()
             await a.release(lock, g.lease_id)
-            assert calls.paths == ["/v3/lease/revoke"]
+            assert calls.paths == ["/v3/kv/txn", "/v3/lease/revoke"]
             assert not (await a.get(lock)).held
+            s = await a.acquire(lock, lease_id=lease_id(), ttl_ms=3000, owner="o",
+                                client_id=None, mode=SHARED)
+            assert s.fence == g.fence  # after a clean release: the same epoch
+            calls.paths.clear()
+            await a.release(lock, s.lease_id)
+            assert calls.paths == ["/v3/lease/revoke"]
 
     asyncio.run(body())
 
@@ -197,7 +207,7 @@ def test_ttl_change_then_release_at_the_same_replica_frees_the_lock(etcd_url):
             await a.renew(lock, g.lease_id, 5000)
             calls = _Calls(a)
             await a.release(lock, g.lease_id)
-            assert calls.paths == ["/v3/lease/revoke"]  # the cache followed the move
+            assert calls.paths == ["/v3/kv/txn", "/v3/lease/revoke"]  # the cache followed the move
             assert not (await a.get(lock)).held
             with pytest.raises(LeaseLost):
                 await a.renew(lock, g.lease_id, None)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from lockd.server.errors import LeaseLost
+from lockd.server.errors import ClientIdConflict, LeaseLost
 from lockd.server.store.base import EXCLUSIVE, SHARED, Grant, Holder, MultiGrant
 from tests.server.store.etcd.helpers import lease_id, name, opened, watching
 
@@ -119,7 +119,7 @@ def test_renew_release_of_shared_leases_at_another_store(etcd_url):
     asyncio.run(body())
 
 
-def test_client_id_retries_return_the_lease_in_either_mode(etcd_url):
+def test_client_id_retries_return_the_lease_only_in_its_own_mode(etcd_url):
     async def body():
         async with opened(etcd_url) as s:
             lock = name()
@@ -127,13 +127,16 @@ def test_client_id_retries_return_the_lease_in_either_mode(etcd_url):
             again = await shared(s, lock, client_id="c1", ttl_ms=9000)
             assert (again.lease_id, again.mode, again.ttl_ms) == (g.lease_id, SHARED, 9000)
             assert len((await s.get(lock)).holders) == 1
-            # an exclusive retry of the same client returns its shared lease
-            same = await exclusive(s, lock, client_id="c1")
-            assert (same.lease_id, same.mode) == (g.lease_id, SHARED)
+            # an exclusive retry of the same client is refused; its shared lease stays as is
+            with pytest.raises(ClientIdConflict):
+                await exclusive(s, lock, client_id="c1")
+            assert [h.mode for h in (await s.get(lock)).holders] == [SHARED]
             assert isinstance(await exclusive(s, lock, client_id="c2"), Holder)
             await s.release(lock, g.lease_id)
             w = await exclusive(s, lock, client_id="c3")
-            assert (await shared(s, lock, client_id="c3")).lease_id == w.lease_id
+            with pytest.raises(ClientIdConflict):
+                await shared(s, lock, client_id="c3")
+            assert (await exclusive(s, lock, client_id="c3")).lease_id == w.lease_id
 
     asyncio.run(body())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lockd.server.errors import LeaseLost
+from lockd.server.errors import ClientIdConflict, LeaseLost
 from lockd.server.store.base import (
     EXCLUSIVE,
     SHARED,
@@ -76,7 +76,8 @@ def test_expiry_frees_one_shared_holder_without_disturbing_the_others(tmp_path):
     async def scenario(store, clock, notified):
         await _acq(store, "b", "e0", EXCLUSIVE, ttl=10)
         clock.advance_ms(10)  # expired: never released
-        await _acq(store, "b", "short", SHARED, ttl=300)
+        short = await _acq(store, "b", "short", SHARED, ttl=300)
+        assert short.fence == 2  # after an unclean end: a new epoch
         await _acq(store, "b", "long", SHARED, ttl=3_000)
         clock.advance_ms(300)  # "short" has just expired
         with pytest.raises(LeaseLost):
@@ -86,34 +87,38 @@ def test_expiry_frees_one_shared_holder_without_disturbing_the_others(tmp_path):
         state = await store.get("b")
         assert state.holders == (HolderView("long", 2_700, SHARED),)
         renewed = await store.renew("b", "long", None)  # own TTL
-        assert renewed == Grant("b", "long", 1, 3_000, "long", SHARED)
-        assert await _acq(store, "b", "e1", EXCLUSIVE) == Holder("b", "long", 3_000, 1, SHARED)
+        assert renewed == Grant("b", "long", 2, 3_000, "long", SHARED)
+        assert await _acq(store, "b", "e1", EXCLUSIVE) == Holder("b", "long", 3_000, 2, SHARED)
         await _acq(store, "b", "again", SHARED, ttl=100)  # the expired row makes no trouble
         clock.advance_ms(3_000)
         assert (await store.get("b")).held is False
         ex = await _acq(store, "b", "e1", EXCLUSIVE)
-        assert ex.fence == 2
+        assert ex.fence == 3
         with pytest.raises(LeaseLost):
             await store.renew("b", "long", None)
 
     run_with_store(tmp_path, scenario)
 
 
-def test_client_id_retry_returns_the_live_lease_in_either_mode(tmp_path):
+def test_client_id_retry_returns_the_live_lease_only_in_its_own_mode(tmp_path):
     async def scenario(store, clock, notified):
         s = await _acq(store, "c", "s1", SHARED, client_id="cid", ttl=1_000)
         await _acq(store, "c", "s2", SHARED, client_id="other")
         clock.advance_ms(500)
         again = await _acq(store, "c", "s9", SHARED, client_id="cid", ttl=4_000)
         assert again == Grant("c", "s1", s.fence, 4_000, "s1", SHARED)
-        # an exclusive retry with the same client_id gets its shared lease back (no deadlock)
-        same = await _acq(store, "c", "e9", EXCLUSIVE, client_id="cid", ttl=2_000)
-        assert (same.lease_id, same.mode, same.ttl_ms) == ("s1", SHARED, 2_000)
-        assert len((await store.get("c")).holders) == 2
+        # an exclusive retry with the same client_id is refused, its shared lease untouched
+        with pytest.raises(ClientIdConflict):
+            await _acq(store, "c", "e9", EXCLUSIVE, client_id="cid", ttl=2_000)
+        assert [(h.owner, h.ttl_ms) for h in (await store.get("c")).holders] == [
+            ("s1", 4_000), ("s2", 500)]
         await store.release("c", "s1")
         await store.release("c", "s2")
-        e = await _acq(store, "c", "e1", EXCLUSIVE, client_id="x")
-        back = await _acq(store, "c", "s8", SHARED, client_id="x")
+        e = await _acq(store, "c", "e1", EXCLUSIVE, client_id="x", ttl=3_000)
+        with pytest.raises(ClientIdConflict):
+            await _acq(store, "c", "s8", SHARED, client_id="x", ttl=9_000)
+        assert (await store.get("c")).holders == (HolderView("e1", 3_000, EXCLUSIVE),)
+        back = await _acq(store, "c", "e8", EXCLUSIVE, client_id="x")
         assert (back.lease_id, back.mode, back.fence) == ("e1", EXCLUSIVE, e.fence)
 
     run_with_store(tmp_path, scenario)
@@ -271,14 +276,21 @@ def test_a_database_of_the_previous_schema_opens_and_keeps_its_fences(tmp_path):
     from lockd.server.store import sqlite as store_mod
 
     with sqlite3.connect(tmp_path / "s.db") as old:  # as a lockd before modes left it
-        old.execute(store_mod._SCHEMA)
+        old.execute("CREATE TABLE locks (name TEXT PRIMARY KEY, fence INTEGER NOT NULL,"
+                    " lease_id TEXT, owner TEXT NOT NULL DEFAULT '', client_id TEXT,"
+                    " expires_ms INTEGER NOT NULL DEFAULT 0, ttl_ms INTEGER NOT NULL DEFAULT 0)"
+                    " WITHOUT ROWID")
         old.execute(store_mod._SCHEMA_LEASES)
         old.execute("INSERT INTO locks (name, fence) VALUES ('old', 7)")
 
     async def scenario(store, clock, notified):
-        assert (await _acq(store, "old", "s1", SHARED)).fence == 7
+        # The old file cannot say whether the writer of fence 7 released cleanly: the first
+        # shared grant starts a new epoch (raising once more than needed, never less).
+        assert (await _acq(store, "old", "s1", SHARED)).fence == 8
+        assert (await _acq(store, "old", "s2", SHARED)).fence == 8
         await store.release("old", "s1")
-        assert (await _acq(store, "old", "e1", EXCLUSIVE)).fence == 8
+        await store.release("old", "s2")
+        assert (await _acq(store, "old", "e1", EXCLUSIVE)).fence == 9
         assert (await store.sem_get("any")).limit == 0
         assert (await store.elect_get("old")).leader.owner == "e1"
 

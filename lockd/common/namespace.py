@@ -1,0 +1,97 @@
+"""Who owns a name: the one table of lockd's namespace and the one check every route calls.
+
+Every primitive's tokens name locks of one namespace. Plain locks and elections share the
+unreserved names (an election's leader IS the exclusive holder of lock ``{name}``); a primitive
+whose tokens name locks of its own reserves a prefix (semaphores: ``sem/{name}/{slot}``). A name
+whose token lock lies under another primitive's prefix is refused, so no primitive can mint a
+token for a lock another one fences. A new primitive is one row of ``PRIMITIVES``
+(docs/primitives.md, "One namespace").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lockd.common.names import LOCK_NAME_RULE, is_lock_name
+
+__all__ = ["ELECTION", "LOCK", "PRIMITIVES", "SEMAPHORE", "NameRefused", "Primitive", "check",
+           "mints", "owner_of", "token_lock"]
+
+
+@dataclass(frozen=True, slots=True)
+class Primitive:
+    """One row of the namespace: a primitive, the lock-name prefix only it mints tokens under
+    (``""``: none, it shares the unreserved names), the lock name of its tokens (a format of
+    ``name`` and ``slot``) and the call that takes one (named when a name is refused)."""
+
+    kind: str
+    reserves: str
+    token: str
+    take: str
+
+
+LOCK = Primitive("lock", "", "{name}", "acquire a lock with POST /v1/locks/{name}/acquire")
+ELECTION = Primitive("election", "", "{name}",
+                     "campaign with POST /v1/elections/{name}/campaign")
+SEMAPHORE = Primitive("semaphore", "sem/", "sem/{name}/{slot}",
+                      "take a permit with POST /v1/semaphores/{name}/acquire")
+
+PRIMITIVES: tuple[Primitive, ...] = (LOCK, ELECTION, SEMAPHORE)
+"""Every primitive of lockd; each non-empty ``reserves`` is a reservation of the namespace."""
+
+_RESERVING = tuple(sorted((p for p in PRIMITIVES if p.reserves),
+                          key=lambda p: len(p.reserves), reverse=True))  # the longest wins
+
+
+class NameRefused(ValueError):
+    """``name`` is not one ``primitive`` may use: ``detail`` says why; ``owner`` is the kind of
+    the primitive that reserves its lock (``None``: not a lock name at all)."""
+
+    def __init__(self, detail: str, *, name: str, owner: str | None = None,
+                 reserved: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail, self.name, self.owner, self.reserved = detail, name, owner, reserved
+
+
+def owner_of(lock: str) -> Primitive | None:
+    """The primitive whose reservation covers lock name ``lock``; ``None``: unreserved (the
+    names of plain locks and elections)."""
+    for primitive in _RESERVING:
+        if lock.startswith(primitive.reserves):
+            return primitive
+    return None
+
+
+def token_lock(primitive: Primitive, name: str, slot: int = 0) -> str:
+    """The lock name a token of ``primitive``'s ``name`` carries (a semaphore: of ``slot``)."""
+    return primitive.token.format(name=name, slot=slot)
+
+
+def mints(primitive: Primitive, lock: str) -> bool:
+    """Whether ``primitive`` may sign a token for lock ``lock``: the lock lies under its own
+    reservation, or under none if it reserves nothing."""
+    owner = owner_of(lock)
+    return owner is primitive if primitive.reserves else owner is None
+
+
+def check(primitive: Primitive, name: object, slots: int = 1) -> str:
+    """``name``, once ``primitive`` may use it: a lock name whose token locks (a semaphore's:
+    up to slot ``slots - 1``) are lock names that ``primitive`` mints. Raises ``NameRefused``."""
+    if not is_lock_name(name):
+        prefix = "" if primitive is LOCK else f"{primitive.kind} names follow the lock-name rule: "
+        raise NameRefused(prefix + LOCK_NAME_RULE, name=str(name)[:300])
+    assert isinstance(name, str)
+    lock = token_lock(primitive, name, max(0, slots - 1))
+    if lock != name and not is_lock_name(lock):
+        raise NameRefused(f"{primitive.kind} name too long: the lock name of its last slot, "
+                          f"{primitive.token.format(name='{name}', slot=max(0, slots - 1))}, "
+                          "must fit 255 characters", name=name)
+    if not mints(primitive, lock):
+        owner = owner_of(lock)
+        assert owner is not None
+        raise NameRefused(
+            f"lock names under {owner.reserves!r} belong to {owner.kind}s (their locks are "
+            f"{owner.token}), so {name!r} cannot name a{'n' if primitive.kind[0] in 'ae' else ''}"
+            f" {primitive.kind}: {owner.take}", name=name, owner=owner.kind,
+            reserved=owner.reserves)
+    return name
