@@ -66,7 +66,7 @@ from lockd.server.schemas import (
     RenewRequest,
 )
 from lockd.server.service import LockService
-from lockd.server.store.base import LockState
+from lockd.server.store.values import LockState
 
 __all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "in_scope",
            "install_error_handlers", "is_hot_path"]

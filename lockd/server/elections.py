@@ -53,7 +53,7 @@ from lockd.server.errors import (
 )
 from lockd.server.metrics import LockdMetrics
 from lockd.server.service import LockService, check_name, new_lease_id
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     MULTI_PREFIX,
     SHARED_PREFIX,

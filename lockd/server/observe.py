@@ -54,7 +54,8 @@ from lockd.server.metrics import LockdMetrics
 from lockd.server.observe_elections import ObservedElections
 from lockd.server.observe_semaphores import PERMIT as _PERMIT
 from lockd.server.observe_semaphores import ObservedSemaphores, slot_lock
-from lockd.server.store.base import (
+from lockd.server.store.base import Store
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,
@@ -63,7 +64,6 @@ from lockd.server.store.base import (
     MultiGrant,
     ReleaseListener,
     SemGrant,
-    Store,
 )
 
 __all__ = ["ObservedStore"]

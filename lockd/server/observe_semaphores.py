@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import SemFull, SemGrant, SemState
+from lockd.server.store.values import SemFull, SemGrant, SemState
 
 __all__ = ["PERMIT", "ObservedSemaphores", "semaphore_of", "slot_lock"]
 

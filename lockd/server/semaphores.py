@@ -22,7 +22,7 @@ from typing import Any
 from lockd.common.namespace import SEMAPHORE, token_lock
 from lockd.server.errors import InvalidRequest, LockHeld
 from lockd.server.service import LockService, check_name, new_lease_id
-from lockd.server.store.base import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
+from lockd.server.store.values import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
 from lockd.server.waiting import PERMIT, Waiter
 
 __all__ = ["LIMIT_MAX", "PermitLease", "SemaphoreService", "slot_lock"]

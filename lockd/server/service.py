@@ -21,7 +21,8 @@ from lockd.common.namespace import LOCK, Primitive
 from lockd.server.errors import InvalidRequest, LeaseLost, LockdError, LockHeld
 from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
-from lockd.server.store.base import (
+from lockd.server.store.base import Store
+from lockd.server.store.values import (
     EXCLUSIVE,
     MULTI_PREFIX,
     SHARED,
@@ -30,7 +31,6 @@ from lockd.server.store.base import (
     Holder,
     LockState,
     MultiGrant,
-    Store,
 )
 from lockd.server.waiting import Waiter, WaitQueues, mode_of
 from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits

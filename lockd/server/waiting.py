@@ -62,7 +62,8 @@ from itertools import islice
 from typing import Any, Protocol
 
 from lockd.server.errors import LockdError, LockHeld, StoreUnavailable
-from lockd.server.store.base import EXCLUSIVE, SHARED, Holder, Store
+from lockd.server.store.base import Store
+from lockd.server.store.values import EXCLUSIVE, SHARED, Holder
 
 __all__ = ["PERMIT", "Deadlines", "Kind", "WaitQueues", "Waiter"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from lockd.server.service import LockService
 from lockd.server.settings import Settings
-from lockd.server.store.base import Grant
 from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.values import Grant
 from lockd.tokens import KeyRing
 
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 
-from lockd.server.store.base import ReleaseListener
+from lockd.server.store.values import ReleaseListener
 
 __all__ = ["ReleaseListeners", "stop_task"]
 

@@ -60,7 +60,7 @@ import lockd.server.store.sqlite_elect as elect
 import lockd.server.store.sqlite_modes as modes
 import lockd.server.store.sqlite_sem as sem
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     ElectionEvent,
     ElectionState,

@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,

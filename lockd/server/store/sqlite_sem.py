@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lockd.server.errors import LeaseLost, LimitMismatch
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState, sem_key
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 
 __all__ = ["LAZY_OPS", "SCHEMA", "SemaphoreMethods"]
 

@@ -26,15 +26,6 @@ import secrets
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    ElectionEvent,
-    ElectionState,
-    Grant,
-    Holder,
-    HolderView,
-    not_a_leader,
-)
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot, retry_of
 from lockd.server.store.etcd.transport import Transport
@@ -50,6 +41,15 @@ from lockd.server.store.etcd.wire import (
     secs,
     to_int,
     unb64,
+)
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    ElectionEvent,
+    ElectionState,
+    Grant,
+    Holder,
+    HolderView,
+    not_a_leader,
 )
 
 __all__ = ["Elections", "KEEP"]

@@ -25,16 +25,6 @@ import asyncio
 from dataclasses import dataclass
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    MULTI_PREFIX,
-    SHARED,
-    Grant,
-    Holder,
-    HolderView,
-    LockState,
-    other_mode,
-)
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.transport import Transport
@@ -51,6 +41,16 @@ from lockd.server.store.etcd.wire import (
     secs,
     to_int,
     writer_lapsed,
+)
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    MULTI_PREFIX,
+    SHARED,
+    Grant,
+    Holder,
+    HolderView,
+    LockState,
+    other_mode,
 )
 
 __all__ = ["LockModes", "Moved", "Snapshot", "retry_of"]

@@ -17,14 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    MULTI_PREFIX,
-    SHARED,
-    Holder,
-    MultiGrant,
-    other_modes,
-)
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Snapshot
 from lockd.server.store.etcd.transport import Transport
@@ -39,6 +31,14 @@ from lockd.server.store.etcd.wire import (
     secs,
     to_int,
     unb64,
+)
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    MULTI_PREFIX,
+    SHARED,
+    Holder,
+    MultiGrant,
+    other_modes,
 )
 
 __all__ = ["MultiLocks"]

@@ -25,7 +25,6 @@ import random
 from dataclasses import dataclass
 
 from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState, sem_key
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Moved
@@ -42,6 +41,7 @@ from lockd.server.store.etcd.wire import (
     to_int,
     unb64,
 )
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 
 __all__ = ["Semaphores"]
 

@@ -14,20 +14,6 @@ import asyncio
 from collections.abc import Mapping
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    SHARED,
-    ElectionEvent,
-    ElectionState,
-    Grant,
-    Holder,
-    LockState,
-    MultiGrant,
-    ReleaseListener,
-    SemFull,
-    SemGrant,
-    SemState,
-)
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.elections import Elections
 from lockd.server.store.etcd.leases import Leases
@@ -48,6 +34,20 @@ from lockd.server.store.etcd.wire import (
     secs,
     to_int,
     unb64,
+)
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    SHARED,
+    ElectionEvent,
+    ElectionState,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+    ReleaseListener,
+    SemFull,
+    SemGrant,
+    SemState,
 )
 
 __all__ = ["EtcdStore"]

@@ -15,7 +15,7 @@ import psycopg
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_elect as q
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     ElectionEvent,
     ElectionState,

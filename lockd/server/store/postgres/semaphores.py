@@ -16,7 +16,7 @@ import psycopg
 
 import lockd.server.store.postgres.sql_sem as q
 from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState
 
 __all__ = ["SemaphoreOps"]
 

@@ -29,7 +29,11 @@ import lockd.server.store.postgres.sql_elect as sql_elect
 import lockd.server.store.postgres.sql_modes as sql_modes
 import lockd.server.store.postgres.sql_sem as sql_sem
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
+from lockd.server.store.postgres.elections import ElectionOps
+from lockd.server.store.postgres.listen import Listener, first_line
+from lockd.server.store.postgres.semaphores import SemaphoreOps
+from lockd.server.store.postgres.url import libpq_url, param
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     SHARED_PREFIX,
@@ -39,10 +43,6 @@ from lockd.server.store.base import (
     MultiGrant,
     ReleaseListener,
 )
-from lockd.server.store.postgres.elections import ElectionOps
-from lockd.server.store.postgres.listen import Listener, first_line
-from lockd.server.store.postgres.semaphores import SemaphoreOps
-from lockd.server.store.postgres.url import libpq_url, param
 
 __all__ = ["SCHEMA", "PostgresStore"]
 

@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder
 from lockd.server.store.postgres import PostgresStore
+from lockd.server.store.values import Grant, Holder
 from tests.support import sqlalchemy_url
 
 LISTEN_QUERIES = ("LISTEN lockd_release", "SELECT now()")

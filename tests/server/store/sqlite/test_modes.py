@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lockd.server.errors import ClientIdConflict, LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,
@@ -14,7 +15,6 @@ from lockd.server.store.base import (
     LockState,
     MultiGrant,
 )
-from lockd.server.store.sqlite import SqliteStore
 from tests.server.store.sqlite.support import run_with_store
 
 
