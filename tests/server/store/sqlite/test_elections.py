@@ -7,7 +7,7 @@ import pytest
 from lockd.server.errors import LeaseLost
 from lockd.server.store.base import Store
 from lockd.server.store.sqlite import SqliteStore
-from lockd.server.store.sqlite_elect import LOG_KEEP
+from lockd.server.store.sqlite.elections import LOG_KEEP
 from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,

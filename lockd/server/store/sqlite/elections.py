@@ -1,4 +1,4 @@
-"""Elections of the SQLite store (see ``sqlite.py`` for the store's design).
+"""Elections of the SQLite store (docs/stores/sqlite.md).
 
 The leader of election ``name`` IS the live exclusive lease of lock ``name`` (its ``locks``
 row: same fence sequence, same expiry by lockd's clock). The ``elections`` row, never deleted,
@@ -168,7 +168,7 @@ def _log(conn: sqlite3.Connection, now: int, name: str, after: int,
 
 
 LAZY_OPS = frozenset({_state, _log})
-"""Reads: their batches need no fsync of their own (see ``sqlite.py``, "Durable grants")."""
+"""Reads: their batches need no fsync of their own (docs/stores/sqlite.md, "Durable grants")."""
 
 
 class ElectionMethods:

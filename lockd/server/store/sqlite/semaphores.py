@@ -1,4 +1,4 @@
-"""Semaphores of the SQLite store (see ``sqlite.py`` for the store's design).
+"""Semaphores of the SQLite store (docs/stores/sqlite.md).
 
 One ``semaphores`` row per semaphore, never deleted: its current ``lim`` and the last ``fence``
 it issued, so fences strictly increase per semaphore across release, expiry and restarts. One
@@ -116,7 +116,7 @@ def _sem_get(conn: sqlite3.Connection, now: int, name: str) -> SemState:
 
 LAZY_OPS = frozenset({_sem_release, _sem_get})
 """Operations whose commit need not be fsynced before the caller hears of it (see
-``sqlite.py``, "Durable grants"): a permit release undone by a power loss only delays the next
+docs/stores/sqlite.md, "Durable grants"): a permit release undone by a power loss only delays the next
 grant of its slot."""
 
 

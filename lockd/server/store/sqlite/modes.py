@@ -1,4 +1,4 @@
-"""Shared leases of the SQLite store (see ``sqlite.py`` for the store's design).
+"""Shared leases of the SQLite store (docs/stores/sqlite.md).
 
 A lock's exclusive lease lives in its ``locks`` row; its SHARED leases live in the ``shared``
 table, one row per (lock, lease), in grant order (rowid). A shared grant copies the lock's
