@@ -78,7 +78,7 @@ def _value_fence(kv: dict[str, Any] | None) -> int:
 
 
 class Elections:
-    """``Store.elect_*`` over ``transport``; renew/release/get come from the store."""
+    """``ElectionStore`` over ``transport``; renew/release/get come from the store."""
 
     def __init__(self, transport: Transport, leases: Leases, keys: Keys, modes: LockModes):
         self._transport = transport
@@ -118,7 +118,7 @@ class Elections:
 
     async def campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
                        client_id: str | None, value: str) -> Grant | Holder:
-        """See ``Store.elect_campaign``: a read, an etcd lease, one guarded transaction."""
+        """See ``ElectionStore.elect_campaign``: a read, an etcd lease, one guarded transaction."""
         start, end = self._keys.name_range(name)
         lock_key = b64(self._keys.lock(name))
         read, (etcd_lease, granted) = await asyncio.gather(self._read(name),
@@ -260,7 +260,7 @@ class Elections:
         raise StoreUnavailable(f"etcd: election {name!r} kept changing; try again")
 
     async def get(self, name: str) -> ElectionState:
-        """See ``Store.elect_get``."""
+        """See ``ElectionStore.elect_get``."""
         exclusive, shared, fence_kv, value_kv, handover_kv, seq = await self._read(name)
         fence = max([fence_of(fence_kv), exclusive.fence if exclusive else 0]
                     + [h.fence for h in shared])

@@ -169,7 +169,7 @@ class LockModes:
         return Holder(snap.name, held.owner, remaining, snap.fence, SHARED)
 
     async def state(self, snap: Snapshot) -> LockState:
-        """``Store.get``'s answer for ``snap``."""
+        """``LockStore.get``'s answer for ``snap``."""
         holders = ([snap.exclusive] if snap.exclusive is not None else []) + list(snap.shared)
         if not holders:
             return LockState(snap.name, False, snap.fence, None, 0)
@@ -313,7 +313,7 @@ class LockModes:
     # -- operator override -----------------------------------------------------------------
 
     async def force_release(self, lock: str) -> Holder | None:
-        """End every live lease of ``lock`` (see ``Store.force_release``): a single lease's etcd
+        """End every live lease of ``lock`` (see ``LockStore.force_release``): a single lease's etcd
         lease is revoked; a multi-lock lease's key alone is deleted (guarded on its
         ``mod_revision``). Returns the one that had the most time left."""
         ended: list[tuple[Held, int]] = []

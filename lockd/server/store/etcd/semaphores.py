@@ -65,7 +65,7 @@ def _slot(held: Held) -> int:
 
 
 class Semaphores:
-    """``Store.sem_acquire``/``sem_renew``/``sem_release``/``sem_get`` over ``transport``."""
+    """``SemaphoreStore.sem_acquire``/``sem_renew``/``sem_release``/``sem_get`` over ``transport``."""
 
     def __init__(self, transport: Transport, leases: Leases, keys: Keys, cache: LeaseCache,
                  modes: LockModes):
@@ -108,7 +108,7 @@ class Semaphores:
 
     async def acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int, owner: str,
                       client_id: str | None) -> SemGrant | SemFull:
-        """See ``Store.sem_acquire`` and the module docstring. Raises ``LimitMismatch``."""
+        """See ``SemaphoreStore.sem_acquire`` and the module docstring. Raises ``LimitMismatch``."""
         limit_key = b64(self._keys.sems + name.encode())
         prefix = self._keys.permit(name)
         etcd_lease, granted = await self._leases.grant(secs(ttl_ms))

@@ -236,7 +236,7 @@ class EtcdStore:
     async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
                            owner: str, client_id: str | None,
                            modes: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
-        """See ``Store.acquire_many`` and ``multi``: one guarded transaction."""
+        """See ``LockStore.acquire_many`` and ``multi``: one guarded transaction."""
         return await self._multi.acquire(locks, lease_id=lease_id, ttl_ms=ttl_ms, owner=owner,
                                          client_id=client_id, modes=modes)
 

@@ -341,7 +341,7 @@ STATE = f"SELECT {_STATE_COLUMNS} {_STATE_FROM} WHERE l.name = %(lock)s"
 
 
 def list_sql(*, upper: bool, after: bool) -> str:
-    """``Store.list``'s page with every lock's holders: names from ``%(prefix)s`` (below
+    """``LockStore.list``'s page with every lock's holders: names from ``%(prefix)s`` (below
     ``%(upper)s`` if ``upper``, above ``%(after)s`` if ``after``), at most ``%(limit)s``."""
     where = ["l.name >= %(prefix)s"]
     if upper:

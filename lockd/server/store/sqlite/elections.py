@@ -182,7 +182,7 @@ class ElectionMethods:
 
     async def elect_campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
                              client_id: str | None, value: str) -> Grant | Holder:
-        """See ``Store.elect_campaign``; notifies ``name`` when a new leader was granted."""
+        """See ``ElectionStore.elect_campaign``; notifies ``name`` when a new leader was granted."""
         got = await self._call(_campaign, self._acquire_op, name, lease_id, ttl_ms, owner,
                                client_id, value)
         if isinstance(got, Grant) and got.lease_id == lease_id:
@@ -191,30 +191,30 @@ class ElectionMethods:
 
     async def elect_renew(self, name: str, lease_id: str,
                           ttl_ms: int | None) -> tuple[Grant, str | None]:
-        """See ``Store.elect_renew``: the handover target asked of THIS lease, if any."""
+        """See ``ElectionStore.elect_renew``: the handover target asked of THIS lease, if any."""
         return await self._call(_renew, name, lease_id, ttl_ms)
 
     async def elect_resign(self, name: str, lease_id: str) -> None:
-        """See ``Store.elect_resign``. Raises ``LeaseLost``."""
+        """See ``ElectionStore.elect_resign``. Raises ``LeaseLost``."""
         await self._call(_resign, name, lease_id)
         self._notify(name)
 
     async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
-        """See ``Store.elect_proclaim``. Raises ``LeaseLost``."""
+        """See ``ElectionStore.elect_proclaim``. Raises ``LeaseLost``."""
         state = await self._call(_proclaim, name, lease_id, value)
         self._notify(name)
         return state
 
     async def elect_handover(self, name: str, target: str) -> ElectionState:
-        """See ``Store.elect_handover``. Raises ``LeaseLost`` when nobody leads."""
+        """See ``ElectionStore.elect_handover``. Raises ``LeaseLost`` when nobody leads."""
         state = await self._call(_handover, name, target)
         self._notify(name)
         return state
 
     async def elect_get(self, name: str) -> ElectionState:
-        """See ``Store.elect_get``."""
+        """See ``ElectionStore.elect_get``."""
         return await self._call(_state, name)
 
     async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
-        """See ``Store.elect_log`` (the newest ``LOG_KEEP`` entries are kept)."""
+        """See ``ElectionStore.elect_log`` (the newest ``LOG_KEEP`` entries are kept)."""
         return await self._call(_log, name, after, limit)

@@ -130,11 +130,11 @@ class SemaphoreMethods:
 
     async def sem_acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int,
                           owner: str, client_id: str | None) -> SemGrant | SemFull:
-        """See ``Store.sem_acquire``. Raises ``LimitMismatch``."""
+        """See ``SemaphoreStore.sem_acquire``. Raises ``LimitMismatch``."""
         return await self._call(_sem_acquire, name, limit, lease_id, ttl_ms, owner, client_id)
 
     async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
-        """See ``Store.sem_renew``. Raises ``LeaseLost``."""
+        """See ``SemaphoreStore.sem_renew``. Raises ``LeaseLost``."""
         return await self._call(_sem_renew, name, lease_id, ttl_ms)
 
     async def sem_release(self, name: str, lease_id: str) -> None:
@@ -143,5 +143,5 @@ class SemaphoreMethods:
         self._notify(sem_key(name))
 
     async def sem_get(self, name: str) -> SemState:
-        """See ``Store.sem_get``."""
+        """See ``SemaphoreStore.sem_get``."""
         return await self._call(_sem_get, name)
