@@ -23,9 +23,11 @@ import asyncio
 import json
 import random
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.etcd.cache import LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot, retry_of
 from lockd.server.store.etcd.transport import Transport
@@ -52,7 +54,7 @@ from lockd.server.store.values import (
     not_a_leader,
 )
 
-__all__ = ["Elections", "KEEP"]
+__all__ = ["ElectionMethods", "Elections", "KEEP"]
 
 KEEP = 1000  # log entries kept at least, per election
 _TRIM_EVERY = 100
@@ -291,3 +293,47 @@ class Elections:
                                         entry.get("value", ""),
                                         int(entry.get("fence") or to_int(kv["create_revision"]))))
         return events
+
+
+class ElectionMethods:
+    """The ``ElectionStore`` methods of ``EtcdStore`` (a mixin), on its ``Elections``; a
+    leader's renewal is the lock's (``renew`` in ``EXCLUSIVE`` mode: ``locks``)."""
+
+    _elections: Elections
+    _cache: LeaseCache
+    renew: Callable[..., Awaitable[Grant]]
+
+    async def elect_campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
+                             client_id: str | None, value: str) -> Grant | Holder:
+        """An exclusive acquire of ``name`` that sets the value, clears the handover and logs
+        ``"leader"`` in the same transaction."""
+        return await self._elections.campaign(name, lease_id=lease_id, ttl_ms=ttl_ms,
+                                              owner=owner, client_id=client_id, value=value)
+
+    async def elect_renew(self, name: str, lease_id: str,
+                          ttl_ms: int | None) -> tuple[Grant, str | None]:
+        """``renew`` of the leader's (exclusive) lease and the handover pending for its term."""
+        grant = await self.renew(name, lease_id, ttl_ms, EXCLUSIVE)
+        return grant, await self._elections.handover_of(name, grant.fence)
+
+    async def elect_resign(self, name: str, lease_id: str) -> None:
+        """Free the lock, clear value and handover, log ``"resign"``: one transaction."""
+        self._cache.drop(lease_id)
+        await self._elections.resign(name, lease_id)
+
+    async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
+        """Set the live leader's value and log ``"proclaim"``. Raises ``LeaseLost``."""
+        return await self._elections.proclaim(name, lease_id, value)
+
+    async def elect_handover(self, name: str, target: str) -> ElectionState:
+        """Record a handover request for the leader's term. ``LeaseLost`` with no leader."""
+        await self._elections.handover(name, target)
+        return await self._elections.get(name)
+
+    async def elect_get(self, name: str) -> ElectionState:
+        """Leader, value, fence, last seq and pending handover, from one read."""
+        return await self._elections.get(name)
+
+    async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
+        """Log entries after ``after`` (at least the last 1,000 are kept)."""
+        return await self._elections.log(name, after, limit)

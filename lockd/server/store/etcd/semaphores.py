@@ -43,7 +43,7 @@ from lockd.server.store.etcd.wire import (
 )
 from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 
-__all__ = ["Semaphores"]
+__all__ = ["SemaphoreMethods", "Semaphores"]
 
 _ATTEMPTS = 40  # guarded grants tried before StoreUnavailable (another grant won the slot)
 
@@ -222,3 +222,27 @@ class Semaphores:
         live = await self._modes.live(sem.permits)
         return SemState(name, sem.limit, sem.fence, tuple(
             Permit(h.owner, _slot(h), ms, h.fence) for h, ms in live))
+
+
+class SemaphoreMethods:
+    """The ``SemaphoreStore`` methods of ``EtcdStore`` (a mixin), on its ``Semaphores``."""
+
+    _sems: Semaphores
+
+    async def sem_acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int,
+                          owner: str, client_id: str | None) -> SemGrant | SemFull:
+        """One permit: a read, an etcd lease, one guarded transaction. ``LimitMismatch``."""
+        return await self._sems.acquire(name, limit=limit, lease_id=lease_id, ttl_ms=ttl_ms,
+                                        owner=owner, client_id=client_id)
+
+    async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
+        """Keep the permit's etcd lease alive (or move it to a new TTL). ``LeaseLost``."""
+        return await self._sems.renew(name, lease_id, ttl_ms)
+
+    async def sem_release(self, name: str, lease_id: str) -> None:
+        """Revoke the permit's etcd lease; the watch notifies ``sem_key(name)``."""
+        await self._sems.release(name, lease_id)
+
+    async def sem_get(self, name: str) -> SemState:
+        """Limit, last fence and live permits in slot order."""
+        return await self._sems.get(name)
