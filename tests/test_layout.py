@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WEB = ("fastapi", "starlette", "uvicorn")
 HTTP_LAYER = ("lockd.common.middleware", "lockd.common.responses", "lockd.common.serving",
-              "lockd.server.api", "lockd.server.app",
+              "lockd.server.locks.api", "lockd.server.app",
               "lockd.server.ops_api", "lockd.server.cli", "lockd.server.status_page",
-              "lockd.server.schemas")
+              "lockd.server.locks.schemas")
 
 
 def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
@@ -64,8 +64,8 @@ WALLS = [
     ("2 proxy uses only tokens + common", "resource_proxy", ("lockd",),
      ("lockd.tokens", "lockd.common")),
     ("3 stores know no web or HTTP layer", "lockd/server/store", WEB + HTTP_LAYER, ()),
-    ("4 service knows no web framework", "lockd/server/service.py", WEB, ()),
-    ("4 waiting knows no web framework", "lockd/server/waiting.py", WEB, ()),
+    ("4 service knows no web framework", "lockd/server/locks/service.py", WEB, ()),
+    ("4 waiting knows no web framework", "lockd/server/core/waiting.py", WEB, ()),
     ("5 tokens import no service", "lockd/tokens.py",
      ("lockd.server", "lockd.client", "resource_proxy"), ()),
     ("5 common imports no service", "lockd/common",
@@ -104,10 +104,10 @@ PLANTED = [
     ("resource_proxy/service.py", "from lockd.server import service\n", "2 proxy"),
     ("resource_proxy/api.py", "from lockd.client import LockClient\n", "2 proxy"),
     ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
-    ("lockd/server/store/sqlite.py", "from starlette.responses import Response\n", "3 stores"),
+    ("lockd/server/store/sqlite/store.py", "from starlette.responses import Response\n", "3 stores"),
     ("lockd/server/store/base.py", "from lockd.common.middleware import ROLE\n", "3 stores"),
-    ("lockd/server/store/etcd/store.py", "    from ...api import create_router\n", "3 stores"),
-    ("lockd/server/service.py", "from fastapi import Request\n", "4 service"),
+    ("lockd/server/store/etcd/store.py", "    from ...locks.api import create_router\n", "3 stores"),
+    ("lockd/server/locks/service.py", "from fastapi import Request\n", "4 service"),
     ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
     ("lockd/common/middleware.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
 ]

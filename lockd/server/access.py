@@ -44,8 +44,8 @@ from lockd.common.access import AccessFile, AccessFileError, Identity, load_acce
 from lockd.common.access import parse_access as parse_any_access
 from lockd.common.middleware import IDENTITY
 from lockd.server.errors import ForbiddenLock
-from lockd.server.observe_semaphores import semaphore_of
-from lockd.server.schemas import PREFIX_RE
+from lockd.server.locks.schemas import PREFIX_RE
+from lockd.server.semaphores.observe import semaphore_of
 
 __all__ = ["access_file_problem", "authorize", "covers", "granted_name", "identity_name",
            "load_access_file", "parse_access", "visibility", "visible_prefixes"]

@@ -19,22 +19,22 @@ from typing import Any
 from fastapi import FastAPI
 
 from lockd.common.apidocs import install_docs
-from lockd.server.api import (
+from lockd.server.elections.api import create_election_router
+from lockd.server.elections.service import ElectionService
+from lockd.server.events import EventHub
+from lockd.server.keydir import watch as watch_keys
+from lockd.server.locks.api import (
     HotPathMiddleware,
     create_router,
     install_error_handlers,
     is_hot_path,
 )
-from lockd.server.api_elections import create_election_router
-from lockd.server.api_semaphores import create_semaphore_router
-from lockd.server.elections import ElectionService
-from lockd.server.events import EventHub
-from lockd.server.keydir import watch as watch_keys
+from lockd.server.locks.service import LockService
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
 from lockd.server.ops_api import create_ops_router, install_request_middleware, operation_id
-from lockd.server.semaphores import SemaphoreService
-from lockd.server.service import LockService
+from lockd.server.semaphores.api import create_semaphore_router
+from lockd.server.semaphores.service import SemaphoreService
 from lockd.server.settings import Settings
 from lockd.server.store import Store, open_store
 from lockd.tokens import KeyRing

@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lockd.server.observe_semaphores import semaphore_of
+from lockd.server.semaphores.observe import semaphore_of
 
 __all__ = ["Event", "EventHub"]
 

@@ -48,12 +48,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from lockd.server.elections.observe import ObservedElections
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
-from lockd.server.observe_elections import ObservedElections
-from lockd.server.observe_semaphores import PERMIT as _PERMIT
-from lockd.server.observe_semaphores import ObservedSemaphores, slot_lock
+from lockd.server.semaphores.observe import PERMIT as _PERMIT
+from lockd.server.semaphores.observe import ObservedSemaphores, slot_lock
 from lockd.server.store.base import Store
 from lockd.server.store.values import (
     EXCLUSIVE,

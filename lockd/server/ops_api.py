@@ -59,13 +59,13 @@ from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import problem_response
 from lockd.common.tls import CertRoles
 from lockd.server.access import granted_name, identity_name, load_access_file, visibility
-from lockd.server.api import in_scope
 from lockd.server.audit import AuditTrail
 from lockd.server.errors import InvalidRequest, LockdError
 from lockd.server.events import EventHub
 from lockd.server.limits import IdentityLimits, StreamSlots
+from lockd.server.locks.api import in_scope
+from lockd.server.locks.schemas import PREFIX_RE
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
-from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.status_page import STATUS_PAGE
 from lockd.server.streams import open_stream
@@ -157,7 +157,7 @@ async def _stream(request: Request, match: Callable[[str], bool], history: int) 
 
 
 def create_ops_router() -> APIRouter:
-    """The operations routes; include it BEFORE ``lockd.server.api.create_router`` (its
+    """The operations routes; include it BEFORE ``lockd.server.locks.api.create_router`` (its
     ``/v1/locks/{name}`` would otherwise swallow ``/v1/locks/{name}/events``)."""
     router = APIRouter()
 

@@ -105,7 +105,7 @@ def test_unexpected_failure_is_a_500_problem_without_a_trace(inproc_lockd, http,
         service.store = real
     body = assert_problem(r, 500, "internal")
     assert "secret-detail" not in r.text and "RuntimeError" not in r.text
-    logged = [rec for rec in caplog.records if rec.name == "lockd.server.api" and rec.exc_info]
+    logged = [rec for rec in caplog.records if rec.name == "lockd.server.locks.api" and rec.exc_info]
     assert logged and "disk on fire" in str(logged[0].exc_info[1])
     assert state(http, srv.url, name)["held"] is False
     assert body["title"] == "Internal error"

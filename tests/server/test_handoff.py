@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from lockd.server.service import LockService
+from lockd.server.locks.service import LockService
 from lockd.server.settings import Settings
 from lockd.server.store.sqlite import SqliteStore
 from lockd.server.store.values import Grant

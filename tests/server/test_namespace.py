@@ -146,7 +146,7 @@ def test_the_signer_refuses_a_lock_its_primitive_does_not_own(tmp_path):
 
     from lockd.common.namespace import ELECTION, LOCK, SEMAPHORE
     from lockd.server.errors import LockdError
-    from lockd.server.service import LockService
+    from lockd.server.locks.service import LockService
     from lockd.server.settings import Settings
     from lockd.server.store.sqlite import SqliteStore
     from lockd.tokens import KeyRing

@@ -221,7 +221,7 @@ def test_a_parked_waiter_counts_against_its_identity_until_it_hangs_up_then_is_a
         tmp_path, caplog):
     """Parked requests keep the per-identity waiter limit, the 499 log line and the acquire
     metrics of a wait inside the ASGI call."""
-    caplog.set_level(logging.INFO, logger="lockd.server.api")
+    caplog.set_level(logging.INFO, logger="lockd.server.locks.api")
     served = _Served(tmp_path, True, max_waiters_per_identity=1)
     name = "footprint/limits"
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from lockd.server.service import LockService
+from lockd.server.locks.service import LockService
 from lockd.server.settings import Settings
 from lockd.server.store.sqlite import SqliteStore
 from lockd.tokens import KeyRing

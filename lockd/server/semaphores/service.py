@@ -6,7 +6,7 @@ its token is an ordinary single-lock token for the lock ``sem/{name}/{slot}`` wi
 so a resource fences per slot like any lock (those names are the semaphores' own in the one
 namespace, ``lockd.common.namespace``: no other primitive may use or sign one). The store
 decides every grant and counts the permits; waiters queue at this lockd in the semaphore's one
-FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting`` (mode
+FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.core.waiting`` (mode
 ``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
 
 Errors: ``InvalidRequest`` (bad name, limit, TTL or wait), ``LockHeld`` (409 ``held``: every
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.namespace import SEMAPHORE, token_lock
+from lockd.server.core.waiting import PERMIT, Waiter
 from lockd.server.errors import InvalidRequest, LockHeld
-from lockd.server.service import LockService, check_name, new_lease_id
+from lockd.server.locks.service import LockService, check_name, new_lease_id
 from lockd.server.store.values import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
-from lockd.server.waiting import PERMIT, Waiter
 
 __all__ = ["LIMIT_MAX", "PermitLease", "SemaphoreService", "slot_lock"]
 
@@ -119,7 +119,7 @@ class SemaphoreService:
     def check_name(name: str, limit: int = 1) -> None:
         """``InvalidRequest`` unless ``name`` is a lock name whose last slot's lock name
         (``sem/{name}/{limit-1}``) is one too (at most 255 characters): the namespace's rule
-        (``lockd.server.service.check_name``)."""
+        (``lockd.server.locks.service.check_name``)."""
         check_name(name, SEMAPHORE, limit)
 
     @staticmethod

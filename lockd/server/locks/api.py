@@ -48,10 +48,10 @@ from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import bounded_body, error_response, problem_response
 from lockd.common.serving.connections import DISCONNECT_WATCH, parker
 from lockd.server.access import authorize, identity_name, visible_prefixes
-from lockd.server.disconnects import ClientGone, until_disconnect
+from lockd.server.core.disconnects import ClientGone, until_disconnect
 from lockd.server.errors import ForbiddenLock, InvalidRequest, LockdError, LockHeld, PayloadTooLarge
 from lockd.server.limits import IdentityLimits, Reservation
-from lockd.server.schemas import (
+from lockd.server.locks.schemas import (
     AcquireManyRequest,
     AcquireRequest,
     HealthBody,
@@ -65,7 +65,7 @@ from lockd.server.schemas import (
     RenewManyRequest,
     RenewRequest,
 )
-from lockd.server.service import LockService
+from lockd.server.locks.service import LockService
 from lockd.server.store.values import LockState
 
 __all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "in_scope",

@@ -1,6 +1,6 @@
 """The lock service: validation, lease ids, leases and signed tokens, reading.
 
-The store decides who holds a lock; ``lockd.server.waiting`` decides who asks it next (the
+The store decides who holds a lock; ``lockd.server.core.waiting`` decides who asks it next (the
 per-lock FIFO queues; docs/waiting.md walks through the rules). This module checks each request,
 hands it to the queues as a single lock or a set of locks (``_OneLock``, ``_LockSet``: the store
 call and the shape of a 409 for each), and turns the store's grant into a lease with its token.
@@ -18,8 +18,9 @@ from typing import Any
 from lockd.common import namespace
 from lockd.common.names import is_lock_name
 from lockd.common.namespace import LOCK, Primitive
+from lockd.server.core.waiting import Waiter, WaitQueues, mode_of
 from lockd.server.errors import InvalidRequest, LeaseLost, LockdError, LockHeld
-from lockd.server.schemas import PREFIX_RE
+from lockd.server.locks.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.store.base import Store
 from lockd.server.store.values import (
@@ -32,7 +33,6 @@ from lockd.server.store.values import (
     LockState,
     MultiGrant,
 )
-from lockd.server.waiting import Waiter, WaitQueues, mode_of
 from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits
 
 __all__ = ["Lease", "LockService", "MultiLease", "check_mint", "check_name", "new_lease_id",
@@ -432,7 +432,7 @@ class LockService:
                            modes: Mapping[str, str] | None = None) -> MultiLease:
         """Grant every lock of ``names`` in one atomic step, each in its mode of ``modes``
         (name -> EXCLUSIVE or SHARED; missing names exclusive), waiting up to ``wait_ms``
-        behind earlier waiters of any of them (``lockd.server.waiting``, rule 3).
+        behind earlier waiters of any of them (``lockd.server.core.waiting``, rule 3).
 
         Raises ``LockHeld`` (naming every held lock), ``StoreUnavailable``, ``InvalidRequest``.
         """

@@ -1,9 +1,9 @@
-"""Request and response bodies of lockd's election routes (``lockd.server.api_elections``).
+"""Request and response bodies of lockd's election routes (``lockd.server.elections.api``).
 
-Strict like the lock routes' bodies (``lockd.server.schemas``): JSON integers only, unknown
+Strict like the lock routes' bodies (``lockd.server.locks.schemas``): JSON integers only, unknown
 fields refused, text fields of the same types (no control characters), every failure 422
 ``invalid_request``. The bounds that depend on settings (TTL,
-wait) and the value's size in bytes are checked by ``lockd.server.elections``.
+wait) and the value's size in bytes are checked by ``lockd.server.elections.service``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from lockd.server.schemas import ClientId, Label, LeaseId, Text, label
+from lockd.server.locks.schemas import ClientId, Label, LeaseId, Text, label
 
 __all__ = ["CampaignRequest", "ElectionLeaseBody", "ElectionListBody", "ElectionRenewBody",
            "ElectionStateBody", "HandoverBody", "HandoverRequest", "LeaderBody",

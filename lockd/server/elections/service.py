@@ -3,7 +3,7 @@
 The leader IS the exclusive holder of lock ``name`` (the store's ``elect_*`` calls): its fence is
 the lock's fence, so it strictly increases with every new leader, and its token is an ordinary
 single-lock token of ``name`` that fences the leader's writes at the proxy like any lock's. A
-campaign waits in lock ``name``'s FIFO queue at this lockd (``lockd.server.waiting``) as an
+campaign waits in lock ``name``'s FIFO queue at this lockd (``lockd.server.core.waiting``) as an
 exclusive waiter (``_Campaign`` is its ``Kind``), so candidates and plain acquires of the same
 name queue together and are woken by the same release notifications; the store decides every
 grant.
@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.namespace import ELECTION
+from lockd.server.core.waiting import Waiter, WaitQueues
 from lockd.server.errors import (
     ClientIdConflict,
     InvalidRequest,
@@ -51,8 +52,8 @@ from lockd.server.errors import (
     LockHeld,
     StoreUnavailable,
 )
+from lockd.server.locks.service import LockService, check_name, new_lease_id
 from lockd.server.metrics import LockdMetrics
-from lockd.server.service import LockService, check_name, new_lease_id
 from lockd.server.store.values import (
     EXCLUSIVE,
     MULTI_PREFIX,
@@ -62,7 +63,6 @@ from lockd.server.store.values import (
     Grant,
     Holder,
 )
-from lockd.server.waiting import Waiter, WaitQueues
 
 __all__ = ["MAX_VALUE_BYTES", "ElectionService", "Leadership", "NoLeader"]
 
@@ -219,7 +219,7 @@ class ElectionService:
 
     @staticmethod
     def check_name(name: str) -> None:
-        """The namespace's rule for an election's name (``lockd.server.service.check_name``):
+        """The namespace's rule for an election's name (``lockd.server.locks.service.check_name``):
         every election route calls it, reads included."""
         check_name(name, ELECTION)
 

@@ -1,4 +1,4 @@
-"""lockd's election routes (``lockd.server.elections`` does the work).
+"""lockd's election routes (``lockd.server.elections.service`` does the work).
 
 ===============================================  ==============================================
 route                                            answer
@@ -45,15 +45,8 @@ from lockd.common.middleware import REQUEST_ID_KEY
 from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import problem_response
 from lockd.server.access import covers, identity_name
-from lockd.server.api import (
-    _GuardedRoute,
-    _lease_answer,
-    bound_client_id,
-    in_scope,
-    read_body,
-)
 from lockd.server.audit import AuditTrail
-from lockd.server.election_schemas import (
+from lockd.server.elections.schemas import (
     CampaignRequest,
     ElectionLeaseBody,
     ElectionListBody,
@@ -67,9 +60,16 @@ from lockd.server.election_schemas import (
     ResignedBody,
     ResignRequest,
 )
-from lockd.server.elections import ElectionService
+from lockd.server.elections.service import ElectionService
 from lockd.server.errors import LockdError
 from lockd.server.limits import IdentityLimits
+from lockd.server.locks.api import (
+    _GuardedRoute,
+    _lease_answer,
+    bound_client_id,
+    in_scope,
+    read_body,
+)
 from lockd.server.ops_api import _admin_denied, _last_event_id
 from lockd.server.streams import open_stream
 

@@ -1,6 +1,6 @@
 """lockd's HTTP routes of counting semaphores (``/v1/semaphores/{name}/...``).
 
-The same conventions as the lock routes (``lockd.server.api``): bodies read and bounded there
+The same conventions as the lock routes (``lockd.server.locks.api``): bodies read and bounded there
 (``read_body``), every failure a problem (422 bad input, 403 outside the caller's scope, 409
 ``held`` with ``Retry-After`` / ``limit_mismatch``, 410, 429, 503), a waiting acquire cancelled
 when its client goes away, and the caller's scope checked on the SEMAPHORE name (its identity's
@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from lockd.server.access import identity_name
-from lockd.server.api import (
+from lockd.server.locks.api import (
     _body_doc,
     _GuardedRoute,
     _lease_answer,
@@ -23,7 +23,7 @@ from lockd.server.api import (
     in_scope,
     read_body,
 )
-from lockd.server.schemas import (
+from lockd.server.locks.schemas import (
     PermitLeaseBody,
     ReleasedBody,
     SemAcquireRequest,
@@ -31,7 +31,7 @@ from lockd.server.schemas import (
     SemRenewRequest,
     SemStateBody,
 )
-from lockd.server.semaphores import SemaphoreService
+from lockd.server.semaphores.service import SemaphoreService
 
 __all__ = ["create_semaphore_router"]
 
