@@ -48,12 +48,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from lockd.server.core.waiting import PERMIT as _PERMIT
 from lockd.server.elections.observe import ObservedElections
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
-from lockd.server.semaphores.observe import PERMIT as _PERMIT
-from lockd.server.semaphores.observe import ObservedSemaphores, slot_lock
+from lockd.server.semaphores.observe import ObservedSemaphores
 from lockd.server.store.base import Store
 from lockd.server.store.values import (
     EXCLUSIVE,
@@ -63,7 +63,6 @@ from lockd.server.store.values import (
     LockState,
     MultiGrant,
     ReleaseListener,
-    SemGrant,
 )
 
 __all__ = ["ObservedStore"]
@@ -86,6 +85,7 @@ class _Tracked:
     deadline: float
     mode: str = EXCLUSIVE  # or SHARED, or _PERMIT (a semaphore's)
     slot: int = -1  # a permit's
+    event_lock: str | None = None  # the lock its events name, if not the tracked name's
 
 
 class ObservedStore(ObservedSemaphores, ObservedElections):
@@ -162,14 +162,12 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
         leases = table.get(lock)
         return None if leases is None else leases.get(lease_id)
 
-    def _track_permit(self, name: str, grant: SemGrant) -> None:
+    def _tracked_permit(self, name: str, lease_id: str, fence: int, owner: str, ttl_ms: int,
+                        slot: int, event_lock: str) -> None:
+        """Track a permit of semaphore ``name`` granted here just now."""
         now = self._now()
         self._track_keyed(self._permits, name, _Tracked(
-            grant.lease_id, grant.fence, grant.owner, grant.ttl_ms, now,
-            now + grant.ttl_ms / 1000, _PERMIT, grant.slot))
-        self.metrics.lease_ttl.observe(grant.ttl_ms / 1000)
-        self.events.publish("acquired", slot_lock(name, grant.slot), grant.fence, grant.owner,
-                            grant.ttl_ms, mode=_PERMIT)
+            lease_id, fence, owner, ttl_ms, now, now + ttl_ms / 1000, _PERMIT, slot, event_lock))
 
     def _forget_keyed(self, lock: str, tracked: _Tracked) -> None:
         table = self._permits if tracked.mode == _PERMIT else self._shared
@@ -205,8 +203,8 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
             end = now
         if tracked.granted_at is not None:
             self.metrics.hold[outcome].observe(max(0.0, end - tracked.granted_at))
-        if tracked.mode == _PERMIT:  # a permit's events name its slot's lock
-            lock = slot_lock(lock, tracked.slot)
+        if tracked.event_lock is not None:  # a permit's events name its slot's lock
+            lock = tracked.event_lock
         self.events.publish("expired" if outcome == "expired" else "released", lock,
                             tracked.fence, tracked.owner, forced=outcome == "forced",
                             mode=tracked.mode)
@@ -299,7 +297,7 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
 
     def _renewed(self, lock: str, tracked: _Tracked | None, lease_id: str, fence: int,
                  owner: str, ttl_ms: int, mode: str, before: float | None,
-                 slot: int = -1) -> None:
+                 slot: int = -1, event_lock: str | None = None) -> None:
         """A lease renewed (``tracked``: as tracked here before, if it was)."""
         now = self._now()
         if tracked is not None:
@@ -317,7 +315,8 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
                 heapq.heappush(self._keyed_heap, (tracked.deadline, lease_id, lock, tracked.mode))
             return
         # granted at another replica (or before a restart): track it from here on
-        tracked = _Tracked(lease_id, fence, owner, ttl_ms, None, now + ttl_ms / 1000, mode, slot)
+        tracked = _Tracked(lease_id, fence, owner, ttl_ms, None, now + ttl_ms / 1000, mode, slot,
+                           event_lock)
         if mode == EXCLUSIVE:
             self._track(lock, tracked)
         else:
@@ -524,8 +523,7 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
         fence; a permit while the semaphore has a permit of its fence."""
         try:
             if tracked.mode == _PERMIT:
-                sem = await self.inner.sem_get(name)
-                left = [p.ttl_ms for p in sem.permits if p.fence == tracked.fence]
+                left = await self._permit_left(name, tracked.fence)
             else:
                 state = await self.inner.get(name)
                 left = [h.ttl_ms for h in state.holders if h.mode == SHARED
