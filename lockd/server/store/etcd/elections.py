@@ -1,20 +1,9 @@
-"""Leader elections on etcd: the leader IS the exclusive holder of lock ``name``.
-
-Keys (under the store's prefix): ``elections/<name>#v`` the leader's value (JSON ``{owner,
-value, fence?}``), ``elections/<name>#h`` a pending handover (``{target, fence}``),
-``elections/<name>#seq`` the log counter (its etcd ``version``, the number of puts since it was
-created, is the last seq) and ``elections/<name>#log/<seq, 20 digits>`` the log entries (JSON
-``{kind, owner, value, fence?, op}``; ``op``, a random id of the write, only lets a replayed
-write recognise itself). A value or handover counts only while its ``fence`` is the live
-leader's (a lapsed leader's value is stale, never cleared by a write).
-
-Every log append is ONE transaction guarded on ``version(#seq) == n`` as read, so seqs are
-1, 2, 3, … with no gap or duplicate across lockd processes; a campaign's grant, value, cleared
-handover and ``"leader"`` entry are that one transaction (guarded on "no holder of the lock",
-as an exclusive acquire), so its fence is the transaction's revision, which is also the
-``create_revision`` of its log entry. A resign is a clean release: its transaction also puts
-the fence key ``x:<fence>`` (``wire.RELEASED_MARK``). Every 100th append deletes entries more
-than 1,000 behind. Every write lands under ``elections/``, watched by a stream of its own: listeners hear ``name``.
+"""Elections on etcd: the leader IS the exclusive holder of lock ``name``; its value, pending
+handover, log counter and log entries are keys under ``elections/<name>#``. Every log append is
+ONE transaction guarded on the counter's version (seqs 1, 2, ... with no gap across lockd
+processes); a campaign's grant and ``"leader"`` entry are that one transaction. A value or
+handover counts only while its fence is the live leader's. docs/stores/etcd.md, "Lock modes,
+semaphores and elections".
 """
 
 from __future__ import annotations

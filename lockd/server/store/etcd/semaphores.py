@@ -1,20 +1,8 @@
-"""Counting semaphores on etcd: one key per permit slot, each bound to its permit's etcd lease.
-
-Layout (under the store's prefix): ``locks/#sem/<name>#<slot>`` is the permit in ``slot``
-(value: the lock-key JSON plus ``slot`` and ``limit``; its ``create_revision`` is the permit's
-fence), ``sems/<name>`` the semaphore's limit (JSON ``{"limit": N}``), ``semfences/<name>`` put by
-every grant (its ``mod_revision``: the last fence issued). A permit key lives under ``locks/``, so
-the watch sees its delete (release or expiry) and notifies ``sem_key(name)``.
-
-A grant is a read (every permit key, the limit key) and ONE transaction guarded on
-``create_revision(permit key of the chosen slot) == 0`` and on the limit key being unchanged
-since the read; a grant that sets a new limit instead requires that no permit key exists at all.
-So every live permit was granted under the current limit, in a slot below it, one permit a slot:
-never more than ``limit`` live permits, whatever number of lockd processes grant at once. The
-fence is the grant transaction's revision (etcd's revision only grows). A ``client_id`` acquire
-also compares "no permit key created since the read", so two retries cannot both grant. The slot
-is the lowest free one as read; an acquire that lost a race for it picks one of the lowest few
-free slots next, so acquirers that read the same state stop colliding on one slot.
+"""Counting semaphores on etcd: one key per permit slot (``locks/#sem/<name>#<slot>``), bound
+to its permit's etcd lease; the permit's fence is its key's ``create_revision``. A grant is a
+read and ONE transaction guarded on the chosen slot's key being absent and the limit key
+unchanged, so never more than ``limit`` permits are live, whatever number of lockd processes
+grant at once. docs/stores/etcd.md, "Lock modes, semaphores and elections".
 """
 
 from __future__ import annotations

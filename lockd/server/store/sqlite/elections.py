@@ -1,16 +1,7 @@
-"""Elections of the SQLite store (docs/stores/sqlite.md).
-
-The leader of election ``name`` IS the live exclusive lease of lock ``name`` (its ``locks``
-row: same fence sequence, same expiry by lockd's clock). The ``elections`` row, never deleted,
-adds what a lock does not have: the leader's ``value`` (tied to the lease that set it, so a
-leader that lapsed, or a plain acquire of the lock, shows no stale value), the pending
-``handover`` target (tied to the lease it was asked of) and the log's last ``seq``. The log,
-``election_log``, is append-only with ``seq`` 1, 2, ... per election, never reused (the counter
-lives in the row, not in the log); each append drops entries older than the last ``LOG_KEEP``.
-
-Every write here is fsynced like a grant (a log entry once seen must never be handed out again
-under the same seq). Operations read before they write, so one that raises ``LeaseLost`` has
-changed nothing.
+"""Elections of the SQLite store: the leader IS the live exclusive lease of lock ``name`` (its
+``locks`` row); the ``elections`` row adds the value, the pending handover and the log's last
+``seq``, and ``election_log`` the log itself (the newest ``LOG_KEEP`` entries kept). Every
+write is fsynced like a grant. docs/stores/sqlite.md, "Modes, semaphores, elections".
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Semaphores of the SQLite store (docs/stores/sqlite.md).
-
-One ``semaphores`` row per semaphore, never deleted: its current ``lim`` and the last ``fence``
-it issued, so fences strictly increase per semaphore across release, expiry and restarts. One
-``permits`` row per occupied slot; a grant takes the lowest slot no live permit holds and first
-deletes the semaphore's expired permits (an expired permit is never live again). Expiry is
-judged by lockd's clock (``now``: milliseconds), like every lease of this store.
-
-The operations run on the store thread inside the batch's transaction and read before they
-write, so one that raises (``LeaseLost``, ``LimitMismatch``) has changed nothing.
+"""Semaphores of the SQLite store: a ``semaphores`` row per semaphore (its limit and fence
+counter, never deleted) and a ``permits`` row per occupied slot; a grant takes the lowest slot
+no live permit holds. docs/stores/sqlite.md, "Modes, semaphores, elections".
 """
 
 from __future__ import annotations
