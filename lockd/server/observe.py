@@ -1,42 +1,10 @@
 """``ObservedStore``: a ``Store`` wrapper that turns store calls into metrics and lock events.
 
-``LockService`` talks to the store through it, so grants, renewals, releases and expiries are
-seen exactly where they happen, with no extra store round trip on any request path.
-
-Lease tracking. Every lease this process grants or renews is tracked in memory (lock name →
-lease id, fence, owner, TTL, grant time, local deadline = time of the store's answer + TTL on
-the monotonic clock; the store started the lease before it answered, so by the local deadline
-the store has expired it too). Tracking ends with:
-
-* a release or force-release here: ``released`` (hold time, event);
-* a release notification from the store (PostgreSQL NOTIFY, etcd watch, i.e. a release at
-  another replica) arriving more than ``0.25 s`` before the deadline: ``released`` event;
-  notifications of this process's own releases are recognised and skipped;
-* an **expiry**, counted in ``lockd_lease_expirations_total`` when the first of these shows it:
-  (a) this process grants the lock again (the store only does so once the old lease is gone and
-  it was not released here or reported released), (b) the holder's renew or release is answered
-  410 for the tracked lease, or (c) the sweeper, which every ``sweep_s`` looks at leases whose
-  deadline passed and asks the store (``get``, one call per lapsed lease, off the request path):
-  the lock is free or held under another fence → expired. Held under the same fence with more
-  than 1.5 s left → the lease was renewed at another replica, which tracks it now; less → etcd
-  has not reaped it yet (it checks about every 500 ms): look again later.
-
-So an expiry is counted (and logged: one INFO line naming lock, fence, owner and TTL) once, by
-the replica that granted or last renewed the lease, and only for a lease that really lapsed.
-Known limits: a lease whose client alternates between replicas with a TTL under 1.5 s may be
-counted by two of them; a release at another replica in the last 0.25 s before the deadline
-counts as an expiry; a lease granted here by a lockd that then crashes is counted by nobody.
-
-Shared leases and permits (many live leases per lock or semaphore) are tracked by lease id,
-and the sweeper confirms a lapsed one from the lock's holders (a shared holder with the same
-owner and fence) or the semaphore's permits (same fence). A shared lease released at another
-replica is seen only by the sweeper (a release notification does not say which shared lease
-ended), so it counts as an expiry there. A permit's events name its slot's lock
-(``sem/{name}/{slot}``, ``mode: "permit"``).
-Election calls pass through untouched.
-
-Clock skew: every ``skew_interval_s`` the store's ``clock_offset()`` sets
-``lockd_store_clock_skew_seconds`` (SQLite: 0 by definition).
+The services talk to the store through it, so grants, renewals, releases and expiries are seen
+where they happen, with no extra store round trip on any request path. It tracks the leases
+granted or renewed here and counts an expiry once, by the replica that last saw the lease
+(docs/internals.md, "Metrics and events"). Semaphores and elections add their calls as mixins
+(``lockd.server.semaphores.observe``, ``lockd.server.elections.observe``).
 """
 
 from __future__ import annotations
