@@ -109,7 +109,8 @@ class ClientIdConflict(LockdError):
 class LeaseLost(LockdError):
     """The lease is not live: it expired, was released, or never existed (410).
 
-    A lost lease never comes back (invariant 3): acquire again for a new, higher fence.
+    A lost lease never comes back (an expired lease is never renewed or released back to
+    life): acquire again for a new, higher fence.
     """
 
     status, code, title = 410, "lease_lost", "Lease lost"

@@ -1,35 +1,8 @@
-"""The election routes (``lockd.server.elections.service`` does the work).
-
-===============================================  ==============================================
-route                                            answer
-===============================================  ==============================================
-``POST /v1/elections/{name}/campaign``           200 the leader's lease (``ElectionLeaseBody``);
-                                                 409 ``held`` when ``wait_ms`` ends first
-``POST /v1/elections/{name}/renew``              200 the lease + ``handover_requested``,
-                                                 ``handover_to``; 410 if not the live leader
-``POST /v1/elections/{name}/resign``             200 ``{"resigned": true}``; 410
-``POST /v1/elections/{name}/proclaim``           200 ``{election, owner, value, fence, seq}``; 410
-``POST /v1/elections/{name}/handover``           200 ``{election, handover_to}``; an admin, or the
-                                                 leader naming its own ``lease_id`` (else 401/403;
-                                                 410 if that lease is not the leader's); 409
-                                                 ``no_leader`` when nobody leads; audited
-``GET /v1/elections/{name}``                     the election now (``ElectionStateBody``)
-``GET /v1/elections/{name}/observe``             SSE: ``state``, then ``leader`` / ``proclaim`` /
-                                                 ``resign`` entries, ``id`` = ``seq``; resumable
-                                                 with ``Last-Event-ID``
-``GET /v1/elections``                            the elections led through this lockd (status
-                                                 page)
-===============================================  ==============================================
-
-Every route authorizes the election's name like a lock's (``lockd.server.access``: identity
-prefixes apply to it). Observe streams open through ``lockd.server.streams.open_stream``: they
-count against ``max_event_streams`` and the identity's share together with the lock event
-streams (503 ``too_many_streams`` / 429 ``too_many_identity_streams`` beyond), send
-``: keepalive`` every ``events_heartbeat_ms`` of silence and end when lockd stops. A campaign's
-wait ends early when its client goes away (499, nothing granted), as a lock acquire's does.
-Because
-``/v1/elections/{name}/observe`` is a stream, an election whose name ends in ``/observe``
-cannot be read with ``GET /v1/elections/{name}``.
+"""The election routes: ``/v1/elections/{name}/campaign|renew|resign|proclaim|handover``, the
+state, ``observe`` (SSE, resumable with ``Last-Event-ID``) and the list, on the core's plumbing;
+docs/http-api.md lists each answer. A handover needs an admin or the leader's own ``lease_id``
+and is audited; observe streams take a slot of ``lockd.server.streams`` like the lock event
+streams. An election named ``.../observe`` cannot be read with ``GET /v1/elections/{name}``.
 """
 
 from __future__ import annotations
