@@ -14,9 +14,12 @@
 
 Steps: (1) the lease's token is verified **offline** against lockd's public keys; the locks and
 fences claimed are the token's verified claims, never the lease object's own fields; (2) a
-transaction is opened; (3) ``SELECT fencing.claim(lock, fence)`` runs for every lock of the token
-in name order (code-point order, as the proxy locks fence rows, so two claimers of overlapping
-sets never deadlock); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
+transaction is opened; (3) every lock of the token is claimed in name order (code-point order, as
+the proxy locks fence rows, so two claimers of overlapping sets never deadlock), for what the
+token may do with it (``lockd.common.fencerule``): ``SELECT fencing.claim(lock, fence)`` for a
+lock it holds exclusively, ``fencing.claim_read`` for one it holds shared (a read lease: the
+same raise of the highest to its fence, but a claim under which the row triggers write
+nothing); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
 re-raised. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
 fence claimed).
 
@@ -44,7 +47,8 @@ Errors: ``InvalidToken`` (bad signature, unknown key: before any SQL); ``StaleTo
 (SQLSTATE ``LF001`` from ``fencing.claim``: ``lock``, ``presented``, ``highest``, the lease is
 marked lost, nothing committed) exactly as the HTTP client raises it; ``LockNotClaimedError``
 (SQLSTATE ``LF002``: a fence trigger refused a row of a lock this transaction did not claim,
-``lock`` names it); ``TransportError``/``ServiceUnavailable`` when lockd's keys cannot be
+``lock`` names it); ``SharedTokenError`` (SQLSTATE ``LF003``: a row of a lock the lease holds
+shared, claimed for reading only: a shared lease never writes); ``TransportError``/``ServiceUnavailable`` when lockd's keys cannot be
 fetched. Other database errors are the driver's own.
 
 Trust model. On the HTTP path the proxy verifies the token's signature, so a writer can only
@@ -72,18 +76,21 @@ from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     LockNotClaimedError,
+    SharedTokenError,
     StaleTokenError,
     TransactionStateError,
     body_or_raise,
     translate_transport_errors,
 )
+from lockd.common.fencerule import Fence, fences_of
 
 __all__ = ["fenced_transaction", "async_fenced_transaction"]
 
 STALE_SQLSTATE = "LF001"
 NOT_CLAIMED_SQLSTATE = "LF002"
-_PG_CLAIM = "SELECT fencing.claim(%s::text, %s::bigint)"
-_SA_CLAIM = "SELECT fencing.claim(CAST(:lock AS text), CAST(:fence AS bigint))"
+READ_ONLY_SQLSTATE = "LF003"
+_PG_CLAIM = "SELECT fencing.{fn}(%s::text, %s::bigint)"
+_SA_CLAIM = "SELECT fencing.{fn}(CAST(:lock AS text), CAST(:fence AS bigint))"
 _INERROR = 3  # libpq PQTRANS_INERROR: a statement failed, the transaction can only roll back
 _KEYS_TIMEOUT = 10.0  # seconds, for fetching lockd's JWKS with a client of our own
 _STALE_DETAIL = re.compile(r"lock=(?P<lock>\S+) presented=(?P<presented>\d+) highest=(?P<highest>\d+)")
@@ -214,9 +221,10 @@ async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Cla
     return claims
 
 
-def _in_lock_order(claims: tokens.Claims) -> list[tuple[str, int]]:
-    """``(lock, fence)`` of every lock of ``claims``, sorted by name (the order of the claims)."""
-    return sorted(claims.locks.items())
+def _in_lock_order(claims: tokens.Claims) -> list[Fence]:
+    """A fence of every lock of ``claims``, sorted by name (the order of the claims), each for
+    what the token's hold allows (``fencerule``: exclusive for writing, shared for reading)."""
+    return fences_of(claims, None)
 
 
 # --------------------------------------------------------------------------- the connection
@@ -324,10 +332,10 @@ class _Claiming:
 
     def error_for(self, exc: BaseException) -> LockClientError | None:
         state, message, detail = _pg_error(exc)
-        if state == NOT_CLAIMED_SQLSTATE:
+        if state in (NOT_CLAIMED_SQLSTATE, READ_ONLY_SQLSTATE):
             found = _LOCK_DETAIL.search(detail) or _LOCK_MESSAGE.search(message)
-            return LockNotClaimedError(message, lock=found and found["lock"],
-                                       problem={"detail": detail})
+            kind = LockNotClaimedError if state == NOT_CLAIMED_SQLSTATE else SharedTokenError
+            return kind(message, lock=found and found["lock"], problem={"detail": detail})
         if state != STALE_SQLSTATE:
             return None
         found = _STALE_DETAIL.search(detail) or _STALE_MESSAGE.search(message)
@@ -368,9 +376,9 @@ def fenced_transaction(conn: Any, lease: Any, *,
                 fairy = _sa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for lock, fence in _in_lock_order(claims):
-                claiming.now = (lock, fence)
-                _claim(kind, conn, lock, fence)
+            for fence in _in_lock_order(claims):
+                claiming.now = (fence.lock, fence.fence)
+                _claim(kind, conn, fence)
             claiming.now = None
             yield claims
             _refuse_aborted(driver)
@@ -398,9 +406,9 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
                 fairy = await _asa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for lock, fence in _in_lock_order(claims):
-                claiming.now = (lock, fence)
-                await _aclaim(kind, conn, lock, fence)
+            for fence in _in_lock_order(claims):
+                claiming.now = (fence.lock, fence.fence)
+                await _aclaim(kind, conn, fence)
             claiming.now = None
             yield claims
             _refuse_aborted(driver)
@@ -411,16 +419,18 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
         raise error from exc
 
 
-def _claim(kind: str, conn: Any, lock: str, fence: int) -> None:
+def _claim_sql(kind: str, fence: Fence) -> tuple[Any, Any]:
+    """The statement claiming ``fence`` for its purpose, and its parameters."""
+    fn = "claim" if fence.writes else "claim_read"
     if kind == "psycopg":
-        conn.execute(_PG_CLAIM, (lock, fence))
-    else:
-        conn.execute(sys.modules["sqlalchemy"].text(_SA_CLAIM), {"lock": lock, "fence": fence})
+        return _PG_CLAIM.format(fn=fn), (fence.lock, fence.fence)
+    return (sys.modules["sqlalchemy"].text(_SA_CLAIM.format(fn=fn)),
+            {"lock": fence.lock, "fence": fence.fence})
 
 
-async def _aclaim(kind: str, conn: Any, lock: str, fence: int) -> None:
-    if kind == "psycopg":
-        await conn.execute(_PG_CLAIM, (lock, fence))
-    else:
-        await conn.execute(sys.modules["sqlalchemy"].text(_SA_CLAIM),
-                           {"lock": lock, "fence": fence})
+def _claim(kind: str, conn: Any, fence: Fence) -> None:
+    conn.execute(*_claim_sql(kind, fence))
+
+
+async def _aclaim(kind: str, conn: Any, fence: Fence) -> None:
+    await conn.execute(*_claim_sql(kind, fence))

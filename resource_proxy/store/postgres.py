@@ -10,8 +10,8 @@
 - A fenced read pipelines the fence claim and the SELECT in one round trip; the SELECT is a
   separate statement so it takes its snapshot after the fence row was locked and raised, and sees
   every write that committed before (READ COMMITTED gives each statement a fresh snapshot).
-  Under a shared token the claim is a plain read of the highest (checked, never raised), so the
-  rows read are at least as new as the write that set it.
+  Its claim is for reading (``fencing.try_claim_read``: the same raise, under a shared token to
+  the read epoch, but a claim no row trigger accepts).
 
 Every fence claim is ``fencing.try_claim`` (``dbfence``): the conditional upsert of
 ``fencing.fences`` that also records the claim for the transaction, so where ``resource-proxy db
@@ -49,6 +49,7 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from lockd.common.fencerule import Fence
 from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
@@ -57,7 +58,7 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all, check_read
+from resource_proxy.fencing import PG_SCHEMA, check, check_all
 from resource_proxy.idempotency import PG_TABLE as RECORDS
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply, StaleReplay
 from resource_proxy.store.base import Row
@@ -246,13 +247,13 @@ class PostgresStore:
         """The fence upsert of each of ``fences`` (in lock order) inside the caller's
         transaction; the highest of each after it (``check_all`` decides)."""
         if len(fences) == 1:
-            cur = await conn.execute(self.sql.d.fence_upsert,
-                                     {"lock": fences[0].lock, "fence": fences[0].fence})
+            cur = await conn.execute(*self.sql.fence_claim(fences[0]))
             (highest,) = await cur.fetchone()  # type: ignore[misc]
             return [highest]
         cur = await conn.execute(self.sql.fence_upsert_many(),
                                  {"locks": [f.lock for f in fences],
-                                  "fences": [f.fence for f in fences]})
+                                  "fences": [f.fence for f in fences],
+                                  "purposes": [f.purpose.value for f in fences]})
         found = dict(await cur.fetchall())
         return [found[f.lock] for f in fences]
 
@@ -361,19 +362,15 @@ class PostgresStore:
         return rows
 
     def _fence_check(self, fence: Fence) -> tuple[str, dict[str, Any]]:
-        """The statement that checks ``fence``: the raising upsert, or for a shared fence a
-        plain read of the highest (a shared lease never raises it)."""
-        return (self.sql.d.fence_select if fence.shared else self.sql.d.fence_upsert,
-                {"lock": fence.lock, "fence": fence.fence})
+        """The statement that claims ``fence`` for its purpose: the raising upsert of a write
+        claim, or of a read claim (``fencing.try_claim_read``)."""
+        return self.sql.fence_claim(fence)
 
     @staticmethod
     def _judge(fence: Fence, found: tuple | None) -> int:
-        """``StaleToken`` unless ``fence`` passed; the highest (a never fenced lock's is 0)."""
+        """``StaleToken`` unless ``fence`` passed; the highest."""
         highest = int(found[0]) if found else 0
-        if fence.shared:
-            check_read(fence, highest)
-        else:
-            check(fence, highest)
+        check(fence, highest)
         return highest
 
     async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
