@@ -55,6 +55,7 @@ import sqlalchemy as sa
 from lockd.common.fencerule import Fence, Purpose, SharedHold, fence_for, fences_of, stale
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.tokens import Claims
+from resource_proxy.dbfence.grants import not_granted
 from resource_proxy.dbfence.install import ensure_core
 from resource_proxy.errors import InvalidRequest, SharedToken, StaleToken
 from resource_proxy.idempotency import add_fences_column, idempotency_table
@@ -67,6 +68,7 @@ __all__ = [
     "held_all",
     "check",
     "check_all",
+    "ClaimNotGranted",
     "create_fence_table",
     "validate_lock_name",
 ]
@@ -78,6 +80,17 @@ _LEGACY = "resource_proxy.fences"  # where proxies kept the fences before the fe
 _ADVISORY_KEY = 0x5250_4645_4E43  # "RPFENC": serializes concurrent first starts on PostgreSQL
 
 log = logging.getLogger("resource_proxy")
+# the claim functions the proxy's statements call (store.sql)
+_PROXY_CLAIMS = ("fencing.try_claim(text,bigint)", "fencing.try_claim_read(text,bigint)",
+                 "fencing.try_claim_many(text[],bigint[],text[])")
+_OWNERS = """SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relname = ANY(%(t)s)"""
+
+
+class ClaimNotGranted(ValueError):
+    """The proxy's database role may not execute a claim function it calls (one line saying
+    how to grant it: ``resource-proxy db install --claim-role``)."""
 
 
 def held(claims: Claims, lock: str, purpose: Purpose | None) -> Fence | None:
@@ -128,11 +141,13 @@ def check_all(fences: Sequence[Fence], highests: Sequence[int]) -> None:
         {"lock": f.lock, "presented": f.fence, "highest": h} for f, h in found])
 
 
-def create_fence_table(engine: sa.Engine) -> None:
+def create_fence_table(engine: sa.Engine, fenced: Sequence[str] = ()) -> None:
     """Create the fence table and the ``Idempotency-Key`` record table (``idempotency``) if they
     are missing, and add the record table's newer columns (safe when several proxies start at
-    once). On PostgreSQL: ``dbfence``'s core (``ensure_core``); fences of an older proxy's
-    ``resource_proxy.fences`` are kept."""
+    once). On PostgreSQL: ``dbfence``'s core (``ensure_core``), created for the owner of the
+    ``fenced`` tables when they have one owner the proxy's role may act as (so that owner can
+    run ``db install`` later); fences of an older proxy's ``resource_proxy.fences`` are kept.
+    ``ClaimNotGranted`` if the proxy's role may not execute the claim functions."""
     metadata = sa.MetaData()
     if engine.dialect.name != "postgresql":
         table = sa.Table(SQLITE_TABLE, metadata, sa.Column("lock", sa.Text, primary_key=True),
@@ -150,9 +165,15 @@ def create_fence_table(engine: sa.Engine) -> None:
             conn.execute(sa.schema.CreateSchema(PG_SCHEMA, if_not_exists=True))
         records.create(conn, checkfirst=True)
         add_fences_column(conn, records)
-        changed = ensure_core(conn).changed
+        owners = conn.exec_driver_sql(_OWNERS, {"t": list(fenced)}).scalars().all()
+        changed = ensure_core(conn, owner=owners[0] if len(owners) == 1 else None).changed
         if conn.exec_driver_sql(f"SELECT to_regclass('{_LEGACY}')").scalar() is not None:
             _merge_legacy(conn)
+        refused = not_granted(conn, _PROXY_CLAIMS)
+        if refused is not None:
+            me = conn.exec_driver_sql("SELECT current_user").scalar()
+            raise ClaimNotGranted(f"role {me!r} may not execute {refused}: resource-proxy db "
+                                  f"install --claim-role {me}")
     if changed:
         log.info("fence table and claim functions (schema fencing): %d object(s) created or "
                  "updated", len(changed))

@@ -29,7 +29,7 @@ from resource_proxy.dbfence.keys import key_expression, refusal
 from resource_proxy.policy import Policy, PolicyError, Template
 from resource_proxy.tables import Column, reflect
 
-__all__ = ["DbFencingError", "Protected", "Relation", "plan", "relations"]
+__all__ = ["DbFencingError", "Protected", "Relation", "governed", "plan", "relations"]
 
 
 class DbFencingError(ValueError):
@@ -124,6 +124,15 @@ def relations(conn: sa.Connection) -> dict[str, Relation]:
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')""").all()
     return {r[0]: Relation(r[0], r[1], r[2], r[4], tuple(r[5]), r[3]) for r in rows}
+
+
+def governed(rels: dict[str, Relation], names: Sequence[str]) -> set[str]:
+    """``names`` and every partition and inheritance descendant of them: the relations whose
+    rows are written under their templates."""
+    named = set(names)
+    return {n for n, r in rels.items()
+            if n in named or r.partition_root in named
+            or any(a in named for a in _ancestors(rels, n))} | named
 
 
 def _ancestors(rels: dict[str, Relation], name: str) -> list[str]:

@@ -21,8 +21,10 @@ claims the locks of the rows it writes, before it writes them).
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
   record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
 
-Sessions run with ``TimeZone = UTC`` (timestamps come back with ``+00:00``) and load json/jsonb
-with exact Decimals. Errors are translated at this boundary (``translate``); a connection that
+Sessions run with ``TimeZone = UTC`` (timestamps come back with ``+00:00``), ``lock_timeout``
+(``lock_timeout_ms``: a lock's fence row held by a claim another transaction keeps open is
+waited for that long, then 503 ``lock_timeout``, so it cannot take every pooled connection) and
+load json/jsonb with exact Decimals. Errors are translated at this boundary (``translate``); a connection that
 broke is discarded by the pool and replaced in the background, so the proxy recovers by itself
 when the database returns.
 
@@ -53,6 +55,7 @@ from lockd.common.fencerule import Fence
 from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
+    LockTimeout,
     NotFound,
     OutcomeUnknown,
     ProxyError,
@@ -75,7 +78,8 @@ log = logging.getLogger("resource_proxy.store")
 # unique, foreign key, exclusion; and a row of another lock refused by the database's fence
 # trigger (``dbfence``: a cascade or a trigger of the user's reached a row this write did not
 # claim): retrying cannot help, the message names the lock the write would need
-_CONFLICT = {"23505", "23503", "23P01", "LF002"}
+_CONFLICT = {"23505", "23503", "23P01", "LF002", "LF003"}
+_LOCK_TIMEOUT = "55P03"  # lock_not_available: lock_timeout ran out
 # A value the column's type cannot take (a cast or operator that does not exist for it), or a
 # generated column given a value: the client's input, not the database's health.
 _REFUSED = {"42804", "42846", "42883", "42P18", "428C9"}
@@ -154,12 +158,15 @@ class _Flight:
 
 
 class PostgresStore:
-    """``Store`` on PostgreSQL. ``pool_size`` connections; ``timeout_s`` to get one (then 503)."""
+    """``Store`` on PostgreSQL. ``pool_size`` connections; ``timeout_s`` to get one (then 503);
+    ``lock_timeout_ms``: the longest a statement waits for a lock (then 503 ``lock_timeout``)."""
 
-    def __init__(self, url: str, catalog: Catalog, *, pool_size: int = 10, timeout_s: float = 3.0):
+    def __init__(self, url: str, catalog: Catalog, *, pool_size: int = 10, timeout_s: float = 3.0,
+                 lock_timeout_ms: int = 1000):
         self.catalog = catalog
         self.sql = SqlBuilder(POSTGRES)
         self._timeout = timeout_s
+        self._lock_timeout_ms = int(lock_timeout_ms)
         self._purged = float("-inf")
         self._purge_task: asyncio.Task | None = None
         self._pool = AsyncConnectionPool(
@@ -175,10 +182,9 @@ class PostgresStore:
             open=False,
         )
 
-    @staticmethod
-    async def _configure(conn: psycopg.AsyncConnection) -> None:
+    async def _configure(self, conn: psycopg.AsyncConnection) -> None:
         set_json_loads(loads, conn)
-        await conn.execute("SET TimeZone TO 'UTC'")
+        await conn.execute(f"SET TimeZone TO 'UTC'; SET lock_timeout = {self._lock_timeout_ms}")
 
     async def open(self) -> None:
         await self._pool.open(wait=False)
@@ -212,6 +218,12 @@ class PostgresStore:
         except (psycopg.Error, OSError) as exc:
             if flight is not None and flight.committing and (conn.broken or conn.closed):
                 raise OutcomeUnknown(_UNKNOWN) from None
+            if getattr(exc, "sqlstate", None) == _LOCK_TIMEOUT:
+                raise LockTimeout(
+                    f"a lock this request needs (its lock's fence row, claimed by another "
+                    f"transaction that is still open, or a row) was not released within "
+                    f"{self._lock_timeout_ms} ms; nothing was committed (retry later)",
+                    timeout_ms=self._lock_timeout_ms) from None
             raise translate(exc) from None
         finally:
             await self._pool.putconn(conn)
@@ -274,7 +286,8 @@ class PostgresStore:
                 cur = await conn.execute(sql, params)
                 row = await cur.fetchone()
             except psycopg.Error as exc:
-                if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57")) or conn.broken:
+                if (exc.sqlstate is None or exc.sqlstate.startswith(("08", "57"))
+                        or exc.sqlstate == _LOCK_TIMEOUT or conn.broken):
                     raise
                 raise translate(exc).with_extra(op_index=index) from None
             if row is None:
