@@ -26,10 +26,13 @@ fence claimed).
 ``lease``: a ``Lease``/``AsyncLease`` (or multi-lock ``MultiLease``/``AsyncMultiLease``) of
 either client, or the token text itself. Keys (``jwks=``): a JWKS dict or a
 ``lockd.tokens.Verifier``; if omitted, ``GET {lockd}/v1/keys`` of the lease's client (or of
-``lockd_url=``, required for a bare token) is fetched once per lockd URL, cached for the process
-and fetched again when a token names a key (``kid``) the cached set lacks (lockd rotated). The
-fetch goes through the lease's own HTTP client (its TLS settings) when it can, else through a
-default ``httpx`` client: for an https lockd with a private CA and a bare token, pass ``jwks=``.
+``lockd_url=``, required for a bare token) is kept per lockd URL for the process by the rules the
+proxy keeps (``lockd.common.keycache``): fetched again when a token names a key (``kid``) the
+set lacks (lockd rotated), at most once per ``KEYS_MIN_INTERVAL_S`` (1 s), and once the set is
+older than ``KEYS_MAX_AGE_S`` (60 s, lockd's ``Cache-Control``), so a retired key's tokens stop
+verifying within it; while lockd cannot be reached the set it has is kept. The fetch goes
+through the lease's own HTTP client (its TLS settings) when it can, else through a default
+``httpx`` client: for an https lockd with a private CA and a bare token, pass ``jwks=``.
 One lease per transaction: for several locks use one multi-lock lease (``acquire_many``).
 
 Transactions: the claims must sit in the transaction that commits the block's writes, so the
@@ -43,13 +46,14 @@ moved on. A SQLAlchemy connection in ``AUTOCOMMIT`` mode is refused the same way
 aborted, which PostgreSQL would turn into a silent ROLLBACK at COMMIT: that is raised as
 ``TransactionStateError`` (``code="transaction_aborted"``) instead.
 
-Errors: ``InvalidToken`` (bad signature, unknown key: before any SQL); ``StaleTokenError``
-(SQLSTATE ``LF001`` from ``fencing.claim``: ``lock``, ``presented``, ``highest``, the lease is
-marked lost, nothing committed) exactly as the HTTP client raises it; ``LockNotClaimedError``
-(SQLSTATE ``LF002``: a fence trigger refused a row of a lock this transaction did not claim,
-``lock`` names it); ``SharedTokenError`` (SQLSTATE ``LF003``: a row of a lock the lease holds
-shared, claimed for reading only: a shared lease never writes); ``TransportError``/``ServiceUnavailable`` when lockd's keys cannot be
-fetched. Other database errors are the driver's own.
+Errors: ``InvalidToken`` (bad signature, unknown key: before any SQL); ``ServiceUnavailable``
+(``code="lockd_unreachable"``: the token's key is unknown and lockd's keys cannot be fetched;
+before any SQL); ``StaleTokenError`` (SQLSTATE ``LF001`` from ``fencing.claim``: ``lock``,
+``presented``, ``highest``, the lease is marked lost, nothing committed) exactly as the HTTP
+client raises it; ``LockNotClaimedError`` (SQLSTATE ``LF002``: a fence trigger refused a row of
+a lock this transaction did not claim, ``lock`` names it); ``SharedTokenError`` (SQLSTATE
+``LF003``: a row of a lock the lease holds shared, claimed for reading only: a shared lease
+never writes). Other database errors are the driver's own.
 
 Trust model. On the HTTP path the proxy verifies the token's signature, so a writer can only
 present fences lockd issued. On the SQL path the database cannot check a signature: it trusts
@@ -76,6 +80,7 @@ from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     LockNotClaimedError,
+    ServiceUnavailable,
     SharedTokenError,
     StaleTokenError,
     TransactionStateError,
@@ -83,6 +88,7 @@ from lockd.client.errors import (
     translate_transport_errors,
 )
 from lockd.common.fencerule import Fence, fences_of
+from lockd.common.keycache import AsyncKeyCache, KeyCache, KeysUnavailable
 
 __all__ = ["fenced_transaction", "async_fenced_transaction"]
 
@@ -99,14 +105,21 @@ _STALE_MESSAGE = re.compile(r'stale fence (?P<presented>\d+) for lock "(?P<lock>
 _LOCK_DETAIL = re.compile(r"lock=(?P<lock>\S+)")
 _LOCK_MESSAGE = re.compile(r'lock "(?P<lock>[^"]+)"')
 
-_keys: dict[str, tokens.Verifier] = {}
-"""lockd URL -> the verifier of its last fetched JWKS (shared by every call in the process)."""
+KEYS_MIN_INTERVAL_S = 1.0
+"""Least time between two fetches of one lockd's keys (seconds)."""
+KEYS_MAX_AGE_S = 60.0
+"""A lockd's keys are fetched again once this old (seconds; lockd's ``Cache-Control``)."""
+
+_keys: dict[str, KeyCache] = {}
+"""lockd URL -> its keys for blocking calls (shared by every call in the process)."""
+_akeys: dict[str, AsyncKeyCache] = {}
+"""lockd URL -> its keys for asyncio calls."""
 
 _VERIFIED_MAX = 4096
 _verified_tokens: dict[tuple[tokens.Verifier, str], tokens.Claims] = {}
-"""(verifier, token) -> its claims: a lease's token is verified once, not on every transaction
-(an Ed25519 check costs about 0.1-0.5 ms here). Keyed by the verifier object, so keys fetched
-anew (a rotation) verify every token afresh; the oldest entry goes first when full."""
+"""(verifier, token) -> its claims, for keys given with ``jwks=``: a lease's token is verified
+once, not on every transaction (an Ed25519 check costs about 0.1-0.5 ms here). Keyed by the
+verifier object; the oldest entry goes first when full."""
 
 
 def _verify(verifier: tokens.Verifier, token: str) -> tokens.Claims:
@@ -150,31 +163,25 @@ def _lockd_of(lease: Any, lockd_url: str | None) -> tuple[str, Any]:
     return url.rstrip("/"), getattr(client, "_http", None)
 
 
+def _refused(exc: Exception, where: str) -> LockClientError:
+    """The client's error for a token the keys refused (``KeysUnavailable``, ``TokenError``)."""
+    if isinstance(exc, KeysUnavailable):
+        return ServiceUnavailable(f"token not verified before any SQL: {exc}",
+                                  code="lockd_unreachable")
+    return InvalidToken(f"token refused before any SQL: {exc} ({where})", code="invalid_token")
+
+
 def _check(verifier: tokens.Verifier, token: str, where: str, *,
            remember: bool = True) -> tokens.Claims:
     try:
         return _verify(verifier, token) if remember else verifier.verify(token)
     except tokens.TokenError as exc:
-        raise InvalidToken(f"token refused before any SQL: {exc} ({where})",
-                           code="invalid_token") from None
+        raise _refused(exc, where) from None
 
 
-def _cached_claims(token: str, url: str) -> tokens.Claims | None:
-    """The claims if the cached keys of ``url`` verify ``token``; None if they lack its key."""
-    verifier = _keys.get(url)
-    if verifier is None:
-        return None
-    try:
-        return _verify(verifier, token)
-    except tokens.UnknownKey:
-        return None  # maybe rotated: fetch again
-    except tokens.TokenError as exc:
-        raise InvalidToken(f"token refused before any SQL: {exc}", code="invalid_token") from None
-
-
-def _keys_fetched(url: str, body: Any) -> tokens.Verifier:
-    _keys[url] = verifier = tokens.Verifier(body if isinstance(body, Mapping) else {})
-    return verifier
+def _rules(url: str) -> dict[str, Any]:
+    return {"min_interval_s": KEYS_MIN_INTERVAL_S, "max_age_s": KEYS_MAX_AGE_S,
+            "source": f"{url}/v1/keys"}
 
 
 def _fetch_keys(url: str, http: Any) -> Any:
@@ -203,10 +210,17 @@ def _verified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
         # a JWKS dict makes a new verifier per call: nothing worth remembering under it
         return _check(fixed, token, "keys given by jwks=", remember=fixed is jwks)
     url, http = _lockd_of(lease, lockd_url)
-    claims = _cached_claims(token, url)
-    if claims is None:
-        claims = _check(_keys_fetched(url, _fetch_keys(url, http)), token, f"keys of {url}")
-    return claims
+
+    def load() -> Any:
+        return _fetch_keys(url, http)
+
+    keys = _keys.get(url)
+    if keys is None:
+        keys = _keys.setdefault(url, KeyCache(load, **_rules(url)))
+    try:
+        return keys.verify(token, loader=load)
+    except (tokens.TokenError, KeysUnavailable) as exc:
+        raise _refused(exc, f"keys of {url}") from None
 
 
 async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
@@ -215,10 +229,17 @@ async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Cla
         # a JWKS dict makes a new verifier per call: nothing worth remembering under it
         return _check(fixed, token, "keys given by jwks=", remember=fixed is jwks)
     url, http = _lockd_of(lease, lockd_url)
-    claims = _cached_claims(token, url)
-    if claims is None:
-        claims = _check(_keys_fetched(url, await _afetch_keys(url, http)), token, f"keys of {url}")
-    return claims
+
+    async def load() -> Any:
+        return await _afetch_keys(url, http)
+
+    keys = _akeys.get(url)
+    if keys is None:
+        keys = _akeys.setdefault(url, AsyncKeyCache(load, **_rules(url)))
+    try:
+        return await keys.verify(token, loader=load)
+    except (tokens.TokenError, KeysUnavailable) as exc:
+        raise _refused(exc, f"keys of {url}") from None
 
 
 def _in_lock_order(claims: tokens.Claims) -> list[Fence]:
