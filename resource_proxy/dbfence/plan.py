@@ -81,28 +81,36 @@ class Protected:
     def truncate_trigger_on(self) -> list[str]:
         return [self.table, *self.partitions, *self.children]
 
-    def lock_sql(self) -> str:
-        """``CREATE FUNCTION fencing.lock_of_<table>(key columns)`` (templated tables only)."""
-        assert self.lock_function is not None
-        index = {c.name: i + 1 for i, c in enumerate(self.columns)}
+    def lock_expression(self, refs: dict[str, str], *, inline: bool = False) -> str:
+        """The row's lock name from its key columns (``refs``: column -> SQL expression), with
+        the ``fencing.key_*`` calls or (``inline``) what they compute."""
         parts: list[str] = []
         for kind, value in self.template.parts:
             if kind == "lit":
                 parts.append(sql.literal(value))
             else:
                 names = self._key() if value == "key" else [value]
-                pieces = [key_expression(self._column(n), f"${index[n]}") for n in names]
+                pieces = [key_expression(self._column(n), refs[n], inline=inline)
+                          for n in names]
                 parts.append(" || '/' || ".join(pieces))
+        return " || ".join(parts)
+
+    def lock_sql(self) -> str:
+        """``CREATE FUNCTION fencing.lock_of_<table>(key columns)`` (templated tables only)."""
+        assert self.lock_function is not None
+        refs = {c.name: f"${i + 1}" for i, c in enumerate(self.columns)}
         args = [(c.name, c.cast) for c in self.columns]
-        return sql.lock_function(self.lock_function, args, " || ".join(parts))
+        return sql.lock_function(self.lock_function, args, self.lock_expression(refs))
 
     def guard_sql(self) -> str:
+        """The row trigger function: ``lock_of_<table>``'s expression written out over NEW and
+        OLD (no function call per row: ``sql.inline_key``)."""
         if self.template.literal:
             return sql.guard_function(self.guard_function, self.table, None, None,
                                       self.template.text)
-        fn = f"fencing.{sql.ident(self.lock_function or '')}"
-        new = f"{fn}({', '.join('NEW.' + sql.ident(c.name) for c in self.columns)})"
-        old = f"{fn}({', '.join('OLD.' + sql.ident(c.name) for c in self.columns)})"
+        new, old = (self.lock_expression({c.name: f"{row}.{sql.ident(c.name)}"
+                                          for c in self.columns}, inline=True)
+                    for row in ("NEW", "OLD"))
         return sql.guard_function(self.guard_function, self.table, new, old, None)
 
     def _key(self) -> list[str]:

@@ -43,11 +43,13 @@ function, shortened to Python's ``repr`` where PostgreSQL's text is one digit lo
 from __future__ import annotations
 
 import hashlib
+import re
 
 __all__ = ["SCHEMA", "FENCES", "TRIGGER", "TRUNCATE_TRIGGER", "LF_STALE", "LF_UNCLAIMED",
-           "LF_READ_ONLY", "BASE", "CLAIM_FUNCTIONS", "PINNED", "KEY_FUNCTIONS", "exempt_function", "lock_function", "guard_function",
-           "guard_trigger", "truncate_trigger", "ident", "literal", "object_name", "digest",
-           "PROXY_TRY_CLAIM", "PROXY_TRY_CLAIM_READ", "PROXY_TRY_CLAIM_MANY"]
+           "LF_READ_ONLY", "BASE", "CLAIM_FUNCTIONS", "PINNED", "KEY_FUNCTIONS",
+           "exempt_function", "lock_function", "guard_function", "guard_trigger",
+           "truncate_trigger", "inline_key", "inline_escape", "ident", "literal", "object_name",
+           "digest", "PROXY_TRY_CLAIM", "PROXY_TRY_CLAIM_READ", "PROXY_TRY_CLAIM_MANY"]
 
 SCHEMA = "fencing"
 FENCES = "fencing.fences"
@@ -193,10 +195,7 @@ BEGIN
 END
 $fn$"""
 
-_ESCAPE = r"""CREATE OR REPLACE FUNCTION fencing.escape(t text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE SET search_path = pg_catalog, pg_temp
-AS $fn$
-SELECT CASE WHEN t ~ '^[A-Za-z0-9_-][A-Za-z0-9._-]*$' COLLATE "C" THEN t
+_ESCAPE_BODY = r"""SELECT CASE WHEN t ~ '^[A-Za-z0-9_-][A-Za-z0-9._-]*$' COLLATE "C" THEN t
 ELSE coalesce((
     SELECT string_agg(CASE WHEN b BETWEEN 48 AND 57 OR b BETWEEN 65 AND 90
                                 OR b BETWEEN 97 AND 122 OR b IN (45, 95) OR (b = 46 AND i > 0)
@@ -205,7 +204,11 @@ ELSE coalesce((
     FROM (SELECT i, get_byte(u, i) AS b
           FROM (SELECT convert_to(t, 'UTF8') AS u) AS bytes,
                generate_series(0, octet_length(u) - 1) AS i) AS each_byte), '')
-END
+END"""
+_ESCAPE = f"""CREATE OR REPLACE FUNCTION fencing.escape(t text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE {PINNED}
+AS $fn$
+{_ESCAPE_BODY}
 $fn$"""
 
 # The canonical text (canonical.canonical) of each supported kind, from the stored value.
@@ -281,6 +284,30 @@ def _key_function(name: str) -> str:
     return (f"CREATE OR REPLACE FUNCTION fencing.{name}(v {arg}) RETURNS text\n"
             f"LANGUAGE sql STABLE STRICT PARALLEL SAFE {PINNED}\n"
             f"AS $fn$\n{body}\n$fn$")
+
+
+def _inline(body: str, param: str, ref: str) -> str:
+    """``body`` (``SELECT <expr>`` of a STRICT one-parameter SQL function) as an expression of
+    ``ref``: NULL for a NULL ``ref``, as the function's call."""
+    expr = re.sub(rf"\b{param}\b", f"({ref})", body.removeprefix("SELECT "))
+    return f"(CASE WHEN ({ref}) IS NULL THEN NULL ELSE {expr} END)"
+
+
+def inline_key(name: str, ref: str) -> str:
+    """What ``fencing.<name>(ref)`` (a ``KEY_FUNCTIONS`` entry) computes, as an expression with
+    no call (``key_float8``, in PL/pgSQL, stays a call). The row triggers use it: a SQL function
+    pinned to a search path is not inlined by the planner, and a call per key and row costs
+    about ten times the expression (docs/db-fencing.md, "Cost")."""
+    if name == "key_float8":
+        return f"fencing.key_float8({ref})"
+    if name == "key_timestamptz":
+        return inline_key("key_timestamp", f"({ref}) AT TIME ZONE 'UTC'")
+    return _inline(KEY_FUNCTIONS[name][1], "v", ref)
+
+
+def inline_escape(ref: str) -> str:
+    """What ``fencing.escape(ref)`` computes, as an expression with no call."""
+    return _inline(_ESCAPE_BODY, "t", ref)
 
 
 _CLAIMED = f"""CREATE OR REPLACE FUNCTION fencing.claimed(lock text) RETURNS boolean
