@@ -76,6 +76,19 @@ MUTANT_WORKLOAD ?=
 mutants: install
 	$(BIN)/python -m chaos.mutants --seconds $(MUTANT_SECONDS) $(if $(MUTANT_WORKLOAD),--workload $(MUTANT_WORKLOAD)) $(if $(MUTANT_ONLY),--only $(MUTANT_ONLY))
 
+## Model-based test across primitives (tests/model, docs/development.md): the state machine
+## make test runs briefly (a fixed seed per store, ~30 s each), run longer with a random seed per
+## store, printed so MODEL_SEED=N repeats it. MODEL_EXAMPLES runs per store (default 300) of
+## MODEL_STEPS steps (default 60); MODEL_STORE=sqlite|postgres|etcd|all (default all). About 10 min
+## with the defaults on 2 idle cores (etcd's share the longest: each run lets one lease expire).
+MODEL_EXAMPLES ?= 300
+MODEL_STEPS    ?= 60
+MODEL_SEED     ?=
+MODEL_STORE    ?= all
+.PHONY: model
+model: install
+	MODEL_EXAMPLES=$(MODEL_EXAMPLES) MODEL_STEPS=$(MODEL_STEPS) $(if $(MODEL_SEED),MODEL_SEED=$(MODEL_SEED),MODEL_RANDOM=1) $(BIN)/python -m pytest tests/model -p no:cacheprovider -rA $(if $(filter-out all,$(MODEL_STORE)),-k $(MODEL_STORE))
+
 ## The docs site (mkdocs.yml, docs/): `make docs` builds it into site/ with --strict, so a broken
 ## link or anchor fails; `make docs-serve` serves it, rebuilt on every edit, at http://127.0.0.1:8000.
 .PHONY: docs docs-serve

@@ -75,17 +75,15 @@ def call_of(request: Request) -> str:
     return _CALLS.get(getattr(endpoint, "__name__", ""), "other")
 
 
-def _claims_lock(request: Request, raised: bool = False) -> tuple[str, int] | None:
-    """(lock, fence) of the request's token if it was verified already (a cache lookup);
-    ``raised``: None for a token that holds its lock shared (its answered calls raise nothing)."""
+def _claims_lock(request: Request) -> tuple[str, int] | None:
+    """(lock, fence) of the request's token if it was verified already (a cache lookup); an
+    answered fenced call raised the lock's highest to that fence, whatever the token's mode."""
     token = request.headers.get(_TOKEN_HEADER)
     service = getattr(request.app.state, "service", None)
     if not token or service is None:
         return None
     claims = service.keys.peek(token.strip())
     if claims is None or claims.lock is None or claims.fence is None:
-        return None
-    if raised and claims.lock in claims.shared:
         return None
     return (claims.lock, claims.fence)
 
@@ -106,7 +104,7 @@ def record(request: Request, call: str, status: int, error: ProxyError | None = 
     if error is None:
         if call in WRITE_CALLS:
             activity.writes_ok_total += 1
-        claims = _claims_lock(request, raised=True)
+        claims = _claims_lock(request)
         if claims is not None:
             activity.fenced(*claims)
         return

@@ -5,9 +5,15 @@ name the database, the policy and the allow-list as ``serve`` does (flags overri
 ``PROXY_DATABASE_URL``, ``PROXY_POLICY``, ``PROXY_TABLES``), so one configuration serves both.
 The report's lines go to stdout.
 
-Exit status: 0 done (``check``: nothing missing or disabled); 1 ``check`` found a problem, or
-the database could not be used (one line); 2 a policy or table list the database cannot enforce,
-or bad options (one line on stderr, nothing changed).
+Exit status: 0 done (``check``: all is protected, ``CheckReport.ok``); 1 ``check`` found a
+problem (a table without its triggers, a trigger disabled or firing after the check, a claim
+function open to PUBLIC, a role other than a superuser that can bypass the triggers), or the
+database could not be used (one line); 2 a policy or table list the database cannot enforce, a
+role that does not exist, or bad options (one line on stderr, nothing changed).
+
+``install --claim-role ROLE`` (repeatable): the roles that may execute the claim functions
+besides their owner: the proxy's role when it does not own them, and ``fenced_transaction``'s
+writers. EXECUTE is never PUBLIC's; a later install converges to the roles it names.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ __all__ = ["add_parser", "run"]
 
 _HELP = {
     "install": "install (or bring up to date) the fence triggers on the served tables",
-    "check": "list protected tables without triggers, and roles that can bypass them",
+    "check": "list protected tables without triggers, roles that can claim, and roles that "
+             "can bypass the triggers",
     "uninstall": "remove every fence trigger and function (fencing.fences is kept)",
 }
 
@@ -52,6 +59,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         if action == "install":
             sub.add_argument("--exempt-role", action="append", default=[], metavar="ROLE",
                              help="a role whose writes skip the check (migrations); repeatable")
+            sub.add_argument("--claim-role", action="append", default=[], metavar="ROLE",
+                             help="a role that may call the claim functions (the proxy's role "
+                             "unless it owns them, fenced_transaction's writers); repeatable; "
+                             "every other role but the owner loses EXECUTE")
 
 
 def _option(value: str | None, env: str) -> str | None:
@@ -84,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.action == "install":
-            report = install(engine, policy, tables, exempt_roles=args.exempt_role)
+            report = install(engine, policy, tables, exempt_roles=args.exempt_role,
+                             claim_roles=args.claim_role)
         elif args.action == "check":
             report = check(engine, policy, tables)
         else:

@@ -24,7 +24,11 @@
     │                                                       (``lock``, ``presented``, ``highest``)
     ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
     ├── StoreUnavailable            503  database_unavailable  the database did not answer and
-    │                                                       nothing was committed: safe to retry
+    │   │                                                   nothing was committed: safe to retry
+    │   └── LockTimeout             503  lock_timeout       a fence row (or row) the request needs
+    │                                                       stayed locked by another transaction
+    │                                                       beyond ``lock_timeout_ms``: nothing
+    │                                                       was committed, retry after a while
     └── OutcomeUnknown              502  outcome_unknown    the connection broke while the write
                                                             (its COMMIT) was in flight: it may or
                                                             may not have committed
@@ -62,6 +66,7 @@ __all__ = [
     "StaleToken",
     "Conflict",
     "StoreUnavailable",
+    "LockTimeout",
     "OutcomeUnknown",
     "LockdUnreachable",
 ]
@@ -171,6 +176,15 @@ class StoreUnavailable(ProxyError):
     answered with an error (503 ``database_unavailable``, ``Retry-After: 1``). Safe to retry."""
 
     status, code, title = 503, "database_unavailable", "Database unavailable"
+
+
+class LockTimeout(StoreUnavailable):
+    """A lock the request waited for (a lock's fence row: another transaction holds a claim on
+    it, or a row) was not released within ``lock_timeout_ms`` (503 ``lock_timeout``,
+    ``Retry-After: 1``): nothing was committed. The timeout keeps a claim held open elsewhere
+    from tying up the proxy's connections and starving every other request."""
+
+    status, code, title = 503, "lock_timeout", "Lock wait timed out"
 
 
 class OutcomeUnknown(ProxyError):

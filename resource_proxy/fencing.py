@@ -28,10 +28,16 @@ fence passed iff the returned value equals it; otherwise the returned value is t
 of the 409, read under the row lock (a later ``SELECT`` could see an older snapshot). Equal
 fences pass: they are the same holder's next write.
 
+Which fence a token presents, and for what (write or read), is ``lockd.common.fencerule``'s one
+rule; ``held`` gives its refusal the proxy's 403. Writes, batches and claims raise the highest
+for ``WRITE``; fenced reads (and a shared token's claim-for-read) for ``READ``: the same raise
+and the same staleness test, but the claim never lets a row be written.
+
 On PostgreSQL the table is ``fencing.fences``, the one the database-side fence triggers read
-(``dbfence``), and the proxy raises it through ``fencing.try_claim``/``try_claim_many``: the same
-conditional upsert, which also records the claim for the transaction, so the proxy's own writes
-pass the row triggers where ``resource-proxy db install`` put them. At start the proxy creates
+(``dbfence``), and the proxy raises it through ``fencing.try_claim``/``try_claim_read``/
+``try_claim_many``: the same conditional upsert, which also records the claim (for writing or
+for reading only) for the transaction, so the proxy's own writes pass the row triggers where
+``resource-proxy db install`` put them. At start the proxy creates
 that core (schema, table, claim functions; never the triggers) if missing, moving an older
 ``resource_proxy.fences`` there. SQLite, which has no schemas, keeps ``resource_proxy_fences``
 (and serializes writers with ``BEGIN IMMEDIATE``). Both are created idempotently at start, before
@@ -42,13 +48,14 @@ any request is served; the ``Idempotency-Key`` records stay in the proxy's own s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from lockd.common.fencerule import Fence, Purpose, SharedHold, fence_for, fences_of, stale
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.tokens import Claims
+from resource_proxy.dbfence.grants import not_granted
 from resource_proxy.dbfence.install import ensure_core
 from resource_proxy.errors import InvalidRequest, SharedToken, StaleToken
 from resource_proxy.idempotency import add_fences_column, idempotency_table
@@ -57,12 +64,11 @@ __all__ = [
     "PG_SCHEMA",
     "PG_FENCES",
     "SQLITE_TABLE",
-    "Fence",
     "held",
+    "held_all",
     "check",
     "check_all",
-    "check_read",
-    "in_lock_order",
+    "ClaimNotGranted",
     "create_fence_table",
     "validate_lock_name",
 ]
@@ -74,43 +80,35 @@ _LEGACY = "resource_proxy.fences"  # where proxies kept the fences before the fe
 _ADVISORY_KEY = 0x5250_4645_4E43  # "RPFENC": serializes concurrent first starts on PostgreSQL
 
 log = logging.getLogger("resource_proxy")
+# the claim functions the proxy's statements call (store.sql)
+_PROXY_CLAIMS = ("fencing.try_claim(text,bigint)", "fencing.try_claim_read(text,bigint)",
+                 "fencing.try_claim_many(text[],bigint[],text[])")
+_OWNERS = """SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = current_schema() AND c.relname = ANY(%(t)s)"""
 
 
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """A verified (lock, fence) pair, taken from a token's claims (``held``). ``multi``: the
-    token is a multi-lock token (its 409 lists every stale lock in ``stale``). ``shared``: the
-    token holds the lock shared, so the fence is a read epoch: a store checks it
-    (``check_read``) and never raises the highest to it."""
-
-    lock: str
-    fence: int
-    multi: bool = False
-    shared: bool = False
+class ClaimNotGranted(ValueError):
+    """The proxy's database role may not execute a claim function it calls (one line saying
+    how to grant it: ``resource-proxy db install --claim-role``)."""
 
 
-def held(claims: Claims, lock: str, *, writing: bool) -> Fence | None:
-    """The token's ``Fence`` for ``lock``, or None if the token does not hold ``lock``.
-
-    The ONE place a write's fence is taken from a token: with ``writing`` (a row write, a batch
-    op, a claim that raises) a lock the token holds SHARED is refused with ``SharedToken``
-    (403 ``shared_token`` naming the lock) before the store is called, so nothing is written
-    or raised. Without it (a fenced read, a claim-for-read) the shared fence is returned for
-    the store to check without raising."""
-    fence = claims.locks.get(lock)
-    if fence is None:
-        return None
-    shared = lock in claims.shared
-    if shared and writing:
-        raise SharedToken(lock)
-    return Fence(lock, fence, claims.multi, shared)
+def held(claims: Claims, lock: str, purpose: Purpose | None) -> Fence | None:
+    """``fencerule.fence_for`` with the proxy's error: the token's ``Fence`` for ``lock`` (None
+    if it does not hold it); 403 ``shared_token`` naming the lock for a ``WRITE`` under a
+    shared hold, before the store is called, so nothing is written or raised."""
+    try:
+        return fence_for(claims, lock, purpose)
+    except SharedHold as exc:
+        raise SharedToken(exc.lock) from None
 
 
-def in_lock_order(fences: Iterable[Fence]) -> list[Fence]:
-    """``fences`` sorted by lock name (code-point order, the ``COLLATE "C"`` order): the order in
-    which every transaction that checks several fences locks their rows, so two such
-    transactions never wait for each other in a cycle."""
-    return sorted(fences, key=lambda f: f.lock)
+def held_all(claims: Claims, purpose: Purpose | None) -> list[Fence]:
+    """``fencerule.fences_of`` (every lock of the token, lock order) with the proxy's error."""
+    try:
+        return fences_of(claims, purpose)
+    except SharedHold as exc:
+        raise SharedToken(exc.lock) from None
 
 
 def validate_lock_name(name: str) -> str:
@@ -126,36 +124,30 @@ def check(fence: Fence, highest: int) -> None:
     check_all([fence], [highest])
 
 
-def check_read(fence: Fence, highest: int) -> None:
-    """A shared fence's check: ``StaleToken`` if the ``highest`` honoured (read, not raised)
-    is above the presented read epoch; an equal or higher epoch passes (a shared grant carries
-    the current fence, 0 before any exclusive grant)."""
-    if highest > fence.fence:
-        raise StaleToken(fence.lock, fence.fence, highest)
-
-
 def check_all(fences: Sequence[Fence], highests: Sequence[int]) -> None:
-    """Raise ``StaleToken`` unless every upsert returned its presented fence.
+    """Raise ``StaleToken`` unless every upsert returned its presented fence (``fencerule.stale``).
 
     The error names the first stale lock (lock order) in ``lock``/``presented``/``highest``;
     for a multi-lock token it also lists every stale lock in ``stale``
     (``[{"lock", "presented", "highest"}, ...]``).
     """
-    stale = [(f, h) for f, h in zip(fences, highests, strict=True) if h != f.fence]
-    if not stale:
+    found = stale(fences, highests)
+    if not found:
         return
-    first, highest = stale[0]
+    first, highest = found[0]
     if not any(f.multi for f in fences):
         raise StaleToken(first.lock, first.fence, highest)
     raise StaleToken(first.lock, first.fence, highest, stale=[
-        {"lock": f.lock, "presented": f.fence, "highest": h} for f, h in stale])
+        {"lock": f.lock, "presented": f.fence, "highest": h} for f, h in found])
 
 
-def create_fence_table(engine: sa.Engine) -> None:
+def create_fence_table(engine: sa.Engine, fenced: Sequence[str] = ()) -> None:
     """Create the fence table and the ``Idempotency-Key`` record table (``idempotency``) if they
     are missing, and add the record table's newer columns (safe when several proxies start at
-    once). On PostgreSQL: ``dbfence``'s core (``ensure_core``); fences of an older proxy's
-    ``resource_proxy.fences`` are kept."""
+    once). On PostgreSQL: ``dbfence``'s core (``ensure_core``), created for the owner of the
+    ``fenced`` tables when they have one owner the proxy's role may act as (so that owner can
+    run ``db install`` later); fences of an older proxy's ``resource_proxy.fences`` are kept.
+    ``ClaimNotGranted`` if the proxy's role may not execute the claim functions."""
     metadata = sa.MetaData()
     if engine.dialect.name != "postgresql":
         table = sa.Table(SQLITE_TABLE, metadata, sa.Column("lock", sa.Text, primary_key=True),
@@ -173,9 +165,15 @@ def create_fence_table(engine: sa.Engine) -> None:
             conn.execute(sa.schema.CreateSchema(PG_SCHEMA, if_not_exists=True))
         records.create(conn, checkfirst=True)
         add_fences_column(conn, records)
-        changed = ensure_core(conn).changed
+        owners = conn.exec_driver_sql(_OWNERS, {"t": list(fenced)}).scalars().all()
+        changed = ensure_core(conn, owner=owners[0] if len(owners) == 1 else None).changed
         if conn.exec_driver_sql(f"SELECT to_regclass('{_LEGACY}')").scalar() is not None:
             _merge_legacy(conn)
+        refused = not_granted(conn, _PROXY_CLAIMS)
+        if refused is not None:
+            me = conn.exec_driver_sql("SELECT current_user").scalar()
+            raise ClaimNotGranted(f"role {me!r} may not execute {refused}: resource-proxy db "
+                                  f"install --claim-role {me}")
     if changed:
         log.info("fence table and claim functions (schema fencing): %d object(s) created or "
                  "updated", len(changed))

@@ -42,7 +42,8 @@ OUTCOMES = {
     "lock_not_allowed": "forbidden", "shared_token": "forbidden", "not_found": "not_found",
     "conflict": "conflict",
     "invalid_request": "invalid", "payload_too_large": "invalid",
-    "database_unavailable": "unavailable", "outcome_unknown": "unknown",
+    "database_unavailable": "unavailable", "lock_timeout": "unavailable",
+    "outcome_unknown": "unknown",
     "idempotency_key_reused": "invalid",
 }
 WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)

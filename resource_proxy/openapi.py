@@ -33,7 +33,8 @@ _TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock
            413: "Payload too large", 422: "Invalid request", 428: "Fencing token required",
            431: "Request headers too large",
            502: "Outcome unknown: the database connection broke while the write was committing",
-           503: "Database unavailable: nothing was committed, safe to retry"}
+           503: "Database unavailable (database_unavailable, lock_timeout: a lock stayed "
+                "held by another transaction): nothing was committed, safe to retry"}
 _TOKEN = {"name": "Fencing-Token", "in": "header", "required": False,
           "description": "the lock's compact JWS from lockd", "schema": {"type": "string",
                                                                           "maxLength": 4096}}
@@ -215,7 +216,7 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
                           **_problems(404, 422, 503)}}},
         "/v1/fences/{lock}/claim": {"post": {
             "summary": "raise the highest fence to the token's, writing no data (a token "
-                       "holding the lock shared: a claim-for-read, checked, nothing raised)",
+                       "holding the lock shared: a claim-for-read, raised to its epoch alike)",
             "parameters": [_LOCK, _TOKEN],
             "responses": {**_json("the highest fence", fence),
                           **_problems(401, 403, 404, 409, 422, 428, 503)}}},

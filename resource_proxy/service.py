@@ -12,7 +12,7 @@ check (a token, if sent, must still be genuine).
 
 Reads need no token; with one, the read is fenced (invariant 7): the token's lock must govern
 the rows read (403 otherwise), its fence must not be stale, and the highest fence rises to it
-before the rows are read. A claim is for a lock that governs some row of a served table.
+before the rows are read (a claim for ``READ``: it never lets a row be written). A claim is for a lock that governs some row of a served table.
 
 A write or batch with an ``Idempotency-Key`` (``keyed``) goes through the same checks, then to
 the store's ``*_once`` calls, and comes back as a ``Reply`` (status and body text) that the
@@ -22,14 +22,15 @@ A multi-lock token (``claims.locks``: several locks, one fence each) is served a
 single-lock tokens: each row's governing lock must be one of its locks (else 403), and that
 lock's fence is the one checked. A batch checks (and raises) the fence of EVERY lock its ops
 touch, in lock-name order, in the transaction of its writes; the token's other locks are left
-alone. ``_require`` is the one place that asks "does the token hold the lock this row needs".
+alone. ``_require`` is the one place that asks "does the token hold the lock this row needs";
+whether it may write under it is ``lockd.common.fencerule``'s rule (``fencing.held``).
 A claim (``POST /v1/fences/claim``) raises every lock of the token in one transaction.
 
-A token that holds a lock SHARED (``Claims.shared``: a read lock, its fence the lock's write
-epoch) never writes or raises under it: ``fencing.held``, through which every fence of a write,
-batch op or claim is taken, refuses it with 403 ``shared_token`` before the store is called. A
-fenced read or a ``POST /v1/fences/{lock}/claim`` under it is checked without raising: allowed
-iff its fence is at least the highest honoured (else 409 ``stale_token``).
+A token that holds a lock shared (a read lease, its fence the lock's read epoch) never writes
+under it: ``fencing.held``, through which every fence of a write, batch op or claim is taken,
+refuses a ``WRITE`` with 403 ``shared_token`` before the store is called. A fenced read or a
+``POST /v1/fences/{lock}/claim`` under it is a claim for ``READ``: allowed iff its fence is at
+least the highest honoured (else 409 ``stale_token``), which rises to it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lockd.common.fencerule import READ, WRITE, Fence, Purpose, in_lock_order
 from lockd.tokens import Claims
 from resource_proxy.access import allows, caller, check_table
 from resource_proxy.errors import (
@@ -47,7 +49,7 @@ from resource_proxy.errors import (
     ProxyError,
     TokenRequired,
 )
-from resource_proxy.fencing import Fence, held, in_lock_order, validate_lock_name
+from resource_proxy.fencing import held, held_all, validate_lock_name
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
 from resource_proxy.policy import Binding, TableBinding
@@ -104,9 +106,11 @@ class ProxyService:
     @staticmethod
     def _fence_for(claims: Claims, bound: TableBinding, needed: str, key: Any,
                    verb: str = "written") -> Fence:
-        """The token's fence for lock ``needed``; 403 (naming ``needed``) if it does not hold it,
-        403 ``shared_token`` if it holds it shared and ``verb`` is not a read (``held``)."""
-        fence = held(claims, needed, writing=verb != "read")
+        """The token's fence for lock ``needed``, for ``READ`` when ``verb`` is ``"read"`` else
+        ``WRITE``; 403 (naming ``needed``) if it does not hold it, 403 ``shared_token`` for a
+        write under a shared hold (``held``)."""
+        purpose: Purpose = READ if verb == "read" else WRITE
+        fence = held(claims, needed, purpose)
         if fence is None:
             locks: str | list[str] = (list(claims.locks) if claims.multi or claims.lock is None
                                       else claims.lock)
@@ -284,11 +288,11 @@ class ProxyService:
         """403 unless ``lock`` governs a row of a served table the caller may write (a claim
         does what a write to that table under ``lock`` does to the fence)."""
         if not self.binding.governs(lock):
-            held = ({"token_locks": sorted(claims.locks)} if claims.multi
-                    else {"token_lock": claims.lock})
+            holds = ({"token_locks": sorted(claims.locks)} if claims.multi
+                     else {"token_lock": claims.lock})
             raise LockNotAllowed(f"lock {lock!r} governs no row of any table this proxy serves "
                                  "(GET /v1/tables/{table}/lock?key= names the lock of a row)",
-                                 lock=lock, **held)
+                                 lock=lock, **holds)
         identity = caller()
         if identity is not None and identity.scope is not None:
             governed = sorted(n for n, b in self.binding.tables.items() if b.governs(lock))
@@ -302,11 +306,11 @@ class ProxyService:
     async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
         """Raise the highest fence of ``lock`` to the token's, writing no data. A multi-lock
         token may claim any one of its locks here (``claim_all`` claims them all). A token that
-        holds ``lock`` shared makes a claim-for-read: its fence is checked against the highest
-        (409 ``stale_token`` if below), nothing is raised, and the answer is the highest."""
+        holds ``lock`` shared makes a claim-for-read (409 ``stale_token`` if its epoch is below
+        the highest, which rises to it otherwise, as for a write)."""
         validate_lock_name(lock)
         claims = await self.claims_of(token)
-        fence = held(claims, lock, writing=False)  # a shared lock's claim is a claim-for-read
+        fence = held(claims, lock, None)  # what the hold allows: a shared one claims for read
         if fence is None:
             if claims.multi or claims.lock is None:
                 raise LockNotAllowed(f"the multi-lock token does not hold lock {lock!r} (it "
@@ -324,8 +328,7 @@ class ProxyService:
         holds any lock shared (claim it alone for a claim-for-read), 409 ``stale_token`` listing
         each stale lock (nothing raised)."""
         claims = await self.claims_of(token)
-        fences = in_lock_order(f for lock in claims.locks
-                               if (f := held(claims, lock, writing=True)) is not None)
+        fences = held_all(claims, WRITE)
         for fence in fences:
             self._governed(fence.lock, claims)
         highest = await self.store.claim_all(fences)

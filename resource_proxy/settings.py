@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     workers: int | None = Field(None, ge=1, le=256)
     # How long a request waits for a database connection (and a connect attempt) before 503.
     db_timeout_ms: int = Field(3000, ge=100)
+    # PostgreSQL: the longest any of the proxy's statements waits for a lock (a fence row held
+    # by another transaction's claim, a row) before 503 lock_timeout; below db_timeout_ms, so a
+    # claim held open cannot take the pool from everyone else (``lock_timeout`` of the session).
+    lock_timeout_ms: int = Field(1000, ge=10, le=600_000)
     jwks_refetch_interval_ms: int = Field(1000, ge=0)
     jwks_max_age_ms: int = Field(60_000, ge=100)
     access_file: Path | None = None

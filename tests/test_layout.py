@@ -364,3 +364,67 @@ def test_a_planted_cycle_is_found(tmp_path, rel, line):
     target.write_text(target.read_text() + "\n" + line)
     cycles = import_cycles(tmp_path)
     assert cycles and any(_module_name(tmp_path, target) in c for c in cycles), cycles
+
+
+# --- one rule for who may write -----------------------------------------------------------------
+# Whether a token holds a lock shared decides whether it may write, so ``lockd.common.fencerule``
+# is the only module that reads it (``Claims.shared``, ``Claims.mode_for``, ``Fence.shared``):
+# every enforcement path, and any new resource kind, asks the rule instead of restating it.
+# Checked in every module that sees tokens' claims: the proxy, the shared kit, and any module
+# that imports ``lockd.tokens`` or the rule. An object's own ``self.shared`` is not a claim.
+
+RULE = "lockd/common/fencerule.py"
+_SHARED_READS = ("shared", "mode_for")
+
+
+def _sees_claims(root: Path, path: Path) -> bool:
+    rel = path.relative_to(root).as_posix()
+    if rel.startswith(("resource_proxy/", "lockd/common/")):
+        return True
+    return any(_under(module, ("lockd.tokens", "lockd.common.fencerule"))
+               for _, module in _imports(root, path))
+
+
+def shared_claim_readers(root: Path) -> list[str]:
+    """``file:line reads .shared`` for every read of a token's shared claim outside the rule."""
+    found = []
+    for top in ("lockd", "resource_proxy"):
+        for path in sorted((root / top).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in (RULE, "lockd/tokens.py") or not _sees_claims(root, path):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), rel)):
+                name = None
+                if isinstance(node, ast.Attribute) and node.attr in _SHARED_READS:
+                    if not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                        name = node.attr
+                elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                      and node.func.id == "getattr" and len(node.args) > 1
+                      and isinstance(node.args[1], ast.Constant)
+                      and node.args[1].value in _SHARED_READS):
+                    name = node.args[1].value
+                if name is not None:
+                    found.append(f"{rel}:{node.lineno} reads .{name}")
+    return found
+
+
+def test_only_the_rule_reads_a_tokens_shared_claim():
+    assert (ROOT / RULE).is_file()
+    assert shared_claim_readers(ROOT) == []
+
+
+@pytest.mark.parametrize(("rel", "line"), [
+    ("resource_proxy/service.py", "def _lazy(claims):\n    return 'x' in claims.shared\n"),
+    ("resource_proxy/store/postgres.py", "def _lazy(fence):\n    return fence.shared\n"),
+    ("lockd/client/sqlfence.py", "def _lazy(c):\n    return c.mode_for('x') == 'shared'\n"),
+    ("lockd/common/objects.py", "def _lazy(claims):\n    return getattr(claims, 'shared')\n"),
+    ("lockd/guard.py", "from lockd.tokens import Claims\n\n\ndef _lazy(c: Claims):\n"
+                       "    return c.shared\n"),
+])
+def test_a_planted_shared_claim_read_is_found(tmp_path, rel, line):
+    for top in ("lockd", "resource_proxy"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / rel
+    target.write_text((target.read_text() if target.exists() else "") + "\n" + line)
+    found = shared_claim_readers(tmp_path)
+    assert len(found) == 1 and found[0].startswith(rel + ":"), found

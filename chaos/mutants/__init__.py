@@ -109,7 +109,7 @@ class Mutant:
 
 _PG = "resource_proxy/store/postgres.py"
 _SQL = "resource_proxy/store/sql.py"
-_FENCING = "resource_proxy/fencing.py"
+_FENCING = "lockd/common/fencerule.py"
 _LOCKD = "lockd/server/store/sqlite/locks.py"
 _GATE = "gate = f\"EXISTS (SELECT 1 FROM fence WHERE highest = {d.p('fence', 'bigint')})\""
 _CHECK = "zip(fences, highests, strict=True) if h != f.fence]"
@@ -139,8 +139,8 @@ _LOCKD_LIVE_MANY = "if r[1] is not None and r[3] > now)"
 _CLAIM_ONE = ("            cur = await conn.execute(*self._fence_check(fence))\n"
               "            found = await cur.fetchone()\n"
               "        return self._judge(fence, found)\n")
-"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert (a
-shared token's claim-for-read: the plain read of the highest)."""
+"""The explicit claim of one lock (``POST /v1/fences/{lock}/claim``): the fence upsert (for a
+shared token's claim-for-read too: a read claim raises the highest to its epoch)."""
 _CLAIM_ONE_SELECT = ("            cur = await conn.execute(self.sql.d.fence_select, "
                      "{\"lock\": fence.lock})\n"
                      "            found = await cur.fetchone()\n"

@@ -206,7 +206,8 @@ class LockNotAllowed(FencingError):
 class SharedTokenError(FencingError):
     """The proxy refused a write (or a claim to write) under the token of a shared lease (403
     ``shared_token``): a shared lease may read what ``lock`` governs, never write it. Take the
-    lock exclusively to write. Nothing was written."""
+    lock exclusively to write. Nothing was written. ``fenced_transaction`` raises it when the
+    database refused such a row (SQLSTATE ``LF003``: its lock was claimed for reading only)."""
 
     default_code = "shared_token"
 

@@ -14,19 +14,25 @@
 
 Steps: (1) the lease's token is verified **offline** against lockd's public keys; the locks and
 fences claimed are the token's verified claims, never the lease object's own fields; (2) a
-transaction is opened; (3) ``SELECT fencing.claim(lock, fence)`` runs for every lock of the token
-in name order (code-point order, as the proxy locks fence rows, so two claimers of overlapping
-sets never deadlock); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
+transaction is opened; (3) every lock of the token is claimed in name order (code-point order, as
+the proxy locks fence rows, so two claimers of overlapping sets never deadlock), for what the
+token may do with it (``lockd.common.fencerule``): ``SELECT fencing.claim(lock, fence)`` for a
+lock it holds exclusively, ``fencing.claim_read`` for one it holds shared (a read lease: the
+same raise of the highest to its fence, but a claim under which the row triggers write
+nothing); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
 re-raised. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
 fence claimed).
 
 ``lease``: a ``Lease``/``AsyncLease`` (or multi-lock ``MultiLease``/``AsyncMultiLease``) of
 either client, or the token text itself. Keys (``jwks=``): a JWKS dict or a
 ``lockd.tokens.Verifier``; if omitted, ``GET {lockd}/v1/keys`` of the lease's client (or of
-``lockd_url=``, required for a bare token) is fetched once per lockd URL, cached for the process
-and fetched again when a token names a key (``kid``) the cached set lacks (lockd rotated). The
-fetch goes through the lease's own HTTP client (its TLS settings) when it can, else through a
-default ``httpx`` client: for an https lockd with a private CA and a bare token, pass ``jwks=``.
+``lockd_url=``, required for a bare token) is kept per lockd URL for the process by the rules the
+proxy keeps (``lockd.common.keycache``): fetched again when a token names a key (``kid``) the
+set lacks (lockd rotated), at most once per ``KEYS_MIN_INTERVAL_S`` (1 s), and once the set is
+older than ``KEYS_MAX_AGE_S`` (60 s, lockd's ``Cache-Control``), so a retired key's tokens stop
+verifying within it; while lockd cannot be reached the set it has is kept. The fetch goes
+through the lease's own HTTP client (its TLS settings) when it can, else through a default
+``httpx`` client: for an https lockd with a private CA and a bare token, pass ``jwks=``.
 One lease per transaction: for several locks use one multi-lock lease (``acquire_many``).
 
 Transactions: the claims must sit in the transaction that commits the block's writes, so the
@@ -40,12 +46,14 @@ moved on. A SQLAlchemy connection in ``AUTOCOMMIT`` mode is refused the same way
 aborted, which PostgreSQL would turn into a silent ROLLBACK at COMMIT: that is raised as
 ``TransactionStateError`` (``code="transaction_aborted"``) instead.
 
-Errors: ``InvalidToken`` (bad signature, unknown key: before any SQL); ``StaleTokenError``
-(SQLSTATE ``LF001`` from ``fencing.claim``: ``lock``, ``presented``, ``highest``, the lease is
-marked lost, nothing committed) exactly as the HTTP client raises it; ``LockNotClaimedError``
-(SQLSTATE ``LF002``: a fence trigger refused a row of a lock this transaction did not claim,
-``lock`` names it); ``TransportError``/``ServiceUnavailable`` when lockd's keys cannot be
-fetched. Other database errors are the driver's own.
+Errors: ``InvalidToken`` (bad signature, unknown key: before any SQL); ``ServiceUnavailable``
+(``code="lockd_unreachable"``: the token's key is unknown and lockd's keys cannot be fetched;
+before any SQL); ``StaleTokenError`` (SQLSTATE ``LF001`` from ``fencing.claim``: ``lock``,
+``presented``, ``highest``, the lease is marked lost, nothing committed) exactly as the HTTP
+client raises it; ``LockNotClaimedError`` (SQLSTATE ``LF002``: a fence trigger refused a row of
+a lock this transaction did not claim, ``lock`` names it); ``SharedTokenError`` (SQLSTATE
+``LF003``: a row of a lock the lease holds shared, claimed for reading only: a shared lease
+never writes). Other database errors are the driver's own.
 
 Trust model. On the HTTP path the proxy verifies the token's signature, so a writer can only
 present fences lockd issued. On the SQL path the database cannot check a signature: it trusts
@@ -72,18 +80,23 @@ from lockd.client.errors import (
     LeaseLostError,
     LockClientError,
     LockNotClaimedError,
+    ServiceUnavailable,
+    SharedTokenError,
     StaleTokenError,
     TransactionStateError,
     body_or_raise,
     translate_transport_errors,
 )
+from lockd.common.fencerule import Fence, fences_of
+from lockd.common.keycache import AsyncKeyCache, KeyCache, KeysUnavailable
 
 __all__ = ["fenced_transaction", "async_fenced_transaction"]
 
 STALE_SQLSTATE = "LF001"
 NOT_CLAIMED_SQLSTATE = "LF002"
-_PG_CLAIM = "SELECT fencing.claim(%s::text, %s::bigint)"
-_SA_CLAIM = "SELECT fencing.claim(CAST(:lock AS text), CAST(:fence AS bigint))"
+READ_ONLY_SQLSTATE = "LF003"
+_PG_CLAIM = "SELECT fencing.{fn}(%s::text, %s::bigint)"
+_SA_CLAIM = "SELECT fencing.{fn}(CAST(:lock AS text), CAST(:fence AS bigint))"
 _INERROR = 3  # libpq PQTRANS_INERROR: a statement failed, the transaction can only roll back
 _KEYS_TIMEOUT = 10.0  # seconds, for fetching lockd's JWKS with a client of our own
 _STALE_DETAIL = re.compile(r"lock=(?P<lock>\S+) presented=(?P<presented>\d+) highest=(?P<highest>\d+)")
@@ -92,14 +105,21 @@ _STALE_MESSAGE = re.compile(r'stale fence (?P<presented>\d+) for lock "(?P<lock>
 _LOCK_DETAIL = re.compile(r"lock=(?P<lock>\S+)")
 _LOCK_MESSAGE = re.compile(r'lock "(?P<lock>[^"]+)"')
 
-_keys: dict[str, tokens.Verifier] = {}
-"""lockd URL -> the verifier of its last fetched JWKS (shared by every call in the process)."""
+KEYS_MIN_INTERVAL_S = 1.0
+"""Least time between two fetches of one lockd's keys (seconds)."""
+KEYS_MAX_AGE_S = 60.0
+"""A lockd's keys are fetched again once this old (seconds; lockd's ``Cache-Control``)."""
+
+_keys: dict[str, KeyCache] = {}
+"""lockd URL -> its keys for blocking calls (shared by every call in the process)."""
+_akeys: dict[str, AsyncKeyCache] = {}
+"""lockd URL -> its keys for asyncio calls."""
 
 _VERIFIED_MAX = 4096
 _verified_tokens: dict[tuple[tokens.Verifier, str], tokens.Claims] = {}
-"""(verifier, token) -> its claims: a lease's token is verified once, not on every transaction
-(an Ed25519 check costs about 0.1-0.5 ms here). Keyed by the verifier object, so keys fetched
-anew (a rotation) verify every token afresh; the oldest entry goes first when full."""
+"""(verifier, token) -> its claims, for keys given with ``jwks=``: a lease's token is verified
+once, not on every transaction (an Ed25519 check costs about 0.1-0.5 ms here). Keyed by the
+verifier object; the oldest entry goes first when full."""
 
 
 def _verify(verifier: tokens.Verifier, token: str) -> tokens.Claims:
@@ -143,31 +163,25 @@ def _lockd_of(lease: Any, lockd_url: str | None) -> tuple[str, Any]:
     return url.rstrip("/"), getattr(client, "_http", None)
 
 
+def _refused(exc: Exception, where: str) -> LockClientError:
+    """The client's error for a token the keys refused (``KeysUnavailable``, ``TokenError``)."""
+    if isinstance(exc, KeysUnavailable):
+        return ServiceUnavailable(f"token not verified before any SQL: {exc}",
+                                  code="lockd_unreachable")
+    return InvalidToken(f"token refused before any SQL: {exc} ({where})", code="invalid_token")
+
+
 def _check(verifier: tokens.Verifier, token: str, where: str, *,
            remember: bool = True) -> tokens.Claims:
     try:
         return _verify(verifier, token) if remember else verifier.verify(token)
     except tokens.TokenError as exc:
-        raise InvalidToken(f"token refused before any SQL: {exc} ({where})",
-                           code="invalid_token") from None
+        raise _refused(exc, where) from None
 
 
-def _cached_claims(token: str, url: str) -> tokens.Claims | None:
-    """The claims if the cached keys of ``url`` verify ``token``; None if they lack its key."""
-    verifier = _keys.get(url)
-    if verifier is None:
-        return None
-    try:
-        return _verify(verifier, token)
-    except tokens.UnknownKey:
-        return None  # maybe rotated: fetch again
-    except tokens.TokenError as exc:
-        raise InvalidToken(f"token refused before any SQL: {exc}", code="invalid_token") from None
-
-
-def _keys_fetched(url: str, body: Any) -> tokens.Verifier:
-    _keys[url] = verifier = tokens.Verifier(body if isinstance(body, Mapping) else {})
-    return verifier
+def _rules(url: str) -> dict[str, Any]:
+    return {"min_interval_s": KEYS_MIN_INTERVAL_S, "max_age_s": KEYS_MAX_AGE_S,
+            "source": f"{url}/v1/keys"}
 
 
 def _fetch_keys(url: str, http: Any) -> Any:
@@ -196,10 +210,17 @@ def _verified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
         # a JWKS dict makes a new verifier per call: nothing worth remembering under it
         return _check(fixed, token, "keys given by jwks=", remember=fixed is jwks)
     url, http = _lockd_of(lease, lockd_url)
-    claims = _cached_claims(token, url)
-    if claims is None:
-        claims = _check(_keys_fetched(url, _fetch_keys(url, http)), token, f"keys of {url}")
-    return claims
+
+    def load() -> Any:
+        return _fetch_keys(url, http)
+
+    keys = _keys.get(url)
+    if keys is None:
+        keys = _keys.setdefault(url, KeyCache(load, **_rules(url)))
+    try:
+        return keys.verify(token, loader=load)
+    except (tokens.TokenError, KeysUnavailable) as exc:
+        raise _refused(exc, f"keys of {url}") from None
 
 
 async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
@@ -208,15 +229,23 @@ async def _averified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Cla
         # a JWKS dict makes a new verifier per call: nothing worth remembering under it
         return _check(fixed, token, "keys given by jwks=", remember=fixed is jwks)
     url, http = _lockd_of(lease, lockd_url)
-    claims = _cached_claims(token, url)
-    if claims is None:
-        claims = _check(_keys_fetched(url, await _afetch_keys(url, http)), token, f"keys of {url}")
-    return claims
+
+    async def load() -> Any:
+        return await _afetch_keys(url, http)
+
+    keys = _akeys.get(url)
+    if keys is None:
+        keys = _akeys.setdefault(url, AsyncKeyCache(load, **_rules(url)))
+    try:
+        return await keys.verify(token, loader=load)
+    except (tokens.TokenError, KeysUnavailable) as exc:
+        raise _refused(exc, f"keys of {url}") from None
 
 
-def _in_lock_order(claims: tokens.Claims) -> list[tuple[str, int]]:
-    """``(lock, fence)`` of every lock of ``claims``, sorted by name (the order of the claims)."""
-    return sorted(claims.locks.items())
+def _in_lock_order(claims: tokens.Claims) -> list[Fence]:
+    """A fence of every lock of ``claims``, sorted by name (the order of the claims), each for
+    what the token's hold allows (``fencerule``: exclusive for writing, shared for reading)."""
+    return fences_of(claims, None)
 
 
 # --------------------------------------------------------------------------- the connection
@@ -324,10 +353,10 @@ class _Claiming:
 
     def error_for(self, exc: BaseException) -> LockClientError | None:
         state, message, detail = _pg_error(exc)
-        if state == NOT_CLAIMED_SQLSTATE:
+        if state in (NOT_CLAIMED_SQLSTATE, READ_ONLY_SQLSTATE):
             found = _LOCK_DETAIL.search(detail) or _LOCK_MESSAGE.search(message)
-            return LockNotClaimedError(message, lock=found and found["lock"],
-                                       problem={"detail": detail})
+            kind = LockNotClaimedError if state == NOT_CLAIMED_SQLSTATE else SharedTokenError
+            return kind(message, lock=found and found["lock"], problem={"detail": detail})
         if state != STALE_SQLSTATE:
             return None
         found = _STALE_DETAIL.search(detail) or _STALE_MESSAGE.search(message)
@@ -368,9 +397,9 @@ def fenced_transaction(conn: Any, lease: Any, *,
                 fairy = _sa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for lock, fence in _in_lock_order(claims):
-                claiming.now = (lock, fence)
-                _claim(kind, conn, lock, fence)
+            for fence in _in_lock_order(claims):
+                claiming.now = (fence.lock, fence.fence)
+                _claim(kind, conn, fence)
             claiming.now = None
             yield claims
             _refuse_aborted(driver)
@@ -398,9 +427,9 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
                 fairy = await _asa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for lock, fence in _in_lock_order(claims):
-                claiming.now = (lock, fence)
-                await _aclaim(kind, conn, lock, fence)
+            for fence in _in_lock_order(claims):
+                claiming.now = (fence.lock, fence.fence)
+                await _aclaim(kind, conn, fence)
             claiming.now = None
             yield claims
             _refuse_aborted(driver)
@@ -411,16 +440,18 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
         raise error from exc
 
 
-def _claim(kind: str, conn: Any, lock: str, fence: int) -> None:
+def _claim_sql(kind: str, fence: Fence) -> tuple[Any, Any]:
+    """The statement claiming ``fence`` for its purpose, and its parameters."""
+    fn = "claim" if fence.writes else "claim_read"
     if kind == "psycopg":
-        conn.execute(_PG_CLAIM, (lock, fence))
-    else:
-        conn.execute(sys.modules["sqlalchemy"].text(_SA_CLAIM), {"lock": lock, "fence": fence})
+        return _PG_CLAIM.format(fn=fn), (fence.lock, fence.fence)
+    return (sys.modules["sqlalchemy"].text(_SA_CLAIM.format(fn=fn)),
+            {"lock": fence.lock, "fence": fence.fence})
 
 
-async def _aclaim(kind: str, conn: Any, lock: str, fence: int) -> None:
-    if kind == "psycopg":
-        await conn.execute(_PG_CLAIM, (lock, fence))
-    else:
-        await conn.execute(sys.modules["sqlalchemy"].text(_SA_CLAIM),
-                           {"lock": lock, "fence": fence})
+def _claim(kind: str, conn: Any, fence: Fence) -> None:
+    conn.execute(*_claim_sql(kind, fence))
+
+
+async def _aclaim(kind: str, conn: Any, fence: Fence) -> None:
+    await conn.execute(*_claim_sql(kind, fence))

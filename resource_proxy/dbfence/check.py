@@ -16,7 +16,13 @@ partitions and inheritance children they govern):
   ``fencing.fences`` directly (a fence moved backwards lets a stale holder in again) or own
   the ``fencing`` functions (can replace them); roles granted SET on
   ``session_replication_role`` (harmless to ALWAYS triggers, listed because they also skip
-  every ordinary trigger and foreign key); the exempt roles named at install.
+  every ordinary trigger and foreign key); the exempt roles named at install;
+- ``claimers``: every role that may execute a claim function (``grants``), and ``open_claims``
+  those PUBLIC may execute (any role could raise a fence for good).
+
+``ok`` (``db check`` exits 0) when nothing is missing, disabled or fires after the check, no
+claim function is open to PUBLIC, and only superusers can bypass the triggers (they are listed:
+no grant can stop them).
 
 Trust model: the database trusts a writer's claims (``fencing.claim`` checks the fence against
 the highest, not a token signature), and a writer that sets the transaction-local setting
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 import resource_proxy.dbfence.sql as sql
+from resource_proxy.dbfence.grants import claimers, open_claims
 from resource_proxy.dbfence.plan import plan
 from resource_proxy.policy import Policy
 
@@ -40,24 +47,31 @@ __all__ = ["CheckReport", "check"]
 
 @dataclass(slots=True)
 class CheckReport:
-    """One line per finding; ``ok`` when nothing is missing or disabled (``bypass`` always
-    lists at least the superusers, which no trigger can stop)."""
+    """One line per finding; ``ok`` as the module says (``bypass`` always lists at least the
+    superusers, which no trigger can stop; ``bypassers`` the other roles that can)."""
 
     missing: list[str] = field(default_factory=list)
     disabled: list[str] = field(default_factory=list)
     bypass: list[str] = field(default_factory=list)
     tables: dict[str, str] = field(default_factory=dict)
     later: list[str] = field(default_factory=list)
+    claimers: list[str] = field(default_factory=list)
+    open_claims: list[str] = field(default_factory=list)
+    bypassers: set[str] = field(default_factory=set)
 
     @property
     def ok(self) -> bool:
-        return not self.missing and not self.disabled and not self.later
+        return not (self.missing or self.disabled or self.later or self.open_claims
+                    or self.bypassers)
 
     def lines(self) -> list[str]:
         out = [f"protected: {t} under lock {tpl!r}" for t, tpl in self.tables.items()]
         out += [f"MISSING: {line}" for line in self.missing]
         out += [f"DISABLED: {line}" for line in self.disabled]
         out += [f"AFTER THE CHECK: {line}" for line in self.later]
+        out += [f"OPEN CLAIM: PUBLIC may execute {sig}: any role can raise a fence "
+                "(resource-proxy db install revokes it)" for sig in self.open_claims]
+        out += [f"can claim: {line}" for line in self.claimers]
         out += [f"can bypass: {line}" for line in self.bypass]
         return out
 
@@ -135,7 +149,14 @@ def check(engine: sa.Engine, policy: Policy | None = None,
                 _LATER, {"rels": sorted(set(relations)), "ours": sql.TRIGGER}):
             report.later.append(f"table {relation!r}: trigger {name!r} (BEFORE ROW) fires after "
                                 f"{sql.TRIGGER} and may change the row after the fence check")
-        report.bypass.extend(_bypass(conn, sorted(set(relations)), installed))
+        for line, role in _bypass(conn, sorted(set(relations)), installed):
+            report.bypass.append(line)
+            if role is not None:
+                report.bypassers.add(role)
+        if installed:
+            report.open_claims = open_claims(conn)
+            report.claimers = [f"{role} (superuser)" if superuser else role
+                               for role, superuser in claimers(conn)]
     return report
 
 
@@ -143,14 +164,16 @@ def _plain(signature: str) -> str:
     return signature.replace('"', "")
 
 
-def _bypass(conn: sa.Connection, relations: list[str], installed: bool) -> list[str]:
-    out: list[str] = []
+def _bypass(conn: sa.Connection, relations: list[str],
+            installed: bool) -> list[tuple[str, str | None]]:
+    """``(line, role)`` per way around the triggers; ``role`` None for a superuser."""
+    out: list[tuple[str, str | None]] = []
     for role, superuser, replica in conn.exec_driver_sql(_ROLES):
         if superuser:
-            out.append(f"{role}: superuser (can drop or disable any trigger)")
+            out.append((f"{role}: superuser (can drop or disable any trigger)", None))
         elif replica:
-            out.append(f"{role}: may SET session_replication_role (skips ordinary triggers "
-                       "and foreign keys; the fence triggers are enabled ALWAYS)")
+            out.append((f"{role}: may SET session_replication_role (skips ordinary triggers "
+                        "and foreign keys; the fence triggers are enabled ALWAYS)", role))
     owners: dict[str, list[str]] = {}
     triggers: dict[str, list[str]] = {}
     for role, relation, owner, trigger in conn.exec_driver_sql(_TABLE_RIGHTS, {"rels": relations}):
@@ -159,20 +182,23 @@ def _bypass(conn: sa.Connection, relations: list[str], installed: bool) -> list[
         elif trigger:
             triggers.setdefault(role, []).append(relation)
     for role, rels in owners.items():
-        out.append(f"{role}: owns (or is a member of the owner of) {', '.join(rels)} "
-                   "(can disable or drop the triggers)")
+        out.append((f"{role}: owns (or is a member of the owner of) {', '.join(rels)} "
+                    "(can disable or drop the triggers)", role))
     for role, rels in triggers.items():
-        out.append(f"{role}: has TRIGGER on {', '.join(rels)} (a trigger of its own can change "
-                   "a row after the check)")
+        out.append((f"{role}: has TRIGGER on {', '.join(rels)} (a trigger of its own can "
+                    "change a row after the check)", role))
     if installed:
         for role, writes, owns in conn.exec_driver_sql(_FENCE_RIGHTS):
             if owns:
-                out.append(f"{role}: owns the fencing functions (can replace them)")
+                out.append((f"{role}: owns the fencing functions (can replace them)", role))
             elif writes:
-                out.append(f"{role}: may write fencing.fences directly (can move a fence back)")
-        exempt = conn.exec_driver_sql("SELECT pg_get_functiondef('fencing.exempt()'::regprocedure)"
-                                      ).scalar() or ""
-        for role, in conn.exec_driver_sql("SELECT rolname FROM pg_roles ORDER BY 1"):
+                out.append((f"{role}: may write fencing.fences directly (can move a fence "
+                            "back)", role))
+        exempt = conn.exec_driver_sql(
+            "SELECT pg_get_functiondef(to_regprocedure('fencing.exempt()'))").scalar() or ""
+        for role, superuser in conn.exec_driver_sql(
+                "SELECT rolname, rolsuper FROM pg_roles ORDER BY 1"):
             if sql.literal(role) in exempt:
-                out.append(f"{role}: exempt from the fence check (named at install)")
+                out.append((f"{role}: exempt from the fence check (named at install)",
+                            None if superuser else role))
     return out

@@ -3,8 +3,17 @@
 ``install`` is idempotent: every function and trigger it creates carries a COMMENT with a hash
 of its definition, and an object whose hash and state already match is left alone, so a second
 install with the same policy changes nothing in the catalog. With another policy it converges:
-triggers and functions of tables no longer protected are removed. The whole install is one
-transaction (DDL is transactional in PostgreSQL), serialized by an advisory lock.
+triggers and functions of tables no longer protected are removed, within its scope: every table
+of the schema, or with ``tables`` those tables (and the partitions and inheritance children they
+govern); a table outside the scope keeps its triggers (``left_alone`` names them). The claim
+functions' EXECUTE converges to the owner and ``claim_roles`` (``grants``). The whole install
+is one transaction (DDL is transactional in PostgreSQL), serialized by an advisory lock.
+
+Ownership: everything in schema ``fencing`` belongs to whoever created the schema. A proxy that
+creates it at start does so for the owner of its fenced tables when it may act as that role
+(``ensure_core``'s ``owner``), so that ``install`` run by the tables' owner, the role that may
+put triggers on them, can complete it; an install by a role that may not manage the schema is
+refused in one line naming its owner.
 """
 
 from __future__ import annotations
@@ -15,7 +24,8 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 
 import resource_proxy.dbfence.sql as sql
-from resource_proxy.dbfence.plan import DbFencingError, Protected, plan
+from resource_proxy.dbfence.grants import close_claims
+from resource_proxy.dbfence.plan import DbFencingError, Protected, governed, plan, relations
 from resource_proxy.policy import Policy
 
 __all__ = ["InstallReport", "ensure_core", "install", "uninstall"]
@@ -34,6 +44,8 @@ class InstallReport:
     changed: list[str] = field(default_factory=list)
     moved_fence_table: bool = False
     exempt_roles: list[str] = field(default_factory=list)
+    claim_roles: list[str] = field(default_factory=list)
+    left_alone: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [f"{t}: lock {tpl!r}" + (f" (also governs {', '.join(self.covers[t])})"
@@ -43,6 +55,10 @@ class InstallReport:
             out.append("moved resource_proxy.fences to fencing.fences (every fence kept)")
         if self.exempt_roles:
             out.append(f"exempt roles: {', '.join(self.exempt_roles)}")
+        if self.claim_roles:
+            out.append(f"claim roles: {', '.join(self.claim_roles)}")
+        if self.left_alone:
+            out.append(f"left alone (outside --tables): {', '.join(self.left_alone)}")
         out.append(f"{len(self.changed)} object(s) changed" if self.changed else "no change")
         return out
 
@@ -105,11 +121,30 @@ def _ensure_trigger(conn: sa.Connection, existing: dict, schema: str, relation: 
     report.changed.append(f"trigger {name} on {relation}")
 
 
-def _ensure_fence_table(conn: sa.Connection, report: InstallReport) -> None:
+# Asked of the catalog, not with to_regclass: a role without USAGE on the proxy's schema (the
+# tables' owner running install after a proxy ran) may still learn whether the table is there.
+_LEGACY = """SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = 'resource_proxy' AND c.relname = 'fences' AND c.relkind = 'r'"""
+
+
+def _create_schema(conn: sa.Connection, owner: str | None, report: InstallReport) -> None:
+    """Create schema ``fencing``, for ``owner`` when given and the current role may act as it
+    (then the rest of the transaction runs as ``owner``: ``SET LOCAL ROLE``)."""
+    me = conn.exec_driver_sql("SELECT current_user").scalar()
+    if owner is None or owner == me or not conn.exec_driver_sql(
+            "SELECT pg_has_role(current_user, %(o)s, 'MEMBER')", {"o": owner}).scalar():
+        _ddl(conn, sql.SCHEMA_DDL[0])
+        return
+    _ddl(conn, f"{sql.SCHEMA_DDL[0]} AUTHORIZATION {sql.ident(owner)}")
+    _ddl(conn, f"SET LOCAL ROLE {sql.ident(owner)}")
+    report.changed.append(f"schema fencing (owned by {owner}, the owner of the fenced tables)")
+
+
+def _ensure_fence_table(conn: sa.Connection, report: InstallReport, owner: str | None) -> None:
     if conn.exec_driver_sql("SELECT to_regnamespace('fencing')").scalar() is None:
-        _ddl(conn, sql.SCHEMA_DDL[0])  # asked first: CREATE needs a right an unchanged one does not
+        _create_schema(conn, owner, report)  # asked first: CREATE needs a right an unchanged one does not
     exists = conn.exec_driver_sql("SELECT to_regclass('fencing.fences')").scalar()
-    legacy = conn.exec_driver_sql("SELECT to_regclass('resource_proxy.fences')").scalar()
+    legacy = conn.exec_driver_sql(_LEGACY).scalar()
     if exists is None and legacy is not None:
         _ddl(conn, "ALTER TABLE resource_proxy.fences SET SCHEMA fencing")
         report.moved_fence_table = True
@@ -123,45 +158,75 @@ def _ensure_fence_table(conn: sa.Connection, report: InstallReport) -> None:
             report.changed.append(grant)
 
 
-def ensure_core(conn: sa.Connection, report: InstallReport | None = None) -> InstallReport:
-    """Create what every fenced writer calls (schema ``fencing``, ``fencing.fences``, ``claim``,
-    ``try_claim``, ``try_claim_many`` and the key functions), no trigger, inside the caller's
-    transaction; ``resource_proxy.fences`` is moved there if only that one exists (every fence
-    kept). Idempotent: an unchanged object is left alone. Returns ``report`` (or a new one) with
-    what changed. The proxy calls it at every start, several proxies at once: serialized with
-    ``install`` by one advisory lock."""
+def ensure_core(conn: sa.Connection, report: InstallReport | None = None, *,
+                owner: str | None = None) -> InstallReport:
+    """Create what every fenced writer calls (schema ``fencing``, ``fencing.fences``, the claim
+    and key functions, EXECUTE on the claim functions closed to PUBLIC), no trigger, inside the
+    caller's transaction; ``resource_proxy.fences`` is moved there if only that one exists
+    (every fence kept). ``owner``: the role to create the schema for, when it is created now
+    (the proxy's fenced tables' owner). Idempotent: an unchanged object is left alone. Returns
+    ``report`` (or a new one) with what changed. The proxy calls it at every start, several
+    proxies at once: serialized with ``install`` by one advisory lock."""
     report = report if report is not None else InstallReport()
     conn.exec_driver_sql("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
-    _ensure_fence_table(conn, report)
+    _ensure_fence_table(conn, report, owner)
     for signature, text in sql.BASE:
         _ensure_function(conn, signature, text, report)
+    close_claims(conn, report.changed)
+    conn.exec_driver_sql("RESET ROLE")
     return report
 
 
+def _refuse_foreign_schema(conn: sa.Connection) -> None:
+    """``DbFencingError`` if schema ``fencing`` belongs to a role the current one cannot act as
+    (its functions could not be replaced, nor their EXECUTE granted)."""
+    owner = conn.exec_driver_sql(
+        "SELECT pg_get_userbyid(nspowner), pg_has_role(current_user, nspowner, 'MEMBER') "
+        "FROM pg_namespace WHERE nspname = 'fencing'").first()
+    if owner is not None and not owner[1]:
+        me = conn.exec_driver_sql("SELECT current_user").scalar()
+        raise DbFencingError(
+            f"schema fencing belongs to role {owner[0]!r} (a proxy running as {owner[0]!r} "
+            f"created it?): run db install as {owner[0]!r} or a superuser, or make {me!r} a "
+            f"member of it (GRANT {sql.ident(owner[0])} TO {sql.ident(me)})")
+
+
 def install(engine: sa.Engine, policy: Policy | None = None, tables: Sequence[str] | None = None,
-            exempt_roles: Sequence[str] = ()) -> InstallReport:
+            exempt_roles: Sequence[str] = (), claim_roles: Sequence[str] = ()) -> InstallReport:
     """Install database-side fencing for ``policy`` (default: table T under lock T) over
     ``tables`` (default: every table of the current schema but partitions and inheritance
-    children, which their root/parent governs). ``exempt_roles``: roles whose writes skip the
-    check (migrations), by exact ``current_user``.
+    children, which their root/parent governs; given, the other tables' triggers are left
+    alone). ``exempt_roles``: roles whose writes skip the check (migrations), by exact
+    ``current_user``. ``claim_roles``: the roles that may execute the claim functions besides
+    their owner (the proxy's role unless it owns them, ``fenced_transaction``'s writers).
 
     Raises ``DbFencingError`` (one line) before changing anything if the policy cannot be
-    enforced by the database (see ``plan``) or an exempt role does not exist.
+    enforced by the database (see ``plan``), a named role does not exist, or schema
+    ``fencing`` belongs to a role the current one cannot act as.
     """
     protected = plan(engine, policy, tables)
     roles = list(dict.fromkeys(exempt_roles))
-    report = InstallReport(exempt_roles=roles)
+    claimers = list(dict.fromkeys(claim_roles))
+    report = InstallReport(exempt_roles=roles, claim_roles=claimers)
     with engine.begin() as conn:
-        missing = [r for r in roles if conn.exec_driver_sql(
+        missing = [r for r in dict.fromkeys([*roles, *claimers]) if conn.exec_driver_sql(
             "SELECT 1 FROM pg_roles WHERE rolname = %(r)s", {"r": r}).first() is None]
         if missing:
-            raise DbFencingError(f"exempt role(s) {missing} do not exist")
+            raise DbFencingError(f"role(s) {missing} do not exist")
+        _refuse_foreign_schema(conn)
         ensure_core(conn, report)
+        close_claims(conn, report.changed, claimers)
         _ensure_function(conn, "fencing.exempt()", sql.exempt_function(roles), report)
         _ensure_function(conn, *sql.TRUNCATE_GUARD, report)
         existing = _triggers(conn)
+        if tables is not None:  # outside the tables named: not ours to change
+            scope = governed(relations(conn), tables)
+            outside = {k: v for k, v in existing.items() if k[0] not in scope}
+            report.left_alone = sorted(r for (r, name), found in outside.items()
+                                       if name == sql.TRIGGER and not found[3])
+            existing = {k: v for k, v in existing.items() if k[0] in scope}
         wanted: set[tuple[str, str]] = set()
-        functions: set[str] = set()
+        functions = _used_by(outside.values()) if tables is not None else set()
         for item in protected:
             _install_table(conn, item, existing, wanted, functions, report)
         _remove_stale(conn, existing, wanted, functions, report)
@@ -200,6 +265,16 @@ def _install_table(conn: sa.Connection, item: Protected, existing: dict,
         wanted.add((relation, sql.TRUNCATE_TRIGGER))
         _ensure_trigger(conn, existing, item.schema, relation, sql.TRUNCATE_TRIGGER,
                         sql.truncate_trigger(_qualified(item.schema, relation)), truncate, report)
+
+
+def _used_by(triggers) -> set[str]:
+    """The guard and lock-name functions that ``triggers`` (values of ``_triggers``) call."""
+    used: set[str] = set()
+    for function, *_ in triggers:
+        name = function.removeprefix("fencing.").split("(")[0].strip('"')
+        if name.startswith("guard_of_"):
+            used |= {name, "lock_of_" + name.removeprefix("guard_of_")}
+    return used
 
 
 def _remove_stale(conn: sa.Connection, existing: dict, wanted: set[tuple[str, str]],

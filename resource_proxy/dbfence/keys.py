@@ -9,6 +9,7 @@ stores something other than the client spelled and Python cannot follow are refu
 
 from __future__ import annotations
 
+import resource_proxy.dbfence.sql as sql
 from resource_proxy.canonical import unbindable
 from resource_proxy.tables import Column, Kind
 
@@ -54,14 +55,20 @@ def refusal(column: Column) -> str | None:
     return None
 
 
-def key_expression(column: Column, ref: str) -> str:
+def key_expression(column: Column, ref: str, *, inline: bool = False) -> str:
     """The SQL text of ``canonical.key_part(column, <ref>)`` (escaped), ``ref`` an expression
-    of the column's type. ``ValueError`` if ``refusal(column)`` is not None."""
+    of the column's type: calls of the ``fencing.key_*`` functions, or with ``inline`` what
+    they compute (``sql.inline_key``: the row triggers' form). ``ValueError`` if
+    ``refusal(column)`` is not None."""
     reason = refusal(column)
     if reason is not None:
         raise ValueError(reason)
     if column.kind in (Kind.TEXT, Kind.ENUM):
-        return f"fencing.escape(({ref})::text)"
+        text = f"({ref})::text"
+        return sql.inline_escape(text) if inline else f"fencing.escape({text})"
     function, arg, escaped = _SIMPLE[column.kind]
-    call = f"fencing.{function}(({ref})::{arg})"
-    return f"fencing.escape({call})" if escaped else call
+    value = f"({ref})::{arg}"
+    call = sql.inline_key(function, value) if inline else f"fencing.{function}({value})"
+    if not escaped:
+        return call
+    return sql.inline_escape(call) if inline else f"fencing.escape({call})"

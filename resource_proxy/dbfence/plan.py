@@ -29,7 +29,7 @@ from resource_proxy.dbfence.keys import key_expression, refusal
 from resource_proxy.policy import Policy, PolicyError, Template
 from resource_proxy.tables import Column, reflect
 
-__all__ = ["DbFencingError", "Protected", "Relation", "plan", "relations"]
+__all__ = ["DbFencingError", "Protected", "Relation", "governed", "plan", "relations"]
 
 
 class DbFencingError(ValueError):
@@ -81,28 +81,36 @@ class Protected:
     def truncate_trigger_on(self) -> list[str]:
         return [self.table, *self.partitions, *self.children]
 
-    def lock_sql(self) -> str:
-        """``CREATE FUNCTION fencing.lock_of_<table>(key columns)`` (templated tables only)."""
-        assert self.lock_function is not None
-        index = {c.name: i + 1 for i, c in enumerate(self.columns)}
+    def lock_expression(self, refs: dict[str, str], *, inline: bool = False) -> str:
+        """The row's lock name from its key columns (``refs``: column -> SQL expression), with
+        the ``fencing.key_*`` calls or (``inline``) what they compute."""
         parts: list[str] = []
         for kind, value in self.template.parts:
             if kind == "lit":
                 parts.append(sql.literal(value))
             else:
                 names = self._key() if value == "key" else [value]
-                pieces = [key_expression(self._column(n), f"${index[n]}") for n in names]
+                pieces = [key_expression(self._column(n), refs[n], inline=inline)
+                          for n in names]
                 parts.append(" || '/' || ".join(pieces))
+        return " || ".join(parts)
+
+    def lock_sql(self) -> str:
+        """``CREATE FUNCTION fencing.lock_of_<table>(key columns)`` (templated tables only)."""
+        assert self.lock_function is not None
+        refs = {c.name: f"${i + 1}" for i, c in enumerate(self.columns)}
         args = [(c.name, c.cast) for c in self.columns]
-        return sql.lock_function(self.lock_function, args, " || ".join(parts))
+        return sql.lock_function(self.lock_function, args, self.lock_expression(refs))
 
     def guard_sql(self) -> str:
+        """The row trigger function: ``lock_of_<table>``'s expression written out over NEW and
+        OLD (no function call per row: ``sql.inline_key``)."""
         if self.template.literal:
             return sql.guard_function(self.guard_function, self.table, None, None,
                                       self.template.text)
-        fn = f"fencing.{sql.ident(self.lock_function or '')}"
-        new = f"{fn}({', '.join('NEW.' + sql.ident(c.name) for c in self.columns)})"
-        old = f"{fn}({', '.join('OLD.' + sql.ident(c.name) for c in self.columns)})"
+        new, old = (self.lock_expression({c.name: f"{row}.{sql.ident(c.name)}"
+                                          for c in self.columns}, inline=True)
+                    for row in ("NEW", "OLD"))
         return sql.guard_function(self.guard_function, self.table, new, old, None)
 
     def _key(self) -> list[str]:
@@ -124,6 +132,15 @@ def relations(conn: sa.Connection) -> dict[str, Relation]:
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p')""").all()
     return {r[0]: Relation(r[0], r[1], r[2], r[4], tuple(r[5]), r[3]) for r in rows}
+
+
+def governed(rels: dict[str, Relation], names: Sequence[str]) -> set[str]:
+    """``names`` and every partition and inheritance descendant of them: the relations whose
+    rows are written under their templates."""
+    named = set(names)
+    return {n for n, r in rels.items()
+            if n in named or r.partition_root in named
+            or any(a in named for a in _ancestors(rels, n))} | named
 
 
 def _ancestors(rels: dict[str, Relation], name: str) -> list[str]:

@@ -4,23 +4,36 @@ claims, key texts, escaping) and the generators of each protected table's functi
 Names (schema ``fencing``)::
 
     fences(lock text PRIMARY KEY, highest bigint)   the ONE fence table (shared with the proxy)
-    claim(lock, fence) -> highest                   raise or keep the highest; LF001 if stale
+    claim(lock, fence) -> highest                   a WRITE claim: raise or keep the highest;
+                                                    LF001 if stale
     try_claim(lock, fence) -> highest               the same, never raises (the proxy's 409 path)
+    claim_read(lock, fence) -> highest              a READ claim: the same raise and LF001, but
+    try_claim_read(lock, fence) -> highest          recorded apart: it never lets a row be written
     try_claim_many(locks[], fences[]) -> (lock, highest) rows: try_claim of each, in COLLATE "C"
                                                     order (concurrent batches never deadlock)
-    claimed(lock) -> boolean                        whether this transaction holds a claim on lock
+    try_claim_many(locks[], fences[], purposes[])   the same, each 'write' or 'read'
+    claimed(lock) -> boolean                        whether this transaction may write lock's rows
     escape(text) -> text                            canonical.encode: the lock-name alphabet
     key_int/_numeric/_float8/_uuid/_bool/_timestamp/_timestamptz/_date/_time/_bytea(v) -> text
                                                     canonical.canonical of the STORED value
     exempt() -> boolean                             current_user is a role named at install
     refuse(lock, table, via)                        raises LF002 naming the lock and the highest
+                                                    (LF003 when the lock is claimed for reading only)
     lock_of_<table>(key columns...) -> text         the row's lock name (the table's template)
     guard_of_<table>() trigger                      BEFORE INSERT/UPDATE/DELETE FOR EACH ROW
     guard_truncate() trigger                        BEFORE TRUNCATE: refused unless exempt
 
 A claim is recorded for the current transaction only, in the transaction-local setting
-``fencing.claims`` (``|lock|lock|``; lock names never contain ``|``); ROLLBACK and ROLLBACK TO
-SAVEPOINT undo it together with the fence row they raised.
+``fencing.claims`` (``|lock|lock|``; lock names never contain ``|``), a read claim in
+``fencing.read_claims``, which no trigger accepts; ROLLBACK and ROLLBACK TO SAVEPOINT undo it
+together with the fence row they raised. A read claim first reads the highest and takes the
+upsert (and its row lock) only when its epoch is above it, so readers at one epoch do not wait
+for each other.
+
+Every function pins ``search_path = pg_catalog, pg_temp``: the triggers run with the writer's
+search path, and a role with a schema of its own (``strpos``, an operator) could otherwise change
+what the check computes. Only the roles install names (``claim_roles``) and the owner may
+execute the claim functions (``CLAIM_FUNCTIONS``): any other role could raise a fence for good.
 
 Every function text is session-independent: dates and times go through ``to_char`` with fixed
 formats (never DateStyle or TimeZone), floats through ``extra_float_digits = 1`` set on the
@@ -30,11 +43,13 @@ function, shortened to Python's ``repr`` where PostgreSQL's text is one digit lo
 from __future__ import annotations
 
 import hashlib
+import re
 
 __all__ = ["SCHEMA", "FENCES", "TRIGGER", "TRUNCATE_TRIGGER", "LF_STALE", "LF_UNCLAIMED",
-           "BASE", "KEY_FUNCTIONS", "exempt_function", "lock_function", "guard_function",
-           "guard_trigger", "truncate_trigger", "ident", "literal", "object_name", "digest",
-           "PROXY_TRY_CLAIM"]
+           "LF_READ_ONLY", "BASE", "CLAIM_FUNCTIONS", "PINNED", "KEY_FUNCTIONS",
+           "exempt_function", "lock_function", "guard_function", "guard_trigger",
+           "truncate_trigger", "inline_key", "inline_escape", "ident", "literal", "object_name",
+           "digest", "PROXY_TRY_CLAIM", "PROXY_TRY_CLAIM_READ", "PROXY_TRY_CLAIM_MANY"]
 
 SCHEMA = "fencing"
 FENCES = "fencing.fences"
@@ -42,10 +57,17 @@ TRIGGER = "zz_fencing_guard"        # sorts after the usual BEFORE triggers: che
 TRUNCATE_TRIGGER = "zz_fencing_truncate"
 LF_STALE = "LF001"
 LF_UNCLAIMED = "LF002"
+LF_READ_ONLY = "LF003"  # a row of a lock this transaction claimed for reading only
+PINNED = "SET search_path = pg_catalog, pg_temp"
 
 # What the proxy's gated single-row write puts in its fence CTE instead of the bare upsert, so
 # its own write passes the row trigger (the claim is recorded in the same statement).
 PROXY_TRY_CLAIM = "SELECT fencing.try_claim(%(lock)s, %(fence)s::bigint) AS highest"
+# A fenced read's (and a claim-for-read's) claim: the same raise, recorded for reading only.
+PROXY_TRY_CLAIM_READ = "SELECT fencing.try_claim_read(%(lock)s, %(fence)s::bigint) AS highest"
+# Several locks at once, each for its purpose ('write' or 'read'), rows locked in name order.
+PROXY_TRY_CLAIM_MANY = ('SELECT "lock", highest FROM fencing.try_claim_many(%(locks)s::text[], '
+                        "%(fences)s::bigint[], %(purposes)s::text[])")
 
 
 def ident(name: str) -> str:
@@ -85,19 +107,26 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('fencing.%(fn)s: %%L is not a lock name (1-255 of A-Za-z0-9._:/-)'
                              ' or the fence is null', lock);
-    END IF;
+    END IF;%(look)s
     INSERT INTO fencing.fences AS f (lock, highest) VALUES (%(fn)s.lock, %(fn)s.fence)
         ON CONFLICT (lock) DO UPDATE SET highest = GREATEST(f.highest, excluded.highest)
-        RETURNING f.highest INTO h;
+        RETURNING f.highest INTO h;%(looked)s
     IF h > %(fn)s.fence THEN
         %(stale)s
     END IF;
-    claims := coalesce(nullif(current_setting('fencing.claims', true), ''), '|');
+    claims := coalesce(nullif(current_setting('%(setting)s', true), ''), '|');
     IF strpos(claims, '|' || %(fn)s.lock || '|') = 0 THEN
-        PERFORM set_config('fencing.claims', claims || %(fn)s.lock || '|', true);
+        PERFORM set_config('%(setting)s', claims || %(fn)s.lock || '|', true);
     END IF;
     RETURN h;
 END"""
+
+# A read claim looks first: at or below the highest it needs no upsert (nor the row lock).
+_LOOK = """
+    SELECT f.highest INTO h FROM fencing.fences f WHERE f.lock = %(fn)s.lock;
+    IF h IS NULL OR h < %(fn)s.fence THEN"""
+_LOOKED = """
+    END IF;"""
 
 _RAISE_STALE = """RAISE EXCEPTION USING ERRCODE = 'LF001',
             MESSAGE = format('stale fence %s for lock "%s": highest is %s', fence, lock, h),
@@ -105,16 +134,21 @@ _RAISE_STALE = """RAISE EXCEPTION USING ERRCODE = 'LF001',
             HINT = 'a newer holder of the lock has written; acquire the lock again';"""
 
 
-def _claim(fn: str, stale: str) -> str:
-    body = _CLAIM_BODY % {"fn": fn, "stale": stale, "lock_re": _LOCK_RE}
+def _claim(fn: str, stale: str, *, read: bool = False) -> str:
+    """``fencing.<fn>(lock, fence)``: a write claim (``fencing.claims``), or with ``read`` a
+    read claim (``fencing.read_claims``, looked up before the upsert)."""
+    look, looked = (_LOOK % {"fn": fn}, _LOOKED) if read else ("", "")
+    body = _CLAIM_BODY % {"fn": fn, "stale": stale, "lock_re": _LOCK_RE, "look": look,
+                          "looked": looked,
+                          "setting": "fencing.read_claims" if read else "fencing.claims"}
     return (f"CREATE OR REPLACE FUNCTION fencing.{fn}(lock text, fence bigint) RETURNS bigint\n"
-            "LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp\n"
+            f"LANGUAGE plpgsql VOLATILE SECURITY DEFINER {PINNED}\n"
             f"AS $fn$\n#variable_conflict use_column\n{body}\n$fn$")
 
 
-_TRY_CLAIM_MANY = """CREATE OR REPLACE FUNCTION fencing.try_claim_many(locks text[], fences bigint[])
+_TRY_CLAIM_MANY = f"""CREATE OR REPLACE FUNCTION fencing.try_claim_many(locks text[], fences bigint[])
 RETURNS TABLE (lock text, highest bigint)
-LANGUAGE plpgsql VOLATILE
+LANGUAGE plpgsql VOLATILE {PINNED}
 AS $fn$
 BEGIN
     IF cardinality(locks) IS DISTINCT FROM cardinality(fences) THEN
@@ -130,10 +164,38 @@ BEGIN
 END
 $fn$"""
 
-_ESCAPE = r"""CREATE OR REPLACE FUNCTION fencing.escape(t text) RETURNS text
-LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+_TRY_CLAIM_MANY_FOR = f"""CREATE OR REPLACE FUNCTION fencing.try_claim_many(
+    locks text[], fences bigint[], purposes text[])
+RETURNS TABLE (lock text, highest bigint)
+LANGUAGE plpgsql VOLATILE {PINNED}
 AS $fn$
-SELECT CASE WHEN t ~ '^[A-Za-z0-9_-][A-Za-z0-9._-]*$' COLLATE "C" THEN t
+DECLARE
+    purpose text;
+BEGIN
+    IF cardinality(locks) IS DISTINCT FROM cardinality(fences)
+       OR cardinality(locks) IS DISTINCT FROM cardinality(purposes) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'fencing.try_claim_many: locks, fences and purposes differ in length';
+    END IF;
+    FOR lock, highest, purpose IN
+        SELECT u.l, u.f, u.p FROM unnest(locks, fences, purposes) AS u(l, f, p)
+        ORDER BY u.l COLLATE "C"
+    LOOP
+        IF purpose = 'write' THEN
+            highest := fencing.try_claim(lock, highest);
+        ELSIF purpose = 'read' THEN
+            highest := fencing.try_claim_read(lock, highest);
+        ELSE
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('fencing.try_claim_many: purpose %L is not write or read',
+                                 purpose);
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END
+$fn$"""
+
+_ESCAPE_BODY = r"""SELECT CASE WHEN t ~ '^[A-Za-z0-9_-][A-Za-z0-9._-]*$' COLLATE "C" THEN t
 ELSE coalesce((
     SELECT string_agg(CASE WHEN b BETWEEN 48 AND 57 OR b BETWEEN 65 AND 90
                                 OR b BETWEEN 97 AND 122 OR b IN (45, 95) OR (b = 46 AND i > 0)
@@ -142,7 +204,11 @@ ELSE coalesce((
     FROM (SELECT i, get_byte(u, i) AS b
           FROM (SELECT convert_to(t, 'UTF8') AS u) AS bytes,
                generate_series(0, octet_length(u) - 1) AS i) AS each_byte), '')
-END
+END"""
+_ESCAPE = f"""CREATE OR REPLACE FUNCTION fencing.escape(t text) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE {PINNED}
+AS $fn$
+{_ESCAPE_BODY}
 $fn$"""
 
 # The canonical text (canonical.canonical) of each supported kind, from the stored value.
@@ -175,6 +241,7 @@ KEY_FUNCTIONS: dict[str, tuple[str, str]] = {
 # text and round to one significant digit fewer while the double reads back unchanged.
 _KEY_FLOAT8 = """CREATE OR REPLACE FUNCTION fencing.key_float8(v double precision) RETURNS text
 LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE SET extra_float_digits = 1
+SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
     exact numeric;
@@ -215,18 +282,42 @@ def _key_function(name: str) -> str:
         return _KEY_FLOAT8
     arg, body = KEY_FUNCTIONS[name]
     return (f"CREATE OR REPLACE FUNCTION fencing.{name}(v {arg}) RETURNS text\n"
-            "LANGUAGE sql STABLE STRICT PARALLEL SAFE\n"
+            f"LANGUAGE sql STABLE STRICT PARALLEL SAFE {PINNED}\n"
             f"AS $fn$\n{body}\n$fn$")
 
 
-_CLAIMED = """CREATE OR REPLACE FUNCTION fencing.claimed(lock text) RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE
+def _inline(body: str, param: str, ref: str) -> str:
+    """``body`` (``SELECT <expr>`` of a STRICT one-parameter SQL function) as an expression of
+    ``ref``: NULL for a NULL ``ref``, as the function's call."""
+    expr = re.sub(rf"\b{param}\b", f"({ref})", body.removeprefix("SELECT "))
+    return f"(CASE WHEN ({ref}) IS NULL THEN NULL ELSE {expr} END)"
+
+
+def inline_key(name: str, ref: str) -> str:
+    """What ``fencing.<name>(ref)`` (a ``KEY_FUNCTIONS`` entry) computes, as an expression with
+    no call (``key_float8``, in PL/pgSQL, stays a call). The row triggers use it: a SQL function
+    pinned to a search path is not inlined by the planner, and a call per key and row costs
+    about ten times the expression (docs/db-fencing.md, "Cost")."""
+    if name == "key_float8":
+        return f"fencing.key_float8({ref})"
+    if name == "key_timestamptz":
+        return inline_key("key_timestamp", f"({ref}) AT TIME ZONE 'UTC'")
+    return _inline(KEY_FUNCTIONS[name][1], "v", ref)
+
+
+def inline_escape(ref: str) -> str:
+    """What ``fencing.escape(ref)`` computes, as an expression with no call."""
+    return _inline(_ESCAPE_BODY, "t", ref)
+
+
+_CLAIMED = f"""CREATE OR REPLACE FUNCTION fencing.claimed(lock text) RETURNS boolean
+LANGUAGE sql STABLE PARALLEL SAFE {PINNED}
 AS $fn$
 SELECT coalesce(strpos(current_setting('fencing.claims', true), '|' || lock || '|') > 0, false)
 $fn$"""
 
-_REFUSE = """CREATE OR REPLACE FUNCTION fencing.refuse(lock text, tab text, via text)
-RETURNS void LANGUAGE plpgsql STABLE
+_REFUSE = f"""CREATE OR REPLACE FUNCTION fencing.refuse(lock text, tab text, via text)
+RETURNS void LANGUAGE plpgsql STABLE {PINNED}
 AS $fn$
 DECLARE
     h bigint;
@@ -241,6 +332,16 @@ BEGIN
             DETAIL = format('table=%s', tab);
     END IF;
     SELECT f.highest INTO h FROM fencing.fences f WHERE f.lock = refuse.lock;
+    IF strpos(coalesce(current_setting('fencing.read_claims', true), ''),
+              '|' || lock || '|') > 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'LF003',
+            MESSAGE = format('row of table %I%s is written under lock "%s", which this '
+                             'transaction claimed for reading only (highest fence %s): a '
+                             'shared (read) lease never writes', tab, route, lock,
+                             coalesce(h::text, 'none')),
+            DETAIL = format('lock=%s table=%s highest=%s', lock, tab, coalesce(h::text, '')),
+            HINT = 'take the lock exclusive to write its rows';
+    END IF;
     RAISE EXCEPTION USING ERRCODE = 'LF002',
         MESSAGE = format('row of table %I%s is written under lock "%s", which this transaction '
                          'has not claimed (highest fence %s); call fencing.claim(%L, fence) '
@@ -250,8 +351,8 @@ BEGIN
 END
 $fn$"""
 
-_GUARD_TRUNCATE = """CREATE OR REPLACE FUNCTION fencing.guard_truncate() RETURNS trigger
-LANGUAGE plpgsql
+_GUARD_TRUNCATE = f"""CREATE OR REPLACE FUNCTION fencing.guard_truncate() RETURNS trigger
+LANGUAGE plpgsql {PINNED}
 AS $fn$
 BEGIN
     IF NOT fencing.exempt() THEN
@@ -273,7 +374,7 @@ def exempt_function(roles: list[str]) -> str:
     else:
         body = "SELECT false"
     return ("CREATE OR REPLACE FUNCTION fencing.exempt() RETURNS boolean\n"
-            f"LANGUAGE sql STABLE PARALLEL SAFE\nAS $fn$\n{body}\n$fn$")
+            f"LANGUAGE sql STABLE PARALLEL SAFE {PINNED}\nAS $fn$\n{body}\n$fn$")
 
 
 # Statements run once per install (CREATE ... IF NOT EXISTS; functions are compared first).
@@ -299,22 +400,30 @@ BASE: list[tuple[str, str]] = [
       for name, (arg, _) in KEY_FUNCTIONS.items()],
     ("fencing.claim(text,bigint)", _claim("claim", _RAISE_STALE)),
     ("fencing.try_claim(text,bigint)", _claim("try_claim", "RETURN h;")),
+    ("fencing.claim_read(text,bigint)", _claim("claim_read", _RAISE_STALE, read=True)),
+    ("fencing.try_claim_read(text,bigint)", _claim("try_claim_read", "RETURN h;", read=True)),
     ("fencing.try_claim_many(text[],bigint[])", _TRY_CLAIM_MANY),
+    ("fencing.try_claim_many(text[],bigint[],text[])", _TRY_CLAIM_MANY_FOR),
     ("fencing.claimed(text)", _CLAIMED),
     ("fencing.refuse(text,text,text)", _REFUSE),
 ]
 # created after exempt(), which it calls
 TRUNCATE_GUARD = ("fencing.guard_truncate()", _GUARD_TRUNCATE)
+# The functions that raise a fence: EXECUTE is revoked from PUBLIC, granted to named roles.
+CLAIM_FUNCTIONS = ["fencing.claim(text,bigint)", "fencing.try_claim(text,bigint)",
+                   "fencing.claim_read(text,bigint)", "fencing.try_claim_read(text,bigint)",
+                   "fencing.try_claim_many(text[],bigint[])",
+                   "fencing.try_claim_many(text[],bigint[],text[])"]
 
 
 # --- per protected table ----------------------------------------------------------------------
 
 def lock_function(name: str, args: list[tuple[str, str]], expression: str) -> str:
     """``fencing.<name>(k1 type1, ...)``: the lock name from the key values (``expression``
-    uses ``$1``, ``$2``...); inlined into the guard's expression by the planner."""
+    uses ``$1``, ``$2``...)."""
     params = ", ".join(f"{ident(a)} {t}" for a, t in args)
     return (f"CREATE OR REPLACE FUNCTION fencing.{ident(name)}({params}) RETURNS text\n"
-            f"LANGUAGE sql STABLE PARALLEL SAFE\nAS $fn$\nSELECT {expression}\n$fn$")
+            f"LANGUAGE sql STABLE PARALLEL SAFE {PINNED}\nAS $fn$\nSELECT {expression}\n$fn$")
 
 
 def guard_function(name: str, table: str, lock_call_new: str | None, lock_call_old: str | None,
@@ -361,7 +470,7 @@ BEGIN
     RETURN NEW;
 END"""
     return (f"CREATE OR REPLACE FUNCTION fencing.{ident(name)}() RETURNS trigger\n"
-            f"LANGUAGE plpgsql\nAS $fn$\n{body}\n$fn$")
+            f"LANGUAGE plpgsql {PINNED}\nAS $fn$\n{body}\n$fn$")
 
 
 def guard_trigger(relation: str, function: str) -> list[str]:

@@ -75,8 +75,8 @@ def prepare(url: str, tables: Sequence[str] | None, policy: Policy, *,
         catalog = reflect(engine, tables, ())
         _refuse_keys(catalog, policy)
         binding = policy.bind(catalog)
-        create_fence_table(engine)  # refused configurations leave the database untouched
         fenced = [name for name in catalog if not binding[name].unfenced]
+        create_fence_table(engine, fenced)  # refused configurations leave the database untouched
         missing = unprotected(engine, policy, tables, fenced)
         if require_db_fencing and missing:
             raise DbFencingRequired("--require-db-fencing: not protected in the database: "
@@ -109,4 +109,5 @@ def open_store(settings: Settings, catalog: Catalog) -> Store:
     timeout = settings.db_timeout_ms / 1000
     if settings.is_sqlite:
         return SqliteStore(sqlite_path(settings.database_url), catalog, timeout_s=timeout)
-    return PostgresStore(settings.database_url, catalog, pool_size=settings.pool_size, timeout_s=timeout)
+    return PostgresStore(settings.database_url, catalog, pool_size=settings.pool_size,
+                         timeout_s=timeout, lock_timeout_ms=settings.lock_timeout_ms)

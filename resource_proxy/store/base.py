@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from resource_proxy.fencing import Fence
+from lockd.common.fencerule import Fence
 from resource_proxy.idempotency import Once, Reply
 from resource_proxy.tables import Catalog, Table
 from resource_proxy.writes import WriteOp
@@ -49,7 +49,7 @@ class Store(Protocol):
 
     async def batch(self, fences: Sequence[Fence], ops: Sequence[WriteOp]) -> list[Row | None]:
         """The fence check of each of ``fences`` (the locks the ops touch, in lock-name order:
-        ``fencing.in_lock_order``; none if empty), then every op, in one transaction.
+        ``fencerule.in_lock_order``; none if empty), then every op, in one transaction.
 
         A failing op raises its error with ``op_index``; the transaction is rolled back whole.
         A stale fence raises ``StaleToken`` (``op_index`` 0) naming every stale lock when the
@@ -66,14 +66,16 @@ class Store(Protocol):
         """``batch`` with an Idempotency-Key, as ``write_once``."""
 
     async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:
-        """The row (``NotFound`` if absent); with ``fence``, a fenced read (fence check first)."""
+        """The row (``NotFound`` if absent); with ``fence``, a fenced read: the fence is claimed
+        first (raised like a write's, for ``fence.purpose``), then the row read."""
 
     async def list_rows(self, table: Table, filters: Mapping[str, Any], limit: int,
                         fence: Fence | None) -> list[Row]:
         """Rows whose columns equal ``filters`` in key order, at most ``limit``; fenced as above."""
 
     async def claim(self, fence: Fence) -> int:
-        """Raise the highest to ``fence`` without touching data; return it (``StaleToken``)."""
+        """Raise the highest to ``fence`` (for ``fence.purpose``) without touching data; return
+        it (``StaleToken``)."""
 
     async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
         """``claim`` for each of ``fences`` (lock order) in ONE transaction, all or nothing:

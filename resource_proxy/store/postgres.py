@@ -10,8 +10,8 @@
 - A fenced read pipelines the fence claim and the SELECT in one round trip; the SELECT is a
   separate statement so it takes its snapshot after the fence row was locked and raised, and sees
   every write that committed before (READ COMMITTED gives each statement a fresh snapshot).
-  Under a shared token the claim is a plain read of the highest (checked, never raised), so the
-  rows read are at least as new as the write that set it.
+  Its claim is for reading (``fencing.try_claim_read``: the same raise, under a shared token to
+  the read epoch, but a claim no row trigger accepts).
 
 Every fence claim is ``fencing.try_claim`` (``dbfence``): the conditional upsert of
 ``fencing.fences`` that also records the claim for the transaction, so where ``resource-proxy db
@@ -21,8 +21,10 @@ claims the locks of the rows it writes, before it writes them).
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
   record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
 
-Sessions run with ``TimeZone = UTC`` (timestamps come back with ``+00:00``) and load json/jsonb
-with exact Decimals. Errors are translated at this boundary (``translate``); a connection that
+Sessions run with ``TimeZone = UTC`` (timestamps come back with ``+00:00``), ``lock_timeout``
+(``lock_timeout_ms``: a lock's fence row held by a claim another transaction keeps open is
+waited for that long, then 503 ``lock_timeout``, so it cannot take every pooled connection) and
+load json/jsonb with exact Decimals. Errors are translated at this boundary (``translate``); a connection that
 broke is discarded by the pool and replaced in the background, so the proxy recovers by itself
 when the database returns.
 
@@ -49,15 +51,17 @@ import psycopg
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from lockd.common.fencerule import Fence
 from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
+    LockTimeout,
     NotFound,
     OutcomeUnknown,
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import PG_SCHEMA, Fence, check, check_all, check_read
+from resource_proxy.fencing import PG_SCHEMA, check, check_all
 from resource_proxy.idempotency import PG_TABLE as RECORDS
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply, StaleReplay
 from resource_proxy.store.base import Row
@@ -74,7 +78,8 @@ log = logging.getLogger("resource_proxy.store")
 # unique, foreign key, exclusion; and a row of another lock refused by the database's fence
 # trigger (``dbfence``: a cascade or a trigger of the user's reached a row this write did not
 # claim): retrying cannot help, the message names the lock the write would need
-_CONFLICT = {"23505", "23503", "23P01", "LF002"}
+_CONFLICT = {"23505", "23503", "23P01", "LF002", "LF003"}
+_LOCK_TIMEOUT = "55P03"  # lock_not_available: lock_timeout ran out
 # A value the column's type cannot take (a cast or operator that does not exist for it), or a
 # generated column given a value: the client's input, not the database's health.
 _REFUSED = {"42804", "42846", "42883", "42P18", "428C9"}
@@ -153,12 +158,15 @@ class _Flight:
 
 
 class PostgresStore:
-    """``Store`` on PostgreSQL. ``pool_size`` connections; ``timeout_s`` to get one (then 503)."""
+    """``Store`` on PostgreSQL. ``pool_size`` connections; ``timeout_s`` to get one (then 503);
+    ``lock_timeout_ms``: the longest a statement waits for a lock (then 503 ``lock_timeout``)."""
 
-    def __init__(self, url: str, catalog: Catalog, *, pool_size: int = 10, timeout_s: float = 3.0):
+    def __init__(self, url: str, catalog: Catalog, *, pool_size: int = 10, timeout_s: float = 3.0,
+                 lock_timeout_ms: int = 1000):
         self.catalog = catalog
         self.sql = SqlBuilder(POSTGRES)
         self._timeout = timeout_s
+        self._lock_timeout_ms = int(lock_timeout_ms)
         self._purged = float("-inf")
         self._purge_task: asyncio.Task | None = None
         self._pool = AsyncConnectionPool(
@@ -174,10 +182,9 @@ class PostgresStore:
             open=False,
         )
 
-    @staticmethod
-    async def _configure(conn: psycopg.AsyncConnection) -> None:
+    async def _configure(self, conn: psycopg.AsyncConnection) -> None:
         set_json_loads(loads, conn)
-        await conn.execute("SET TimeZone TO 'UTC'")
+        await conn.execute(f"SET TimeZone TO 'UTC'; SET lock_timeout = {self._lock_timeout_ms}")
 
     async def open(self) -> None:
         await self._pool.open(wait=False)
@@ -211,6 +218,12 @@ class PostgresStore:
         except (psycopg.Error, OSError) as exc:
             if flight is not None and flight.committing and (conn.broken or conn.closed):
                 raise OutcomeUnknown(_UNKNOWN) from None
+            if getattr(exc, "sqlstate", None) == _LOCK_TIMEOUT:
+                raise LockTimeout(
+                    f"a lock this request needs (its lock's fence row, claimed by another "
+                    f"transaction that is still open, or a row) was not released within "
+                    f"{self._lock_timeout_ms} ms; nothing was committed (retry later)",
+                    timeout_ms=self._lock_timeout_ms) from None
             raise translate(exc) from None
         finally:
             await self._pool.putconn(conn)
@@ -246,13 +259,13 @@ class PostgresStore:
         """The fence upsert of each of ``fences`` (in lock order) inside the caller's
         transaction; the highest of each after it (``check_all`` decides)."""
         if len(fences) == 1:
-            cur = await conn.execute(self.sql.d.fence_upsert,
-                                     {"lock": fences[0].lock, "fence": fences[0].fence})
+            cur = await conn.execute(*self.sql.fence_claim(fences[0]))
             (highest,) = await cur.fetchone()  # type: ignore[misc]
             return [highest]
         cur = await conn.execute(self.sql.fence_upsert_many(),
                                  {"locks": [f.lock for f in fences],
-                                  "fences": [f.fence for f in fences]})
+                                  "fences": [f.fence for f in fences],
+                                  "purposes": [f.purpose.value for f in fences]})
         found = dict(await cur.fetchall())
         return [found[f.lock] for f in fences]
 
@@ -273,7 +286,8 @@ class PostgresStore:
                 cur = await conn.execute(sql, params)
                 row = await cur.fetchone()
             except psycopg.Error as exc:
-                if exc.sqlstate is None or exc.sqlstate.startswith(("08", "57")) or conn.broken:
+                if (exc.sqlstate is None or exc.sqlstate.startswith(("08", "57"))
+                        or exc.sqlstate == _LOCK_TIMEOUT or conn.broken):
                     raise
                 raise translate(exc).with_extra(op_index=index) from None
             if row is None:
@@ -361,19 +375,15 @@ class PostgresStore:
         return rows
 
     def _fence_check(self, fence: Fence) -> tuple[str, dict[str, Any]]:
-        """The statement that checks ``fence``: the raising upsert, or for a shared fence a
-        plain read of the highest (a shared lease never raises it)."""
-        return (self.sql.d.fence_select if fence.shared else self.sql.d.fence_upsert,
-                {"lock": fence.lock, "fence": fence.fence})
+        """The statement that claims ``fence`` for its purpose: the raising upsert of a write
+        claim, or of a read claim (``fencing.try_claim_read``)."""
+        return self.sql.fence_claim(fence)
 
     @staticmethod
     def _judge(fence: Fence, found: tuple | None) -> int:
-        """``StaleToken`` unless ``fence`` passed; the highest (a never fenced lock's is 0)."""
+        """``StaleToken`` unless ``fence`` passed; the highest."""
         highest = int(found[0]) if found else 0
-        if fence.shared:
-            check_read(fence, highest)
-        else:
-            check(fence, highest)
+        check(fence, highest)
         return highest
 
     async def read_row(self, table: Table, key: tuple[Any, ...], fence: Fence | None) -> Row:

@@ -22,8 +22,9 @@ Two shapes of write:
   (batches; SQLite).
 
 The fence claim on PostgreSQL is ``fencing.try_claim`` (``dbfence.sql``: the conditional upsert
-of ``fencing.fences``, which also records the claim for the transaction's row triggers); on
-SQLite the upsert itself.
+of ``fencing.fences``, which also records the claim for the transaction's row triggers), for a
+fence taken for reading ``fencing.try_claim_read`` (the same raise, a claim that lets no row be
+written); on SQLite the upsert itself, for both.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from uuid import UUID
 
 from psycopg.types.json import Json, Jsonb
 
-from resource_proxy.dbfence.sql import PROXY_TRY_CLAIM
+from lockd.common.fencerule import Fence
+from resource_proxy.dbfence.sql import PROXY_TRY_CLAIM, PROXY_TRY_CLAIM_MANY, PROXY_TRY_CLAIM_READ
 from resource_proxy.errors import InvalidRequest
-from resource_proxy.fencing import PG_FENCES, SQLITE_TABLE, Fence
+from resource_proxy.fencing import PG_FENCES, SQLITE_TABLE
 from resource_proxy.tables import Column, Kind, Table
 from resource_proxy.values import dumps
 from resource_proxy.writes import WriteOp
@@ -59,6 +61,7 @@ class Dialect:
             fences = PG_FENCES
             # one row, "highest": the claim, or the highest above the presented fence
             self.fence_upsert = PROXY_TRY_CLAIM
+            self.fence_read_claim = PROXY_TRY_CLAIM_READ
         else:
             fences = self.q(SQLITE_TABLE)
             greatest = "max"
@@ -67,6 +70,7 @@ class Dialect:
                 f'{self.p("fence", "bigint")}) ON CONFLICT ("lock") DO UPDATE SET '
                 f"highest = {greatest}(f.highest, excluded.highest) RETURNING highest"
             )
+            self.fence_read_claim = self.fence_upsert  # no claims to record: the raise alone
         self.fence_select = f'SELECT highest FROM {fences} WHERE "lock" = {self.p("lock")}'
 
     def q(self, identifier: str) -> str:
@@ -189,15 +193,19 @@ class SqlBuilder:
 
     # -- public --------------------------------------------------------------------------
 
+    def fence_claim(self, fence: Fence) -> tuple[str, dict[str, Any]]:
+        """SQL + params claiming ``fence`` for its purpose (one row, ``highest``)."""
+        sql = self.d.fence_upsert if fence.writes else self.d.fence_read_claim
+        return sql, {"lock": fence.lock, "fence": fence.fence}
+
     def fence_upsert_many(self) -> str:
         """PostgreSQL: the fence claim of several locks in ONE statement (``%(locks)s`` text[],
-        ``%(fences)s`` bigint[]), returning ``(lock, highest)`` per lock: ``fencing.try_claim_many``,
-        which inserts or locks the fence rows in ``COLLATE "C"`` (code-point) order of the lock
-        name, the order ``fencing.in_lock_order`` gives, so concurrent multi-lock batches never
-        deadlock."""
+        ``%(fences)s`` bigint[], ``%(purposes)s`` text[] of ``write``/``read``), returning
+        ``(lock, highest)`` per lock: ``fencing.try_claim_many``, which inserts or locks the
+        fence rows in ``COLLATE "C"`` (code-point) order of the lock name, the order
+        ``fencerule.in_lock_order`` gives, so concurrent multi-lock batches never deadlock."""
         assert self.d.is_pg
-        return ('SELECT "lock", highest FROM fencing.try_claim_many(%(locks)s::text[], '
-                "%(fences)s::bigint[])")
+        return PROXY_TRY_CLAIM_MANY
 
     def write(self, op: WriteOp, fence: Fence | None) -> tuple[str, dict[str, Any]]:
         """SQL + params of ``op``; gated (fence check inside) when ``fence`` is given."""

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from lockd.common.fencerule import Fence
 from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
@@ -31,7 +32,7 @@ from resource_proxy.errors import (
     ProxyError,
     StoreUnavailable,
 )
-from resource_proxy.fencing import Fence, check_all, check_read
+from resource_proxy.fencing import check_all
 from resource_proxy.idempotency import (
     PURGE_BATCH,
     PURGE_INTERVAL_S,
@@ -122,17 +123,11 @@ class SqliteStore:
         return await asyncio.to_thread(call)
 
     def _check(self, conn: sqlite3.Connection, fences: Sequence[Fence]) -> None:
-        """The fence upsert of each of ``fences`` (lock order) in the open transaction, then
-        ``check_all`` (``StaleToken`` listing the stale ones); a shared fence (a fenced read or
-        claim-for-read) is compared with the highest, not raised (``check_read``)."""
-        raised = [f for f in fences if not f.shared]
-        highest = [conn.execute(self.sql.d.fence_upsert,
-                                {"lock": f.lock, "fence": f.fence}).fetchone()[0]
-                   for f in raised]
-        check_all(raised, highest)
-        for fence in fences:
-            if fence.shared:  # a shared lease's read epoch: checked, never raised
-                check_read(fence, self._highest_on(conn, fence.lock))
+        """The fence upsert of each of ``fences`` (lock order; a read's as a write's: SQLite
+        keeps no claims) in the open transaction, then ``check_all`` (``StaleToken`` listing
+        the stale ones)."""
+        highest = [conn.execute(*self.sql.fence_claim(f)).fetchone()[0] for f in fences]
+        check_all(fences, highest)
 
     def _fenced(self, conn: sqlite3.Connection, fences: Sequence[Fence],
                 body: Callable[[], T]) -> T:
@@ -261,8 +256,7 @@ class SqliteStore:
         return [decode_row(table, row) for row in await self._read(fence, sql, params)]
 
     async def claim(self, fence: Fence) -> int:
-        return await self._run(lambda conn: self._fenced(
-            conn, [fence], lambda: self._highest_on(conn, fence.lock) if fence.shared else fence.fence))
+        return await self._run(lambda conn: self._fenced(conn, [fence], lambda: fence.fence))
 
     async def claim_all(self, fences: Sequence[Fence]) -> list[int]:
         return await self._run(

@@ -31,7 +31,7 @@ def blocks(kind: str) -> list[str]:
 def test_the_page_has_its_examples():
     python = "\n".join(blocks("python"))
     for needed in ("install(", "fenced_transaction(conn, lease)", "Session(engine)",
-                   "StaleTokenError"):
+                   "StaleTokenError", "SharedTokenError"):
         assert needed in python, needed
     assert "resource-proxy db install --database-url URL" in PAGE.read_text()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 
 import psycopg
 import pytest
@@ -105,3 +106,24 @@ def test_a_policy_the_database_cannot_enforce_is_one_line_exit_2(pg_dsn, tmp_pat
     assert _db("install", env={"PROXY_DATABASE_URL": ""}).returncode == 2
     sqlite = _db("install", "--database-url", f"sqlite:///{tmp_path / 'r.db'}")
     assert sqlite.returncode == 2 and "needs PostgreSQL" in sqlite.stderr
+
+
+def test_check_exits_1_while_a_role_other_than_a_superuser_can_bypass(pg_dsn):
+    role = f"bypass_{uuid.uuid4().hex[:8]}"
+    _run(pg_dsn, "CREATE TABLE jobs (id bigint PRIMARY KEY, state text)",
+         f'CREATE ROLE "{role}"', f'GRANT TRIGGER ON jobs TO "{role}"')
+    try:
+        assert _db("install", "--database-url", pg_dsn, "--claim-role", role).returncode == 0
+        found = _db("check", "--database-url", pg_dsn)
+        assert found.returncode == 1, found.stdout
+        lines = found.stdout.splitlines()
+        assert f"can bypass: {role}: has TRIGGER on jobs (a trigger of its own can change a " \
+               "row after the check)" in lines
+        assert f"can claim: {role}" in lines and "can claim: postgres (superuser)" in lines
+        _run(pg_dsn, f'REVOKE TRIGGER ON jobs FROM "{role}"')
+        ok = _db("check", "--database-url", pg_dsn)
+        assert ok.returncode == 0, ok.stdout
+        assert "can bypass: postgres: superuser (can drop or disable any trigger)" in \
+            ok.stdout.splitlines(), "superusers are listed; no grant can stop them"
+    finally:
+        _run(pg_dsn, f'DROP OWNED BY "{role}"', f'DROP ROLE "{role}"')

@@ -130,22 +130,20 @@ def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, 
         assert client.get("/healthz").json() == {"status": "ok", "jwks": "ok"}
 
 
-def test_verified_tokens_are_cached_lru_and_verified_once(monkeypatch):
+def test_verified_tokens_are_cached_lru_and_verified_once():
     """A token's first use pays the Ed25519 check, later uses none; when the cache is full the
     least recently used token is evicted (not the hot ones); a rotation clears it."""
     import asyncio
 
-    from resource_proxy import jwks as jwks_module
     from resource_proxy.jwks import KeySource
 
     ring = KeyRing.generate()
-    monkeypatch.setattr(jwks_module, "_CACHE_MAX", 2)
 
     async def load():
         return ring.jwks()
 
     async def run() -> list[str]:
-        keys = KeySource(load)
+        keys = KeySource(load, cache_max=2)
         await keys.reload(force=True)
         checked: list[str] = []
         real = keys._verifier.verify

@@ -1,7 +1,8 @@
 """Shared (read-lock) tokens at the proxy, on PostgreSQL and SQLite: a token that holds a lock
 shared may do fenced reads and claims-for-read (allowed iff its fence is at least the highest
-honoured, never raising it) and may not write under that lock: every write path answers 403
-``shared_token`` naming the lock, and nothing is written or raised.
+honoured; the highest rises to its read epoch, as for a write) and may not write under that
+lock: every write path answers 403 ``shared_token`` naming the lock, and nothing is written or
+raised.
 
 Tokens are signed by the deployment's ``KeyRing`` the way lockd signs a shared lease
 (``mode: "shared"``; a multi-lock token lists its shared locks in ``shared``). Rows are seeded
@@ -87,7 +88,8 @@ def test_every_write_path_under_a_shared_token_is_403_and_changes_nothing(deploy
                           json={"n": 1}).status_code == 200
 
 
-def test_a_fenced_read_under_a_shared_token_is_checked_and_never_raises(deployment: Deployment):
+def test_a_fenced_read_under_a_shared_token_raises_the_highest_to_its_epoch(
+        deployment: Deployment):
     d = deployment
     key, lock = _item(d, "v1")
     # never fenced: a shared lease's epoch 0 reads (and a fenced list too)
@@ -96,22 +98,26 @@ def test_a_fenced_read_under_a_shared_token_is_checked_and_never_raises(deployme
     assert _highest(d, lock) == 0
     assert d.client.patch(f"/v1/tables/items/rows/{key}", headers=d.auth(lock, 4),
                           json={"v": "v4"}).status_code == 200
-    for fence in (4, 7):  # at or above the highest: allowed, and the highest stays 4
+    for fence in (4, 7):  # at or above the highest: allowed, and the highest rises to it
         r = d.client.get(f"/v1/tables/items/rows/{key}", headers=_shared(d, lock, fence))
         assert r.status_code == 200 and r.json()["v"] == "v4", r.text
         listed = d.client.get("/v1/tables/items/rows", params={"id": key},
                               headers=_shared(d, lock, fence))
         assert listed.status_code == 200 and [i["v"] for i in listed.json()["items"]] == ["v4"]
-        assert _highest(d, lock) == 4
-    # an exclusive writer with fence 5 could still write: the reader with epoch 7 raised nothing
-    assert d.client.patch(f"/v1/tables/items/rows/{key}", headers=d.auth(lock, 5),
-                          json={"v": "v5"}).status_code == 200
-    # a reader whose epoch predates that write is stale: it would read a state older than it
+        assert _highest(d, lock) == fence
+    # an exclusive writer below the read epoch is fenced off: nothing written
+    body = assert_problem(d.client.patch(f"/v1/tables/items/rows/{key}", headers=d.auth(lock, 5),
+                                         json={"v": "v5"}), 409, "stale_token")
+    assert (body["lock"], body["presented"], body["highest"]) == (lock, 5, 7)
+    assert _rows(d, key) == [("v4", 0)]
+    # the next exclusive epoch writes; a reader whose epoch predates that write is stale
+    assert d.client.patch(f"/v1/tables/items/rows/{key}", headers=d.auth(lock, 8),
+                          json={"v": "v8"}).status_code == 200
     for call in (lambda t: d.client.get(f"/v1/tables/items/rows/{key}", headers=t),
                  lambda t: d.client.get("/v1/tables/items/rows", params={"id": key}, headers=t)):
-        body = assert_problem(call(_shared(d, lock, 4)), 409, "stale_token")
-        assert (body["lock"], body["presented"], body["highest"]) == (lock, 4, 5)
-    assert _highest(d, lock) == 5
+        body = assert_problem(call(_shared(d, lock, 7)), 409, "stale_token")
+        assert (body["lock"], body["presented"], body["highest"]) == (lock, 7, 8)
+    assert _highest(d, lock) == 8
     # a shared token of another lock reads nothing fenced
     assert_problem(d.client.get(f"/v1/tables/items/rows/{key}",
                                 headers=_shared(d, f"items/{unique('k')}", 9)),
@@ -125,17 +131,42 @@ def test_a_claim_with_a_shared_token_is_a_claim_for_read(deployment: Deployment)
     assert r.status_code == 200 and r.json() == {"lock": lock, "highest": 0}, r.text
     assert d.client.post(f"/v1/fences/{lock}/claim", headers=d.auth(lock, 3)).json() == {
         "lock": lock, "highest": 3}
-    for fence in (3, 8):  # answers the highest honoured, not the token's epoch; raises nothing
+    for fence in (3, 8):  # the highest rises to the read epoch
         r = d.client.post(f"/v1/fences/{lock}/claim", headers=_shared(d, lock, fence))
-        assert r.status_code == 200 and r.json() == {"lock": lock, "highest": 3}, r.text
-    assert _highest(d, lock) == 3
+        assert r.status_code == 200 and r.json() == {"lock": lock, "highest": fence}, r.text
+    assert _highest(d, lock) == 8
     body = assert_problem(d.client.post(f"/v1/fences/{lock}/claim", headers=_shared(d, lock, 2)),
                           409, "stale_token")
-    assert (body["lock"], body["presented"], body["highest"]) == (lock, 2, 3)
-    assert _highest(d, lock) == 3
+    assert (body["lock"], body["presented"], body["highest"]) == (lock, 2, 8)
+    assert _highest(d, lock) == 8
     # a lock that governs no served row is refused as for any claim
     assert_problem(d.client.post("/v1/fences/nowhere/claim", headers=_shared(d, "nowhere", 1)),
                    403, "lock_not_allowed")
+
+
+@pytest.mark.parametrize("how", ["read", "list", "claim"])
+def test_a_reader_at_a_newer_epoch_fences_off_the_lapsed_writer(deployment: Deployment, how):
+    """Writer E holds the lock at fence 4 and writes; its lease lapses and lockd grants the
+    lock shared at a new epoch (5). The reader's first fenced call raises the highest to 5,
+    so E's next write is refused and the reader never sees it."""
+    d = deployment
+    key, lock = _item(d)
+    assert d.client.patch(f"/v1/tables/items/rows/{key}", headers=d.auth(lock, 4),
+                          json={"v": "by E"}).status_code == 200
+    reader = _shared(d, lock, 5)
+    if how == "read":
+        r = d.client.get(f"/v1/tables/items/rows/{key}", headers=reader)
+    elif how == "list":
+        r = d.client.get("/v1/tables/items/rows", params={"id": key}, headers=reader)
+    else:
+        r = d.client.post(f"/v1/fences/{lock}/claim", headers=reader)
+    assert r.status_code == 200, r.text
+    late = d.client.patch(f"/v1/tables/items/rows/{key}", headers=d.auth(lock, 4),
+                          json={"v": "E after the lapse"})
+    body = assert_problem(late, 409, "stale_token")
+    assert (body["lock"], body["presented"], body["highest"]) == (lock, 4, 5)
+    assert _rows(d, key) == [("by E", 0)]
+    assert d.client.get(f"/v1/tables/items/rows/{key}", headers=reader).json()["v"] == "by E"
 
 
 def test_a_multi_lock_token_writes_its_exclusive_locks_only(deployment: Deployment):
@@ -156,14 +187,15 @@ def test_a_multi_lock_token_writes_its_exclusive_locks_only(deployment: Deployme
     assert_problem(d.client.post("/v1/fences/claim", headers=token), 403, "shared_token")
     assert _rows(d, a) == [("a2", 0)] and _rows(d, b) == [("seed", 0)]
     assert (_highest(d, la), _highest(d, lb)) == (2, 0)
-    # its shared lock reads and claims-for-read; its exclusive lock claims and raises
+    # its shared lock reads and claims-for-read (raising to its epoch); its exclusive lock
+    # claims and raises
     read = d.client.get(f"/v1/tables/items/rows/{b}", headers=token)
     assert read.status_code == 200 and read.json()["v"] == "seed", read.text
     assert d.client.post(f"/v1/fences/{lb}/claim", headers=token).json() == {"lock": lb,
-                                                                             "highest": 0}
+                                                                             "highest": 6}
     assert d.client.post(f"/v1/fences/{la}/claim", headers=token).json() == {"lock": la,
                                                                              "highest": 2}
-    assert (_highest(d, la), _highest(d, lb)) == (2, 0)
+    assert (_highest(d, la), _highest(d, lb)) == (2, 6)
 
 
 def test_a_read_under_a_shared_token_sees_every_write_committed_before_it(deployment: Deployment):
@@ -221,7 +253,7 @@ def test_a_policy_template_names_semaphore_slots(semaphore_proxy):
                                                              "highest": 11}
 
 
-def test_the_activity_view_and_metrics_show_a_shared_token_as_raising_nothing(
+def test_the_activity_view_and_metrics_show_a_shared_tokens_epoch_and_refusal(
         deployment: Deployment):
     d = deployment
     key, lock = _item(d)
@@ -231,8 +263,8 @@ def test_the_activity_view_and_metrics_show_a_shared_token_as_raising_nothing(
     assert_problem(d.client.patch(f"/v1/tables/items/rows/{key}", headers=_shared(d, lock, 9),
                                   json={"v": "x"}), 403, "shared_token")
     activity = d.client.get("/v1/activity").json()
-    # the status page's fence of the lock is the highest honoured (2), not the reader's epoch
-    assert [f["highest"] for f in activity["fences"] if f["lock"] == lock] == [2]
+    # the status page's fence of the lock is the highest honoured: the reader's epoch
+    assert [f["highest"] for f in activity["fences"] if f["lock"] == lock] == [9]
     refused = [r for r in activity["rejections"] if r["lock"] == lock]
     assert [(r["code"], r["status"], r["call"]) for r in refused] == [("shared_token", 403,
                                                                        "update")]

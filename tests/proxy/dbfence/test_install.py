@@ -60,7 +60,10 @@ def test_a_second_install_changes_nothing(schema):
 
 def test_install_converges_to_another_policy(schema):
     install(schema.engine, policy(POLICY))
-    report = install(schema.engine, policy({"acc": "acc"}), tables=["acc"])
+    others = ["pairs", "ledger", "meas", "parent"]
+    converged = Policy({**policy({"acc": "acc"}).tables,
+                        **{t: TablePolicy(unfenced=True) for t in others}})
+    report = install(schema.engine, converged, tables=["acc", *others])
     assert any("removed" in line for line in report.changed)
     with schema.engine.connect() as conn:
         guarded = conn.exec_driver_sql(
@@ -136,6 +139,11 @@ def test_check_reports_missing_and_disabled_triggers_and_who_can_bypass(schema):
         assert "dbfence_trig: may write fencing.fences" in text
         assert check(schema.engine, policy({**POLICY, "acc": "acc"})).missing  # other template
         install(schema.engine, policy(POLICY))
+        again = check(schema.engine, policy(POLICY))
+        assert not again.missing and not again.disabled and not again.later
+        assert not again.ok and again.bypassers == {"dbfence_trig"}  # a role can bypass
+        schema.run("REVOKE TRIGGER ON acc FROM dbfence_trig",
+                   "REVOKE UPDATE ON fencing.fences FROM dbfence_trig")
         assert check(schema.engine, policy(POLICY)).ok
     finally:
         schema.run("DROP OWNED BY dbfence_trig", "DROP ROLE dbfence_trig")
@@ -175,3 +183,21 @@ def test_upsert_needs_the_lock_of_the_row_it_updates(schema):
         conn.commit()
         error = refused(conn, "INSERT INTO acc VALUES (1, 'c') ON CONFLICT (id) DO UPDATE SET v = 'c'")
         assert 'lock "acc/1"' in str(error)
+
+
+def test_install_for_some_tables_keeps_the_triggers_of_the_others(schema):
+    install(schema.engine, policy(POLICY))
+    before = snapshot(schema.engine)
+    report = install(schema.engine, policy(POLICY), tables=["acc"])
+    assert report.changed == [] and snapshot(schema.engine) == before
+    assert "left alone (outside --tables): child, ledger, meas, pairs, parent" in report.lines()
+    with schema.connect() as conn:
+        assert 'lock "ledger"' in str(refused(conn, "INSERT INTO ledger VALUES (1)"))
+        assert 'lock "p/3"' in str(refused(conn, "INSERT INTO child VALUES (3)"))
+    # a table named gets the new template; the others keep theirs
+    install(schema.engine, policy({**POLICY, "acc": "acc"}), tables=["acc"])
+    with schema.connect() as conn:
+        conn.execute("SELECT fencing.claim('acc', 1)")
+        conn.execute("INSERT INTO acc VALUES (1, 'x')")
+        conn.commit()
+        assert 'lock "pairs/1/a"' in str(refused(conn, "INSERT INTO pairs VALUES (1, 'a')"))
