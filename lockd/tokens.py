@@ -2,8 +2,8 @@
 
 This is the one module that both ``lockd`` (which signs) and ``resource_proxy`` (which verifies)
 import. A token is what a lock holder hands to the protected resource; it carries the lock's name
-and the grant's fence, so a client cannot fence a resource off by inventing a huge number
-(invariant 6) nor use one lock's token for another lock.
+and the grant's fence, signed, so a client can neither fence a resource off by inventing a
+huge number nor use one lock's token for another lock.
 
 Format::
 

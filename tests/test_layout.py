@@ -4,12 +4,21 @@
 
     lockd/client      talks HTTP only: nothing from lockd.server or resource_proxy
     resource_proxy    from lockd only lockd.tokens and lockd.common
-    lockd/server/store  no web framework, no HTTP layer of lockd
-    lockd/server/service.py  no web framework
+    lockd/server/store  no web framework, nothing of lockd.server but its errors
+    services, core    no web framework (every slice's service.py, the core's non-HTTP modules)
     lockd/tokens.py, lockd/common  nothing of either service (nor of the client)
+    slices            lockd/server/{locks,semaphores,elections} import the core, the store
+                      protocols and values, and shared infrastructure: never another slice
+    core              lockd/server/core imports no slice
+    store backends    each backend's locks/semaphores/elections.py import their own backend's
+                      modules (not its store.py, nor another primitive's file), the store's
+                      values and lockd's errors: nothing else of lockd
+    same files        every backend has store/locks/semaphores/elections.py; every slice its
+                      service/api/schemas.py (semaphores and elections: observe.py too)
+    sizes             no module of lockd/ or resource_proxy/ over 600 lines
 
-Every import counts: at module level, inside functions, under ``TYPE_CHECKING``. The walls are
-checked on the real tree, and each is shown to bite by planting a forbidden import in a copy.
+Every import counts: at module level, inside functions, under ``TYPE_CHECKING``. The rules are
+checked on the real tree, and each is shown to bite by breaking it in a copy.
 """
 
 from __future__ import annotations
@@ -24,10 +33,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 WEB = ("fastapi", "starlette", "uvicorn")
-HTTP_LAYER = ("lockd.common.middleware", "lockd.common.responses", "lockd.common.serving",
-              "lockd.server.api", "lockd.server.app",
-              "lockd.server.ops_api", "lockd.server.cli", "lockd.server.status_page",
-              "lockd.server.schemas")
+HTTP_LAYER = ("lockd.common.middleware", "lockd.common.responses", "lockd.common.serving")
 
 
 def _imports(root: Path, path: Path) -> Iterator[tuple[int, str]]:
@@ -63,9 +69,11 @@ WALLS = [
     ("1 client talks HTTP only", "lockd/client", ("lockd.server", "resource_proxy"), ()),
     ("2 proxy uses only tokens + common", "resource_proxy", ("lockd",),
      ("lockd.tokens", "lockd.common")),
-    ("3 stores know no web or HTTP layer", "lockd/server/store", WEB + HTTP_LAYER, ()),
-    ("4 service knows no web framework", "lockd/server/service.py", WEB, ()),
-    ("4 waiting knows no web framework", "lockd/server/waiting.py", WEB, ()),
+    ("3 stores know no web or HTTP layer", "lockd/server/store",
+     (*WEB, *HTTP_LAYER, "lockd.server"), ("lockd.server.errors", "lockd.server.store")),
+    *[("4 services know no web framework", f"lockd/server/{part}.py", WEB, ())
+      for part in ("locks/service", "semaphores/service", "elections/service", "core/base",
+                   "core/signer", "core/names", "core/waiting")],
     ("5 tokens import no service", "lockd/tokens.py",
      ("lockd.server", "lockd.client", "resource_proxy"), ()),
     ("5 common imports no service", "lockd/common",
@@ -104,10 +112,13 @@ PLANTED = [
     ("resource_proxy/service.py", "from lockd.server import service\n", "2 proxy"),
     ("resource_proxy/api.py", "from lockd.client import LockClient\n", "2 proxy"),
     ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
-    ("lockd/server/store/sqlite.py", "from starlette.responses import Response\n", "3 stores"),
+    ("lockd/server/store/sqlite/store.py", "from starlette.responses import Response\n", "3 stores"),
     ("lockd/server/store/base.py", "from lockd.common.middleware import ROLE\n", "3 stores"),
-    ("lockd/server/store/etcd/store.py", "    from ...api import create_router\n", "3 stores"),
-    ("lockd/server/service.py", "from fastapi import Request\n", "4 service"),
+    ("lockd/server/store/etcd/store.py", "    from ...locks.api import create_router\n", "3 stores"),
+    ("lockd/server/store/sqlite/locks.py", "from lockd.server.core.waiting import PERMIT\n",
+     "3 stores"),
+    ("lockd/server/locks/service.py", "from fastapi import Request\n", "4 services"),
+    ("lockd/server/core/signer.py", "from starlette.requests import Request\n", "4 services"),
     ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
     ("lockd/common/middleware.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
 ]
@@ -123,6 +134,156 @@ def test_a_planted_forbidden_import_breaks_its_wall(tmp_path, rel, line, wall):
     target.write_text(target.read_text() + "\n" + line)
     found = violations(tmp_path)
     assert found and all(v.startswith(wall) for v in found), found
+
+
+# --- slices over one core ----------------------------------------------------------------------
+# Each primitive is a slice of its own (service, routes, schemas; semaphores and elections also
+# their ``observe`` mixin) over one core. A slice may use the core, the store's protocols and
+# values and the shared infrastructure below; a new primitive is one new slice that cannot
+# depend on another one (elections stand on the core's queues and signer, not on the locks'
+# service). The core imports no slice.
+
+SLICES = ("locks", "semaphores", "elections")
+SHARED = ("lockd.server.core", "lockd.server.store.base", "lockd.server.store.values",
+          "lockd.server.errors", "lockd.server.settings", "lockd.server.access",
+          "lockd.server.limits", "lockd.server.metrics", "lockd.server.audit",
+          "lockd.server.events", "lockd.server.streams")
+"""What a slice (and the core) may import from ``lockd.server``, besides its own folder."""
+BACKENDS = ("sqlite", "postgres", "etcd")
+PRIMITIVE_FILES = ("locks", "semaphores", "elections")
+SLICE_FILES = {"locks": ("service", "api", "schemas"),
+               "semaphores": ("service", "api", "schemas", "observe"),
+               "elections": ("service", "api", "schemas", "observe")}
+MAX_LINES = 600
+
+
+def slice_violations(root: Path) -> list[str]:
+    """Every import of ``lockd.server`` by a slice or the core outside what it may use."""
+    found = []
+    for part in ("core", *SLICES):
+        allowed = (f"lockd.server.{part}", *SHARED)
+        for path in _files(root, f"lockd/server/{part}"):
+            for line, module in _imports(root, path):
+                if (_under(module, ("lockd.server",)) and module != "lockd.server"
+                        and not _under(module, allowed)):
+                    found.append(f"{part}: {path.relative_to(root)}:{line} imports {module}")
+    return found
+
+
+def backend_violations(root: Path) -> list[str]:
+    """Every import of lockd by a backend's primitive file outside its own backend's modules
+    (its ``store.py`` and the other primitives' files excluded), the values and the errors."""
+    found = []
+    for backend in BACKENDS:
+        package = f"lockd.server.store.{backend}"
+        for name in PRIMITIVE_FILES:
+            path = root / f"lockd/server/store/{backend}/{name}.py"
+            others = tuple(f"{package}.{n}" for n in ("store", *PRIMITIVE_FILES) if n != name)
+            for line, module in _imports(root, path):
+                if not _under(module, ("lockd",)):
+                    continue
+                own = _under(module, (package,)) and module != package
+                if (own and not _under(module, others)) or _under(
+                        module, ("lockd.server.store.values", "lockd.server.errors")):
+                    continue
+                found.append(f"{backend}/{name}.py:{line} imports {module}")
+    return found
+
+
+def layout_gaps(root: Path) -> list[str]:
+    """The files a backend or a slice lacks."""
+    wanted = [f"lockd/server/store/{b}/{n}.py" for b in BACKENDS for n in ("store", *PRIMITIVE_FILES)]
+    wanted += [f"lockd/server/{s}/{n}.py" for s, names in SLICE_FILES.items() for n in names]
+    return [rel for rel in wanted if not (root / rel).is_file()]
+
+
+def oversized(root: Path) -> list[str]:
+    """Every module of lockd/ and resource_proxy/ over ``MAX_LINES`` lines."""
+    found = []
+    for top in ("lockd", "resource_proxy"):
+        for path in sorted((root / top).rglob("*.py")):
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_LINES:
+                found.append(f"{path.relative_to(root)}: {lines} lines")
+    return found
+
+
+def test_slices_stand_on_the_core_not_on_each_other():
+    assert slice_violations(ROOT) == []
+
+
+def test_backend_primitive_files_use_only_their_own_backend():
+    assert backend_violations(ROOT) == []
+
+
+def test_every_backend_and_every_slice_has_the_same_files():
+    assert layout_gaps(ROOT) == []
+
+
+def test_no_module_is_over_the_size_limit():
+    assert oversized(ROOT) == []
+
+
+def _copy(tmp_path: Path) -> Path:
+    for top in ("lockd", "resource_proxy"):
+        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+@pytest.mark.parametrize(("rel", "line", "rule"), [
+    ("lockd/server/elections/service.py", "from lockd.server.locks.service import LockService\n",
+     "elections"),
+    ("lockd/server/semaphores/api.py", "    from lockd.server.elections import schemas\n",
+     "semaphores"),
+    ("lockd/server/locks/api.py", "from lockd.server.observe import ObservedStore\n", "locks"),
+    ("lockd/server/locks/service.py", "from lockd.server.store.sqlite import SqliteStore\n",
+     "locks"),
+    ("lockd/server/core/base.py", "from lockd.server.semaphores.service import slot_lock\n",
+     "core"),
+    ("lockd/server/core/http.py", "from ..ops_api import OPEN_PATHS\n", "core"),
+])
+def test_a_slice_importing_another_slice_is_found(tmp_path, rel, line, rule):
+    root = _copy(tmp_path)
+    target = root / rel
+    if line.startswith("    "):
+        line = "def _lazy():\n" + line
+    target.write_text(target.read_text() + "\n" + line)
+    found = slice_violations(root)
+    assert found and all(v.startswith(rule + ":") for v in found), found
+
+
+@pytest.mark.parametrize(("rel", "line"), [
+    ("lockd/server/store/sqlite/semaphores.py", "from lockd.server.store.sqlite.locks import SCHEMA\n"),
+    ("lockd/server/store/sqlite/locks.py", "    from lockd.server.store.sqlite.store import log\n"),
+    ("lockd/server/store/postgres/elections.py", "from lockd.server.store.etcd import wire\n"),
+    ("lockd/server/store/etcd/locks.py", "from lockd.server.store.base import LockStore\n"),
+    ("lockd/server/store/etcd/semaphores.py", "from lockd.server.store import etcd\n"),
+])
+def test_a_backend_primitive_file_importing_beyond_its_backend_is_found(tmp_path, rel, line):
+    root = _copy(tmp_path)
+    target = root / rel
+    if line.startswith("    "):
+        line = "def _lazy():\n" + line
+    target.write_text(target.read_text() + "\n" + line)
+    found = backend_violations(root)
+    planted = f"{'/'.join(rel.split('/')[-2:])}:{len(target.read_text().splitlines())} "
+    assert found and all(v.startswith(planted) for v in found), found
+
+
+@pytest.mark.parametrize("rel", ["lockd/server/store/etcd/elections.py",
+                                 "lockd/server/semaphores/observe.py"])
+def test_a_missing_slice_or_backend_file_is_found(tmp_path, rel):
+    root = _copy(tmp_path)
+    (root / rel).unlink()
+    assert layout_gaps(root) == [rel]
+
+
+def test_a_module_over_the_limit_is_found(tmp_path):
+    root = _copy(tmp_path)
+    target = root / "lockd/server/core/names.py"
+    target.write_text(target.read_text() + "# padding\n" * MAX_LINES)
+    assert oversized(root) == [f"lockd/server/core/names.py: "
+                               f"{len(target.read_text().splitlines())} lines"]
 
 
 # --- no import cycles ---------------------------------------------------------------------------

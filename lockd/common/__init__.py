@@ -11,7 +11,8 @@
                     sockets, workers, the one Server class (every framework internal is listed there)
     tls.py          TLS start-up checks, server and client contexts, certificate identities
     options.py      the command-line options both servers take alike (bounds, TLS)
-    names.py        the lock-name rule (alphabet, length, no empty/./.. segment)
+    names.py        the lock-name rule (alphabet, length, no empty/./.. segment), name prefixes
+    namespace.py    who owns a name: one row per primitive and its reservation, the one check
     fencerule.py    the one rule for which token may write a lock, and the fences every
                     enforcement path checks (the proxy, fenced_transaction)
     keycache.py     lockd's public keys kept fresh for a verifier (fetch, refetch, max age)

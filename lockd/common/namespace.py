@@ -10,12 +10,13 @@ token for a lock another one fences. A new primitive is one row of ``PRIMITIVES`
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 
 __all__ = ["ELECTION", "LOCK", "PRIMITIVES", "SEMAPHORE", "NameRefused", "Primitive", "check",
-           "mints", "owner_of", "token_lock"]
+           "mints", "owner_of", "token_lock", "token_name"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,8 @@ PRIMITIVES: tuple[Primitive, ...] = (LOCK, ELECTION, SEMAPHORE)
 
 _RESERVING = tuple(sorted((p for p in PRIMITIVES if p.reserves),
                           key=lambda p: len(p.reserves), reverse=True))  # the longest wins
+_TOKEN_RE = {p.kind: re.compile(re.escape(p.token).replace(re.escape("{name}"), "(?P<name>.+)")
+                                .replace(re.escape("{slot}"), "[0-9]+")) for p in _RESERVING}
 
 
 class NameRefused(ValueError):
@@ -65,6 +68,14 @@ def owner_of(lock: str) -> Primitive | None:
 def token_lock(primitive: Primitive, name: str, slot: int = 0) -> str:
     """The lock name a token of ``primitive``'s ``name`` carries (a semaphore: of ``slot``)."""
     return primitive.token.format(name=name, slot=slot)
+
+
+def token_name(lock: str) -> tuple[Primitive, str] | None:
+    """The reserving primitive and its name whose token lock ``lock`` is (``sem/{name}/{slot}``:
+    ``(SEMAPHORE, name)``); ``None`` for any other lock (a plain lock's or an election's)."""
+    owner = owner_of(lock)
+    match = _TOKEN_RE[owner.kind].fullmatch(lock) if owner is not None else None
+    return (owner, match["name"]) if match is not None else None
 
 
 def mints(primitive: Primitive, lock: str) -> bool:

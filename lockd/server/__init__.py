@@ -1,24 +1,20 @@
-"""The lock server (``lockd serve``): the HTTP API, the lease service and its stores.
+"""The lock server (``lockd serve``): one slice per primitive over one core, and their stores.
 
 ::
 
-    app.py          create_app(settings): the FastAPI app factory
-    api.py          acquire/renew/release/state routes (and their hot-path ASGI middleware)
-    ops_api.py      /metrics, /v1/events, the status page, admin force-release, API keys
-    service.py      LockService: names, TTL bounds, leases, tokens (no web framework)
-    waiting.py      WaitQueues: the FIFO queues of waiting acquires, one per lock name
-    elections.py    ElectionService: leader election on a lock (campaign, handover, observe)
-    api_elections.py  the election routes (election_schemas.py: their bodies)
-    observe.py      ObservedStore: metrics and events around any store
-    events.py       EventHub: lock events for the SSE streams
-    metrics.py      LockdMetrics: the Prometheus metrics
-    status_page.py  the live status page (GET /)
-    settings.py     Settings (LOCKD_* environment variables)
-    schemas.py      request and response bodies
-    errors.py       LockdError and its subclasses (problem details)
-    cli.py          the ``lockd`` command
-    store/          the Store protocol and its SQLite, PostgreSQL and etcd implementations
+    core/         Core: the store, the one token signer, the wait queues, the request bounds;
+                  the name check; the HTTP plumbing every slice's routes share
+    locks/        single locks (two modes), multi-lock leases: service, api, schemas
+    semaphores/   counting semaphores: service, api, schemas, observe
+    elections/    leader election: service, api, schemas, observe
+    store/        the Store protocols (base) and values; sqlite/, postgres/, etcd/ backends
+    app.py        create_app(settings): the app factory that wires the slices
+    ops_api.py    status page, metrics, event streams, audit, keys, health, request middleware
+    observe.py    ObservedStore: metrics and events around any store
+    settings, errors, access, limits, metrics, audit, events, streams, keydir, keys_cli,
+    status_page, cli: shared infrastructure
 
-It may import ``lockd.tokens`` and ``lockd.common``; nothing in ``lockd.client`` or
-``resource_proxy`` (walls checked by ``tests/test_layout.py``).
+A slice imports the core, the store protocols and shared infrastructure, never another slice
+(``tests/test_layout.py``); docs/internals.md walks through the layout. The server may import
+``lockd.tokens`` and ``lockd.common``; nothing in ``lockd.client`` or ``resource_proxy``.
 """

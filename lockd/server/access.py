@@ -43,9 +43,9 @@ from typing import Any
 from lockd.common.access import AccessFile, AccessFileError, Identity, load_access
 from lockd.common.access import parse_access as parse_any_access
 from lockd.common.middleware import IDENTITY
+from lockd.common.names import is_name_prefix
+from lockd.common.namespace import token_name
 from lockd.server.errors import ForbiddenLock
-from lockd.server.observe_semaphores import semaphore_of
-from lockd.server.schemas import PREFIX_RE
 
 __all__ = ["access_file_problem", "authorize", "covers", "granted_name", "identity_name",
            "load_access_file", "parse_access", "visibility", "visible_prefixes"]
@@ -55,7 +55,7 @@ ANONYMOUS = "anonymous"
 
 def _prefix_problem(prefix: str) -> str | None:
     """Why ``prefix`` cannot be a client's prefix (``None``: it can)."""
-    if not PREFIX_RE.fullmatch(prefix):
+    if not is_name_prefix(prefix):
         return f"prefix {prefix!r} is not 0-255 characters of A-Za-z0-9._:/-"
     if prefix and not prefix.endswith("/"):
         return (f"prefix {prefix!r} must end with '/' (a prefix covers whole name segments: "
@@ -96,9 +96,10 @@ def access_file_problem(path: str | Path | None) -> str | None:
 
 
 def granted_name(lock: str) -> str:
-    """The name access to ``lock`` is decided on: a semaphore slot's lock
-    (``sem/{name}/{slot}``) is its semaphore's ``name``, any other lock itself."""
-    return semaphore_of(lock) or lock
+    """The name access to ``lock`` is decided on: a reserved lock is its primitive's name (a
+    semaphore slot's ``sem/{name}/{slot}``: ``name``), any other lock itself."""
+    owned = token_name(lock)
+    return lock if owned is None else owned[1]
 
 
 def authorize(scope: Any, locks: str | Iterable[str]) -> None:

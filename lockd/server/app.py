@@ -19,22 +19,24 @@ from typing import Any
 from fastapi import FastAPI
 
 from lockd.common.apidocs import install_docs
-from lockd.server.api import (
-    HotPathMiddleware,
-    create_router,
-    install_error_handlers,
-    is_hot_path,
-)
-from lockd.server.api_elections import create_election_router
-from lockd.server.api_semaphores import create_semaphore_router
-from lockd.server.elections import ElectionService
+from lockd.server.core.base import Core
+from lockd.server.core.http import install_error_handlers
+from lockd.server.elections.api import create_election_router
+from lockd.server.elections.service import ElectionService
 from lockd.server.events import EventHub
 from lockd.server.keydir import watch as watch_keys
+from lockd.server.locks.api import HotPathMiddleware, create_router, is_hot_path
+from lockd.server.locks.service import LockService
 from lockd.server.metrics import LockdMetrics
 from lockd.server.observe import ObservedStore
-from lockd.server.ops_api import create_ops_router, install_request_middleware, operation_id
-from lockd.server.semaphores import SemaphoreService
-from lockd.server.service import LockService
+from lockd.server.ops_api import (
+    create_ops_router,
+    create_service_router,
+    install_request_middleware,
+    operation_id,
+)
+from lockd.server.semaphores.api import create_semaphore_router
+from lockd.server.semaphores.service import SemaphoreService
 from lockd.server.settings import Settings
 from lockd.server.store import Store, open_store
 from lockd.tokens import KeyRing
@@ -72,10 +74,10 @@ def _telemetry_on(app: FastAPI) -> bool:
 def create_app(settings: Settings | None = None, *, clock: Callable[[], float] | None = None,
                store: Store | None = None, keyring: KeyRing | None = None) -> FastAPI:
     """A lockd app. ``clock`` (wall seconds, default ``time.time``) judges expiry in a SQLite
-    store made here; tests inject a fake one. After startup ``app.state.service`` is the
-    ``LockService`` (on an ``ObservedStore``: metrics and events) and ``app.state.elections``
-    the ``ElectionService``; ``app.state.metrics`` and
-    ``app.state.events`` exist from the start."""
+    store made here; tests inject a fake one. After startup ``app.state.core`` is the ``Core``
+    (on an ``ObservedStore``: metrics and events) and ``app.state.locks``, ``.semaphores`` and
+    ``.elections`` the primitives' services; ``app.state.metrics`` and ``app.state.events``
+    exist from the start."""
     settings = settings or Settings()
     metrics = LockdMetrics()
     events = EventHub(queue_size=settings.events_queue_size, on_drop=metrics.events_dropped.inc,
@@ -99,16 +101,17 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             app.state.audit.record("key-directory", "keys_changed", changed.kid, "ok",
                                    published=sorted(changed.kids))
         try:
-            service = LockService(observed, ring, settings)
-            app.state.service = service
-            app.state.semaphores = SemaphoreService(service)
-            elections = app.state.elections = ElectionService(service, metrics)
+            core = app.state.core = Core(observed, ring, settings)
+            app.state.locks = LockService(core)
+            app.state.semaphores = SemaphoreService(core)
+            elections = app.state.elections = ElectionService(core, metrics)
             app.state.jwks = ring.jwks()
-            metrics.watch(leases_active=lambda: observed.active, acquires_waiting=service.waiting)
+            waiting = core.waiting
+            metrics.watch(leases_active=lambda: observed.active, acquires_waiting=waiting.total)
             metrics.watch_modes(
                 holders=lambda mode: (observed.shared_active if mode == "shared"
                                       else observed.active - observed.shared_active),
-                permits=lambda: observed.permits_active, waiters=service.waiting_by_mode)
+                permits=lambda: observed.permits_active, waiters=waiting.by_mode)
             await observed.start()
             # a rotation or retirement reaches this process within key_reload_ms
             keys_task = asyncio.create_task(watch_keys(
@@ -116,7 +119,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
             yield
             events.close()
             elections.close()
-            service.shutdown()
+            core.shutdown()
         finally:
             if keys_task is not None:
                 keys_task.cancel()
@@ -142,6 +145,7 @@ def create_app(settings: Settings | None = None, *, clock: Callable[[], float] |
     install_docs(app, title="lockd")
     app.include_router(create_ops_router())  # first: /v1/locks/{name}/events before {name}
     app.include_router(create_router())
+    app.include_router(create_service_router())
     app.include_router(create_semaphore_router())
     app.include_router(create_election_router())
     # outermost middleware: keys, request ids; the hot path gets the same in front of it

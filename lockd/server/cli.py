@@ -229,9 +229,9 @@ def _ready_line(settings: Settings, port: int) -> str:
 def _on_stop(app: FastAPI, signal_name: str) -> None:
     """The first stop signal: answer every queued acquire now (graceful shutdown is then not
     held up by clients waiting minutes) and end the open event and election streams."""
-    service = getattr(app.state, "service", None)
-    if service is not None:
-        service.shutdown()
+    core = getattr(app.state, "core", None)
+    if core is not None:
+        core.shutdown()
     elections = getattr(app.state, "elections", None)
     if elections is not None:
         elections.close()

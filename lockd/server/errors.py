@@ -7,6 +7,7 @@
     │   └── PayloadTooLarge         413  payload_too_large
     ├── NotFound                    404  not_found
     ├── LockHeld                    409  held              not granted within wait_ms
+    ├── NoLeader                    409  no_leader         a handover with nobody leading
     ├── LimitMismatch               409  limit_mismatch    semaphore held under another limit
     ├── ClientIdConflict            409  client_id_conflict  the client_id holds another lease
     ├── LeaseLost                   410  lease_lost        expired, released or unknown lease
@@ -32,6 +33,7 @@ __all__ = [
     "PayloadTooLarge",
     "NotFound",
     "LockHeld",
+    "NoLeader",
     "LimitMismatch",
     "ClientIdConflict",
     "LeaseLost",
@@ -76,6 +78,12 @@ class LockHeld(LockdError):
     status, code, title = 409, "held", "Lock is held"
 
 
+class NoLeader(LockdError):
+    """A handover asked of an election nobody leads (409)."""
+
+    status, code, title = 409, "no_leader", "No leader"
+
+
 class LimitMismatch(LockdError):
     """A semaphore acquire named a ``limit`` other than the one its live permits hold (409).
 
@@ -101,7 +109,8 @@ class ClientIdConflict(LockdError):
 class LeaseLost(LockdError):
     """The lease is not live: it expired, was released, or never existed (410).
 
-    A lost lease never comes back (invariant 3): acquire again for a new, higher fence.
+    A lost lease never comes back (an expired lease is never renewed or released back to
+    life): acquire again for a new, higher fence.
     """
 
     status, code, title = 410, "lease_lost", "Lease lost"

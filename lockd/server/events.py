@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lockd.server.observe_semaphores import semaphore_of
+from lockd.common.namespace import token_name
 
 __all__ = ["Event", "EventHub"]
 
@@ -75,8 +75,8 @@ class Event:
             doc["forced"] = True
         if self.mode in ("shared", "permit"):
             doc["mode"] = self.mode
-        if self.mode == "permit":
-            doc["semaphore"] = semaphore_of(self.lock)
+        if self.mode == "permit" and (owned := token_name(self.lock)) is not None:
+            doc[owned[0].kind] = owned[1]  # "semaphore": the name its access is judged on
         return doc
 
     def _encode(self) -> bytes:

@@ -1,42 +1,10 @@
 """``ObservedStore``: a ``Store`` wrapper that turns store calls into metrics and lock events.
 
-``LockService`` talks to the store through it, so grants, renewals, releases and expiries are
-seen exactly where they happen, with no extra store round trip on any request path.
-
-Lease tracking. Every lease this process grants or renews is tracked in memory (lock name →
-lease id, fence, owner, TTL, grant time, local deadline = time of the store's answer + TTL on
-the monotonic clock; the store started the lease before it answered, so by the local deadline
-the store has expired it too). Tracking ends with:
-
-* a release or force-release here: ``released`` (hold time, event);
-* a release notification from the store (PostgreSQL NOTIFY, etcd watch, i.e. a release at
-  another replica) arriving more than ``0.25 s`` before the deadline: ``released`` event;
-  notifications of this process's own releases are recognised and skipped;
-* an **expiry**, counted in ``lockd_lease_expirations_total`` when the first of these shows it:
-  (a) this process grants the lock again (the store only does so once the old lease is gone and
-  it was not released here or reported released), (b) the holder's renew or release is answered
-  410 for the tracked lease, or (c) the sweeper, which every ``sweep_s`` looks at leases whose
-  deadline passed and asks the store (``get``, one call per lapsed lease, off the request path):
-  the lock is free or held under another fence → expired. Held under the same fence with more
-  than 1.5 s left → the lease was renewed at another replica, which tracks it now; less → etcd
-  has not reaped it yet (it checks about every 500 ms): look again later.
-
-So an expiry is counted (and logged: one INFO line naming lock, fence, owner and TTL) once, by
-the replica that granted or last renewed the lease, and only for a lease that really lapsed.
-Known limits: a lease whose client alternates between replicas with a TTL under 1.5 s may be
-counted by two of them; a release at another replica in the last 0.25 s before the deadline
-counts as an expiry; a lease granted here by a lockd that then crashes is counted by nobody.
-
-Shared leases and permits (many live leases per lock or semaphore) are tracked by lease id,
-and the sweeper confirms a lapsed one from the lock's holders (a shared holder with the same
-owner and fence) or the semaphore's permits (same fence). A shared lease released at another
-replica is seen only by the sweeper (a release notification does not say which shared lease
-ended), so it counts as an expiry there. A permit's events name its slot's lock
-(``sem/{name}/{slot}``, ``mode: "permit"``).
-Election calls pass through untouched.
-
-Clock skew: every ``skew_interval_s`` the store's ``clock_offset()`` sets
-``lockd_store_clock_skew_seconds`` (SQLite: 0 by definition).
+The services talk to the store through it, so grants, renewals, releases and expiries are seen
+where they happen, with no extra store round trip on any request path. It tracks the leases
+granted or renewed here and counts an expiry once, by the replica that last saw the lease
+(docs/internals.md, "Metrics and events"). Semaphores and elections add their calls as mixins
+(``lockd.server.semaphores.observe``, ``lockd.server.elections.observe``).
 """
 
 from __future__ import annotations
@@ -48,13 +16,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from lockd.server.core.waiting import PERMIT as _PERMIT
+from lockd.server.elections.observe import ObservedElections
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.events import EventHub
 from lockd.server.metrics import LockdMetrics
-from lockd.server.observe_elections import ObservedElections
-from lockd.server.observe_semaphores import PERMIT as _PERMIT
-from lockd.server.observe_semaphores import ObservedSemaphores, slot_lock
-from lockd.server.store.base import (
+from lockd.server.semaphores.observe import ObservedSemaphores
+from lockd.server.store.base import Store
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,
@@ -62,8 +31,6 @@ from lockd.server.store.base import (
     LockState,
     MultiGrant,
     ReleaseListener,
-    SemGrant,
-    Store,
 )
 
 __all__ = ["ObservedStore"]
@@ -86,6 +53,7 @@ class _Tracked:
     deadline: float
     mode: str = EXCLUSIVE  # or SHARED, or _PERMIT (a semaphore's)
     slot: int = -1  # a permit's
+    event_lock: str | None = None  # the lock its events name, if not the tracked name's
 
 
 class ObservedStore(ObservedSemaphores, ObservedElections):
@@ -162,14 +130,12 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
         leases = table.get(lock)
         return None if leases is None else leases.get(lease_id)
 
-    def _track_permit(self, name: str, grant: SemGrant) -> None:
+    def _tracked_permit(self, name: str, lease_id: str, fence: int, owner: str, ttl_ms: int,
+                        slot: int, event_lock: str) -> None:
+        """Track a permit of semaphore ``name`` granted here just now."""
         now = self._now()
         self._track_keyed(self._permits, name, _Tracked(
-            grant.lease_id, grant.fence, grant.owner, grant.ttl_ms, now,
-            now + grant.ttl_ms / 1000, _PERMIT, grant.slot))
-        self.metrics.lease_ttl.observe(grant.ttl_ms / 1000)
-        self.events.publish("acquired", slot_lock(name, grant.slot), grant.fence, grant.owner,
-                            grant.ttl_ms, mode=_PERMIT)
+            lease_id, fence, owner, ttl_ms, now, now + ttl_ms / 1000, _PERMIT, slot, event_lock))
 
     def _forget_keyed(self, lock: str, tracked: _Tracked) -> None:
         table = self._permits if tracked.mode == _PERMIT else self._shared
@@ -205,8 +171,8 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
             end = now
         if tracked.granted_at is not None:
             self.metrics.hold[outcome].observe(max(0.0, end - tracked.granted_at))
-        if tracked.mode == _PERMIT:  # a permit's events name its slot's lock
-            lock = slot_lock(lock, tracked.slot)
+        if tracked.event_lock is not None:  # a permit's events name its slot's lock
+            lock = tracked.event_lock
         self.events.publish("expired" if outcome == "expired" else "released", lock,
                             tracked.fence, tracked.owner, forced=outcome == "forced",
                             mode=tracked.mode)
@@ -299,7 +265,7 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
 
     def _renewed(self, lock: str, tracked: _Tracked | None, lease_id: str, fence: int,
                  owner: str, ttl_ms: int, mode: str, before: float | None,
-                 slot: int = -1) -> None:
+                 slot: int = -1, event_lock: str | None = None) -> None:
         """A lease renewed (``tracked``: as tracked here before, if it was)."""
         now = self._now()
         if tracked is not None:
@@ -317,7 +283,8 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
                 heapq.heappush(self._keyed_heap, (tracked.deadline, lease_id, lock, tracked.mode))
             return
         # granted at another replica (or before a restart): track it from here on
-        tracked = _Tracked(lease_id, fence, owner, ttl_ms, None, now + ttl_ms / 1000, mode, slot)
+        tracked = _Tracked(lease_id, fence, owner, ttl_ms, None, now + ttl_ms / 1000, mode, slot,
+                           event_lock)
         if mode == EXCLUSIVE:
             self._track(lock, tracked)
         else:
@@ -524,8 +491,7 @@ class ObservedStore(ObservedSemaphores, ObservedElections):
         fence; a permit while the semaphore has a permit of its fence."""
         try:
             if tracked.mode == _PERMIT:
-                sem = await self.inner.sem_get(name)
-                left = [p.ttl_ms for p in sem.permits if p.fence == tracked.fence]
+                left = await self._permit_left(name, tracked.fence)
             else:
                 state = await self.inner.get(name)
                 left = [h.ttl_ms for h in state.holders if h.mode == SHARED

@@ -1,5 +1,6 @@
 """lockd's operations routes and app wiring: ``/`` (status page), ``/metrics``, event streams,
-force-release, API keys, request ids, and the OpenAPI document's problem responses.
+the audit trail, the signing keys, health, API keys, request ids, and the OpenAPI document's
+problem responses.
 
 ===============================================  ==============================================
 route                                            meaning
@@ -10,10 +11,9 @@ route                                            meaning
                                                  ``prefix…`` and of the permits of semaphores
                                                  named ``prefix…`` (``lockd.server.events``)
 ``GET /v1/locks/{name}/events?history=``         SSE stream of one lock's events
-``POST /v1/locks/{name}/force-release``          admin key only: end the live lease whoever
-                                                 holds it; 200 ``{lock, released, fence, owner}``;
-                                                 audited (``lockd.server.audit``)
 ``GET /v1/audit?since=&limit=``                  admin key only: the audit trail, paged
+``GET /v1/keys``                                 the JWKS that verifies lockd's tokens
+``GET /healthz``                                 200 while the store answers, else 503
 ===============================================  ==============================================
 
 Every stream (these and election observers) opens through ``lockd.server.streams.open_stream``:
@@ -28,8 +28,9 @@ Access (``lockd.common.middleware.RequestMiddleware``): with ``api_keys`` set, e
 ``/healthz``, ``/metrics``, ``/v1/keys`` (public keys: proxies fetch them), ``/openapi.json`` and
 ``/docs`` (with its assets) needs ``Authorization: Bearer <key>`` (401 ``unauthorized`` with
 ``WWW-Authenticate: Bearer`` otherwise); an admin key works wherever a client key does.
-Force-release needs an admin key: none sent or a wrong one is 401, a client key is 403
-``forbidden``, and with no admin key configured it is disabled (403). With mTLS,
+Admin calls (the audit trail; a lock's force-release, ``lockd.server.locks.api``) need an admin
+key: none sent or a wrong one is 401, a client key is 403 ``forbidden``, and with no admin key
+configured they are disabled (403). With mTLS,
 ``LOCKD_CERT_CLIENTS`` / ``LOCKD_CERT_ADMINS`` list client-certificate subjects that stand for a
 client / admin key (see ``lockd.common.tls``). With an access file (``lockd.server.access``)
 an identity sees only the locks its prefixes cover: in event streams (``/v1/locks/{name}/events``
@@ -52,38 +53,40 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp
 
 from lockd.common.apidocs import DOCS_PATHS
-from lockd.common.keys import KeySet, bearer_key, load_keys
-from lockd.common.middleware import REQUEST_ID_KEY, ROLE, RequestMiddleware
+from lockd.common.keys import KeySet, load_keys
+from lockd.common.middleware import ROLE, RequestMiddleware
 from lockd.common.names import LOCK_NAME_RULE, is_lock_name
 from lockd.common.problems import PROBLEM_JSON
-from lockd.common.responses import problem_response
 from lockd.common.tls import CertRoles
-from lockd.server.access import granted_name, identity_name, load_access_file, visibility
-from lockd.server.api import in_scope
+from lockd.server.access import granted_name, load_access_file, visibility
 from lockd.server.audit import AuditTrail
-from lockd.server.errors import InvalidRequest, LockdError
+from lockd.server.core.http import (
+    GuardedRoute,
+    admin_denied,
+    in_scope,
+    last_event_id,
+    problem_doc,
+    problems,
+)
+from lockd.server.core.names import check_prefix
+from lockd.server.errors import InvalidRequest
 from lockd.server.events import EventHub
 from lockd.server.limits import IdentityLimits, StreamSlots
 from lockd.server.metrics import CONTENT_TYPE_LATEST, LockdMetrics
-from lockd.server.schemas import PREFIX_RE
 from lockd.server.settings import Settings
 from lockd.server.status_page import STATUS_PAGE
 from lockd.server.streams import open_stream
 
-__all__ = ["ForceReleasedBody", "OPEN_PATHS", "create_ops_router", "install_request_middleware"]
+__all__ = ["OPEN_PATHS", "create_ops_router", "create_service_router",
+           "install_request_middleware"]
 
 OPEN_PATHS = frozenset({"/", "/healthz", "/metrics", "/v1/keys", "/openapi.json", *DOCS_PATHS})
 HISTORY_MAX = 256
 AUDIT_LIMIT_MAX = 1000
 
 
-class ForceReleasedBody(BaseModel):
-    """The answer of a force-release: the lease it ended (``released: false``: none was live)."""
-
-    lock: str
-    released: bool
-    fence: int | None
-    owner: str | None
+class HealthBody(BaseModel):
+    status: str = "ok"
 
 
 class AuditPage(BaseModel):
@@ -105,16 +108,11 @@ PROBLEM_SCHEMA: dict[str, Any] = {
 }
 
 
-def _problem_doc(status: int, description: str) -> dict[str, Any]:
-    return {"description": description,
-            "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}}
-
-
 _SSE_DOC = {200: {"description": "text/event-stream of acquired/released/expired events",
                   "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-            422: _problem_doc(422, "Invalid request"),
-            429: _problem_doc(429, "The identity holds its share of the event streams"),
-            503: _problem_doc(503, "Too many event streams")}
+            422: problem_doc(422, "Invalid request"),
+            429: problem_doc(429, "The identity holds its share of the event streams"),
+            503: problem_doc(503, "Too many event streams")}
 
 
 def _history(value: int) -> int:
@@ -123,23 +121,12 @@ def _history(value: int) -> int:
     return value
 
 
-def _last_event_id(request: Request) -> int | None:
-    """The ``Last-Event-ID`` header: ``None`` if absent or empty, else a decimal event id of at
-    most 18 ASCII digits (``²`` passes ``str.isdigit()`` but is no id); otherwise 422."""
-    raw = request.headers.get("last-event-id", "").strip()
-    if not raw:
-        return None
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 18):
-        raise InvalidRequest("Last-Event-ID must be an event id (decimal digits) or empty")
-    return int(raw)
-
-
 async def _stream(request: Request, match: Callable[[str], bool], history: int) -> Response:
     """An event stream of the locks ``match`` accepts and the caller's scope covers; an
     admin's stream also carries the audit events."""
     hub: EventHub = request.app.state.events
     settings: Settings = request.app.state.settings
-    last_event_id = _last_event_id(request)
+    last_id = last_event_id(request)
     scope = request.scope
     visible = visibility(scope)
     if visible is not None:
@@ -149,7 +136,7 @@ async def _stream(request: Request, match: Callable[[str], bool], history: int) 
             return visible(lock) and wanted(lock)
 
     async def start() -> AsyncIterator[bytes]:
-        return hub.stream(match, history=history, last_event_id=last_event_id,
+        return hub.stream(match, history=history, last_event_id=last_id,
                           heartbeat_s=settings.events_heartbeat_ms / 1000,
                           audit=scope.get(ROLE) == "admin")
 
@@ -157,7 +144,7 @@ async def _stream(request: Request, match: Callable[[str], bool], history: int) 
 
 
 def create_ops_router() -> APIRouter:
-    """The operations routes; include it BEFORE ``lockd.server.api.create_router`` (its
+    """The operations routes; include it BEFORE ``lockd.server.locks.api.create_router`` (its
     ``/v1/locks/{name}`` would otherwise swallow ``/v1/locks/{name}/events``)."""
     router = APIRouter()
 
@@ -175,8 +162,7 @@ def create_ops_router() -> APIRouter:
     @router.get("/v1/events", response_class=StreamingResponse, responses=_SSE_DOC)
     async def events(request: Request, prefix: str = "", history: int = 0) -> Response:
         """Server-Sent Events of the locks whose name starts with ``prefix``."""
-        if not PREFIX_RE.fullmatch(prefix):
-            raise InvalidRequest("prefix must be at most 255 characters of A-Z a-z 0-9 . _ : / -")
+        check_prefix(prefix)
         return await _stream(request, lambda lock: granted_name(lock).startswith(prefix)
                              or lock.startswith(prefix), _history(history))
 
@@ -189,39 +175,14 @@ def create_ops_router() -> APIRouter:
         in_scope(request, name)
         return await _stream(request, name.__eq__, _history(history))
 
-    @router.post("/v1/locks/{name:path}/force-release", response_model=ForceReleasedBody,
-                 responses={s: _problem_doc(s, d) for s, d in (
-                     (401, "Unauthorized"), (403, "Forbidden"), (422, "Invalid request"),
-                     (503, "Service unavailable"))})
-    async def force_release(name: str, request: Request) -> Response:
-        """Admin: end the live lease of ``name`` whoever holds it; the next grant gets a higher
-        fence, the old holder's renew/release get 410."""
-        denied = _admin_denied(request)
-        if denied is not None:
-            return denied
-        service = request.app.state.service
-        service.check_name(name)
-        audit: AuditTrail = request.app.state.audit
-        who, rid = identity_name(request.scope), request.scope.get(REQUEST_ID_KEY)
-        try:
-            ended = await service.store.force_release(name)  # notifies waiters like a release
-        except LockdError as exc:
-            audit.record(who, "force_release", name, exc.code, rid)
-            raise
-        audit.record(who, "force_release", name, "released" if ended else "not_held", rid,
-                     **({"fence": ended.fence, "owner": ended.owner} if ended else {}))
-        return JSONResponse({"lock": name, "released": ended is not None,
-                             "fence": ended.fence if ended else None,
-                             "owner": ended.owner if ended else None})
-
     @router.get("/v1/audit", response_model=AuditPage,
-                responses={s: _problem_doc(s, d) for s, d in (
+                responses={s: problem_doc(s, d) for s, d in (
                     (401, "Unauthorized"), (403, "Forbidden"), (422, "Invalid request"))})
     async def audit(request: Request, since: int = 0, limit: int = 100) -> Response:
         """Admin: the audit trail kept by this lockd process (``lockd.server.audit``): entries
         with an id above ``since``, oldest first, ``limit`` (1-1000) a page; ``next_since``
         pages on (``null``: this page reached the newest entry)."""
-        denied = _admin_denied(request, "the audit trail")
+        denied = admin_denied(request, "the audit trail")
         if denied is not None:
             return denied
         if not 1 <= limit <= AUDIT_LIMIT_MAX:
@@ -234,28 +195,22 @@ def create_ops_router() -> APIRouter:
     return router
 
 
-def _admin_denied(request: Request, what: str = "force-release") -> Response | None:
-    """None if the request carries an admin key, else the 401/403 problem to answer."""
-    admin: KeySet = request.app.state.admin_keys
-    metrics: LockdMetrics = request.app.state.metrics
-    if not admin and not request.app.state.cert_roles.admins and not request.app.state.has_admins:
-        metrics.auth_failures["forbidden"].inc()
-        return problem_response(403, "forbidden", "Forbidden",
-                                f"{what} is disabled: no admin key is configured "
-                                "(LOCKD_ADMIN_KEYS, LOCKD_ADMIN_KEYS_FILE or admins: in "
-                                "LOCKD_ACCESS_FILE)")
-    role = request.scope.get(ROLE)
-    if role == "admin":
-        return None
-    if role == "client":
-        metrics.auth_failures["forbidden"].inc()
-        return problem_response(403, "forbidden", "Forbidden", "this call needs an admin key")
-    missing = bearer_key(request.scope) is None
-    metrics.auth_failures["missing" if missing else "wrong"].inc()
-    return problem_response(
-        401, "unauthorized", "Unauthorized",
-        "this call needs an admin key: send Authorization: Bearer <key>" if missing
-        else "the API key is not valid", headers={"WWW-Authenticate": 'Bearer realm="lockd"'})
+def create_service_router() -> APIRouter:
+    """``/v1/keys`` and ``/healthz``: what proxies and probes read, open without a key."""
+    router = APIRouter(route_class=GuardedRoute)
+
+    @router.get("/v1/keys")
+    async def keys(request: Request) -> Response:
+        """The JWKS whose keys verify lockd's tokens."""
+        return JSONResponse(request.app.state.jwks, headers={"Cache-Control": "max-age=60"})
+
+    @router.get("/healthz", response_model=HealthBody, responses=problems(503))
+    async def healthz(request: Request) -> Response:
+        """200 when the store answers, else 503 ``store_unavailable``."""
+        await request.app.state.core.store.ping()
+        return JSONResponse({"status": "ok"})
+
+    return router
 
 
 def _secrets(values: tuple[Any, ...]) -> list[str]:
@@ -343,11 +298,11 @@ def _document_problems(app: FastAPI) -> None:
                     if status.startswith(("4", "5")):
                         response["content"] = {PROBLEM_JSON: {
                             "schema": {"$ref": "#/components/schemas/Problem"}}}
-                responses.setdefault("431", _problem_doc(431, "Request headers too large"))
+                responses.setdefault("431", problem_doc(431, "Request headers too large"))
                 if "{name}" in path:  # a name with a control character matches no route
-                    responses.setdefault("404", _problem_doc(404, "No such route"))
+                    responses.setdefault("404", problem_doc(404, "No such route"))
                 if path not in OPEN_PATHS:
-                    responses.setdefault("401", _problem_doc(401, "Missing or wrong API key"))
+                    responses.setdefault("401", problem_doc(401, "Missing or wrong API key"))
                     operation["security"] = [{"bearer": []}, {}]
                 else:
                     operation["security"] = []  # open on purpose, also with API keys

@@ -16,9 +16,15 @@ proxies and is told of none (each proxy's page links back to its lockd).
 
 from __future__ import annotations
 
+import json
+
+from lockd.common.namespace import PRIMITIVES
 from lockd.common.page import status_page
 
 __all__ = ["STATUS_PAGE"]
+
+_RESERVED = json.dumps([p.reserves for p in PRIMITIVES if p.reserves])
+"""The namespace's reserved prefixes: their locks are shown with their primitive, not listed."""
 
 STATUS_PAGE = status_page(
     title="lockd status", who="lockd", storage_key="lockd-key",
@@ -49,7 +55,8 @@ STATUS_PAGE = status_page(
 <div id="noelections" class="empty">No elections yet.</div></section>
 <section><h2>Recent events</h2><ul id="events"></ul>
 <div id="noevents" class="empty">Waiting for events&hellip;</div></section>""",
-    script="""const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt, mode}
+    script="const RESERVED = " + _RESERVED + """;  // lockd.common.namespace's reservations
+const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt, mode}
 const sems = new Map();    // semaphore name -> its GET /v1/semaphores/{name} body
 const flashes = new Map(); // name -> highlight until (performance.now())
 let stream = null;
@@ -103,7 +110,7 @@ async function refresh() {
     const page = await r.json();
     const now = performance.now();
     for (const s of page.items) {
-      if (s.lock.startsWith("sem/")) continue;  // a semaphore's slot: shown with its semaphore
+      if (RESERVED.some((p) => s.lock.startsWith(p))) continue;  // e.g. a semaphore's slot
       locks.set(s.lock, {held: s.held, owner: s.owner, fence: s.fence, waiters: s.waiters,
                          expiresAt: now + s.ttl_ms, mode: s.mode});
     }
@@ -136,8 +143,8 @@ async function refreshElections() {
 function onEvent(type, ev) {
   if (type === "overflow") { addEvent({type: "overflow", lock: "some events were dropped", at: Date.now()}); refresh(); return; }
   addEvent(ev);
-  if (ev.mode === "permit") {  // lock "sem/{name}/{slot}": the permit of a semaphore
-    const name = ev.lock.slice(4, ev.lock.lastIndexOf("/"));
+  if (ev.mode === "permit") {  // a permit of semaphore ev.semaphore (its slot's lock: ev.lock)
+    const name = ev.semaphore;
     if (!sems.has(name)) sems.set(name, {permits: [], limit: "?", fence: ev.fence, waiters: 0});
     refresh();
     return;

@@ -86,7 +86,7 @@ def test_client_id_does_not_revive_an_expired_lease(inproc_lockd, http, name):
 
 def test_unexpected_failure_is_a_500_problem_without_a_trace(inproc_lockd, http, name, caplog):
     srv = inproc_lockd()
-    service = srv.app.state.service
+    service = srv.app.state.locks
 
     class Exploding:
         """A store whose ``get`` fails with an error no store should raise."""
@@ -105,7 +105,7 @@ def test_unexpected_failure_is_a_500_problem_without_a_trace(inproc_lockd, http,
         service.store = real
     body = assert_problem(r, 500, "internal")
     assert "secret-detail" not in r.text and "RuntimeError" not in r.text
-    logged = [rec for rec in caplog.records if rec.name == "lockd.server.api" and rec.exc_info]
+    logged = [rec for rec in caplog.records if rec.name == "lockd.server.core.http" and rec.exc_info]
     assert logged and "disk on fire" in str(logged[0].exc_info[1])
     assert state(http, srv.url, name)["held"] is False
     assert body["title"] == "Internal error"
@@ -114,7 +114,7 @@ def test_unexpected_failure_is_a_500_problem_without_a_trace(inproc_lockd, http,
 def test_store_that_stops_answering_is_503_and_healthz_says_so(inproc_lockd, http, name):
     srv = inproc_lockd()
     assert http.get(f"{srv.url}/healthz").json() == {"status": "ok"}
-    store = srv.app.state.service.store
+    store = srv.app.state.core.store
     asyncio.run_coroutine_threadsafe(store.close(), store._loop).result(10)
     assert_problem(http.get(f"{srv.url}/healthz"), 503, "store_unavailable")
     assert_problem(acquire(http, srv.url, name), 503, "store_unavailable")

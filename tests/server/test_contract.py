@@ -52,7 +52,7 @@ def _queue_waiters(http, url, name, count, results, **kw) -> list[threading.Thre
     return threads
 
 
-# --- invariant 1: fences ------------------------------------------------------------------------
+# --- fences: strictly increasing per lock, kept by a renewal ------------------------------------
 
 
 def test_fence_increases_across_release_expiry_and_restarts(lockd, http, name):
@@ -98,7 +98,7 @@ def test_fence_increases_across_release_expiry_and_restarts(lockd, http, name):
     assert len(fences) == 9
 
 
-# --- invariant 3: expiry ------------------------------------------------------------------------
+# --- expiry: an expired lease is gone -----------------------------------------------------------
 
 
 def test_expired_holder_loses_lock_and_waiter_is_granted_promptly(lockd, http, name):

@@ -1,10 +1,10 @@
-"""``lockd.server.waiting.Deadlines``: one loop timer for every sleeping waiter's timeout."""
+"""``lockd.server.core.waiting.Deadlines``: one loop timer for every sleeping waiter's timeout."""
 
 from __future__ import annotations
 
 import asyncio
 
-from lockd.server.waiting import Deadlines, Waiter
+from lockd.server.core.waiting import Deadlines, Waiter
 
 
 def test_futures_resolve_at_their_deadlines_in_order_and_done_ones_are_left_alone():

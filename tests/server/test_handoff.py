@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from lockd.server.service import LockService
+from lockd.server.core.base import Core
+from lockd.server.locks.service import LockService
 from lockd.server.settings import Settings
-from lockd.server.store.base import Grant
 from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.values import Grant
 from lockd.tokens import KeyRing
 
 
@@ -31,7 +32,7 @@ def _service(tmp_path: Path) -> tuple[LockService, SqliteStore, list[tuple[str, 
 
     store._call = recorded  # type: ignore[method-assign]
     settings = Settings(store=f"sqlite:///{tmp_path / 'h.db'}", key_dir=tmp_path / "keys")
-    return LockService(store, KeyRing.generate(), settings), store, calls
+    return LockService(Core(store, KeyRing.generate(), settings)), store, calls
 
 
 def test_the_head_acquire_is_queued_behind_the_release_before_it_completes(tmp_path):

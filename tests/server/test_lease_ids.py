@@ -2,7 +2,7 @@
 
 import re
 
-from lockd.server.service import new_lease_id
+from lockd.server.core.base import new_lease_id
 
 
 def test_lease_ids_never_begin_with_a_dash():

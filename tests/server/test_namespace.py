@@ -145,17 +145,16 @@ def test_the_signer_refuses_a_lock_its_primitive_does_not_own(tmp_path):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from lockd.common.namespace import ELECTION, LOCK, SEMAPHORE
+    from lockd.server.core.signer import Signer
     from lockd.server.errors import LockdError
-    from lockd.server.service import LockService
-    from lockd.server.settings import Settings
-    from lockd.server.store.sqlite import SqliteStore
     from lockd.tokens import KeyRing
 
-    service = LockService(SqliteStore(str(tmp_path / "s.db")), KeyRing(Ed25519PrivateKey.generate()),
-                          Settings(store=f"sqlite:///{tmp_path}/s.db", key_dir=tmp_path))
-    assert service.token("sem/pool/0", 3, primitive=SEMAPHORE)
+    signer = Signer(KeyRing(Ed25519PrivateKey.generate()))
+    assert signer.token("sem/pool/0", 3, primitive=SEMAPHORE)
     for primitive in (LOCK, ELECTION):
         with pytest.raises(LockdError) as refused:
-            service.token("sem/pool/0", 4, primitive=primitive)
+            signer.token("sem/pool/0", 4, primitive=primitive)
         assert refused.value.status == 500 and "sem/pool/0" in refused.value.detail
-    assert service.token("pool/0", 4) and service.token("pool/0", 4, primitive=ELECTION)
+    assert signer.token("pool/0", 4) and signer.token("pool/0", 4, primitive=ELECTION)
+    with pytest.raises(LockdError):  # every lock of a set's token, too
+        signer.set_token("m.lease", {"pool/1": 2, "sem/pool/0": 4}, {})

@@ -54,7 +54,7 @@ class _Served:
 
     def tasks(self) -> int:
         """How many asyncio tasks the server's loop has now."""
-        loop = self.app.state.service.store._loop
+        loop = self.app.state.core.store._loop
 
         async def count() -> int:
             return len(asyncio.all_tasks())
@@ -63,7 +63,7 @@ class _Served:
 
     def waiting_frames(self) -> list[list[str]]:
         """For each task now inside ``WaitQueues.acquire``: its coroutines, outermost first."""
-        loop = self.app.state.service.store._loop
+        loop = self.app.state.core.store._loop
 
         async def chains() -> list[list[str]]:
             found = []
@@ -80,7 +80,7 @@ class _Served:
 
     def parked_scopes(self) -> list[dict]:
         """The scopes of the requests parked by the server's connections (their keys)."""
-        loop = self.app.state.service.store._loop
+        loop = self.app.state.core.store._loop
 
         async def scopes() -> list[dict]:
             return [dict.fromkeys(c.cycle.scope) for c in self.server.server_state.connections
@@ -221,7 +221,7 @@ def test_a_parked_waiter_counts_against_its_identity_until_it_hangs_up_then_is_a
         tmp_path, caplog):
     """Parked requests keep the per-identity waiter limit, the 499 log line and the acquire
     metrics of a wait inside the ASGI call."""
-    caplog.set_level(logging.INFO, logger="lockd.server.api")
+    caplog.set_level(logging.INFO, logger="lockd.server.core.answers")
     served = _Served(tmp_path, True, max_waiters_per_identity=1)
     name = "footprint/limits"
     try:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lockd.server.service import LockService
+from lockd.server.core.base import Core
+from lockd.server.locks.service import LockService
 from lockd.server.settings import Settings
 from lockd.server.store.sqlite import SqliteStore
 from lockd.tokens import KeyRing
@@ -19,8 +20,9 @@ def test_the_preference_moves_only_a_waiter_for_that_lock_alone(tmp_path):
         settings = Settings(store=f"sqlite:///{tmp_path / 'p.db'}", key_dir=tmp_path / "keys")
         store = SqliteStore(str(tmp_path / "p.db"))
         await store.open()
-        service = LockService(store, KeyRing.generate(), settings)
-        queues, owners = service._waiting, lambda: service.waiting_owners("p/1")
+        core = Core(store, KeyRing.generate(), settings)
+        service = LockService(core)
+        queues, owners = core.waiting, lambda: service.waiting_owners("p/1")
         held = await service.acquire("p/1", ttl_ms=10_000)
         tasks = {}
 

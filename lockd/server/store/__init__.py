@@ -21,24 +21,10 @@ from collections.abc import Callable
 from importlib import import_module
 from urllib.parse import unquote, urlsplit
 
-from lockd.server.store.base import (
-    MULTI_PREFIX,
-    Grant,
-    Holder,
-    LockState,
-    MultiGrant,
-    ReleaseListener,
-    Store,
-)
+from lockd.server.store.base import Store
 
 __all__ = [
-    "MULTI_PREFIX",
     "SCHEMES",
-    "Grant",
-    "Holder",
-    "LockState",
-    "MultiGrant",
-    "ReleaseListener",
     "Store",
     "check_store_url",
     "is_sqlite_url",

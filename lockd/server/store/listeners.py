@@ -1,6 +1,6 @@
 """The release listeners of a store and the one background task that feeds them.
 
-``Store.subscribe`` adds a listener; the store's watch (etcd) or LISTEN connection (PostgreSQL)
+``StoreCore.subscribe`` adds a listener; the store's watch (etcd) or LISTEN connection (PostgreSQL)
 calls every listener with the name of each lock it sees released, on the event loop. A
 listener's error is logged and never stops that task.
 """
@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 
-from lockd.server.store.base import ReleaseListener
+from lockd.server.store.values import ReleaseListener
 
 __all__ = ["ReleaseListeners", "stop_task"]
 

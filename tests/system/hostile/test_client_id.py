@@ -8,7 +8,7 @@ import re
 
 from lockd.client import LockClient
 from lockd.client.wire import new_client_id
-from lockd.server.schemas import CLIENT_ID_PATTERN
+from lockd.server.core.schemas import CLIENT_ID_PATTERN
 
 
 def test_the_library_client_id_is_128_random_bits_lockd_accepts(inproc_lockd):

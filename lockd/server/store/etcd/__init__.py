@@ -1,10 +1,10 @@
 """The etcd store: ``etcd://host:port,host:port,…[/prefix][?timeout=2.5]`` (etcd v3, Raft).
 
-A lock is held iff its key exists, bound to an etcd lease; its fence is the revision of the
-transaction that created the key. One module per concept: ``url`` (URL and TLS), ``gateway``
-(the lean HTTP client), ``transport`` (retries and failover), ``wire`` (encoding and key
-layout), ``leases``, ``cache`` (the lease cache), ``watch``, ``modes`` (shared holders),
-``multi`` (multi-lock leases), ``semaphores``, ``elections`` and ``store`` (``EtcdStore``). The design: docs/stores/etcd.md.
+``store`` (``EtcdStore``: its parts and the protocol's core), ``locks`` (``modes``: holders of
+either mode; ``multi``: multi-lock leases), ``semaphores``, ``elections``; the parts: ``url``
+(URL and TLS), ``gateway`` (the lean HTTP client), ``transport`` (retries and failover),
+``wire`` (encoding and key layout), ``leases``, ``cache`` (the lease cache), ``watch``. The
+design: docs/stores/etcd.md.
 """
 
 from lockd.server.store.etcd.cache import DEFAULT_SIZE, CachedLease, LeaseCache

@@ -1,20 +1,9 @@
-"""Leader elections on etcd: the leader IS the exclusive holder of lock ``name``.
-
-Keys (under the store's prefix): ``elections/<name>#v`` the leader's value (JSON ``{owner,
-value, fence?}``), ``elections/<name>#h`` a pending handover (``{target, fence}``),
-``elections/<name>#seq`` the log counter (its etcd ``version``, the number of puts since it was
-created, is the last seq) and ``elections/<name>#log/<seq, 20 digits>`` the log entries (JSON
-``{kind, owner, value, fence?, op}``; ``op``, a random id of the write, only lets a replayed
-write recognise itself). A value or handover counts only while its ``fence`` is the live
-leader's (a lapsed leader's value is stale, never cleared by a write).
-
-Every log append is ONE transaction guarded on ``version(#seq) == n`` as read, so seqs are
-1, 2, 3, … with no gap or duplicate across lockd processes; a campaign's grant, value, cleared
-handover and ``"leader"`` entry are that one transaction (guarded on "no holder of the lock",
-as an exclusive acquire), so its fence is the transaction's revision, which is also the
-``create_revision`` of its log entry. A resign is a clean release: its transaction also puts
-the fence key ``x:<fence>`` (``wire.RELEASED_MARK``). Every 100th append deletes entries more
-than 1,000 behind. Every write lands under ``elections/``, watched by a stream of its own: listeners hear ``name``.
+"""Elections on etcd: the leader IS the exclusive holder of lock ``name``; its value, pending
+handover, log counter and log entries are keys under ``elections/<name>#``. Every log append is
+ONE transaction guarded on the counter's version (seqs 1, 2, ... with no gap across lockd
+processes); a campaign's grant and ``"leader"`` entry are that one transaction. A value or
+handover counts only while its fence is the live leader's. docs/stores/etcd.md, "Lock modes,
+semaphores and elections".
 """
 
 from __future__ import annotations
@@ -23,18 +12,11 @@ import asyncio
 import json
 import random
 import secrets
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    ElectionEvent,
-    ElectionState,
-    Grant,
-    Holder,
-    HolderView,
-    not_a_leader,
-)
+from lockd.server.store.etcd.cache import LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Moved, Snapshot, retry_of
 from lockd.server.store.etcd.transport import Transport
@@ -51,8 +33,17 @@ from lockd.server.store.etcd.wire import (
     to_int,
     unb64,
 )
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    ElectionEvent,
+    ElectionState,
+    Grant,
+    Holder,
+    HolderView,
+    not_a_leader,
+)
 
-__all__ = ["Elections", "KEEP"]
+__all__ = ["ElectionMethods", "Elections", "KEEP"]
 
 KEEP = 1000  # log entries kept at least, per election
 _TRIM_EVERY = 100
@@ -78,7 +69,7 @@ def _value_fence(kv: dict[str, Any] | None) -> int:
 
 
 class Elections:
-    """``Store.elect_*`` over ``transport``; renew/release/get come from the store."""
+    """``ElectionStore`` over ``transport``; renew/release/get come from the store."""
 
     def __init__(self, transport: Transport, leases: Leases, keys: Keys, modes: LockModes):
         self._transport = transport
@@ -118,7 +109,7 @@ class Elections:
 
     async def campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
                        client_id: str | None, value: str) -> Grant | Holder:
-        """See ``Store.elect_campaign``: a read, an etcd lease, one guarded transaction."""
+        """See ``ElectionStore.elect_campaign``: a read, an etcd lease, one guarded transaction."""
         start, end = self._keys.name_range(name)
         lock_key = b64(self._keys.lock(name))
         read, (etcd_lease, granted) = await asyncio.gather(self._read(name),
@@ -260,7 +251,7 @@ class Elections:
         raise StoreUnavailable(f"etcd: election {name!r} kept changing; try again")
 
     async def get(self, name: str) -> ElectionState:
-        """See ``Store.elect_get``."""
+        """See ``ElectionStore.elect_get``."""
         exclusive, shared, fence_kv, value_kv, handover_kv, seq = await self._read(name)
         fence = max([fence_of(fence_kv), exclusive.fence if exclusive else 0]
                     + [h.fence for h in shared])
@@ -291,3 +282,47 @@ class Elections:
                                         entry.get("value", ""),
                                         int(entry.get("fence") or to_int(kv["create_revision"]))))
         return events
+
+
+class ElectionMethods:
+    """The ``ElectionStore`` methods of ``EtcdStore`` (a mixin), on its ``Elections``; a
+    leader's renewal is the lock's (``renew`` in ``EXCLUSIVE`` mode: ``locks``)."""
+
+    _elections: Elections
+    _cache: LeaseCache
+    renew: Callable[..., Awaitable[Grant]]
+
+    async def elect_campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
+                             client_id: str | None, value: str) -> Grant | Holder:
+        """An exclusive acquire of ``name`` that sets the value, clears the handover and logs
+        ``"leader"`` in the same transaction."""
+        return await self._elections.campaign(name, lease_id=lease_id, ttl_ms=ttl_ms,
+                                              owner=owner, client_id=client_id, value=value)
+
+    async def elect_renew(self, name: str, lease_id: str,
+                          ttl_ms: int | None) -> tuple[Grant, str | None]:
+        """``renew`` of the leader's (exclusive) lease and the handover pending for its term."""
+        grant = await self.renew(name, lease_id, ttl_ms, EXCLUSIVE)
+        return grant, await self._elections.handover_of(name, grant.fence)
+
+    async def elect_resign(self, name: str, lease_id: str) -> None:
+        """Free the lock, clear value and handover, log ``"resign"``: one transaction."""
+        self._cache.drop(lease_id)
+        await self._elections.resign(name, lease_id)
+
+    async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
+        """Set the live leader's value and log ``"proclaim"``. Raises ``LeaseLost``."""
+        return await self._elections.proclaim(name, lease_id, value)
+
+    async def elect_handover(self, name: str, target: str) -> ElectionState:
+        """Record a handover request for the leader's term. ``LeaseLost`` with no leader."""
+        await self._elections.handover(name, target)
+        return await self._elections.get(name)
+
+    async def elect_get(self, name: str) -> ElectionState:
+        """Leader, value, fence, last seq and pending handover, from one read."""
+        return await self._elections.get(name)
+
+    async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
+        """Log entries after ``after`` (at least the last 1,000 are kept)."""
+        return await self._elections.log(name, after, limit)

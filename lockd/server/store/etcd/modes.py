@@ -1,22 +1,10 @@
-"""Lock modes on etcd: shared holders beside the exclusive one, reading both, moving a lease.
+"""Lock modes on etcd: reading a lock's holders of either mode, granting a shared one, moving a
+lease to a new etcd lease, the blocking holder and force-release.
 
-A lock's exclusive holder is the key ``locks/<name>``; each shared holder is a key
-``locks/<name>#s/<lease id>`` bound to its own etcd lease (etcd deletes it when that lease
-expires; the watch sees the delete as a release of ``<name>``). Both kinds lie in one key range
-(``Keys.name_range``), so ONE compare ``create_revision == 0`` over that range says "no live
-holder of either mode" and an exclusive grant is a single guarded transaction, as before.
-
-A shared grant is one transaction guarded on ``create_revision(lock key) == 0`` (no exclusive
-holder) and on the fence key's ``mod_revision`` as read just before (no exclusive grant came and
-went in between, so the fence it carries is the current one). It carries the fence, except
-after an exclusive lease that ended without a clean release (the fence key still has the empty
-value its grant put; a clean release puts ``x:<fence>``): then it puts the fence key
-``EPOCH_MARK``, so the epoch's fence is the transaction's revision, and writes its shared key
-without a ``fence`` member (its fence is its ``create_revision``, that same revision); readers
-after it carry that epoch (``epoch_ops``). On a lock never written it creates the fence key with
-the value ``SHARED_MARK`` (fence 0), so the lock is listed. A ``client_id`` acquire also compares
-"no shared key created since the read", so two retries of one client cannot both grant. See
-docs/stores/etcd.md ("Lock modes").
+The exclusive key ``locks/<name>`` and the shared keys ``locks/<name>#s/<lease id>`` lie in one
+key range, so ONE compare over it says "no live holder of either mode". A shared grant is one
+transaction guarded on "no exclusive key" and the fence key's ``mod_revision`` as read; after an
+unclean end it starts the new epoch (``epoch_ops``). docs/stores/etcd.md, "Lock modes".
 """
 
 from __future__ import annotations
@@ -25,16 +13,6 @@ import asyncio
 from dataclasses import dataclass
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    MULTI_PREFIX,
-    SHARED,
-    Grant,
-    Holder,
-    HolderView,
-    LockState,
-    other_mode,
-)
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.transport import Transport
@@ -51,6 +29,16 @@ from lockd.server.store.etcd.wire import (
     secs,
     to_int,
     writer_lapsed,
+)
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    MULTI_PREFIX,
+    SHARED,
+    Grant,
+    Holder,
+    HolderView,
+    LockState,
+    other_mode,
 )
 
 __all__ = ["LockModes", "Moved", "Snapshot", "retry_of"]
@@ -169,7 +157,7 @@ class LockModes:
         return Holder(snap.name, held.owner, remaining, snap.fence, SHARED)
 
     async def state(self, snap: Snapshot) -> LockState:
-        """``Store.get``'s answer for ``snap``."""
+        """``LockStore.get``'s answer for ``snap``."""
         holders = ([snap.exclusive] if snap.exclusive is not None else []) + list(snap.shared)
         if not holders:
             return LockState(snap.name, False, snap.fence, None, 0)
@@ -313,7 +301,7 @@ class LockModes:
     # -- operator override -----------------------------------------------------------------
 
     async def force_release(self, lock: str) -> Holder | None:
-        """End every live lease of ``lock`` (see ``Store.force_release``): a single lease's etcd
+        """End every live lease of ``lock`` (see ``LockStore.force_release``): a single lease's etcd
         lease is revoked; a multi-lock lease's key alone is deleted (guarded on its
         ``mod_revision``). Returns the one that had the most time left."""
         ended: list[tuple[Held, int]] = []

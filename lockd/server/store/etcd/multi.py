@@ -17,14 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import (
-    EXCLUSIVE,
-    MULTI_PREFIX,
-    SHARED,
-    Holder,
-    MultiGrant,
-    other_modes,
-)
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Snapshot
 from lockd.server.store.etcd.transport import Transport
@@ -40,12 +32,20 @@ from lockd.server.store.etcd.wire import (
     to_int,
     unb64,
 )
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    MULTI_PREFIX,
+    SHARED,
+    Holder,
+    MultiGrant,
+    other_modes,
+)
 
 __all__ = ["MultiLocks"]
 
 
 class MultiLocks:
-    """``Store.acquire_many``/``renew_many``/``release_many`` over ``transport``."""
+    """``LockStore.acquire_many``/``renew_many``/``release_many`` over ``transport``."""
 
     def __init__(self, transport: Transport, leases: Leases, keys: Keys, modes: LockModes):
         self._transport = transport
@@ -56,7 +56,7 @@ class MultiLocks:
     async def acquire(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
                       owner: str, client_id: str | None,
                       modes: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
-        """See ``Store.acquire_many``: one guarded transaction. Locks held shared are read
+        """See ``LockStore.acquire_many``: one guarded transaction. Locks held shared are read
         first (their fence keys guard the fences they carry; see ``modes``)."""
         shared = [lock for lock in locks if modes and modes.get(lock) == SHARED]
         mode_map = {lock: SHARED if lock in shared else EXCLUSIVE for lock in locks} \

@@ -1,20 +1,8 @@
-"""Counting semaphores on etcd: one key per permit slot, each bound to its permit's etcd lease.
-
-Layout (under the store's prefix): ``locks/#sem/<name>#<slot>`` is the permit in ``slot``
-(value: the lock-key JSON plus ``slot`` and ``limit``; its ``create_revision`` is the permit's
-fence), ``sems/<name>`` the semaphore's limit (JSON ``{"limit": N}``), ``semfences/<name>`` put by
-every grant (its ``mod_revision``: the last fence issued). A permit key lives under ``locks/``, so
-the watch sees its delete (release or expiry) and notifies ``sem_key(name)``.
-
-A grant is a read (every permit key, the limit key) and ONE transaction guarded on
-``create_revision(permit key of the chosen slot) == 0`` and on the limit key being unchanged
-since the read; a grant that sets a new limit instead requires that no permit key exists at all.
-So every live permit was granted under the current limit, in a slot below it, one permit a slot:
-never more than ``limit`` live permits, whatever number of lockd processes grant at once. The
-fence is the grant transaction's revision (etcd's revision only grows). A ``client_id`` acquire
-also compares "no permit key created since the read", so two retries cannot both grant. The slot
-is the lowest free one as read; an acquire that lost a race for it picks one of the lowest few
-free slots next, so acquirers that read the same state stop colliding on one slot.
+"""Counting semaphores on etcd: one key per permit slot (``locks/#sem/<name>#<slot>``), bound
+to its permit's etcd lease; the permit's fence is its key's ``create_revision``. A grant is a
+read and ONE transaction guarded on the chosen slot's key being absent and the limit key
+unchanged, so never more than ``limit`` permits are live, whatever number of lockd processes
+grant at once. docs/stores/etcd.md, "Lock modes, semaphores and elections".
 """
 
 from __future__ import annotations
@@ -25,7 +13,6 @@ import random
 from dataclasses import dataclass
 
 from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState, sem_key
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
 from lockd.server.store.etcd.leases import Leases
 from lockd.server.store.etcd.modes import LockModes, Moved
@@ -42,8 +29,9 @@ from lockd.server.store.etcd.wire import (
     to_int,
     unb64,
 )
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 
-__all__ = ["Semaphores"]
+__all__ = ["SemaphoreMethods", "Semaphores"]
 
 _ATTEMPTS = 40  # guarded grants tried before StoreUnavailable (another grant won the slot)
 
@@ -65,7 +53,7 @@ def _slot(held: Held) -> int:
 
 
 class Semaphores:
-    """``Store.sem_acquire``/``sem_renew``/``sem_release``/``sem_get`` over ``transport``."""
+    """``SemaphoreStore.sem_acquire``/``sem_renew``/``sem_release``/``sem_get`` over ``transport``."""
 
     def __init__(self, transport: Transport, leases: Leases, keys: Keys, cache: LeaseCache,
                  modes: LockModes):
@@ -108,7 +96,7 @@ class Semaphores:
 
     async def acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int, owner: str,
                       client_id: str | None) -> SemGrant | SemFull:
-        """See ``Store.sem_acquire`` and the module docstring. Raises ``LimitMismatch``."""
+        """See ``SemaphoreStore.sem_acquire`` and the module docstring. Raises ``LimitMismatch``."""
         limit_key = b64(self._keys.sems + name.encode())
         prefix = self._keys.permit(name)
         etcd_lease, granted = await self._leases.grant(secs(ttl_ms))
@@ -222,3 +210,27 @@ class Semaphores:
         live = await self._modes.live(sem.permits)
         return SemState(name, sem.limit, sem.fence, tuple(
             Permit(h.owner, _slot(h), ms, h.fence) for h, ms in live))
+
+
+class SemaphoreMethods:
+    """The ``SemaphoreStore`` methods of ``EtcdStore`` (a mixin), on its ``Semaphores``."""
+
+    _sems: Semaphores
+
+    async def sem_acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int,
+                          owner: str, client_id: str | None) -> SemGrant | SemFull:
+        """One permit: a read, an etcd lease, one guarded transaction. ``LimitMismatch``."""
+        return await self._sems.acquire(name, limit=limit, lease_id=lease_id, ttl_ms=ttl_ms,
+                                        owner=owner, client_id=client_id)
+
+    async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
+        """Keep the permit's etcd lease alive (or move it to a new TTL). ``LeaseLost``."""
+        return await self._sems.renew(name, lease_id, ttl_ms)
+
+    async def sem_release(self, name: str, lease_id: str) -> None:
+        """Revoke the permit's etcd lease; the watch notifies ``sem_key(name)``."""
+        await self._sems.release(name, lease_id)
+
+    async def sem_get(self, name: str) -> SemState:
+        """Limit, last fence and live permits in slot order."""
+        return await self._sems.get(name)

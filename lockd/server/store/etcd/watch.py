@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 
 from lockd.server.errors import StoreUnavailable
-from lockd.server.store.base import ReleaseListener, sem_key
 from lockd.server.store.etcd.transport import Transport
 from lockd.server.store.etcd.wire import Keys, b64, notify_name, prefix_end, to_int, unb64
 from lockd.server.store.listeners import ReleaseListeners, stop_task
+from lockd.server.store.values import ReleaseListener, sem_key
 
 __all__ = ["Watch"]
 

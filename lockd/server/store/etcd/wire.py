@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.server.store.base import EXCLUSIVE
+from lockd.server.store.values import EXCLUSIVE
 
 __all__ = ["EPOCH_MARK", "Held", "Keys", "RELEASED_MARK", "SHARED_MARK", "b64", "fence_of",
            "json_object", "lock_value", "notify_name", "prefix_end", "range_kv", "range_kvs",

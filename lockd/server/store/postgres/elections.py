@@ -15,7 +15,7 @@ import psycopg
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_elect as q
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     ElectionEvent,
     ElectionState,
@@ -42,7 +42,7 @@ class ElectionOps:
         self, name: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
         value: str
     ) -> Grant | Holder:
-        """See ``Store.elect_campaign``: one transaction (the grant, then the election row and
+        """See ``ElectionStore.elect_campaign``: one transaction (the grant, then the election row and
         its log entry); a retry that finds its own lease appends nothing. A client_id retry
         that found a lease no campaign granted (the election row holds another lease) raises
         ``ClientIdConflict`` and rolls back (a shared one: ``_acquire_exclusive`` raises)."""
@@ -70,7 +70,7 @@ class ElectionOps:
 
     async def elect_renew(self, name: str, lease_id: str,
                           ttl_ms: int | None) -> tuple[Grant, str | None]:
-        """See ``Store.elect_renew``: one statement. Raises ``LeaseLost``."""
+        """See ``ElectionStore.elect_renew``: one statement. Raises ``LeaseLost``."""
         p = {"lock": name, "lease_id": lease_id,
              "ttl_ms": None if ttl_ms is None else int(ttl_ms)}
 
@@ -85,7 +85,7 @@ class ElectionOps:
         return await self._run(op, retry=True)
 
     async def elect_resign(self, name: str, lease_id: str) -> None:
-        """See ``Store.elect_resign``: one transaction (release, ``resign`` entry, value and
+        """See ``ElectionStore.elect_resign``: one transaction (release, ``resign`` entry, value and
         handover cleared). Raises ``LeaseLost``."""
         p = {"name": name, "lock": name, "lease_id": lease_id}
 
@@ -105,7 +105,7 @@ class ElectionOps:
         await self._run(op, retry=True)
 
     async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
-        """See ``Store.elect_proclaim``: one transaction. Raises ``LeaseLost``."""
+        """See ``ElectionStore.elect_proclaim``: one transaction. Raises ``LeaseLost``."""
         p = {"name": name, "lease_id": lease_id}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> ElectionState:
@@ -123,7 +123,7 @@ class ElectionOps:
         return await self._run(op, retry=True)
 
     async def elect_handover(self, name: str, target: str) -> ElectionState:
-        """See ``Store.elect_handover``: recorded for the live leader's lease (a later leader
+        """See ``ElectionStore.elect_handover``: recorded for the live leader's lease (a later leader
         does not see it). Raises ``LeaseLost`` when nobody leads."""
         p = {"name": name, "lease_id": None, "target": target}
 
@@ -139,7 +139,7 @@ class ElectionOps:
         return await self._run(op, retry=True)
 
     async def elect_get(self, name: str) -> ElectionState:
-        """See ``Store.elect_get``."""
+        """See ``ElectionStore.elect_get``."""
         if "\x00" in name:
             return ElectionState(name, None, 0, "", 0, None)
 
@@ -149,7 +149,7 @@ class ElectionOps:
         return await self._run(op, retry=True)
 
     async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
-        """See ``Store.elect_log``: the last 1,024 entries (at least) of each election."""
+        """See ``ElectionStore.elect_log``: the last 1,024 entries (at least) of each election."""
         if limit <= 0 or "\x00" in name:
             return []
         p = {"name": name, "after": int(after), "limit": int(limit)}

@@ -21,8 +21,8 @@ from psycopg.rows import tuple_row
 
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_modes as sql_modes
-from lockd.server.store.base import ReleaseListener
 from lockd.server.store.listeners import ReleaseListeners, stop_task
+from lockd.server.store.values import ReleaseListener
 
 __all__ = ["Listener", "first_line"]
 

@@ -15,7 +15,7 @@ import psycopg
 
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_modes as q
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,

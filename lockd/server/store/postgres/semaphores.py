@@ -16,7 +16,7 @@ import psycopg
 
 import lockd.server.store.postgres.sql_sem as q
 from lockd.server.errors import LeaseLost, LimitMismatch, StoreUnavailable
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState
 
 __all__ = ["SemaphoreOps"]
 
@@ -26,7 +26,7 @@ class _Taken(Exception):
 
 
 class SemaphoreOps:
-    """``Store.sem_acquire`` / ``sem_renew`` / ``sem_release`` / ``sem_get`` on ``self._run``."""
+    """``SemaphoreStore.sem_acquire`` / ``sem_renew`` / ``sem_release`` / ``sem_get`` on ``self._run``."""
 
     _run: Callable[..., Awaitable[Any]]
 
@@ -34,7 +34,7 @@ class SemaphoreOps:
         self, name: str, *, limit: int, lease_id: str, ttl_ms: int, owner: str,
         client_id: str | None
     ) -> SemGrant | SemFull:
-        """See ``Store.sem_acquire``. Raises ``LimitMismatch`` while live permits hold another
+        """See ``SemaphoreStore.sem_acquire``. Raises ``LimitMismatch`` while live permits hold another
         limit."""
         p = {"name": name, "limit": int(limit), "lease_id": lease_id, "ttl_ms": int(ttl_ms),
              "owner": owner or "", "client_id": client_id or None}
@@ -53,7 +53,7 @@ class SemaphoreOps:
         return await self._run(op, retry=True)
 
     async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
-        """See ``Store.sem_renew``. Raises ``LeaseLost``."""
+        """See ``SemaphoreStore.sem_renew``. Raises ``LeaseLost``."""
         p = {"name": name, "lease_id": lease_id, "ttl_ms": None if ttl_ms is None else int(ttl_ms)}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> SemGrant:
@@ -67,7 +67,7 @@ class SemaphoreOps:
         return await self._run(op, retry=True)
 
     async def sem_release(self, name: str, lease_id: str) -> None:
-        """See ``Store.sem_release``: one statement that ends the permit and NOTIFYs
+        """See ``SemaphoreStore.sem_release``: one statement that ends the permit and NOTIFYs
         ``sem_key(name)``. Raises ``LeaseLost``."""
         p = {"name": name, "lease_id": lease_id}
 
@@ -84,7 +84,7 @@ class SemaphoreOps:
         await self._run(op, retry=True)
 
     async def sem_get(self, name: str) -> SemState:
-        """See ``Store.sem_get``."""
+        """See ``SemaphoreStore.sem_get``."""
         p = {"name": name}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> SemState:

@@ -1,21 +1,9 @@
-"""Statements of the PostgreSQL store's lock modes: shared holders, mixed-mode lock sets, the
-schema upgrade that adds them, and the full lock state (``mode``, ``holders``).
-
-Shared holders are rows of ``lockd.shared`` (one per lock and lease). The lock row stays the one
-point of serialization: every shared write first locks the lock row, and the lock row's
-``shared_until`` is never below the expiry of a live shared holder, so the exclusive grant (one
-``ON CONFLICT`` statement judged on the row's LATEST version) refuses while any may be live.
-``shared_until`` may be too high (a renewal to a shorter TTL keeps it), never too low: it is
-lowered only by a release, or by an exclusive request that found nobody live, in a statement
-that runs after the lock row was locked (a fresh snapshot sees every shared grant committed
-before). Shared rows are never judged live while the
-lock row's exclusive lease is: the exclusive grant waits until ``shared_until`` has passed.
-
-Epochs: ``writer_open`` is true from an exclusive grant until that lease is released cleanly
-(release, resign, multi-lock release; NOT an expiry or a force-release). A shared grant that
-finds it true with no live exclusive lease raises the fence by one and clears it, in the same
-update of the locked lock row, so that the first reader after an unclean end starts a new epoch
-and the readers after it share it (``_EPOCH``).
+"""Statements of the PostgreSQL store's lock modes: shared holders (``lockd.shared``), mixed-mode
+lock sets, the schema upgrade that adds them, and the full lock state. The lock row stays the one
+point of serialization: every shared write locks it first, and its ``shared_until`` is never
+below a live shared holder's expiry, so the exclusive grant refuses while any may be live; a
+shared grant after an unclean end raises the fence once (``_EPOCH``). docs/stores/postgres.md,
+"Lock modes, semaphores, elections".
 """
 
 from __future__ import annotations
@@ -341,7 +329,7 @@ STATE = f"SELECT {_STATE_COLUMNS} {_STATE_FROM} WHERE l.name = %(lock)s"
 
 
 def list_sql(*, upper: bool, after: bool) -> str:
-    """``Store.list``'s page with every lock's holders: names from ``%(prefix)s`` (below
+    """``LockStore.list``'s page with every lock's holders: names from ``%(prefix)s`` (below
     ``%(upper)s`` if ``upper``, above ``%(after)s`` if ``after``), at most ``%(limit)s``."""
     where = ["l.name >= %(prefix)s"]
     if upper:

@@ -12,9 +12,9 @@ below the limit, so no more than ``lim`` permits are ever live. Releases NOTIFY 
 
 from __future__ import annotations
 
-from lockd.server.store.base import SEM_KEY_PREFIX
 from lockd.server.store.postgres.sql import ASYNC_COMMIT, CHANNEL
 from lockd.server.store.postgres.sql_modes import ttl
+from lockd.server.store.values import SEM_KEY_PREFIX
 
 __all__ = ["DDL", "SEM_GET", "SEM_GRANT", "SEM_GRANT_FREE", "SEM_KILL", "SEM_LIVE", "SEM_LOCK", "SEM_PERMITS",
            "SEM_RELEASE", "SEM_RELEASED_BY", "SEM_RENEW", "SEM_RENEW_ONE"]

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import Grant, Holder
 from lockd.server.store.etcd.elections import KEEP
+from lockd.server.store.values import Grant, Holder
 from tests.server.store.etcd.helpers import lease_id, name, opened, watching
 
 

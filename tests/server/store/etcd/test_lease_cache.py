@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import SHARED, Grant
 from lockd.server.store.etcd import EtcdStore, cache_size
 from lockd.server.store.etcd.cache import CachedLease, LeaseCache
+from lockd.server.store.values import SHARED, Grant
 from tests.server.store.etcd.helpers import acquire, lease_id, name, opened
 
 

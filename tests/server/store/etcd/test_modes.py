@@ -15,7 +15,7 @@ import time
 import pytest
 
 from lockd.server.errors import ClientIdConflict, LeaseLost
-from lockd.server.store.base import EXCLUSIVE, SHARED, Grant, Holder, MultiGrant
+from lockd.server.store.values import EXCLUSIVE, SHARED, Grant, Holder, MultiGrant
 from tests.server.store.etcd.helpers import lease_id, name, opened, watching
 
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from lockd.server.errors import LeaseLost, LimitMismatch
-from lockd.server.store.base import SemFull, SemGrant, sem_key
+from lockd.server.store.values import SemFull, SemGrant, sem_key
 from tests.etcd_support import EtcdCluster
 from tests.server.store.etcd.helpers import lease_id, name, opened, watching
 

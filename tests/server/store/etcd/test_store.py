@@ -14,8 +14,9 @@ import httpx
 import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder, Store
+from lockd.server.store.base import Store
 from lockd.server.store.etcd import EtcdStore, parse_etcd_url
+from lockd.server.store.values import Grant, Holder
 from tests.server.store.etcd.helpers import acquire, lease_id, name, opened, watching
 from tests.support import free_port
 

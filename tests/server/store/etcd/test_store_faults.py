@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder
+from lockd.server.store.values import Grant, Holder
 from tests.etcd_support import EtcdCluster
 from tests.server.store.etcd.helpers import acquire, opened, watching
 

@@ -9,7 +9,8 @@ import psycopg
 import pytest
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.postgres import PostgresStore
+from lockd.server.store.values import (
     EXCLUSIVE,
     ElectionEvent,
     ElectionState,
@@ -17,7 +18,6 @@ from lockd.server.store.base import (
     Holder,
     HolderView,
 )
-from lockd.server.store.postgres import PostgresStore
 from tests.server.store.postgres.support import lease_id, opened
 
 

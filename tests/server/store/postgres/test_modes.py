@@ -14,7 +14,8 @@ import psycopg
 import pytest
 
 from lockd.server.errors import ClientIdConflict, LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.postgres import PostgresStore
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     SHARED_PREFIX,
@@ -24,7 +25,6 @@ from lockd.server.store.base import (
     LockState,
     MultiGrant,
 )
-from lockd.server.store.postgres import PostgresStore
 from tests.server.store.postgres.support import lease_id, opened
 
 

@@ -1,8 +1,8 @@
 """``PostgresStore`` through outages: a PostgreSQL crash and restart, a killed LISTEN connection.
 
 The crash is real (``pg_ctl -m immediate stop`` on a throwaway cluster, then recovery at start),
-and grants keep being attempted while it happens, so the test checks invariant 1 for the fences
-that were acknowledged right up to the crash.
+and grants keep being attempted while it happens, so the test checks that fences strictly
+increase across it, for the fences acknowledged right up to the crash.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import Grant, Holder
 from lockd.server.store.postgres import PostgresStore
+from lockd.server.store.values import Grant, Holder
 from tests.support import sqlalchemy_url
 
 LISTEN_QUERIES = ("LISTEN lockd_release", "SELECT now()")
@@ -101,7 +101,7 @@ def test_postgres_crash_unavailable_then_recovers_with_higher_fences(throwaway_p
             stop.set()
             await task
 
-            # Invariant 1 across the crash: the hammer's grants came in strictly increasing
+            # Fences strictly increase across the crash: the hammer's grants came in strictly increasing
             # fences, and every grant after recovery is above every one acknowledged before.
             assert all(x < y for x, y in zip(acked, acked[1:], strict=False)), acked
             assert acked[-1] > before_crash

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 from lockd.server.errors import LeaseLost, LimitMismatch
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState, sem_key
 from lockd.server.store.postgres import PostgresStore
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 from tests.server.store.postgres.support import lease_id, opened
 
 

@@ -12,8 +12,8 @@ import asyncio
 import sqlite3
 from pathlib import Path
 
-from lockd.server.store import sqlite as store_mod
-from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.sqlite import SqliteStore, locks
+from lockd.server.store.sqlite import store as store_mod
 
 FULL, NORMAL = 2, 1
 
@@ -62,13 +62,13 @@ def test_a_batch_mixing_a_release_with_a_grant_is_fsynced(tmp_path: Path) -> Non
         store_mod._SYNC_MODE[id(conn)] = "NORMAL"
         clock = lambda: 1000.0  # noqa: E731 - wall seconds
         first = store_mod._run_batch(conn, clock, [
-            (store_mod._acquire, ("m/a", "l1", 5000, "o", None), None)])
+            (locks._acquire, ("m/a", "l1", 5000, "o", None), None)])
         assert first[0].error is None and _mode(conn) == FULL
-        store_mod._run_batch(conn, clock, [(store_mod._release, ("m/a", "l1"), None)])
+        store_mod._run_batch(conn, clock, [(locks._release, ("m/a", "l1"), None)])
         assert _mode(conn) == NORMAL
         mixed = store_mod._run_batch(conn, clock, [
-            (store_mod._release, ("m/x", "nobody"), None),  # LeaseLost: confined to itself
-            (store_mod._acquire, ("m/a", "l2", 5000, "o", None), None)])
+            (locks._release, ("m/x", "nobody"), None),  # LeaseLost: confined to itself
+            (locks._acquire, ("m/a", "l2", 5000, "o", None), None)])
         assert isinstance(mixed[0].error, Exception) and mixed[1].error is None
         assert _mode(conn) == FULL
     finally:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.base import Store
+from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.sqlite.elections import LOG_KEEP
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     ElectionEvent,
@@ -13,10 +16,7 @@ from lockd.server.store.base import (
     Grant,
     Holder,
     HolderView,
-    Store,
 )
-from lockd.server.store.sqlite import SqliteStore
-from lockd.server.store.sqlite_elect import LOG_KEEP
 from tests.server.store.sqlite.support import run_with_store
 
 

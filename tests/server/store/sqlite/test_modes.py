@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lockd.server.errors import ClientIdConflict, LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,
@@ -14,7 +15,6 @@ from lockd.server.store.base import (
     LockState,
     MultiGrant,
 )
-from lockd.server.store.sqlite import SqliteStore
 from tests.server.store.sqlite.support import run_with_store
 
 
@@ -273,14 +273,14 @@ def test_many_concurrent_acquirers_of_both_modes_never_overlap_wrongly(tmp_path)
 def test_a_database_of_the_previous_schema_opens_and_keeps_its_fences(tmp_path):
     import sqlite3
 
-    from lockd.server.store import sqlite as store_mod
+    from lockd.server.store.sqlite import locks
 
     with sqlite3.connect(tmp_path / "s.db") as old:  # as a lockd before modes left it
         old.execute("CREATE TABLE locks (name TEXT PRIMARY KEY, fence INTEGER NOT NULL,"
                     " lease_id TEXT, owner TEXT NOT NULL DEFAULT '', client_id TEXT,"
                     " expires_ms INTEGER NOT NULL DEFAULT 0, ttl_ms INTEGER NOT NULL DEFAULT 0)"
                     " WITHOUT ROWID")
-        old.execute(store_mod._SCHEMA_LEASES)
+        old.execute(locks.SCHEMA[1])  # the leases table
         old.execute("INSERT INTO locks (name, fence) VALUES ('old', 7)")
 
     async def scenario(store, clock, notified):

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from lockd.server.errors import LeaseLost, LimitMismatch
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState, sem_key
 from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 from tests.server.store.sqlite.support import run_with_store
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store import open_store, redact_url
-from lockd.server.store.base import Grant, Holder
 from lockd.server.store.sqlite import SqliteStore
+from lockd.server.store.values import Grant, Holder
 from tests.server.calls import acquire, release, state
 from tests.server.conftest import LOCKD
 from tests.support import free_port

@@ -1,59 +1,34 @@
-"""lockd's election routes (``lockd.server.elections`` does the work).
-
-===============================================  ==============================================
-route                                            answer
-===============================================  ==============================================
-``POST /v1/elections/{name}/campaign``           200 the leader's lease (``ElectionLeaseBody``);
-                                                 409 ``held`` when ``wait_ms`` ends first
-``POST /v1/elections/{name}/renew``              200 the lease + ``handover_requested``,
-                                                 ``handover_to``; 410 if not the live leader
-``POST /v1/elections/{name}/resign``             200 ``{"resigned": true}``; 410
-``POST /v1/elections/{name}/proclaim``           200 ``{election, owner, value, fence, seq}``; 410
-``POST /v1/elections/{name}/handover``           200 ``{election, handover_to}``; an admin, or the
-                                                 leader naming its own ``lease_id`` (else 401/403;
-                                                 410 if that lease is not the leader's); 409
-                                                 ``no_leader`` when nobody leads; audited
-``GET /v1/elections/{name}``                     the election now (``ElectionStateBody``)
-``GET /v1/elections/{name}/observe``             SSE: ``state``, then ``leader`` / ``proclaim`` /
-                                                 ``resign`` entries, ``id`` = ``seq``; resumable
-                                                 with ``Last-Event-ID``
-``GET /v1/elections``                            the elections led through this lockd (status
-                                                 page)
-===============================================  ==============================================
-
-Every route authorizes the election's name like a lock's (``lockd.server.access``: identity
-prefixes apply to it). Observe streams open through ``lockd.server.streams.open_stream``: they
-count against ``max_event_streams`` and the identity's share together with the lock event
-streams (503 ``too_many_streams`` / 429 ``too_many_identity_streams`` beyond), send
-``: keepalive`` every ``events_heartbeat_ms`` of silence and end when lockd stops. A campaign's wait ends early when
-its client goes away (499, nothing granted), as a lock acquire's does. Because
-``/v1/elections/{name}/observe`` is a stream, an election whose name ends in ``/observe``
-cannot be read with ``GET /v1/elections/{name}``.
+"""The election routes: ``/v1/elections/{name}/campaign|renew|resign|proclaim|handover``, the
+state, ``observe`` (SSE, resumable with ``Last-Event-ID``) and the list, on the core's plumbing;
+docs/http-api.md lists each answer. A handover needs an admin or the leader's own ``lease_id``
+and is audited; observe streams take a slot of ``lockd.server.streams`` like the lock event
+streams. An election named ``.../observe`` cannot be read with ``GET /v1/elections/{name}``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from http import HTTPStatus
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
 
 from lockd.common.middleware import REQUEST_ID_KEY
-from lockd.common.problems import PROBLEM_JSON
 from lockd.common.responses import problem_response
 from lockd.server.access import covers, identity_name
-from lockd.server.api import (
-    _GuardedRoute,
-    _lease_answer,
+from lockd.server.audit import AuditTrail
+from lockd.server.core.answers import lease_answer
+from lockd.server.core.http import (
+    GuardedRoute,
+    admin_denied,
+    body_doc,
     bound_client_id,
     in_scope,
+    last_event_id,
+    limits,
+    problems,
     read_body,
 )
-from lockd.server.audit import AuditTrail
-from lockd.server.election_schemas import (
+from lockd.server.elections.schemas import (
     CampaignRequest,
     ElectionLeaseBody,
     ElectionListBody,
@@ -67,10 +42,8 @@ from lockd.server.election_schemas import (
     ResignedBody,
     ResignRequest,
 )
-from lockd.server.elections import ElectionService
+from lockd.server.elections.service import ElectionService
 from lockd.server.errors import LockdError
-from lockd.server.limits import IdentityLimits
-from lockd.server.ops_api import _admin_denied, _last_event_id
 from lockd.server.streams import open_stream
 
 __all__ = ["create_election_router"]
@@ -79,20 +52,6 @@ __all__ = ["create_election_router"]
 
 def _elections(request: Request) -> ElectionService:
     return request.app.state.elections
-
-
-def _limits(request: Request) -> IdentityLimits:
-    return request.app.state.limits
-
-
-def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": model.model_json_schema()}}}}
-
-
-def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    return {s: {"description": HTTPStatus(s).phrase, "content": {PROBLEM_JSON: {}}}
-            for s in statuses}
 
 
 def _checked(request: Request, name: str) -> ElectionService:
@@ -105,48 +64,48 @@ def _checked(request: Request, name: str) -> ElectionService:
 
 def create_election_router() -> APIRouter:
     """The election routes; they find the ``ElectionService`` at ``app.state.elections``."""
-    router = APIRouter(route_class=_GuardedRoute)
+    router = APIRouter(route_class=GuardedRoute)
 
     @router.post("/v1/elections/{name:path}/campaign", response_model=ElectionLeaseBody,
-                 openapi_extra=_body_doc(CampaignRequest),
-                 responses=_problems(403, 409, 413, 422, 429, 503))
+                 openapi_extra=body_doc(CampaignRequest),
+                 responses=problems(403, 409, 413, 422, 429, 503))
     async def campaign(name: str, request: Request) -> Response:
         """Lead the election, waiting up to ``wait_ms`` behind earlier candidates (409 if not
         elected by then). The lease's fence is higher than every earlier leader's."""
         elections = _checked(request, name)
         who = identity_name(request.scope)
-        _limits(request).check_lease(who)
+        limits(request).check_lease(who)
         body = await read_body(request, CampaignRequest)
         call = elections.campaign(name, value=body.value, ttl_ms=body.ttl_ms,
                                   wait_ms=body.wait_ms, owner=body.owner,
                                   client_id=bound_client_id(request.scope, body.client_id))
-        return await _lease_answer(request, call, body.wait_ms, name, who)
+        return await lease_answer(request, call, body.wait_ms, name, who)
 
     @router.post("/v1/elections/{name:path}/renew", response_model=ElectionRenewBody,
-                 operation_id="renewLeader", openapi_extra=_body_doc(ElectionRenewRequest),
-                 responses=_problems(403, 410, 413, 422, 503))
+                 operation_id="renewLeader", openapi_extra=body_doc(ElectionRenewRequest),
+                 responses=problems(403, 410, 413, 422, 503))
     async def renew(name: str, request: Request) -> Response:
         """Extend the leader's lease (same fence); ``handover_requested`` asks it to resign."""
         elections = _checked(request, name)
         body = await read_body(request, ElectionRenewRequest)
         lease = await elections.renew(name, body.lease_id, body.ttl_ms)
-        _limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
+        limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
         return JSONResponse(lease.body())
 
     @router.post("/v1/elections/{name:path}/resign", response_model=ResignedBody,
-                 openapi_extra=_body_doc(ResignRequest),
-                 responses=_problems(403, 410, 413, 422, 503))
+                 openapi_extra=body_doc(ResignRequest),
+                 responses=problems(403, 410, 413, 422, 503))
     async def resign(name: str, request: Request) -> Response:
         """End the leader's term; the next candidate leads at once. 410 if not the leader."""
         elections = _checked(request, name)
         body = await read_body(request, ResignRequest)
         await elections.resign(name, body.lease_id)
-        _limits(request).released(identity_name(request.scope), body.lease_id)
+        limits(request).released(identity_name(request.scope), body.lease_id)
         return JSONResponse({"resigned": True})
 
     @router.post("/v1/elections/{name:path}/proclaim", response_model=ProclaimedBody,
-                 openapi_extra=_body_doc(ProclaimRequest),
-                 responses=_problems(403, 410, 413, 422, 503))
+                 openapi_extra=body_doc(ProclaimRequest),
+                 responses=problems(403, 410, 413, 422, 503))
     async def proclaim(name: str, request: Request) -> Response:
         """Set the leader's value; same term, same fence. 410 if not the live leader."""
         elections = _checked(request, name)
@@ -157,8 +116,8 @@ def create_election_router() -> APIRouter:
                              "value": state.value, "fence": state.fence, "seq": state.seq})
 
     @router.post("/v1/elections/{name:path}/handover", response_model=HandoverBody,
-                 openapi_extra=_body_doc(HandoverRequest),
-                 responses=_problems(401, 403, 409, 410, 413, 422, 503))
+                 openapi_extra=body_doc(HandoverRequest),
+                 responses=problems(401, 403, 409, 410, 413, 422, 503))
     async def handover(name: str, request: Request) -> Response:
         """Ask the leader to step down for ``target`` (an owner, or ``"next"``): its renewals
         answer ``handover_requested`` and that candidate is admitted first. An admin, or the
@@ -167,7 +126,7 @@ def create_election_router() -> APIRouter:
         body = await read_body(request, HandoverRequest)
         elections.check_target(body.target)
         if body.lease_id is None:
-            denied = _admin_denied(request, "a handover without the leader's lease_id")
+            denied = admin_denied(request, "a handover without the leader's lease_id")
             if denied is not None:
                 return denied
         audit: AuditTrail = request.app.state.audit
@@ -189,7 +148,7 @@ def create_election_router() -> APIRouter:
                                  "proclaim / resign entries in seq order (id = seq)",
                                  "content": {"text/event-stream": {"schema": {
                                      "type": "string"}}}},
-                           **_problems(403, 422, 429, 503)})
+                           **problems(403, 422, 429, 503)})
     async def observe(name: str, request: Request) -> Response:
         """Server-Sent Events of the election: the current ``state`` first, then every change
         in order; reconnect with ``Last-Event-ID`` to resume without gaps."""
@@ -199,16 +158,16 @@ def create_election_router() -> APIRouter:
             return problem_response(503, "shutting_down", "Service unavailable",
                                     "this lockd is stopping; observe at another replica or "
                                     "retry later", headers={"Retry-After": "5"})
-        last_event_id = _last_event_id(request)
+        last_id = last_event_id(request)
 
         async def start() -> AsyncIterator[bytes]:  # after a stream slot was taken
-            state, after = await elections.start_observing(name, last_event_id)
+            state, after = await elections.start_observing(name, last_id)
             return elections.observe(name, state, after,
                                      heartbeat_s=settings.events_heartbeat_ms / 1000)
 
         return await open_stream(request, start)
 
-    @router.get("/v1/elections", response_model=ElectionListBody, responses=_problems(503))
+    @router.get("/v1/elections", response_model=ElectionListBody, responses=problems(503))
     async def list_elections(request: Request) -> Response:
         """The elections led through this lockd process (a campaign granted or a leader
         renewed here; the 1,000 most recent), in name order: only those the caller's scope
@@ -218,7 +177,7 @@ def create_election_router() -> APIRouter:
         return JSONResponse({"items": items})
 
     @router.get("/v1/elections/{name:path}", response_model=ElectionStateBody,
-                responses=_problems(403, 422, 503))
+                responses=problems(403, 422, 503))
     async def get_election(name: str, request: Request) -> Response:
         """The leader (owner, TTL left; never its lease id), its value and fence, the last log
         seq, a pending handover, and the candidates waiting at this lockd."""

@@ -7,28 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from lockd.server.core.waiting import PERMIT as _PERMIT
 from lockd.server.errors import LeaseLost, StoreUnavailable
-from lockd.server.store.base import SemFull, SemGrant, SemState
+from lockd.server.semaphores.service import slot_lock
+from lockd.server.store.values import SemFull, SemGrant, SemState
 
-__all__ = ["PERMIT", "ObservedSemaphores", "semaphore_of", "slot_lock"]
-
-PERMIT = "permit"
-"""The tracking mode of a semaphore's permit."""
-_PERMIT = PERMIT
-
-
-def slot_lock(name: str, slot: int) -> str:
-    """The lock name of slot ``slot`` of semaphore ``name`` (what its permit's token fences)."""
-    return f"sem/{name}/{slot}"
-
-
-def semaphore_of(lock: str) -> str | None:
-    """The semaphore whose slot ``lock`` is (``sem/{name}/{slot}`` -> ``name``); ``None`` for
-    any other lock name."""
-    if not lock.startswith("sem/"):
-        return None
-    name, _, slot = lock[4:].rpartition("/")
-    return name if name and slot.isascii() and slot.isdigit() else None
+__all__ = ["ObservedSemaphores"]
 
 
 class ObservedSemaphores:
@@ -36,9 +20,10 @@ class ObservedSemaphores:
 
     inner: Any
     metrics: Any
+    events: Any
     _keyed: Any
+    _tracked_permit: Any
     _renewed: Any
-    _track_permit: Any
     _renew_failed: Any
     _still: Any
     _end: Any
@@ -57,6 +42,19 @@ class ObservedSemaphores:
                 self._track_permit(name, result)
         return result
 
+    def _track_permit(self, name: str, grant: SemGrant) -> None:
+        self._tracked_permit(name, grant.lease_id, grant.fence, grant.owner, grant.ttl_ms,
+                             grant.slot, slot_lock(name, grant.slot))
+        self.metrics.lease_ttl.observe(grant.ttl_ms / 1000)
+        self.events.publish("acquired", slot_lock(name, grant.slot), grant.fence, grant.owner,
+                            grant.ttl_ms, mode=_PERMIT)
+
+    async def _permit_left(self, name: str, fence: int) -> list[int]:
+        """The time left (ms) of the semaphore's live permits of ``fence`` (the sweeper's
+        confirmation that a tracked permit lapsed: empty)."""
+        state = await self.inner.sem_get(name)
+        return [p.ttl_ms for p in state.permits if p.fence == fence]
+
     async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
         before = self._now()
         tracked = self._keyed(name, lease_id, _PERMIT)
@@ -67,7 +65,7 @@ class ObservedSemaphores:
             raise
         self.metrics.renewals["ok"].inc()
         self._renewed(name, tracked, lease_id, grant.fence, grant.owner, grant.ttl_ms, _PERMIT,
-                      before, grant.slot)
+                      before, grant.slot, slot_lock(name, grant.slot))
         return grant
 
     async def sem_release(self, name: str, lease_id: str) -> None:

@@ -1,34 +1,10 @@
 """Leader election: campaign, renew, resign, proclaim, handover, read and observe.
 
-The leader IS the exclusive holder of lock ``name`` (the store's ``elect_*`` calls): its fence is
-the lock's fence, so it strictly increases with every new leader, and its token is an ordinary
-single-lock token of ``name`` that fences the leader's writes at the proxy like any lock's. A
-campaign waits in lock ``name``'s FIFO queue at this lockd (``lockd.server.waiting``) as an
-exclusive waiter (``_Campaign`` is its ``Kind``), so candidates and plain acquires of the same
-name queue together and are woken by the same release notifications; the store decides every
-grant.
-
-Handover: ``handover`` records the target in the store (the leader's renewals answer it) and
-tells this lockd's queue to admit that candidate first (``WaitQueues.prefer``); a renewal that
-answers a target does the same at the lockd the leader renews with. Candidates queued at
-another replica are not reordered: there the queue's head campaigns next.
-
-Observe: a stream starts with the current state, then every log entry of the store
-(``elect_log``) in ``seq`` order. It reads the log when the store notifies ``name`` (every
-election write does, here or at another replica) and at least every heartbeat, so it never
-depends on a notification arriving. Every entry's SSE ``id`` is its ``seq``: a client that
-reconnects with ``Last-Event-ID`` is replayed what it missed from the store's log; if the log
-no longer has all of it, the stream starts again from the current ``state``.
-
-List (``known``): the elections led through this lockd (a campaign granted or a leader renewed
-here; an observe is not enough, so observing names cannot push real elections out), the
-``_KNOWN_MAX`` most recently led. Each one's state is re-read from the store only when it may
-have changed: a write of it was notified, it was granted or renewed here, its leader's lease has
-run out since the last read, or ``_KNOWN_FRESH_S`` passed (a notification lost); a list of
-unchanged elections costs no store read.
-
-Errors: ``InvalidRequest`` (name, TTL, wait, value over 4096 bytes, target), ``LockHeld``,
-``LeaseLost``, ``NoLeader``, ``StoreUnavailable``. Durations are integer milliseconds.
+The leader IS the exclusive holder of lock ``name`` (the ``ElectionStore``): its fence is the
+lock's, and its token an ordinary single-lock token of ``name`` from the core's signer. A
+campaign waits in lock ``name``'s queue (candidates and acquires of one name wait in one line);
+observers read the store's log in ``seq`` order. docs/primitives.md ("Elections") and
+docs/internals.md ("Elections") say how handover, observe and the list work.
 """
 
 from __future__ import annotations
@@ -43,17 +19,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.namespace import ELECTION
+from lockd.server.core.base import Core, new_lease_id
+from lockd.server.core.names import check_name
+from lockd.server.core.waiting import Waiter, WaitQueues
 from lockd.server.errors import (
     ClientIdConflict,
     InvalidRequest,
     LeaseLost,
-    LockdError,
     LockHeld,
+    NoLeader,
     StoreUnavailable,
 )
 from lockd.server.metrics import LockdMetrics
-from lockd.server.service import LockService, check_name, new_lease_id
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     MULTI_PREFIX,
     SHARED_PREFIX,
@@ -62,7 +40,6 @@ from lockd.server.store.base import (
     Grant,
     Holder,
 )
-from lockd.server.waiting import Waiter, WaitQueues
 
 __all__ = ["MAX_VALUE_BYTES", "ElectionService", "Leadership", "NoLeader"]
 
@@ -84,12 +61,6 @@ class _Known:
     read_at: float = 0.0
     fresh_until: float = 0.0
     changed: bool = True
-
-
-class NoLeader(LockdError):
-    """A handover asked of an election nobody leads (409)."""
-
-    status, code, title = 409, "no_leader", "No leader"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,16 +167,16 @@ def _entry_sse(name: str, entry: ElectionEvent) -> bytes:
 
 
 class ElectionService:
-    """Elections on ``service``'s store, keys, settings and wait queues (see the module
-    docstring). ``metrics`` (optional) counts leader changes, terms and handovers."""
+    """Elections on ``core`` (see the module docstring). ``metrics`` (optional) counts leader
+    changes, terms and handovers. Errors: ``InvalidRequest`` (name, TTL, wait, value over 4096
+    bytes, target), ``LockHeld``, ``LeaseLost``, ``NoLeader``, ``ClientIdConflict``,
+    ``StoreUnavailable``. Durations are integer milliseconds."""
 
-    def __init__(self, service: LockService, metrics: LockdMetrics | None = None) -> None:
-        self.store = service.store
-        self.keyring = service.keyring
-        self.settings = service.settings
-        # The lock's own queues: candidates and acquires of ``name`` wait in one line.
-        self.waiting: WaitQueues = service.wait_queues
-        self._service = service
+    def __init__(self, core: Core, metrics: LockdMetrics | None = None) -> None:
+        self.core = core
+        self.store = core.store
+        # The locks' own queues: candidates and acquires of ``name`` wait in one line.
+        self.waiting: WaitQueues = core.waiting
         self._metrics = metrics
         self._campaign = _Campaign(self)
         self._terms: dict[str, tuple[str, float]] = {}  # name -> (lease id, monotonic start)
@@ -219,19 +190,9 @@ class ElectionService:
 
     @staticmethod
     def check_name(name: str) -> None:
-        """The namespace's rule for an election's name (``lockd.server.service.check_name``):
-        every election route calls it, reads included."""
+        """The namespace's rule for an election's name (``lockd.server.core.names``): every
+        election route calls it, reads included."""
         check_name(name, ELECTION)
-
-    def _check_ttl(self, ttl_ms: int) -> None:
-        low, high = self.settings.min_ttl_ms, self.settings.max_ttl_ms
-        if not low <= ttl_ms <= high:
-            raise InvalidRequest(f"ttl_ms must be between {low} and {high} (got {ttl_ms})")
-
-    def _check_wait(self, wait_ms: int) -> None:
-        high = self.settings.max_wait_ms
-        if not 0 <= wait_ms <= high:
-            raise InvalidRequest(f"wait_ms must be between 0 and {high} (got {wait_ms})")
 
     @staticmethod
     def _check_lease_id(name: str, lease_id: str) -> None:
@@ -273,7 +234,7 @@ class ElectionService:
     def _leadership(self, grant: Grant, *, value: str | None = None,
                     handover_to: str | None = None) -> Leadership:
         """The leader's lease and token: a single-lock token of the election's lock, signed by
-        the lock service's one signer in the mode of the STORE's grant. A leader holds the lock
+        the core's one signer in the mode of the STORE's grant. A leader holds the lock
         exclusively, so any other grant is refused (``ClientIdConflict``), never signed."""
         if grant.mode != EXCLUSIVE:
             raise ClientIdConflict(
@@ -282,7 +243,7 @@ class ElectionService:
                 election=grant.lock, held_mode=grant.mode)
         self._remember(grant.lock)
         return Leadership(grant.lock, grant.lease_id, grant.fence,
-                          self._service.token(grant.lock, grant.fence, grant.mode, ELECTION),
+                          self.core.signer.token(grant.lock, grant.fence, grant.mode, ELECTION),
                           grant.ttl_ms, grant.owner, value, handover_to)
 
     async def campaign(self, name: str, *, value: str, ttl_ms: int, wait_ms: int = 0,
@@ -291,8 +252,8 @@ class ElectionService:
         Raises ``LockHeld`` if not elected in time, ``InvalidRequest``, ``StoreUnavailable``."""
         self.check_name(name)
         self.check_value(value)
-        self._check_ttl(ttl_ms)
-        self._check_wait(wait_ms)
+        self.core.check_ttl(ttl_ms)
+        self.core.check_wait(wait_ms)
         waiter = _Candidate(name, new_lease_id(), ttl_ms, owner, client_id, value)
         grant: Grant = await self.waiting.acquire(self._campaign, waiter, wait_ms)
         if grant.lease_id == waiter.lease_id:  # a new term (not a client_id retry)
@@ -306,7 +267,7 @@ class ElectionService:
         self.check_name(name)
         self._check_lease_id(name, lease_id)
         if ttl_ms is not None:
-            self._check_ttl(ttl_ms)
+            self.core.check_ttl(ttl_ms)
         grant, handover_to = await self.store.elect_renew(name, lease_id, ttl_ms)
         # the store's word on the handover (it may have been asked at another replica): a
         # candidate it names that is queued here goes first; none named, none preferred

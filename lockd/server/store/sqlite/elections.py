@@ -1,16 +1,7 @@
-"""Elections of the SQLite store (see ``sqlite.py`` for the store's design).
-
-The leader of election ``name`` IS the live exclusive lease of lock ``name`` (its ``locks``
-row: same fence sequence, same expiry by lockd's clock). The ``elections`` row, never deleted,
-adds what a lock does not have: the leader's ``value`` (tied to the lease that set it, so a
-leader that lapsed, or a plain acquire of the lock, shows no stale value), the pending
-``handover`` target (tied to the lease it was asked of) and the log's last ``seq``. The log,
-``election_log``, is append-only with ``seq`` 1, 2, ... per election, never reused (the counter
-lives in the row, not in the log); each append drops entries older than the last ``LOG_KEEP``.
-
-Every write here is fsynced like a grant (a log entry once seen must never be handed out again
-under the same seq). Operations read before they write, so one that raises ``LeaseLost`` has
-changed nothing.
+"""Elections of the SQLite store: the leader IS the live exclusive lease of lock ``name`` (its
+``locks`` row); the ``elections`` row adds the value, the pending handover and the log's last
+``seq``, and ``election_log`` the log itself (the newest ``LOG_KEEP`` entries kept). Every
+write is fsynced like a grant. docs/stores/sqlite.md, "Modes, semaphores, elections".
 """
 
 from __future__ import annotations
@@ -20,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     ElectionEvent,
     ElectionState,
@@ -168,7 +159,7 @@ def _log(conn: sqlite3.Connection, now: int, name: str, after: int,
 
 
 LAZY_OPS = frozenset({_state, _log})
-"""Reads: their batches need no fsync of their own (see ``sqlite.py``, "Durable grants")."""
+"""Reads: their batches need no fsync of their own (docs/stores/sqlite.md, "Durable grants")."""
 
 
 class ElectionMethods:
@@ -182,7 +173,7 @@ class ElectionMethods:
 
     async def elect_campaign(self, name: str, *, lease_id: str, ttl_ms: int, owner: str,
                              client_id: str | None, value: str) -> Grant | Holder:
-        """See ``Store.elect_campaign``; notifies ``name`` when a new leader was granted."""
+        """See ``ElectionStore.elect_campaign``; notifies ``name`` when a new leader was granted."""
         got = await self._call(_campaign, self._acquire_op, name, lease_id, ttl_ms, owner,
                                client_id, value)
         if isinstance(got, Grant) and got.lease_id == lease_id:
@@ -191,30 +182,30 @@ class ElectionMethods:
 
     async def elect_renew(self, name: str, lease_id: str,
                           ttl_ms: int | None) -> tuple[Grant, str | None]:
-        """See ``Store.elect_renew``: the handover target asked of THIS lease, if any."""
+        """See ``ElectionStore.elect_renew``: the handover target asked of THIS lease, if any."""
         return await self._call(_renew, name, lease_id, ttl_ms)
 
     async def elect_resign(self, name: str, lease_id: str) -> None:
-        """See ``Store.elect_resign``. Raises ``LeaseLost``."""
+        """See ``ElectionStore.elect_resign``. Raises ``LeaseLost``."""
         await self._call(_resign, name, lease_id)
         self._notify(name)
 
     async def elect_proclaim(self, name: str, lease_id: str, value: str) -> ElectionState:
-        """See ``Store.elect_proclaim``. Raises ``LeaseLost``."""
+        """See ``ElectionStore.elect_proclaim``. Raises ``LeaseLost``."""
         state = await self._call(_proclaim, name, lease_id, value)
         self._notify(name)
         return state
 
     async def elect_handover(self, name: str, target: str) -> ElectionState:
-        """See ``Store.elect_handover``. Raises ``LeaseLost`` when nobody leads."""
+        """See ``ElectionStore.elect_handover``. Raises ``LeaseLost`` when nobody leads."""
         state = await self._call(_handover, name, target)
         self._notify(name)
         return state
 
     async def elect_get(self, name: str) -> ElectionState:
-        """See ``Store.elect_get``."""
+        """See ``ElectionStore.elect_get``."""
         return await self._call(_state, name)
 
     async def elect_log(self, name: str, after: int, limit: int) -> list[ElectionEvent]:
-        """See ``Store.elect_log`` (the newest ``LOG_KEEP`` entries are kept)."""
+        """See ``ElectionStore.elect_log`` (the newest ``LOG_KEEP`` entries are kept)."""
         return await self._call(_log, name, after, limit)

@@ -1,10 +1,6 @@
-"""lockd's HTTP routes of counting semaphores (``/v1/semaphores/{name}/...``).
-
-The same conventions as the lock routes (``lockd.server.api``): bodies read and bounded there
-(``read_body``), every failure a problem (422 bad input, 403 outside the caller's scope, 409
-``held`` with ``Retry-After`` / ``limit_mismatch``, 410, 429, 503), a waiting acquire cancelled
-when its client goes away, and the caller's scope checked on the SEMAPHORE name (its identity's
-prefixes apply to ``name``, not to the reserved slot locks ``sem/{name}/{slot}``).
+"""The semaphore routes (``/v1/semaphores/{name}/acquire|renew|release``, the state), on the
+core's plumbing (bodies, problems, the lease-answer path). The caller's scope is checked on the
+SEMAPHORE's name, not on its reserved slot locks ``sem/{name}/{slot}``.
 """
 
 from __future__ import annotations
@@ -13,25 +9,25 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from lockd.server.access import identity_name
-from lockd.server.api import (
-    _body_doc,
-    _GuardedRoute,
-    _lease_answer,
-    _limits,
-    _problems,
+from lockd.server.core.answers import lease_answer
+from lockd.server.core.http import (
+    GuardedRoute,
+    body_doc,
     bound_client_id,
     in_scope,
+    limits,
+    problems,
     read_body,
 )
-from lockd.server.schemas import (
+from lockd.server.core.schemas import ReleasedBody
+from lockd.server.semaphores.schemas import (
     PermitLeaseBody,
-    ReleasedBody,
     SemAcquireRequest,
     SemReleaseRequest,
     SemRenewRequest,
     SemStateBody,
 )
-from lockd.server.semaphores import SemaphoreService
+from lockd.server.semaphores.service import SemaphoreService
 
 __all__ = ["create_semaphore_router"]
 
@@ -45,23 +41,23 @@ async def _acquire(request: Request, name: str) -> Response:
     semaphores.check_name(name)
     in_scope(request, name)
     who = identity_name(request.scope)
-    _limits(request).check_lease(who)
+    limits(request).check_lease(who)
     body = await read_body(request, SemAcquireRequest)
     wait_ms = body.wait_ms
     call = semaphores.acquire(name, limit=body.limit, ttl_ms=body.ttl_ms, wait_ms=wait_ms,
                               owner=body.owner,
                               client_id=bound_client_id(request.scope, body.client_id))
     del body
-    return await _lease_answer(request, call, wait_ms, f"semaphore {name}", who)
+    return await lease_answer(request, call, wait_ms, f"semaphore {name}", who)
 
 
 def create_semaphore_router() -> APIRouter:
     """The semaphore routes; they find the services on ``request.app.state``."""
-    router = APIRouter(route_class=_GuardedRoute)
+    router = APIRouter(route_class=GuardedRoute)
 
     @router.post("/v1/semaphores/{name:path}/acquire", response_model=PermitLeaseBody,
-                 operation_id="acquirePermit", openapi_extra=_body_doc(SemAcquireRequest),
-                 responses=_problems(403, 409, 413, 422, 429, 503))
+                 operation_id="acquirePermit", openapi_extra=body_doc(SemAcquireRequest),
+                 responses=problems(403, 409, 413, 422, 429, 503))
     async def sem_acquire(name: str, request: Request) -> Response:
         """Grant one permit (a slot and a fence), waiting up to ``wait_ms`` behind earlier
         waiters: 409 ``held`` (every permit taken) or ``limit_mismatch`` (live permits hold
@@ -69,8 +65,8 @@ def create_semaphore_router() -> APIRouter:
         return await _acquire(request, name)
 
     @router.post("/v1/semaphores/{name:path}/renew", response_model=PermitLeaseBody,
-                 operation_id="renewPermit", openapi_extra=_body_doc(SemRenewRequest),
-                 responses=_problems(403, 410, 413, 422, 503))
+                 operation_id="renewPermit", openapi_extra=body_doc(SemRenewRequest),
+                 responses=problems(403, 410, 413, 422, 503))
     async def sem_renew(name: str, request: Request) -> Response:
         """Extend a live permit (same slot, fence and token); 410 if it is not live."""
         semaphores = _semaphores(request)
@@ -78,12 +74,12 @@ def create_semaphore_router() -> APIRouter:
         in_scope(request, name)
         body = await read_body(request, SemRenewRequest)
         lease = await semaphores.renew(name, body.lease_id, body.ttl_ms)
-        _limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
+        limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
         return JSONResponse(lease.body())
 
     @router.post("/v1/semaphores/{name:path}/release", response_model=ReleasedBody,
-                 operation_id="releasePermit", openapi_extra=_body_doc(SemReleaseRequest),
-                 responses=_problems(403, 410, 413, 422, 503))
+                 operation_id="releasePermit", openapi_extra=body_doc(SemReleaseRequest),
+                 responses=problems(403, 410, 413, 422, 503))
     async def sem_release(name: str, request: Request) -> Response:
         """End a live permit; the longest waiter is granted next. 410 if it is not live."""
         semaphores = _semaphores(request)
@@ -91,11 +87,11 @@ def create_semaphore_router() -> APIRouter:
         in_scope(request, name)
         body = await read_body(request, SemReleaseRequest)
         await semaphores.release(name, body.lease_id)
-        _limits(request).released(identity_name(request.scope), body.lease_id)
+        limits(request).released(identity_name(request.scope), body.lease_id)
         return JSONResponse({"released": True})
 
     @router.get("/v1/semaphores/{name:path}", response_model=SemStateBody,
-                operation_id="getSemaphore", responses=_problems(403, 422, 503))
+                operation_id="getSemaphore", responses=problems(403, 422, 503))
     async def get_semaphore(name: str, request: Request) -> Response:
         """The semaphore's limit, last fence, live permits (never a lease id) and the waiters
         queued at this lockd; 403 ``forbidden_lock`` outside the caller's scope."""

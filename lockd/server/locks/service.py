@@ -1,27 +1,24 @@
-"""The lock service: validation, lease ids, leases and signed tokens, reading.
+"""The lock service: single locks in two modes, multi-lock leases, reads, force-release.
 
-The store decides who holds a lock; ``lockd.server.waiting`` decides who asks it next (the
-per-lock FIFO queues; docs/waiting.md walks through the rules). This module checks each request,
-hands it to the queues as a single lock or a set of locks (``_OneLock``, ``_LockSet``: the store
-call and the shape of a 409 for each), and turns the store's grant into a lease with its token.
+It checks each request, hands it to the core's wait queues as a single lock or a set of locks
+(``_OneLock``, ``_LockSet``: the store call and the shape of a 409 for each; docs/waiting.md)
+and turns the store's grant into a lease with the core signer's token.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import secrets
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lockd.common import namespace
 from lockd.common.names import is_lock_name
-from lockd.common.namespace import LOCK, Primitive
-from lockd.server.errors import InvalidRequest, LeaseLost, LockdError, LockHeld
-from lockd.server.schemas import PREFIX_RE
-from lockd.server.settings import Settings
-from lockd.server.store.base import (
+from lockd.server.core.base import Core, new_lease_id
+from lockd.server.core.names import check_name, check_prefix
+from lockd.server.core.waiting import Waiter, mode_of
+from lockd.server.errors import InvalidRequest, LeaseLost, LockHeld
+from lockd.server.store.values import (
     EXCLUSIVE,
     MULTI_PREFIX,
     SHARED,
@@ -30,51 +27,14 @@ from lockd.server.store.base import (
     Holder,
     LockState,
     MultiGrant,
-    Store,
 )
-from lockd.server.waiting import Waiter, WaitQueues, mode_of
-from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, KeyRing, multi_token_fits
+from lockd.tokens import MAX_LOCKS, MAX_TOKEN_CHARS, multi_token_fits
 
-__all__ = ["Lease", "LockService", "MultiLease", "check_mint", "check_name", "new_lease_id",
-           "encode_cursor", "decode_cursor"]
+__all__ = ["LIST_LIMIT_MAX", "Lease", "LockService", "MultiLease", "decode_cursor",
+           "encode_cursor"]
 
-_TOKEN_CACHE_SIZE = 10_000
 LIST_LIMIT_MAX = 1000
 MODES = (EXCLUSIVE, SHARED)
-
-
-def check_name(name: str, primitive: Primitive = LOCK, slots: int = 1) -> None:
-    """``InvalidRequest`` (422) unless ``primitive`` may use ``name``
-    (``lockd.common.namespace.check``: the lock-name rule and every reservation; the problem
-    names the ``owner`` of a reserved name). Every route of every primitive calls this."""
-    try:
-        namespace.check(primitive, name, slots)
-    except namespace.NameRefused as refused:
-        extra: dict[str, Any] = {primitive.kind: refused.name[:300]}
-        if primitive.token == "{name}":  # the name is the lock its tokens carry
-            extra["lock"] = refused.name[:300]
-        if refused.owner:
-            extra.update(owner=refused.owner, reserved=refused.reserved)
-        raise InvalidRequest(refused.detail, **extra) from None
-
-
-def check_mint(primitive: Primitive, lock: str) -> None:
-    """Before signing: ``LockdError`` (500, no token made) unless ``primitive`` owns ``lock``
-    (``namespace.mints``). Every route checked the name already, so only a store that granted
-    a name it should not have gets here; the token is the last door."""
-    if not namespace.mints(primitive, lock):
-        raise LockdError(f"refusing to sign a {primitive.kind} token for lock {lock!r}: the name"
-                         " belongs to another primitive")
-
-
-def new_lease_id() -> str:
-    """An unguessable lease id: 192 random bits, URL-safe base64 (32 characters), never
-    beginning with ``-``: lease ids are passed as command-line arguments (``lockctl renew NAME
-    LEASE_ID``), where a leading dash reads as an option. Redrawing costs one id in 64 and
-    leaves over 191 bits of entropy."""
-    while (lease_id := secrets.token_urlsafe(24)).startswith("-"):
-        pass
-    return lease_id
 
 
 def encode_cursor(last_name: str) -> str:
@@ -235,26 +195,22 @@ class _LockSet:
 
 
 class LockService:
-    """Everything lockd does, independent of HTTP. Durations are integer milliseconds.
+    """Locks on ``core``, independent of HTTP. Durations are integer milliseconds. Raises
+    ``InvalidRequest`` (bad name/TTL/wait/cursor), ``LockHeld``, ``LeaseLost``,
+    ``ClientIdConflict`` and ``StoreUnavailable``."""
 
-    It takes no clock: expiry is the store's business (judged by the store's clock), and
-    ``wait_ms`` deadlines run on the event loop's monotonic timer, which no wall-clock jump
-    can shorten. Raises ``InvalidRequest`` (bad name/TTL/wait/cursor), ``LockHeld``,
-    ``LeaseLost`` and ``StoreUnavailable``.
-    """
-
-    def __init__(self, store: Store, keyring: KeyRing, settings: Settings):
-        self.store = store
-        self.keyring = keyring
-        self.settings = settings
-        self._tokens: dict[tuple[str, int], str] = {}
-        self._tokens_kid = keyring.kid  # the signer of the cached tokens (a rotation clears them)
-        self._waiting = self.wait_queues = WaitQueues(store)  # also the semaphores' queues
+    def __init__(self, core: Core):
+        self.core = core
+        self.store = core.store
+        self._signer = core.signer
+        self._waiting = core.waiting
         self._queues = self._waiting.queues  # read by the single-lock fast path
         self._may_be_free = self._waiting.may_be_free
         self._one_lock = _OneLock(self)
         self._lock_set = _LockSet(self)
-        self._ordered = bool(getattr(store, "ordered", False))
+        self._ordered = core.ordered
+        self._check_ttl = core.check_ttl
+        self._check_wait = core.check_wait
 
     # --- checks ---------------------------------------------------------------------------------
 
@@ -265,52 +221,13 @@ class LockService:
         if mode not in MODES:
             raise InvalidRequest(f"mode must be 'exclusive' or 'shared' (got {mode[:40]!r})")
 
-    def _check_ttl(self, ttl_ms: int) -> None:
-        low, high = self.settings.min_ttl_ms, self.settings.max_ttl_ms
-        if not low <= ttl_ms <= high:
-            raise InvalidRequest(f"ttl_ms must be between {low} and {high} (got {ttl_ms})")
-
-    def _check_wait(self, wait_ms: int) -> None:
-        high = self.settings.max_wait_ms
-        if not 0 <= wait_ms <= high:
-            raise InvalidRequest(f"wait_ms must be between 0 and {high} (got {wait_ms})")
-
-    check_ttl = _check_ttl  # for the semaphores (same bounds)
-    check_wait = _check_wait
-
     # --- leases ---------------------------------------------------------------------------------
-
-    def _cached_token(self, key: tuple[str, int]) -> str | None:
-        """The token made for ``key`` by the current signer: after a rotation every grant and
-        renewal is signed anew, so live leases move to the new key as they renew (and the old
-        key can be retired once ``max_ttl_ms`` has passed: ``lockd.server.keydir``)."""
-        kid = self.keyring.kid
-        if kid != self._tokens_kid:
-            self._tokens.clear()
-            self._tokens_kid = kid
-        return self._tokens.get(key)
-
-    def token(self, lock: str, fence: int, mode: str = EXCLUSIVE,
-              primitive: Primitive = LOCK) -> str:
-        """The signed token of ``primitive``'s grant of ``lock`` with ``fence`` in ``mode`` (the
-        mode of the store's record of the lease; a SHARED token says so in its ``mode`` claim),
-        cached: every lease of one grant gets one token text. The one signer of single-lock
-        tokens: ``check_mint`` first, so no primitive signs a lock another one owns."""
-        check_mint(primitive, lock)
-        key: tuple[Any, ...] = (lock, fence) if mode == EXCLUSIVE else (lock, fence, mode)
-        token = self._cached_token(key)
-        if token is None:
-            token = (self.keyring.sign(lock, fence) if mode == EXCLUSIVE
-                     else self.keyring.sign(lock, fence, extra={"mode": mode}))
-            if len(self._tokens) >= _TOKEN_CACHE_SIZE:
-                del self._tokens[next(iter(self._tokens))]
-            self._tokens[key] = token
-        return token
 
     def _lease(self, grant: Grant) -> Lease:
         mode = grant.mode
         return Lease(grant.lock, grant.lease_id, grant.fence,
-                     self.token(grant.lock, grant.fence, mode), grant.ttl_ms, grant.owner, mode)
+                     self._signer.token(grant.lock, grant.fence, mode), grant.ttl_ms,
+                     grant.owner, mode)
 
     async def acquire(self, name: str, *, ttl_ms: int, wait_ms: int = 0, owner: str = "",
                       client_id: str | None = None, mode: str = EXCLUSIVE) -> Lease:
@@ -393,17 +310,7 @@ class LockService:
 
     def _multi_lease(self, grant: MultiGrant) -> MultiLease:
         modes = {name: (grant.modes or {}).get(name, EXCLUSIVE) for name in grant.fences}
-        key = (grant.lease_id, -1)  # the fences of a lease never change: one token per lease
-        token = self._cached_token(key)
-        if token is None:
-            for name in grant.fences:
-                check_mint(LOCK, name)
-            shared = [name for name, mode in modes.items() if mode == SHARED]
-            token = self.keyring.sign_many(grant.fences,
-                                           extra={"shared": shared} if shared else None)
-            if len(self._tokens) >= _TOKEN_CACHE_SIZE:
-                del self._tokens[next(iter(self._tokens))]
-            self._tokens[key] = token
+        token = self._signer.set_token(grant.lease_id, grant.fences, modes)
         return MultiLease(grant.lease_id, grant.fences, token, grant.ttl_ms, grant.owner, modes)
 
     def _check_modes(self, locks: tuple[str, ...],
@@ -432,7 +339,7 @@ class LockService:
                            modes: Mapping[str, str] | None = None) -> MultiLease:
         """Grant every lock of ``names`` in one atomic step, each in its mode of ``modes``
         (name -> EXCLUSIVE or SHARED; missing names exclusive), waiting up to ``wait_ms``
-        behind earlier waiters of any of them (``lockd.server.waiting``, rule 3).
+        behind earlier waiters of any of them (``lockd.server.core.waiting``, rule 3).
 
         Raises ``LockHeld`` (naming every held lock), ``StoreUnavailable``, ``InvalidRequest``.
         """
@@ -476,15 +383,6 @@ class LockService:
         first (``""`` for an acquire that gave none). Other replicas' waiters are not included."""
         return self._waiting.owners(name)
 
-    def waiting(self) -> int:
-        """How many acquires are queued at this lockd process, over all locks (a metric; a
-        multi-lock acquire queued on several locks counts once)."""
-        return self._waiting.total()
-
-    def waiting_by_mode(self) -> dict[str, int]:
-        """How many requests are queued here, by mode (``exclusive``, ``shared``, ``permit``)."""
-        return self._waiting.by_mode()
-
     async def get(self, name: str) -> tuple[LockState, int]:
         """The store's view of ``name`` and the number of local waiters."""
         self.check_name(name)
@@ -496,8 +394,7 @@ class LockService:
         """One page of locks whose name starts with ``prefix``, in name order, and the cursor
         of the next page (``None``: this was the last). ``within``: list these prefixes instead
         (``lockd.server.access.visible_prefixes``: disjoint, sorted; empty: nothing)."""
-        if not PREFIX_RE.fullmatch(prefix):
-            raise InvalidRequest("prefix must be at most 255 characters of A-Z a-z 0-9 . _ : / -")
+        check_prefix(prefix)
         if not 1 <= limit <= LIST_LIMIT_MAX:
             raise InvalidRequest(f"limit must be between 1 and {LIST_LIMIT_MAX} (got {limit})")
         after = decode_cursor(cursor) if cursor else None
@@ -513,12 +410,8 @@ class LockService:
         next_cursor = encode_cursor(states[-1].lock) if more else None
         return [(s, self.waiters(s.lock)) for s in states], next_cursor
 
-    async def ping(self) -> None:
-        await self.store.ping()
-
-    # --- shutdown -------------------------------------------------------------------------------
-
-    def shutdown(self) -> None:
-        """Answer every queued acquire with 503 now (a lockd stopping must not keep clients
-        waiting minutes); later acquires only try once."""
-        self._waiting.shutdown()
+    async def force_release(self, name: str) -> Holder | None:
+        """An operator's override: end every live lease of ``name`` whoever holds it (the
+        store notifies waiters like a release; ``LockStore.force_release``)."""
+        self.check_name(name)
+        return await self.store.force_release(name)

@@ -1,18 +1,7 @@
-"""Shared leases of the SQLite store (see ``sqlite.py`` for the store's design).
-
-A lock's exclusive lease lives in its ``locks`` row; its SHARED leases live in the ``shared``
-table, one row per (lock, lease), in grant order (rowid). A shared grant copies the lock's
-current fence (the epoch, 0 if never written) into its row; the first one after an exclusive
-lease that ended without a clean release (``locks.writer_open`` still 1, the lease no longer
-live) raises the fence by one first and clears ``writer_open``, in the same statement, so the
-readers that follow share that epoch. The ``locks`` row is created with fence 0 if the lock was
-never granted, so ``list`` finds it and the fence survives exactly like an exclusive one.
-Expired shared rows are deleted when the lock is next acquired or force-released (they are never
-live again, whatever the clock does next).
-
-Every function here runs on the store thread inside the batch's transaction; ``now`` is
-lockd-clock milliseconds. Like the store's other operations they read before they write, so an
-operation that answers ``LeaseLost`` has changed nothing.
+"""Shared leases of the SQLite store: the ``shared`` table (one row per lock and lease, in grant
+order) beside the exclusive lease in the lock's ``locks`` row, and a lock's state with all its
+holders. A shared grant carries the lock's fence, raised once first after an unclean end (the
+new epoch). Run on the store thread like every operation. docs/stores/sqlite.md, "Modes".
 """
 
 from __future__ import annotations
@@ -22,7 +11,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
 from lockd.server.errors import LeaseLost
-from lockd.server.store.base import (
+from lockd.server.store.values import (
     EXCLUSIVE,
     SHARED,
     Grant,

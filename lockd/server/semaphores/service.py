@@ -1,17 +1,7 @@
-"""Counting semaphores: validation, permits as leases with signed tokens, waiting, reading.
-
-A semaphore ``name`` has ``limit`` permits (1-10,000). Each permit is a lease of one slot
-(``0 .. limit-1``, unique among live permits) with a fence strictly increasing per semaphore;
-its token is an ordinary single-lock token for the lock ``sem/{name}/{slot}`` with that fence,
-so a resource fences per slot like any lock (those names are the semaphores' own in the one
-namespace, ``lockd.common.namespace``: no other primitive may use or sign one). The store
-decides every grant and counts the permits; waiters queue at this lockd in the semaphore's one
-FIFO queue, keyed ``sem_key(name)``, by the rules of ``lockd.server.waiting`` (mode
-``PERMIT``: up to ``limit`` waiters ask at once; a release wakes one).
-
-Errors: ``InvalidRequest`` (bad name, limit, TTL or wait), ``LockHeld`` (409 ``held``: every
-permit is taken; ``limit``, ``owners``, ``ttl_ms`` of the soonest expiry), ``LimitMismatch``
-(409: live permits hold another limit), ``LeaseLost`` (410), ``StoreUnavailable`` (503).
+"""Counting semaphores: ``limit`` permits, each a lease of a slot ``0 .. limit-1`` whose token
+fences the lock ``sem/{name}/{slot}`` (the semaphores' own names in the one namespace). The
+store counts the permits; waiters queue in the semaphore's one queue, ``sem_key(name)``, in mode
+``PERMIT`` (docs/primitives.md, "Semaphores"; docs/waiting.md).
 """
 
 from __future__ import annotations
@@ -20,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.namespace import SEMAPHORE, token_lock
+from lockd.server.core.base import Core, new_lease_id
+from lockd.server.core.names import check_name
+from lockd.server.core.waiting import PERMIT, Waiter
 from lockd.server.errors import InvalidRequest, LockHeld
-from lockd.server.service import LockService, check_name, new_lease_id
-from lockd.server.store.base import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
-from lockd.server.waiting import PERMIT, Waiter
+from lockd.server.store.values import SEM_KEY_PREFIX, Holder, SemFull, SemGrant, SemState, sem_key
 
 __all__ = ["LIMIT_MAX", "PermitLease", "SemaphoreService", "slot_lock"]
 
@@ -105,12 +96,14 @@ class _Permit:
 
 
 class SemaphoreService:
-    """Semaphores, on ``locks``' store, key ring and wait queues. Durations in milliseconds."""
+    """Semaphores on ``core``. Durations in milliseconds. Raises ``InvalidRequest`` (bad name,
+    limit, TTL or wait), ``LockHeld`` (409 ``held``: every permit taken; ``limit``, ``owners``,
+    ``ttl_ms`` of the soonest expiry), ``LimitMismatch``, ``LeaseLost``, ``StoreUnavailable``."""
 
-    def __init__(self, locks: LockService) -> None:
-        self.locks = locks
-        self.store = locks.store
-        self._waiting = locks.wait_queues
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self._waiting = core.waiting
         self._kind = _Permit(self)
 
     # --- checks ---------------------------------------------------------------------------------
@@ -119,7 +112,7 @@ class SemaphoreService:
     def check_name(name: str, limit: int = 1) -> None:
         """``InvalidRequest`` unless ``name`` is a lock name whose last slot's lock name
         (``sem/{name}/{limit-1}``) is one too (at most 255 characters): the namespace's rule
-        (``lockd.server.service.check_name``)."""
+        (``lockd.server.core.names.check_name``)."""
         check_name(name, SEMAPHORE, limit)
 
     @staticmethod
@@ -128,8 +121,8 @@ class SemaphoreService:
             raise InvalidRequest(f"limit must be between 1 and {LIMIT_MAX} (got {limit})")
 
     def _permit(self, grant: SemGrant) -> PermitLease:
-        token = self.locks.token(slot_lock(grant.name, grant.slot), grant.fence,
-                                 primitive=SEMAPHORE)
+        token = self.core.signer.token(slot_lock(grant.name, grant.slot), grant.fence,
+                                       primitive=SEMAPHORE)
         return PermitLease(grant.name, grant.lease_id, grant.fence, grant.slot, grant.limit,
                            token, grant.ttl_ms, grant.owner)
 
@@ -142,8 +135,8 @@ class SemaphoreService:
         ``StoreUnavailable``, ``InvalidRequest``."""
         self.check_limit(limit)
         self.check_name(name, limit)
-        self.locks.check_ttl(ttl_ms)
-        self.locks.check_wait(wait_ms)
+        self.core.check_ttl(ttl_ms)
+        self.core.check_wait(wait_ms)
         waiter = Waiter((sem_key(name),), new_lease_id(), ttl_ms, owner, client_id, PERMIT,
                         limit)
         return self._permit(await self._waiting.acquire(self._kind, waiter, wait_ms))
@@ -153,7 +146,7 @@ class SemaphoreService:
         Raises ``LeaseLost``."""
         self.check_name(name)
         if ttl_ms is not None:
-            self.locks.check_ttl(ttl_ms)
+            self.core.check_ttl(ttl_ms)
         return self._permit(await self.store.sem_renew(name, lease_id, ttl_ms))
 
     async def release(self, name: str, lease_id: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lockd.server.store.base import ElectionEvent, ElectionState, Grant, Holder
+from lockd.server.store.values import ElectionEvent, ElectionState, Grant, Holder
 
 __all__ = ["ObservedElections"]
 

@@ -1,13 +1,6 @@
-"""Semaphores of the SQLite store (see ``sqlite.py`` for the store's design).
-
-One ``semaphores`` row per semaphore, never deleted: its current ``lim`` and the last ``fence``
-it issued, so fences strictly increase per semaphore across release, expiry and restarts. One
-``permits`` row per occupied slot; a grant takes the lowest slot no live permit holds and first
-deletes the semaphore's expired permits (an expired permit is never live again). Expiry is
-judged by lockd's clock (``now``: milliseconds), like every lease of this store.
-
-The operations run on the store thread inside the batch's transaction and read before they
-write, so one that raises (``LeaseLost``, ``LimitMismatch``) has changed nothing.
+"""Semaphores of the SQLite store: a ``semaphores`` row per semaphore (its limit and fence
+counter, never deleted) and a ``permits`` row per occupied slot; a grant takes the lowest slot
+no live permit holds. docs/stores/sqlite.md, "Modes, semaphores, elections".
 """
 
 from __future__ import annotations
@@ -17,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from lockd.server.errors import LeaseLost, LimitMismatch
-from lockd.server.store.base import Permit, SemFull, SemGrant, SemState, sem_key
+from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
 
 __all__ = ["LAZY_OPS", "SCHEMA", "SemaphoreMethods"]
 
@@ -116,7 +109,7 @@ def _sem_get(conn: sqlite3.Connection, now: int, name: str) -> SemState:
 
 LAZY_OPS = frozenset({_sem_release, _sem_get})
 """Operations whose commit need not be fsynced before the caller hears of it (see
-``sqlite.py``, "Durable grants"): a permit release undone by a power loss only delays the next
+docs/stores/sqlite.md, "Durable grants"): a permit release undone by a power loss only delays the next
 grant of its slot."""
 
 
@@ -130,11 +123,11 @@ class SemaphoreMethods:
 
     async def sem_acquire(self, name: str, *, limit: int, lease_id: str, ttl_ms: int,
                           owner: str, client_id: str | None) -> SemGrant | SemFull:
-        """See ``Store.sem_acquire``. Raises ``LimitMismatch``."""
+        """See ``SemaphoreStore.sem_acquire``. Raises ``LimitMismatch``."""
         return await self._call(_sem_acquire, name, limit, lease_id, ttl_ms, owner, client_id)
 
     async def sem_renew(self, name: str, lease_id: str, ttl_ms: int | None) -> SemGrant:
-        """See ``Store.sem_renew``. Raises ``LeaseLost``."""
+        """See ``SemaphoreStore.sem_renew``. Raises ``LeaseLost``."""
         return await self._call(_sem_renew, name, lease_id, ttl_ms)
 
     async def sem_release(self, name: str, lease_id: str) -> None:
@@ -143,5 +136,5 @@ class SemaphoreMethods:
         self._notify(sem_key(name))
 
     async def sem_get(self, name: str) -> SemState:
-        """See ``Store.sem_get``."""
+        """See ``SemaphoreStore.sem_get``."""
         return await self._call(_sem_get, name)

@@ -1,18 +1,23 @@
-"""Request and response bodies of lockd's election routes (``lockd.server.api_elections``).
-
-Strict like the lock routes' bodies (``lockd.server.schemas``): JSON integers only, unknown
-fields refused, text fields of the same types (no control characters), every failure 422
-``invalid_request``. The bounds that depend on settings (TTL,
-wait) and the value's size in bytes are checked by ``lockd.server.elections``.
-"""
+"""Request and response bodies of the election routes (``/v1/elections/...``): strict, with
+the shared text field types (``lockd.server.core.schemas``); the value's size in bytes is the
+service's check."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator
 
-from lockd.server.schemas import ClientId, Label, LeaseId, Text, label
+from lockd.server.core.schemas import (
+    ClientId,
+    Label,
+    LeaseId,
+    ReleaseFields,
+    RenewFields,
+    StrictRequest,
+    Text,
+    label,
+)
 
 __all__ = ["CampaignRequest", "ElectionLeaseBody", "ElectionListBody", "ElectionRenewBody",
            "ElectionStateBody", "HandoverBody", "HandoverRequest", "LeaderBody",
@@ -23,11 +28,7 @@ _Label, _LeaseId, _ClientId = Label, LeaseId, ClientId
 _Value = Annotated[Text, Field(max_length=4096)]  # characters; the 4096-BYTE rule is the service's
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class CampaignRequest(_Request):
+class CampaignRequest(StrictRequest):
     """``POST /v1/elections/{name}/campaign``: ``value`` (at most 4096 UTF-8 bytes) is what
     observers see while this candidate leads; ``ttl_ms`` required; ``wait_ms`` 0: try once;
     ``client_id``: a retry with it gets the same live lease (as for a lock acquire)."""
@@ -44,27 +45,22 @@ class CampaignRequest(_Request):
         return value or None
 
 
-class ElectionRenewRequest(_Request):
+class ElectionRenewRequest(RenewFields):
     """``POST /v1/elections/{name}/renew``. Without ``ttl_ms`` the lease keeps its own TTL."""
 
-    lease_id: _LeaseId
-    ttl_ms: StrictInt | None = None
 
-
-class ResignRequest(_Request):
+class ResignRequest(ReleaseFields):
     """``POST /v1/elections/{name}/resign``."""
 
-    lease_id: _LeaseId
 
-
-class ProclaimRequest(_Request):
+class ProclaimRequest(StrictRequest):
     """``POST /v1/elections/{name}/proclaim``: the leader's new value (same lease, same fence)."""
 
     lease_id: _LeaseId
     value: _Value
 
 
-class HandoverRequest(_Request):
+class HandoverRequest(StrictRequest):
     """``POST /v1/elections/{name}/handover``: ``target`` is a candidate's ``owner`` or
     ``"next"`` (the longest-waiting candidate). ``lease_id``: the leader's own lease (then no
     admin key is needed)."""

@@ -1,52 +1,11 @@
 """Waiting acquires: one FIFO queue per lock name, in memory, for every kind of request.
 
-A request names a set of locks (a single-lock acquire is the set of one) and waits as one
-``Waiter`` in the queue of each of them. The store decides every grant; this module decides who
-asks it next. A waiter holds no database connection, no thread and no task of its own: two
-flags and, only while it sleeps, one future and one entry of the queues' shared timer
-(``Deadlines``; bench/notes/waiters.md).
-
-The rules (the full walk-through, with the reasons, is in docs/waiting.md):
-
-1. Nobody queued on any lock of the set: ask the store once. Granted, or refused with
-   ``wait_ms == 0``: answered. Otherwise join the queues.
-2. Someone queued on any lock of the set: no barging. ``wait_ms == 0`` answers 409 at once
-   (unless the grant rule would admit it at the tail: then it asks the store once), a waiting
-   request joins the tail. Exception: a retry with the ``client_id`` of the live lease gets
-   that lease back (else it would wait on itself).
-3. A waiter joins the tail of every queue of its set in one step (no await in between), so all
-   queues agree with arrival order and the earliest waiter heads all of its queues: no
-   deadlock, no starvation, and nothing is held while waiting.
-4. The grant rule says who may ask the store now (``_admits``, ``_admitted``): for the
-   exclusive mode, a waiter that heads every queue of its set. Only such a waiter talks to the
-   store; refused, it sleeps until a release of one of its locks is reported (locally: at once;
-   elsewhere: the store's ``subscribe`` notification) or the soonest holder's TTL runs out.
-   There is no polling loop.
-5. A waiter that is granted, times out or is cancelled leaves every queue at once and promotes
-   the next waiter of each. A waiter that leaves with a grant hands the new holder (its TTL) to
-   each next head, which sleeps on it without another store round trip.
-6. Disconnects: a store acquire is shielded from the caller's cancellation; a grant nobody will
-   receive is released at once instead of blocking the lock until its TTL.
-7. Deadlines run on the event loop's monotonic timer (no wall-clock jump shortens them).
-8. Shutdown answers every queued request with 503; later ones ask the store once.
-
-Modes are additions to rule 4, not another queue: a ``Waiter`` has a ``mode`` per lock of its
-set, and the two rule functions (``_admits``, ``_admitted``) read it.
-
-- Shared locks: a shared waiter may ask when every waiter ahead of it in the queue is shared too
-  (a waiting exclusive one blocks later shared ones: no writer starvation); the run of
-  consecutive shared waiters at the head is admitted, woken and granted together. The handoff
-  hint goes only to a waiter the new holder excludes.
-- Semaphores (``PERMIT``, one queue per semaphore keyed ``sem_key(name)``): a waiter may ask
-  while fewer than ``limit`` waiters are ahead of it; the store counts the permits held. A
-  release frees one permit, so it wakes ONE admitted waiter (the first not already woken), and
-  every waiter that leaves a semaphore queue wakes the next one: the wake-ups chain on while
-  permits are free and stop at the first refusal, one store call per freed permit instead of
-  ``limit`` of them.
-
-The request kind (a single lock or a set) supplies the store calls and the shape of a refusal
-(``Kind``); ``LockService`` implements both kinds. Replicas sharing a store keep their own
-queues: across processes the order is not FIFO, but fences and mutual exclusion hold.
+A request names a set of locks (a single lock is the set of one) and waits as one ``Waiter`` in
+the queue of each; the store decides every grant, the queues decide who asks it next. A waiter
+holds no connection, no thread and no task of its own (bench/notes/waiters.md). A mode is a rule
+function (``_admits``, ``_admitted``), not another queue; a request kind (``Kind``: a lock, a
+set, a permit, a campaign) supplies the store call and the shape of a refusal. The rules, with
+their reasons: docs/waiting.md.
 """
 
 from __future__ import annotations
@@ -62,7 +21,8 @@ from itertools import islice
 from typing import Any, Protocol
 
 from lockd.server.errors import LockdError, LockHeld, StoreUnavailable
-from lockd.server.store.base import EXCLUSIVE, SHARED, Holder, Store
+from lockd.server.store.base import Store
+from lockd.server.store.values import EXCLUSIVE, SHARED, Holder
 
 __all__ = ["PERMIT", "Deadlines", "Kind", "WaitQueues", "Waiter"]
 

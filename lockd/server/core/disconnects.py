@@ -1,8 +1,8 @@
 """A waiting request that learns its client went away: ``until_disconnect``.
 
-Used by ``lockd.server.api`` for waits that run inside the request's ASGI call (every waiting
-route but a hot acquire on lockd's own HTTP protocol, which is parked instead: see
-``lockd.server.api._ParkedWait``).
+Used by ``lockd.server.core.answers`` for waits that run inside the request's ASGI call (every
+waiting route but a hot acquire on lockd's own HTTP protocol, which is parked instead:
+``ParkedWait``).
 """
 
 from __future__ import annotations

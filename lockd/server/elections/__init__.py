@@ -1,0 +1,1 @@
+"""Leader election (``service``, ``api``, ``schemas``, ``observe``)."""

@@ -1,0 +1,1 @@
+"""Locks: single leases in two modes and multi-lock leases (``service``, ``api``, ``schemas``)."""

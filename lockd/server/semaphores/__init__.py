@@ -1,0 +1,1 @@
+"""Counting semaphores (``service``, ``api``, ``schemas``, ``observe``)."""

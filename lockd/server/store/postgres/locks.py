@@ -1,0 +1,332 @@
+"""Locks on PostgreSQL: the ``LockStore`` methods of ``PostgresStore`` (a mixin).
+
+An exclusive grant is one autocommit statement that raises the lock row's fence as it installs
+the lease (``sql.ACQUIRE``); shared holders and mixed-mode sets lock the lock rows first, in
+name order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import psycopg
+
+import lockd.server.store.postgres.modes as modes_
+import lockd.server.store.postgres.sql as sql
+import lockd.server.store.postgres.sql_modes as sql_modes
+from lockd.server.errors import LeaseLost, StoreUnavailable
+from lockd.server.store.values import (
+    EXCLUSIVE,
+    SHARED,
+    SHARED_PREFIX,
+    Grant,
+    Holder,
+    LockState,
+    MultiGrant,
+)
+
+__all__ = ["LockOps"]
+
+_ACQUIRE_ATTEMPTS = 4
+_LEASE_SWEEP_EVERY = 64  # grants between two deletes of expired lease rows and shared rows
+
+
+def _prefix_upper(prefix: str) -> str | None:
+    """The smallest string above every string that starts with ``prefix`` (code point order)."""
+    for i in range(len(prefix) - 1, -1, -1):
+        code = ord(prefix[i]) + 1
+        if code == 0xD800:  # surrogates cannot be sent as UTF-8
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return prefix[:i] + chr(code)
+    return None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _Refused(Exception):
+    """Internal: a lock of a multi-lock grant is held; roll the transaction back."""
+
+
+class LockOps:
+    """``LockStore`` on ``self._run`` (run one operation on a pooled connection, errors
+    translated: ``PostgresStore._run``)."""
+
+    _run: Callable[..., Awaitable[Any]]
+    _grants = 0
+
+    async def acquire(
+        self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
+        mode: str = EXCLUSIVE
+    ) -> Grant | Holder:
+        """See ``LockStore.acquire``. Exclusive: one statement, a second only when a refusal needs
+        explaining. Shared: one transaction on the locked lock row (``modes.acquire_shared``)."""
+        params = {"lock": lock, "lease_id": lease_id, "ttl_ms": int(ttl_ms),
+                  "owner": owner or "", "client_id": client_id or None}
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant | Holder:
+            if mode != SHARED:
+                return await self._acquire_exclusive(conn, params)
+            got = await modes_.acquire_shared(conn, params)
+            self._grants += 1
+            if self._grants % _LEASE_SWEEP_EVERY == 0:  # ended shared rows, long past
+                await conn.execute(sql_modes.SWEEP_SHARED)
+            return got
+
+        return await self._run(op, retry=True)
+
+    @staticmethod
+    async def _acquire_exclusive(conn: psycopg.AsyncConnection,
+                                 params: Mapping[str, Any]) -> Grant | Holder:
+        lock = params["lock"]
+        holder: Holder | None = None
+        for _ in range(_ACQUIRE_ATTEMPTS):
+            cur = await conn.execute(sql.ACQUIRE, params)
+            row = await cur.fetchone()
+            if row is not None and row[0]:
+                return Grant(lock=lock, lease_id=row[1], fence=row[2], ttl_ms=row[4],
+                             owner=row[3])
+            if row is not None and row[4] > 0:
+                return Holder(lock=lock, owner=row[3], ttl_ms=row[4], fence=row[2])
+            # Refused by shared holders, or the statement's snapshot did not show the lease
+            # that refused us (inserted or replaced concurrently): look with a fresh snapshot.
+            found = await modes_.blocking_holder(conn, params)
+            if found is not None:
+                return found
+            if row is not None:  # freed in between, or shared_until was too high: again
+                holder = Holder(lock=lock, owner=row[3], ttl_ms=1, fence=row[2])
+                await modes_.fix_shared_until(conn, [lock])
+        return holder or Holder(lock=lock, owner="", ttl_ms=1, fence=0)
+
+    async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
+        """See ``LockStore.renew``. Raises ``LeaseLost`` unless the lease is live by the server. A
+        lease id with ``SHARED_PREFIX`` is tried as shared first (one statement when it is)."""
+        params = {"lock": lock, "lease_id": lease_id,
+                  "ttl_ms": None if ttl_ms is None else int(ttl_ms)}
+
+        shared_first = lease_id.startswith(SHARED_PREFIX)
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant:
+            if shared_first:
+                shared = await modes_.renew_shared(conn, lock, lease_id, params["ttl_ms"])
+                if shared is not None:
+                    return shared
+            cur = await conn.execute(sql.RENEW, params)
+            row = await cur.fetchone()
+            if row is not None:
+                return Grant(lock=lock, lease_id=lease_id, fence=row[0], ttl_ms=row[2],
+                             owner=row[1])
+            shared = None if shared_first else await modes_.renew_shared(
+                conn, lock, lease_id, params["ttl_ms"])
+            if shared is None:
+                raise LeaseLost(f"lease on {lock!r} is not live", lock=lock)
+            return shared
+
+        return await self._run(op, retry=True)
+
+    async def release(self, lock: str, lease_id: str) -> None:
+        """See ``LockStore.release``: frees the lock and NOTIFYs in one statement; keeps the fence. A
+        lease id with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
+        params = {"lock": lock, "lease_id": lease_id}
+
+        shared_first = lease_id.startswith(SHARED_PREFIX)
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> None:
+            if shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
+                return
+            cur = await conn.execute(sql.RELEASE, params)
+            if await cur.fetchone() is not None:
+                return
+            if not shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
+                return
+            if retried:  # the first attempt's outcome was unknown: did it commit?
+                cur = await conn.execute(sql.RELEASED_BY, params)
+                if await cur.fetchone() is not None:
+                    return
+            raise LeaseLost(f"lease on {lock!r} is not live", lock=lock)
+
+        await self._run(op, retry=True)
+
+    async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
+                           owner: str, client_id: str | None,
+                           modes: Mapping[str, str] | None = None) -> MultiGrant | list[Holder]:
+        """See ``LockStore.acquire_many``. All exclusive: one transaction that upserts every lock row
+        (in name order) and the lease row, or rolls back. With shared locks: one transaction
+        that locks every row in name order, checks each against its mode and grants them all.
+        A deadlock (with a hand-written transaction locking rows in another order) is retried.
+        Refused, the holders are those that refuse a lock in its requested mode."""
+        mode_of = {n: (modes or {}).get(n, EXCLUSIVE) for n in locks}
+        shared = [n for n in locks if mode_of[n] == SHARED]
+        params = {"names": list(locks), "lease_id": lease_id, "ttl_ms": int(ttl_ms),
+                  "owner": owner or "", "client_id": client_id or None,
+                  "shared": shared, "excl": [n for n in locks if mode_of[n] != SHARED]}
+        out_modes = dict(mode_of) if shared else None  # as renew_many answers
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> MultiGrant | list[Holder]:
+            for _ in range(_ACQUIRE_ATTEMPTS):
+                try:
+                    async with conn.transaction():
+                        if shared:
+                            rows = await self._grant_mixed(conn, params, mode_of)
+                        else:
+                            cur = await conn.execute(sql.ACQUIRE_MANY, params)
+                            rows = await cur.fetchall()
+                        if len(rows) != len(locks):
+                            raise _Refused  # roll back: nothing granted, no fence raised
+                except _Refused:
+                    pass
+                except psycopg.errors.DeadlockDetected:
+                    continue
+                else:
+                    self._grants += 1
+                    if self._grants % _LEASE_SWEEP_EVERY == 0:  # lease rows of expired sets
+                        await conn.execute(sql.SWEEP_LEASES)
+                        await conn.execute(sql_modes.SWEEP_SHARED)
+                    fences = {r[0]: r[1] for r in rows}
+                    return MultiGrant(lease_id, {n: fences[n] for n in locks}, int(ttl_ms),
+                                      owner or "", out_modes)
+                # A retry (this client's, or ours after a lost answer): the live lease, in the
+                # modes asked for (another modes' lease of this client: ClientIdConflict).
+                again = await modes_.client_leases(conn, params) if client_id else []
+                cur = await conn.execute(sql_modes.LEASE_BY_ID, params)
+                if await cur.fetchone() is not None:
+                    again.append(lease_id)
+                for lid in again:
+                    try:
+                        return await self._renew_many(conn, lid, ttl_ms)
+                    except LeaseLost:
+                        pass
+                refusing = await modes_.blockers(conn, locks, mode_of.__getitem__, lease_id)
+                if refusing:
+                    return refusing
+                await modes_.fix_shared_until(conn, locks)
+            raise StoreUnavailable("PostgreSQL store: the locks kept changing hands; try again")
+
+        return await self._run(op, retry=True)
+
+    @staticmethod
+    async def _grant_mixed(conn: psycopg.AsyncConnection, params: Mapping[str, Any],
+                           mode_of: Mapping[str, str]) -> list[tuple]:
+        """Inside a transaction: lock every row (name order), then grant all, or raise
+        ``_Refused``."""
+        await conn.execute(sql_modes.LOCK_MANY, params)
+        cur = await conn.execute(sql_modes.MANY_STATE, params)
+        for name, _, excl_live, shared_live in await cur.fetchall():
+            if excl_live or (shared_live and mode_of[name] != SHARED):
+                raise _Refused
+        cur = await conn.execute(sql_modes.MANY_GRANT, params)
+        return await cur.fetchall()
+
+    @staticmethod
+    async def _renew_many(conn: psycopg.AsyncConnection, lease_id: str,
+                          ttl_ms: int | None) -> MultiGrant:
+        async with conn.transaction():
+            cur = await conn.execute(sql_modes.LEASE_MODES, [lease_id])
+            lease = await cur.fetchone()
+            if lease is None:
+                raise LeaseLost("the multi-lock lease is not live")
+            names, owner, own_ttl, shared = lease
+            ttl = int(own_ttl if ttl_ms is None else ttl_ms)
+            params = {"names": [n for n in names if n not in shared], "lease_id": lease_id,
+                      "ttl_ms": ttl, "shared": shared}
+            if shared:  # lock rows first; a shared lock an exclusive lease took is lost
+                cur = await conn.execute(sql_modes.LOCK_ROWS, {"names": names})
+                if any(r[1] and r[0] in shared for r in await cur.fetchall()):
+                    raise LeaseLost("the multi-lock lease is not live")  # rolls back
+            cur = await conn.execute(sql.RENEW_SET, params)
+            fences = dict(await cur.fetchall())
+            if shared:
+                cur = await conn.execute(sql_modes.SHARED_RENEW_MANY, params)
+                fences.update(dict(await cur.fetchall()))
+            if len(fences) != len(names):
+                raise LeaseLost("the multi-lock lease is not live")  # rolls back
+            await conn.execute(sql.RENEW_LEASE_ROW, params)
+        modes = {n: SHARED if n in shared else EXCLUSIVE for n in names} if shared else None
+        return MultiGrant(lease_id, {n: fences[n] for n in names}, ttl, owner, modes)
+
+    async def renew_many(self, lease_id: str, ttl_ms: int | None) -> MultiGrant:
+        """See ``LockStore.renew_many``: one transaction (lease row, then lock rows in name order)."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> MultiGrant:
+            return await self._renew_many(conn, lease_id, ttl_ms)
+
+        return await self._run(op, retry=True)
+
+    async def release_many(self, lease_id: str) -> tuple[str, ...]:
+        """See ``LockStore.release_many``: one statement that deletes the lease row and frees its
+        live lock rows (a NOTIFY for each, sent by the commit); a lease holding some locks
+        shared, one transaction (lease row, lock rows in name order, both modes' rows)."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> tuple[tuple[str, ...], bool]:
+            cur = await conn.execute(sql.RELEASE_MANY, {"lease_id": lease_id})
+            row = await cur.fetchone()
+            total, names = row if row is not None else (None, None)
+            if total is None:
+                async with conn.transaction():
+                    cur = await conn.execute(sql_modes.LEASE_DELETE, {"lease_id": lease_id})
+                    lease = await cur.fetchone()
+                    if lease is None:
+                        return (), retried  # a retry: our first attempt's commit ended it
+                    params = {"names": lease[0], "lease_id": lease_id}
+                    await conn.execute(sql_modes.LOCK_ROWS, params)
+                    cur = await conn.execute(sql_modes.RELEASE_MANY_ROWS, params)
+                    total, names = len(lease[0]), [r[0] for r in await cur.fetchall()]
+            freed = tuple(sorted(names or ()))
+            return freed, len(freed) == total
+
+        freed, whole = await self._run(op, retry=True)
+        if not whole:
+            raise LeaseLost("the multi-lock lease is not live")
+        return freed
+
+    async def get(self, lock: str) -> LockState:
+        """See ``LockStore.get``."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> LockState:
+            cur = await conn.execute(sql_modes.STATE, {"lock": lock})
+            row = await cur.fetchone()
+            if row is None:
+                return LockState(lock=lock, held=False, fence=0, owner=None, ttl_ms=0)
+            return modes_.state(row)
+
+        if "\x00" in lock or not _utf8(lock):
+            return LockState(lock=lock, held=False, fence=0, owner=None, ttl_ms=0)
+        return await self._run(op, retry=True)
+
+    async def list(self, prefix: str, limit: int, after: str | None) -> list[LockState]:
+        """See ``LockStore.list``: a name range scan, so ``%`` and ``_`` in ``prefix`` are literal."""
+        if limit <= 0 or "\x00" in prefix or not _utf8(prefix):
+            return []
+        params: dict[str, Any] = {"prefix": prefix, "limit": int(limit)}
+        upper = _prefix_upper(prefix)
+        if upper is not None:
+            params["upper"] = upper
+        if after is not None:
+            # No name contains NUL, so "names after a\0b" are exactly "names after a" but "a".
+            after = after.split("\x00", 1)[0]
+            if not _utf8(after):
+                return []
+            params["after"] = after
+        page = sql_modes.list_sql(upper=upper is not None, after=after is not None)
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[LockState]:
+            cur = await conn.execute(page, params)
+            return [modes_.state(row) for row in await cur.fetchall()]
+
+        return await self._run(op, retry=True)
+
+    async def force_release(self, lock: str) -> Holder | None:
+        """See ``LockStore.force_release``: one transaction that ends every live lease of the
+        lock (its exclusive one, or all its shared holders) and NOTIFYs."""
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> Holder | None:
+            return await modes_.force_release(conn, lock)
+
+        return await self._run(op, retry=True)
