@@ -12,6 +12,8 @@ from tests.server.calls import acquire, assert_problem, release, state
 from tests.server.election_calls import campaign, claims, election
 
 CID = "retry-client-0123456789"
+ADMIN_KEY = "admin-key-0123456789abcdef"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 def _ok(r) -> dict:
@@ -105,3 +107,32 @@ def test_a_single_lock_retry_never_gets_a_multi_lock_lease(lockd, http, name):
     single = _ok(acquire(http, url, name, mode="shared", client_id=CID))
     assert single["lease_id"] != lease["lease_id"] and not single["lease_id"].startswith("m.")
     assert sorted(h["mode"] for h in state(http, url, name)["holders"]) == ["shared", "shared"]
+
+
+def test_a_multi_lock_retry_of_only_shared_locks_returns_the_live_lease(lockd, http, name):
+    """A set of shared locks never refuses its own earlier grant, so the retry must be found
+    before granting: the same client_id sent twice holds one lease, not two."""
+    url = lockd.url
+    locks = [f"{name}/a", f"{name}/b"]
+    modes = {lock: "shared" for lock in locks}
+    first = _ok(_acquire_many(http, url, locks, modes=modes, client_id=CID))
+    again = _ok(_acquire_many(http, url, locks, modes=modes, client_id=CID))
+    assert again["lease_id"] == first["lease_id"]
+    for lock in locks:
+        assert [h["owner"] for h in state(http, url, lock)["holders"]] == [""]
+
+
+def test_a_shared_set_partly_force_released_is_not_answered_to_its_retry(
+        store_url, lockd_factory, http, name):
+    """The retry of a set whose lock an admin force-released gets a new lease (or 409), never
+    a 503 from looking for a lease that can no longer be renewed."""
+    url = lockd_factory(store_url, env={"LOCKD_ADMIN_KEYS": ADMIN_KEY}).url
+    locks = [f"{name}/a", f"{name}/b"]
+    modes = {lock: "shared" for lock in locks}
+    first = _ok(_acquire_many(http, url, locks, modes=modes, client_id=CID))
+    forced = http.post(f"{url}/v1/locks/{locks[0]}/force-release", headers=ADMIN)
+    assert forced.status_code == 200, forced.text
+    again = _acquire_many(http, url, locks, modes=modes, client_id=CID)
+    assert again.status_code in (200, 409), again.text
+    if again.status_code == 200:
+        assert again.json()["lease_id"] != first["lease_id"]

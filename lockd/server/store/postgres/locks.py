@@ -174,7 +174,7 @@ class LockOps:
                 try:
                     async with conn.transaction():
                         if shared:
-                            rows = await self._grant_mixed(conn, params, mode_of)
+                            rows = await self._grant_mixed(conn, params, mode_of, client_id)
                         else:
                             cur = await conn.execute(sql.ACQUIRE_MANY, params)
                             rows = await cur.fetchall()
@@ -213,10 +213,18 @@ class LockOps:
 
     @staticmethod
     async def _grant_mixed(conn: psycopg.AsyncConnection, params: Mapping[str, Any],
-                           mode_of: Mapping[str, str]) -> list[tuple]:
+                           mode_of: Mapping[str, str], client_id: str | None) -> list[tuple]:
         """Inside a transaction: lock every row (name order), then grant all, or raise
-        ``_Refused``."""
+        ``_Refused``. A set of only shared locks is never refused by its client's own live
+        lease, so its retry is looked for here, under the row locks (``_Refused``: the caller
+        renews it)."""
         await conn.execute(sql_modes.LOCK_MANY, params)
+        if client_id and not params["excl"]:
+            for lid in await modes_.client_leases(conn, params):
+                live = await conn.execute(sql_modes.LEASE_LIVE, {"lease_id": lid})
+                row = await live.fetchone()
+                if row and row[0]:  # a set partly force-released is no retry to renew
+                    raise _Refused
         cur = await conn.execute(sql_modes.MANY_STATE, params)
         for name, _, excl_live, shared_live in await cur.fetchall():
             if excl_live or (shared_live and mode_of[name] != SHARED):
