@@ -24,6 +24,10 @@ Fault kinds (``FAULT_KINDS``):
 ``kill_after_read`` combined: freeze A after its read; once B has claimed and read, SIGKILL B
                 (it never writes), thaw A: A's write must be refused although nothing newer
                 was written (the blind-spot history).
+``pause_shared`` (``rw`` only) freeze a writer (an exclusive holder) right after its read or grant,
+                past its TTL; thaw it 50 ms after a reader's fenced read answered under an
+                epoch at least the writer's fence: the lapsed writer's write then arrives while
+                readers hold the lock shared, often with nothing but their reads after it.
 ``stop_proxy``  SIGSTOP the proxy while a write is in flight, past a TTL, then SIGCONT it: the
                 frozen requests proceed beside the new holders'.
 ``db_delay``    the proxy's database connection (``chaos.relay``) holds each chunk 30..250 ms
@@ -71,11 +75,13 @@ from chaos.workload import uptime
 __all__ = ["FAULT_KINDS", "PAUSE_KINDS", "Planned", "kinds_for", "make_schedule", "skew_env", "Nemesis"]
 
 FAULT_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read",
-               "stop_proxy", "db_delay", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd",
+               "pause_shared", "stop_proxy", "db_delay", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd",
                "skew_wall", "skew_all")
-PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read")
+PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read",
+               "pause_shared")
 """The faults that freeze a worker holding a lease (their records feed the revived-write count)."""
 _WEIGHTS = {"pause": 3, "pause_grant": 3, "pause_write": 2, "handoff": 4, "kill_after_read": 3,
+            "pause_shared": 5,
             "stop_proxy": 1, "db_delay": 1, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1,
             "kill_etcd": 1, "skew_wall": 1, "skew_all": 1}
 _WALL_OFFSETS = (-3600, -600, -30, 30, 600, 3600)
@@ -84,10 +90,14 @@ _ALL_OFFSETS = (-600, -30, 0, 30, 600)
 _ALL_RATES = ("0.5", "0.7", "1.5")
 
 
-def kinds_for(store: str, resource: str, *, faketime: bool) -> tuple[str, ...]:
-    """The fault kinds that apply to a run on ``store`` with the protected ``resource``."""
+def kinds_for(store: str, resource: str, *, faketime: bool,
+              workload: str = "counter") -> tuple[str, ...]:
+    """The fault kinds that apply to a run on ``store`` with the protected ``resource``
+    (``pause_shared`` only where readers share the lock: ``rw``)."""
     out = ["pause", "pause_grant", "pause_write", "handoff", "kill_after_read", "stop_proxy",
            "kill_worker", "kill_lockd"]
+    if workload == "rw":
+        out.append("pause_shared")
     if resource == "postgres":
         out.append("db_delay")
     if store == "postgres" or resource == "postgres":
@@ -129,7 +139,7 @@ def _duration(kind: str, rng: random.Random, ttl: float) -> float:
 
 
 _BUSY_EXTRA = {"pause": 0.5, "pause_grant": 0.5, "pause_write": 0.5, "handoff": 1.0,
-               "kill_after_read": 1.0, "stop_proxy": 0.5, "db_delay": 0.0, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
+               "kill_after_read": 1.0, "pause_shared": 1.0, "stop_proxy": 0.5, "db_delay": 0.0, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
                "kill_etcd": 1.0}
 
 
@@ -454,6 +464,36 @@ class Nemesis(threading.Thread):
         self._record("kill_after_read", start, self.pool.slots[a].name,
                      killed=self.pool.slots[b].name if b is not None else None,
                      freezes=[thawed])
+
+    def _pause_shared(self, f: Planned) -> None:
+        """Freeze an exclusive holder right after its read or grant (the ``rw`` workload's
+        writers), past its TTL; thaw it 50 ms after another worker's fenced read answered under
+        a shared lease whose epoch is at least the frozen fence (caught within 30 ms; 50 ms so
+        that the read stands provably before the write in the logs), or after 2 x TTL + 4 s."""
+        start = self._now()
+
+        def writers() -> list[int]:
+            return [i for st in ("read", "blind") for i in self.pool.candidates(st, fresh=0.05)
+                    if (self.pool.slots[i].last_rec or {}).get("mode") != "shared"]
+
+        found = self._wait_until(writers, timeout=3.0)
+        if not found:
+            self._record("pause_shared", start, None, skipped=True)
+            return
+        i = self._pick(found, f)
+        fence = int((self.pool.slots[i].last_rec or {}).get("fence") or 0)
+        freeze = self._freeze(i)
+        self._halt.wait(self.ttl + 0.05)
+
+        def read_shared() -> list[int]:
+            return [j for j in self.pool.recent_observes(exclude=[i], fresh=0.03)
+                    if int((self.pool.slots[j].last_observe or {}).get("fence") or 0) >= fence]
+
+        other = self._wait_until(read_shared, timeout=2 * self.ttl + 4.0)
+        if other:  # the read stands provably before the thawed write in the logs (10 ms steps)
+            self._halt.wait(0.05)
+        self._record("pause_shared", start, self.pool.slots[i].name, fence=fence,
+                     resumed_after_shared_read=bool(other), freezes=[self._thaw(i, freeze)])
 
     def _stop_proxy(self, f: Planned) -> None:
         """SIGSTOP the proxy with a write in flight (when one is caught), past a TTL."""

@@ -121,7 +121,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     lib = faketime_lib()
     kinds = cfg.kinds or (("pause",) if cfg.mode != "fenced"
-                          else kinds_for(cfg.store, cfg.resource, faketime=lib is not None))
+                          else kinds_for(cfg.store, cfg.resource, faketime=lib is not None,
+                                         workload=cfg.workload))
     if cfg.workload == "sql" and cfg.kinds is None:  # no proxy in the workers' path
         kinds = tuple(k for k in kinds if k != "stop_proxy")
     ttl = cfg.effective_ttl
