@@ -536,7 +536,7 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
     ops = collect_ops(events)
     committed = {r.op for r in history if r.kind in (
         "counter", "mark_ins", "account", "order_ins", "order_del", "line_ins", "line_upd",
-        "line_out", "line_del", "smark")}
+        "line_out", "line_del", "smark", "near")}
     # an election's term entries are named "<op>.<n>": their operation committed a write
     committed |= {r.op.rsplit(".", 1)[0] for r in history if r.kind == "term"}
     deleters = _deleters(ops)

@@ -90,6 +90,12 @@ _ALL_OFFSETS = (-600, -30, 0, 30, 600)
 _ALL_RATES = ("0.5", "0.7", "1.5")
 
 
+def _key(lock: str) -> str:
+    """What follows a lock name's first segment: the account of ``accounts/10`` (``10``), and
+    ``1/x`` for the neighbour ``accounts/1/x``, which nests in account 1's name, not its lock."""
+    return lock.split("/", 1)[-1]
+
+
 def kinds_for(store: str, resource: str, *, faketime: bool,
               workload: str = "counter") -> tuple[str, ...]:
     """The fault kinds that apply to a run on ``store`` with the protected ``resource``
@@ -302,7 +308,7 @@ class Nemesis(threading.Thread):
         if isinstance(rec.get("balances"), dict):
             return set(rec["balances"])
         if isinstance(rec.get("fences"), dict):
-            return {name.rsplit("/", 1)[-1] for name in rec["fences"]}
+            return {_key(name) for name in rec["fences"]}
         return None
 
     def _overlaps(self, i: int, near: set[str] | None) -> bool:
@@ -376,7 +382,7 @@ class Nemesis(threading.Thread):
             # several locks: the first write acknowledged on one of ours, whatever it was
             # (a claim after the freeze would have raised the shared lock anyway)
             return [j for j in self.pool.recent_acks(exclude=[i], fresh=0.03)
-                    if near & {n.rsplit("/", 1)[-1] for n in acked(j).get("fences", {})}]
+                    if near & {_key(n) for n in acked(j).get("fences", {})}]
 
         other = self._wait_until(blind_batch_acked, timeout=2 * self.ttl + 4.0)
         self._record("pause_grant", start, self.pool.slots[i].name,

@@ -31,6 +31,10 @@ The ``rw``, ``sem`` and ``election`` workloads (``chaos.rwwork``, ``chaos.electw
 acquires, renews, releases and runs their operations): readers on shared locks beside the
 counter's writers; permits of a semaphore writing their slots; leaders writing a term log.
 
+In every workload, ``--near`` of the operations (fenced and noclaim modes) are near operations
+(``chaos.near``): a neighbour lock whose name contains or is contained by the workload's own
+(``chaos/counter/1``, ``accounts/10``, ``accounts/1/x``, ...), one row written blind under it.
+
 The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
 inside ``fenced_transaction`` on the protected database (no proxy): transfers read-modify-write
 or blind, orders and lines inserted, updated set-wise, deleted by cascade. ``--mode noclaim``
@@ -83,6 +87,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from chaos.db import account_ids
 from lockd.client import Lease, LeaseRef, LockClient
 from lockd.client.errors import (
     AcquireTimeout,
@@ -190,6 +195,12 @@ class Worker:
             from chaos.electwork import ElectionOps
 
             self.ext = ElectionOps(self, _sleep, args.lock)
+        self.near: Any = None
+        """Near operations on neighbour locks (``chaos.near``), in ``fenced``/``noclaim``."""
+        if args.mode in ("fenced", "noclaim") and args.near > 0:
+            from chaos.near import NearOps
+
+            self.near = NearOps(self, _sleep, args.workload, self.sql)
         self.stopping = False
         self._last_mark: str | None = None
         """The last mark this worker saw committed (the target of its next DELETE)."""
@@ -424,7 +435,7 @@ class Worker:
         if self.a.workload == "counter":
             return self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
                                        auto_renew=False)
-        pair = self.rng.sample(range(1, self.a.accounts + 1), 2)
+        pair = self.rng.sample(account_ids(self.a.accounts), 2)
         return self.client.acquire_many([f"accounts/{n}" for n in pair], self.a.ttl,
                                         wait=self.a.acquire_wait, auto_renew=False)
 
@@ -436,9 +447,13 @@ class Worker:
             raise error_from_response(response)
         return response.json() if response.content else None
 
+    def _raw(self) -> Any:
+        """The ``chaos.rwwork.LeaseOps`` that renews and releases raw leases."""
+        return self.ext if self.ext is not None else self.near
+
     def _renew_once(self, lease: Lease) -> None:
         if hasattr(lease, "base"):  # a ``chaos.rwwork.RawLease``
-            self.ext.renew(lease)
+            self._raw().renew(lease)
         elif hasattr(lease, "fences"):
             self._lockd("/v1/leases/renew", {"lease_id": lease.lease_id,
                                              "ttl_ms": round(self.a.ttl * 1000)})
@@ -447,7 +462,7 @@ class Worker:
 
     def _release(self, lease: Lease) -> None:
         if hasattr(lease, "base"):
-            self.ext.release(lease)
+            self._raw().release(lease)
         elif hasattr(lease, "fences"):
             self._lockd("/v1/leases/release", {"lease_id": lease.lease_id})
         else:
@@ -487,8 +502,9 @@ class Worker:
                     and self.rng.random() < self.a.peek:
                 self._peek(op)
                 continue
+            near = self.near is not None and self.rng.random() < self.a.near
             try:
-                lease = self._acquire()
+                lease = self.near.acquire() if near else self._acquire()
             except AcquireTimeout:
                 self.log("not_acquired", op=op, phase="acquire", code="timeout")
                 continue
@@ -505,7 +521,10 @@ class Worker:
                                        daemon=True)
             renewer.start()
             try:
-                getattr(self, "_op_" + self.a.workload)(op, lease)
+                if near:
+                    self.near.run(op, lease)
+                else:
+                    getattr(self, "_op_" + self.a.workload)(op, lease)
             finally:
                 stop.set()
                 self.log("release", op=op, fence=lease.fence)
@@ -551,6 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--illicit", type=float, default=0.2,
                    help="share of the readers' operations that try to write (rw workload)")
     p.add_argument("--limit", type=int, default=2, help="permits of the semaphore (sem workload)")
+    p.add_argument("--near", type=float, default=0.1,
+                   help="share of operations on a neighbour lock (chaos.near; fenced, noclaim)")
     p.add_argument("--peek", type=float, default=0.05,
                    help="share of iterations that are a plain read without lock or token")
     return p
