@@ -294,12 +294,19 @@ class Nemesis(threading.Thread):
     def _fresh(self, state: str | tuple[str, ...], fresh: float, timeout: float,
                exclude: tuple[int, ...] = (), near: set[str] | None = None) -> list[int]:
         """Workers whose last event is one of ``state``, logged within ``fresh`` s (waiting up
-        to ``timeout``); with ``near``, only those whose accounts overlap it (``_accounts``)."""
+        to ``timeout``), in an operation on the workload's own locks (``_own``); with ``near``,
+        only those whose accounts overlap it (``_accounts``)."""
         states = (state,) if isinstance(state, str) else state
         return self._wait_until(lambda: [i for st in states for i in
                                          self.pool.candidates(st, exclude=exclude, fresh=fresh)
-                                         if self._overlaps(i, near)],
+                                         if self._own(i) and self._overlaps(i, near)],
                                 timeout=timeout) or []
+
+    def _own(self, i: int) -> bool:
+        """Whether worker ``i``'s last event belongs to an operation on the workload's own
+        locks, not a near operation (``chaos.near``: a neighbour lock that no frozen holder's
+        successor raises, so freezing it would test nothing)."""
+        return "near" not in (self.pool.slots[i].last_rec or {})
 
     def _accounts(self, i: int) -> set[str] | None:
         """The accounts worker ``i`` holds (``transfer`` workload: from the ``fences`` of its
@@ -480,7 +487,8 @@ class Nemesis(threading.Thread):
 
         def writers() -> list[int]:
             return [i for st in ("read", "blind") for i in self.pool.candidates(st, fresh=0.05)
-                    if (self.pool.slots[i].last_rec or {}).get("mode") != "shared"]
+                    if (self.pool.slots[i].last_rec or {}).get("mode") != "shared"
+                    and self._own(i)]
 
         found = self._wait_until(writers, timeout=3.0)
         if not found:

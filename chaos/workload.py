@@ -107,10 +107,13 @@ MODES = ("fenced", "unfenced-read", "nofence", "noclaim")
 WORKLOADS = ("counter", "transfer", "sql", "rw", "sem", "election")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
+BLIND_PHASE_VIAS = ("batch", "batch", "post", "put", "delete")
+"""The blind phase's writes: every write path, none after a claim of its own (a frozen holder
+thawed after its successor's blind batch then sends a single-row write as often as a batch)."""
 BLIND_PHASE_S = 4.0
-"""Length of the phases (s) of the counter workload, in turn: blind (85 % blind batches),
-claim (every operation a read-modify-write that claims, then reads plainly), mixed
-(``Worker._op_counter``)."""
+"""Length of the phases (s) of the counter workload, in turn: blind (85 % blind writes, by
+``BLIND_PHASE_VIAS``), claim (every operation a read-modify-write that claims, then reads
+plainly), mixed (``Worker._op_counter``)."""
 _DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
 
 
@@ -272,13 +275,15 @@ class Worker:
     def _op_counter(self, op: str, lease: Lease) -> None:
         """The ``counter`` workload: a read-modify-write of the counter, or a blind mark write.
         Every ``BLIND_PHASE_S`` x 3 seconds of real time, all workers spend ``BLIND_PHASE_S`` in a
-        blind phase (85 % blind batches): a frozen holder's successor then often writes a blind
-        batch, the one write that alone must raise the highest past the frozen fence."""
+        blind phase (85 % blind writes, batches and single rows): a frozen holder's successor
+        then often writes a blind batch, the one write that alone must raise the highest past
+        the frozen fence, and the frozen holder's own write is as often a single-row write
+        whose own check alone must refuse it (no claim of its own came first)."""
         phase = int(uptime() / BLIND_PHASE_S) % 3
         blind_phase, claim_phase = phase == 0, phase == 1
         share = 0.85 if blind_phase else 0.0 if claim_phase else self.a.blind
         if self.a.mode == "fenced" and self.rng.random() < share:
-            self._blind(op, lease, ("batch",) if blind_phase else MARK_VIAS)
+            self._blind(op, lease, BLIND_PHASE_VIAS if blind_phase else MARK_VIAS)
         else:
             self._rmw(op, lease, claim_first=True if claim_phase else None)
 

@@ -190,6 +190,10 @@ _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 _STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
 """Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
+_SINGLE_FAULTS = "pause,pause_grant,kill_after_read"
+"""The freezes whose thawed holder sends a single-row write (an rmw's PATCH/PUT after its
+read, a blind POST/PUT/DELETE after its grant) once a newer holder raised the highest; the
+handoff thaws only batches, and proxy SIGSTOP and database latency freeze no holder."""
 _RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
 """Readers frozen at their grant and writers frozen mid-lease: both modes' leases meet."""
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
@@ -235,9 +239,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_LOCKD, _LOCKD_LIVE, _LOCKD_LIVE.replace("row[4] > now", "row[4] > now + 800")),
             Edit(_LOCKD, _LOCKD_LIVE_MANY, _LOCKD_LIVE_MANY.replace("> now", "> now + 800")))),
     Mutant("single_write_unchecked", "single-row writes skip the fence comparison",
-           "stale_commit, fence_decrease (PATCH/PUT/POST/DELETE run in chaos)",
+           "rejected_committed, stale_commit (thawed holders' PATCH/PUT after their read and "
+           "blind POST/PUT/DELETE after their grant)",
            (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
-           _STALE_FAULTS),
+           _SINGLE_FAULTS),
     Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
            "stale_commit, interleaving (claim, then plain reads without the token, then write)",
            (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
