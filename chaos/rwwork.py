@@ -82,7 +82,7 @@ class LeaseOps:
     def _take(self, base: str, verb: str, body: dict[str, Any], **log_fields: Any) -> RawLease:
         answer = self.w._lockd(f"{base}/{verb}", {
             "ttl_ms": self._ttl_ms(), "wait_ms": round(self.w.a.acquire_wait * 1000),
-            "owner": f"{self.w.a.worker}.{self.w.a.incarnation}", **body})
+            "owner": f"{self.w.a.worker}.{self.w.a.incarnation}", **body})  # body may set wait_ms
         return RawLease.from_body(answer, base, **log_fields)
 
     def renew(self, lease: RawLease) -> None:

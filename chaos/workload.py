@@ -24,8 +24,9 @@ The ``transfer`` workload (``_op_transfer``): acquire_many of two random account
 fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
 names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
 the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
-Some transfers (85 % in the blind phases, 20 % otherwise) are instead a blind multi-lock batch:
-no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
+Some transfers (85 %, 50 %, 20 % in the three phases: ``TRANSFER_BLIND``) are instead a blind
+multi-lock batch: no claim, no read, one ``account_marks`` row per account,
+``blind``/``write {mark}``.
 
 The ``rw``, ``sem`` and ``election`` workloads (``chaos.rwwork``, ``chaos.electwork``: ``ext``
 acquires, renews, releases and runs their operations): readers on shared locks beside the
@@ -110,6 +111,10 @@ MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_VIAS = ("batch", "batch", "post", "put", "delete")
 """The blind phase's writes: every write path, none after a claim of its own (a frozen holder
 thawed after its successor's blind batch then sends a single-row write as often as a batch)."""
+TRANSFER_BLIND = (0.85, 0.5, 0.2)
+"""The ``transfer`` workload's share of blind multi-lock batches in each phase: a holder frozen
+at its grant in the blind phase is then mostly followed by a blind batch too, which alone must
+raise every lock it writes (a transfer's claim raises them before)."""
 BLIND_PHASE_S = 4.0
 """Length of the phases (s) of the counter workload, in turn: blind (85 % blind writes, by
 ``BLIND_PHASE_VIAS``), claim (every operation a read-modify-write that claims, then reads
@@ -356,8 +361,8 @@ class Worker:
         token). The amount may exceed the balance: balances may go negative, only the sum and
         each row's history matter."""
         fences = dict(getattr(lease, "fences", {}))
-        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
-        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.2):
+        share = TRANSFER_BLIND[int(uptime() / BLIND_PHASE_S) % 3]
+        if self.a.mode == "fenced" and self.rng.random() < share:
             self._blind_marks(op, lease, fences)
             return
         accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)

@@ -47,9 +47,14 @@ that serves batches of one lock and of several (``_batch_on``), and lockd's muta
 single-lock and the multi-lock grant alike. The runs of lockd's mutants inject
 every fault kind; those of the proxy's inject the faults that make frozen holders send stale
 writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
-latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``), and the two
-check-then-act mutants the faults that hold such a window open while a stale write arrives
-(``_WINDOW_FAULTS``), so that 40 s see each of them several times.
+latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``),
+``single_write_unchecked`` the freezes whose thawed holder sends a single-row write
+(``_SINGLE_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
+while a stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
+A mutant whose window only a coincidence opens runs longer (``length``: ``batch_partial_raise``,
+whose stale write needs a successor's blind batch in which the shared lock is not the first;
+``single_write_unchecked``, whose thawed holder sends a batch as often as a single row). ``python -m chaos.mutants`` prints each mutant's violation count: a
+mutant caught by one violation is caught by luck.
 """
 
 from __future__ import annotations
@@ -94,6 +99,9 @@ class Mutant:
     """Fault kinds of its chaos run (None: every kind that applies)."""
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
+    length: float = 1.0
+    """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
+    coincidence opens gets a longer run, so that it is caught with a margin."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -182,8 +190,11 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
-_SQL_FAULTS = "pause_grant,pause_write,pause,kill_worker"
-"""Freezes before a claim (blind SQL writes) and in flight: stale claims reach the database."""
+_SQL_FAULTS = "pause_grant"
+"""The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
+newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
+read holds its transaction, and so the fence rows, open: its successor waits, nothing is stale;
+one with a write in flight catches rmw operations as often.)"""
 
 _WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
 """The faults that hold a check-then-act window open while a stale write arrives."""
@@ -242,7 +253,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "rejected_committed, stale_commit (thawed holders' PATCH/PUT after their read and "
            "blind POST/PUT/DELETE after their grant)",
            (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
-           _SINGLE_FAULTS),
+           _SINGLE_FAULTS, length=2.0),
     Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
            "stale_commit, interleaving (claim, then plain reads without the token, then write)",
            (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
@@ -250,7 +261,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("batch_partial_raise", "a multi-lock batch checks every fence but raises only its "
            "first lock's", "fence_decrease, stale_commit (blind multi-lock batches: no claim "
            "first)", (Edit(_PG, _BATCH_RAISE, _BATCH_RAISE_FIRST),), "pause_grant",
-           ("transfer",)),
+           ("transfer",), length=3.0),
     Mutant("dbfence_new_image", "the fence trigger computes the lock of UPDATE/DELETE from NEW, "
            "not OLD", "unclaimed_commit (a key-changing UPDATE moves lines out of an account "
            "lock the lease lacks)",
@@ -307,11 +318,12 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
                workload: str | None = None) -> dict[str, Any]:
     """Plant ``mutant`` in a copy of the tree and run chaos there (fenced mode, ``workload``:
     ``counter`` exercises single-lock batches and writes, ``transfer`` multi-lock leases and
-    batches). Returns
+    batches) for ``seconds`` x the mutant's ``length``. Returns
     ``{name, detected, kinds, violations, elapsed_s, report}``; ``MutantNoLongerApplies`` if
     a snippet is gone. The venv's python runs the copy (``PYTHONPATH`` puts it first)."""
     started = time.monotonic()
     workload = workload or mutant.workloads[0]
+    seconds = seconds * mutant.length
     base = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.name}-"))
     try:
         root = copy_tree(base / "tree")
