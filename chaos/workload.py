@@ -19,14 +19,8 @@ second workload plugs in as another ``Worker._op_<name>`` method and a ``--workl
             -> release {up = when sent} L
     (some iterations are a peek instead: a plain read without any lock or token)
 
-The ``transfer`` workload (``_op_transfer``): acquire_many of two random account locks
-(``accounts/<a>``, ``accounts/<b>``: one grant, one token, a fence per lock), read both balances
-fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
-names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
-the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
-Some transfers (85 %, 50 %, 20 % in the three phases: ``TRANSFER_BLIND``) are instead a blind
-multi-lock batch: no claim, no read, one ``account_marks`` row per account,
-``blind``/``write {mark}``.
+The ``transfer`` workload (``chaos.transferwork``): acquire_many of two random account locks,
+then a fenced read of both balances and ONE batch writing both, or a blind multi-lock batch.
 
 The ``rw``, ``sem`` and ``election`` workloads (``chaos.rwwork``, ``chaos.electwork``: ``ext``
 acquires, renews, releases and runs their operations): readers on shared locks beside the
@@ -111,10 +105,6 @@ MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
 BLIND_PHASE_VIAS = ("batch", "batch", "post", "put", "delete")
 """The blind phase's writes: every write path, none after a claim of its own (a frozen holder
 thawed after its successor's blind batch then sends a single-row write as often as a batch)."""
-TRANSFER_BLIND = (0.85, 0.5, 0.2)
-"""The ``transfer`` workload's share of blind multi-lock batches in each phase: a holder frozen
-at its grant in the blind phase is then mostly followed by a blind batch too, which alone must
-raise every lock it writes (a transfer's claim raises them before)."""
 BLIND_PHASE_S = 4.0
 """Length of the phases (s) of the counter workload, in turn: blind (85 % blind writes, by
 ``BLIND_PHASE_VIAS``), claim (every operation a read-modify-write that claims, then reads
@@ -184,6 +174,11 @@ class Worker:
             from chaos.db import Direct
 
             self.direct = Direct(args.db)
+        self.transfers: Any = None
+        if args.workload == "transfer":
+            from chaos.transferwork import TransferOps
+
+            self.transfers = TransferOps(self, _sleep)
         self.sql = None
         if args.workload == "sql":
             from chaos.sqlwork import SqlOps
@@ -277,6 +272,12 @@ class Worker:
         else:
             self.log("rejected", op=op, phase=phase, fence=fence, **_error_fields(exc))
 
+    @staticmethod
+    def phase() -> int:
+        """The phase now: 0 blind, 1 claim, 2 mixed, ``BLIND_PHASE_S`` each in turn, by the
+        machine's uptime (every worker is in the same one)."""
+        return int(uptime() / BLIND_PHASE_S) % 3
+
     def _op_counter(self, op: str, lease: Lease) -> None:
         """The ``counter`` workload: a read-modify-write of the counter, or a blind mark write.
         Every ``BLIND_PHASE_S`` x 3 seconds of real time, all workers spend ``BLIND_PHASE_S`` in a
@@ -284,7 +285,7 @@ class Worker:
         then often writes a blind batch, the one write that alone must raise the highest past
         the frozen fence, and the frozen holder's own write is as often a single-row write
         whose own check alone must refuse it (no claim of its own came first)."""
-        phase = int(uptime() / BLIND_PHASE_S) % 3
+        phase = self.phase()
         blind_phase, claim_phase = phase == 0, phase == 1
         share = 0.85 if blind_phase else 0.0 if claim_phase else self.a.blind
         if self.a.mode == "fenced" and self.rng.random() < share:
@@ -355,60 +356,8 @@ class Worker:
         self.log("ack", op=op, fence=lease.fence, via=via, mark=mark)
 
     def _op_transfer(self, op: str, lease: Lease) -> None:
-        """The ``transfer`` workload: move 1..50 from one account of the lease to the other,
-        by a fenced read of both balances and one batch writing both (``nofence``: straight to
-        the database in one transaction; ``unfenced-read``: plain reads, the batch with the
-        token). The amount may exceed the balance: balances may go negative, only the sum and
-        each row's history matter."""
-        fences = dict(getattr(lease, "fences", {}))
-        share = TRANSFER_BLIND[int(uptime() / BLIND_PHASE_S) % 3]
-        if self.a.mode == "fenced" and self.rng.random() < share:
-            self._blind_marks(op, lease, fences)
-            return
-        accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
-        src, dst = (accounts if self.rng.random() < 0.5 else accounts[::-1])
-        session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
-        _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
-        reads: dict[int, int] = {}
-        try:
-            for account in (src, dst):
-                if self.a.mode == "fenced":
-                    reads[account] = int(session.get("accounts", account)["balance"])
-                elif self.a.mode == "unfenced-read":
-                    body = self._plain("GET", f"/v1/tables/accounts/rows/{account}", None)
-                    reads[account] = int(body["balance"])
-                else:
-                    assert self.direct is not None
-                    reads[account] = self.direct.read_balance(account)
-        except (LockClientError, *_DIRECT_ERRORS) as exc:
-            self._outcome(op, "read", exc, lease.fence)
-            return
-        self.log("read", op=op, fence=lease.fence, value=reads[src], fenced=self.a.mode == "fenced",
-                 via="batch", balances={str(k): v for k, v in reads.items()})
-        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
-        amount = self.rng.randint(1, 50)
-        new = {src: reads[src] - amount, dst: reads[dst] + amount}
-        self.log("write", op=op, fence=lease.fence, read=reads[src], wrote=new[src], via="batch",
-                 src=src, dst=dst, amount=amount, reads={str(k): v for k, v in reads.items()})
-        rows = [(account, new[account], fences[f"accounts/{account}"], reads[account])
-                for account in (src, dst)]
-        try:
-            if self.a.mode == "nofence":
-                assert self.direct is not None
-                self.direct.transfer(op, rows)
-            else:
-                ops = [{"op": "update", "table": "accounts", "key": account,
-                        "row": {"balance": balance, "op": op, "fence": fence,
-                                "read_balance": read}}
-                       for account, balance, fence, read in rows]
-                if self.a.mode == "fenced":
-                    session.batch(ops)
-                else:
-                    self._plain("POST", "/v1/batch", lease, {"ops": ops})
-        except (LockClientError, *_DIRECT_ERRORS) as exc:
-            self._outcome(op, "write", exc, lease.fence)
-            return
-        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src], fences=fences)
+        """The ``transfer`` workload (``chaos.transferwork``)."""
+        self.transfers.run(op, lease)
 
     def _op_rw(self, op: str, lease: Any) -> None:
         self.ext.run(op, lease)
@@ -419,23 +368,6 @@ class Worker:
         """The ``sql`` workload: plain SQL on the protected database (``chaos.sqlwork``)."""
         assert self.sql is not None
         self.sql.run(op, lease)
-
-    def _blind_marks(self, op: str, lease: Lease, fences: dict[str, int]) -> None:
-        """A blind multi-lock batch (``transfer`` workload): no claim and no read first, one
-        ``account_marks`` row per account of the lease, so the batch's own fence check and raise
-        of EVERY lock is all that stands between a frozen holder and a stale commit."""
-        self.log("blind", op=op, fence=lease.fence, via="batch", fences=fences)
-        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
-        ops = [{"op": "insert", "table": "account_marks",
-                "row": {"account": int(name.rsplit("/", 1)[1]), "id": op, "fence": fence}}
-               for name, fence in sorted(fences.items())]
-        self.log("write", op=op, fence=lease.fence, via="batch", mark=op)
-        try:
-            self._plain("POST", "/v1/batch", lease, {"ops": ops})
-        except LockClientError as exc:
-            self._outcome(op, "write", exc, lease.fence)
-            return
-        self.log("ack", op=op, fence=lease.fence, via="batch", mark=op, fences=fences)
 
     def _acquire(self) -> Lease:
         """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
