@@ -413,19 +413,24 @@ class Nemesis(threading.Thread):
     def _handoff(self, f: Planned) -> None:
         """Freeze A (after its read or grant, about to send a batch); once its lease ran out
         and B was granted, freeze B before its claim (or blind write), thaw A, and thaw B
-        2.5 x the database delay after A's write left (0..40 ms with no relay)."""
+        2.5 x the database delay after A's write left (0..40 ms with no relay), 4.5 x after an
+        rmw's batch: that one carries an Idempotency-Key, whose record the proxy claims first
+        (one more round trip before the fence check; thawed earlier, B's claim would land before
+        A's check and simply refuse A)."""
         start = self._now()
 
         def about_to_batch() -> list[int]:  # only a multi-statement write has two steps
             return [i for st in ("read", "blind")
                     for i in self.pool.candidates(st, fresh=0.05)
-                    if (self.pool.slots[i].last_rec or {}).get("via") == "batch"]
+                    if (self.pool.slots[i].last_rec or {}).get("via") == "batch"
+                    and self._own(i)]
 
         found = self._wait_until(about_to_batch, timeout=5.0)
         if not found:
             self._record("handoff", start, None, skipped=True)
             return
         a = self._pick(found, f)
+        keyed = (self.pool.slots[a].last_rec or {}).get("ev") == "read"  # FencedSession.batch
         fa = self._freeze(a)
         # the first grant after A's lease ran out (caught within 30 ms, before its claim)
         granted = self._fresh(("acquired", "blind"), 0.03, 2 * self.ttl + 2.0, exclude=(a,),
@@ -440,14 +445,15 @@ class Nemesis(threading.Thread):
         slowed = self.services.set_db_delay(delay)
         thawed_a = self._thaw(a, fa)
         wrote = self._fresh("write", 1.0, 1.5 + 4 * delay, exclude=(b,))
-        # B's claim should reach the database after A's fence check (one round trip, 2 x delay)
-        # and before A's write commits (three more): thaw B about 2.5 x delay after A's send.
-        self._halt.wait(2.5 * delay if slowed else (f.pick % 40) / 1000)
+        # B's claim should reach the database after A's fence check (one round trip, 2 x delay,
+        # after the key's claim if any) and before A's write commits (three more): thaw B about
+        # 2.5 x delay after A's send, plus a round trip for a keyed batch.
+        self._halt.wait((4.5 if keyed else 2.5) * delay if slowed else (f.pick % 40) / 1000)
         thawed_b = self._thaw(b, fb)
         self._halt.wait(4 * delay if slowed else 0.0)
         self.services.set_db_delay(0.0)
         self._record("handoff", start, self.pool.slots[a].name,
-                     partner=self.pool.slots[b].name, a_wrote=a in wrote,
+                     partner=self.pool.slots[b].name, a_wrote=a in wrote, keyed=keyed,
                      db_delay=delay if slowed else None, freezes=[thawed_a, thawed_b])
 
     def _kill_after_read(self, f: Planned) -> None:

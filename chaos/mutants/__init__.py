@@ -196,8 +196,11 @@ newer holder of one of its accounts committed, claims a stale fence. (A freeze a
 read holds its transaction, and so the fence rows, open: its successor waits, nothing is stale;
 one with a write in flight catches rmw operations as often.)"""
 
-_WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
-"""The faults that hold a check-then-act window open while a stale write arrives."""
+_WINDOW_FAULTS = "handoff,stop_proxy"
+"""The faults that hold a check-then-act window open while a newer holder's claim arrives: the
+handoff (its database slowed, B thawed inside A's window) and the proxy's SIGSTOP with a write
+in flight. (A pause thaws A after B claimed: its check refuses it first; database latency alone
+and a freeze with the write in flight put no second holder in the window.)"""
 _STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
 """Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
