@@ -47,7 +47,9 @@ that serves batches of one lock and of several (``_batch_on``), and lockd's muta
 single-lock and the multi-lock grant alike. The runs of lockd's mutants inject
 every fault kind; those of the proxy's inject the faults that make frozen holders send stale
 writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
-latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``),
+latency); ``off_by_one`` the freezes that thaw a holder right after its immediate successor
+raised the highest (``_NEXT_FAULTS``); ``batch_no_raise`` the freezes right after a grant
+(``_GRANT_FAULTS``),
 ``single_write_unchecked`` the freezes whose thawed holder sends a single-row write
 (``_SINGLE_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
 while a stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
@@ -203,6 +205,10 @@ in flight. (A pause thaws A after B claimed: its check refuses it first; databas
 and a freeze with the write in flight put no second holder in the window.)"""
 _STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
 """Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
+_NEXT_FAULTS = "kill_after_read,pause_grant"
+"""The freezes that thaw A right after its immediate successor raised the highest (B's claim and
+read, then B killed; B's blind batch): A's fence is then exactly one below the highest. A late
+pause has let several holders pass, and a handoff thaws A before B's claim."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
 _SINGLE_FAULTS = "pause,pause_grant,kill_after_read"
 """The freezes whose thawed holder sends a single-row write (an rmw's PATCH/PUT after its
@@ -216,7 +222,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
            "stale_commit, fence_decrease (a thawed holder's write lands after a newer claim)",
            (Edit(_FENCING, _CHECK, _CHECK.replace("h != f.fence", "h not in (f.fence, f.fence + 1)")),
-            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _STALE_FAULTS),
+            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _NEXT_FAULTS),
     Mutant("upsert_never_raises", "the fence upsert never raises the highest",
            "stale_commit, fence_decrease, interleaving",
            (Edit(_SQL, _UPSERT, "highest = f.highest RETURNING highest"),
