@@ -50,12 +50,13 @@ writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP,
 latency); ``off_by_one`` the freezes that thaw a holder right after its immediate successor
 raised the highest (``_NEXT_FAULTS``); ``batch_no_raise`` the freezes right after a grant
 (``_GRANT_FAULTS``),
-``single_write_unchecked`` the freezes whose thawed holder sends a single-row write
-(``_SINGLE_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
+``batch_unchecked`` and ``single_write_unchecked`` the freezes that thaw a holder into its
+write once a newer holder raised the highest (``_THAW_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
 while a stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
 A mutant whose window only a coincidence opens runs longer (``length``: ``batch_partial_raise``,
 whose stale write needs a successor's blind batch in which the shared lock is not the first;
-``single_write_unchecked``, whose thawed holder sends a batch as often as a single row). ``python -m chaos.mutants`` prints each mutant's violation count: a
+``single_write_unchecked`` and ``batch_unchecked``, whose thawed holders share their writes
+between the two paths). ``python -m chaos.mutants`` prints each mutant's violation count: a
 mutant caught by one violation is caught by luck.
 """
 
@@ -210,10 +211,11 @@ _NEXT_FAULTS = "kill_after_read,pause_grant"
 read, then B killed; B's blind batch): A's fence is then exactly one below the highest. A late
 pause has let several holders pass, and a handoff thaws A before B's claim."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
-_SINGLE_FAULTS = "pause,pause_grant,kill_after_read"
-"""The freezes whose thawed holder sends a single-row write (an rmw's PATCH/PUT after its
-read, a blind POST/PUT/DELETE after its grant) once a newer holder raised the highest; the
-handoff thaws only batches, and proxy SIGSTOP and database latency freeze no holder."""
+_THAW_FAULTS = "pause,pause_grant,kill_after_read"
+"""The freezes that thaw a holder into its write once a newer holder raised the highest: an
+rmw's write after its read (a batch, PATCH or PUT), a blind write after its grant (a batch,
+POST, PUT or DELETE). The handoff thaws A before B's claim, and proxy SIGSTOP and database
+latency freeze no holder: none of them sends a stale write for a check to let through."""
 _RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
 """Readers frozen at their grant and writers frozen mid-lease: both modes' leases meet."""
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
@@ -234,7 +236,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_PG, "            try:\n                check_all(fences, highest)\n"
                       "            except ProxyError",
                  "            try:\n                pass\n            except ProxyError"),),
-           _STALE_FAULTS),
+           _THAW_FAULTS, length=1.5),
     Mutant("lockd_same_fence", "lockd keeps the same fence on a re-grant after expiry",
            "fence_reused, lease_overlap",
            (Edit(_LOCKD, _LOCKD_FENCE,
@@ -262,7 +264,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "rejected_committed, stale_commit (thawed holders' PATCH/PUT after their read and "
            "blind POST/PUT/DELETE after their grant)",
            (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
-           _SINGLE_FAULTS, length=2.0),
+           _THAW_FAULTS, length=2.0),
     Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
            "stale_commit, interleaving (claim, then plain reads without the token, then write)",
            (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
