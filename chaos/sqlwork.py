@@ -40,9 +40,11 @@ from lockd.client.sqlfence import LockNotClaimedError, fenced_transaction
 
 __all__ = ["SQL_OPS", "SqlOps"]
 
-SQL_OPS = ("rmw", "rmw", "rmw", "blind", "blind", "order", "order", "touch", "rehome", "cancel",
-           "drop", "drop")
-"""The draw of each operation (weights by repetition)."""
+SQL_OPS = ("rmw", "rmw", "rmw", "blind", "blind", "order", "order", "order", "touch", "rehome",
+           "rehome", "rehome", "cancel", "drop", "drop", "drop")
+"""The draw of each operation (weights by repetition): the writes that reach rows of locks the
+lease lacks (``rehome``, ``drop``, and the ``order`` rows they reach) often enough that a trigger
+which lets one through is caught several times a run."""
 _SET_OP = "SELECT set_config('chaos.op', %s, true)"
 
 

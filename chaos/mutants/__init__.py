@@ -56,7 +56,8 @@ while a stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them 
 A mutant whose window only a coincidence opens runs longer (``length``: ``batch_partial_raise``,
 whose stale write needs a successor's blind batch in which the shared lock is not the first;
 ``single_write_unchecked`` and ``batch_unchecked``, whose thawed holders share their writes
-between the two paths). ``python -m chaos.mutants`` prints each mutant's violation count: a
+between the two paths; ``dbfence_new_image``, whose window is a key-changing UPDATE of a line
+another order left behind, a few a minute). ``python -m chaos.mutants`` prints each mutant's violation count: a
 mutant caught by one violation is caught by luck.
 """
 
@@ -277,7 +278,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "not OLD", "unclaimed_commit (a key-changing UPDATE moves lines out of an account "
            "lock the lease lacks)",
            (Edit(_DBFENCE, _OLD_IMAGE, _OLD_IMAGE.replace("lock_call_old", "lock_call_new")),),
-           "pause,kill_worker", ("sql",)),
+           "pause,kill_worker", ("sql",), length=1.5),
     Mutant("dbfence_claim_no_raise", "fencing.claim records a stale claim instead of raising",
            "fence_decrease, stale_commit (blind SQL writes of frozen holders commit)",
            (Edit(_DBFENCE, _DB_CLAIM, _DB_CLAIM.replace("_RAISE_STALE", '"NULL;"')),),
