@@ -50,8 +50,9 @@ writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP,
 latency); ``off_by_one`` the freezes that thaw a holder right after its immediate successor
 raised the highest (``_NEXT_FAULTS``); ``batch_no_raise`` the freezes right after a grant
 (``_GRANT_FAULTS``),
-``batch_unchecked`` and ``single_write_unchecked`` the freezes that thaw a holder into its
-write once a newer holder raised the highest (``_THAW_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
+``batch_unchecked`` the freezes that thaw a holder into its write once a newer holder raised
+the highest (``_THAW_FAULTS``), ``single_write_unchecked`` the freeze after a grant whose thawed
+holder writes blind (``_BLIND_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
 while a stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
 A mutant whose window only a coincidence opens runs longer (``length``: ``batch_partial_raise``,
 whose stale write needs a successor's blind batch in which the shared lock is not the first;
@@ -212,6 +213,12 @@ _NEXT_FAULTS = "kill_after_read,pause_grant"
 read, then B killed; B's blind batch): A's fence is then exactly one below the highest. A late
 pause has let several holders pass, and a handoff thaws A before B's claim."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
+_BLIND_FAULTS = "pause_grant"
+"""The freeze right after a grant, thawed after a newer holder's blind batch: the thawed holder
+sends its blind write, a single row more often than not (POST, PUT, DELETE with no claim and
+no Idempotency-Key). A keyed single write (an rmw's PATCH) is checked inside the transaction
+that wrote it, so a skipped comparison there still ends in a rollback; an rmw thawed after
+its read writes an unkeyed single row (PUT) one time in four."""
 _THAW_FAULTS = "pause,pause_grant,kill_after_read"
 """The freezes that thaw a holder into its write once a newer holder raised the highest: an
 rmw's write after its read (a batch, PATCH or PUT), a blind write after its grant (a batch,
@@ -262,10 +269,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_LOCKD, _LOCKD_LIVE, _LOCKD_LIVE.replace("row[4] > now", "row[4] > now + 800")),
             Edit(_LOCKD, _LOCKD_LIVE_MANY, _LOCKD_LIVE_MANY.replace("> now", "> now + 800")))),
     Mutant("single_write_unchecked", "single-row writes skip the fence comparison",
-           "rejected_committed, stale_commit (thawed holders' PATCH/PUT after their read and "
-           "blind POST/PUT/DELETE after their grant)",
+           "rejected_committed, stale_commit (holders frozen at their grant, thawed into a blind "
+           "POST/PUT/DELETE after a newer holder's blind batch)",
            (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
-           _THAW_FAULTS, length=2.0),
+           _BLIND_FAULTS, length=1.5),
     Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
            "stale_commit, interleaving (claim, then plain reads without the token, then write)",
            (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
