@@ -81,7 +81,7 @@ PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_rea
                "pause_shared")
 """The faults that freeze a worker holding a lease (their records feed the revived-write count)."""
 _WEIGHTS = {"pause": 3, "pause_grant": 3, "pause_write": 2, "handoff": 4, "kill_after_read": 3,
-            "pause_shared": 5,
+            "pause_shared": 8,
             "stop_proxy": 1, "db_delay": 1, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1,
             "kill_etcd": 1, "skew_wall": 1, "skew_all": 1}
 _WALL_OFFSETS = (-3600, -600, -30, 30, 600, 3600)
