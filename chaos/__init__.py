@@ -13,15 +13,17 @@ Modules: ``workload`` (the worker process), ``nemesis`` (the fault schedule and 
 ``services`` (lockd, proxy, databases as real processes), ``relay`` (the TCP relay with injected
 latency), ``db`` (the protected tables and their triggers), ``checker`` (the history checker;
 ``transfers``: its twin for the ``transfer`` workload, two-account transfers through
-multi-lock leases),
+multi-lock leases, whose operations are ``transferwork``),
 ``sqldb``/``sqlwork``/``sqlcheck`` (the ``sql`` workload: plain SQL inside
 ``fenced_transaction`` on a database whose own fence triggers decide, no proxy; ``rowlocks``:
 the row-by-row lock rule it shares with ``transfers``),
 ``rwwork``/``rwcheck`` (the ``rw`` workload: readers on shared locks beside the counter's
 writers, and ``sem``: semaphore permits writing their slots), ``electwork``/``electcheck`` (the
 ``election`` workload: leaders writing a term log),
-``runner`` (one run, its report), ``__main__`` (the CLI), ``mutants`` (plant a bug in a copy of
-the tree and check that a chaos run catches it: ``make mutants``).
+``near`` (in every workload, operations on neighbour locks whose names contain one another and
+the workload's own, judged per exact name), ``runner`` (one run, its report), ``__main__`` (the
+CLI), ``mutants`` (plant a bug in a copy of the tree and check that a chaos run catches it:
+``make mutants``).
 
 Two control modes must make the checker fail, proof that it can: ``nofence`` (the lock alone,
 reads and writes straight to the database) and ``unfenced-read`` (fenced writes, reads without
@@ -30,9 +32,10 @@ The ``sql`` workload's control, ``noclaim`` (the same SQL without ``fenced_trans
 instead commit nothing: the database's triggers refuse every row.
 
 Every write path also runs blind in some phase (no claim and no read first), so that no path's
-own fence check or raise is masked by an earlier claim: blind mark writes and batches
-(``counter``), blind multi-lock batches (``transfer``), blind SQL statements (``sql``); and the
-explicit claim runs alone, followed by plain reads without the token (``counter``).
+own fence check or raise is masked by an earlier claim: blind batches and single-row POST, PUT
+and DELETE (``counter``), blind multi-lock batches (``transfer``), blind SQL statements
+(``sql``), blind rows of neighbour locks (``near``); and the explicit claim runs alone, followed
+by plain reads without the token (``counter``).
 """
 
 __all__: list[str] = []

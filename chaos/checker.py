@@ -401,9 +401,12 @@ def _writes(ordered: Sequence[HistoryRow], ops: Mapping[str, OpRecord],
 
 
 def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[str, Any]], *,
-          initial: int = 0, ttl: float | None = None) -> CheckResult:
+          initial: int = 0, ttl: float | None = None,
+          epochs: Mapping[int, float] | None = None) -> CheckResult:
     """Check the run; see the module docstring for what each violation means. ``ttl``: the
-    lease TTL in seconds (None: no lease-exclusivity check)."""
+    lease TTL in seconds (None: no lease-exclusivity check). ``epochs``: read epochs of shared
+    leases granted beside these operations (epoch -> its first grant's uptime), which a 409
+    may name as the highest once granted (a reader's fenced read honours its epoch)."""
     ordered = sorted(history, key=lambda r: (r.seq if r.seq is not None else r.id, r.id))
     rows = [r for r in ordered if r.kind == "counter"]
     ops = collect_ops(events)
@@ -499,10 +502,14 @@ def check(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[
             problem = f"409 with presented {presented} >= highest {highest}"
         elif rec.fence is not None and presented != rec.fence:
             problem = f"409 presented {presented}, but the lease's fence was {rec.fence}"
-        elif highest not in granted:
+        elif highest not in granted and highest not in (epochs or {}):
             problem = f"409 names highest {highest}, a fence no worker was granted"
         else:
-            g_up, s_up = granted[highest].granted_up, rec.stale.get("up")
+            g_up = granted[highest].granted_up if highest in granted else None
+            if epochs and highest in epochs:
+                g_up = min(epochs[highest], g_up) if isinstance(g_up, int | float) \
+                    else epochs[highest]
+            s_up = rec.stale.get("up")
             if isinstance(g_up, int | float) and isinstance(s_up, int | float) \
                     and g_up > s_up + UP_SLACK_S:
                 problem = (f"409 at uptime {s_up:.2f} names highest {highest}, granted only "
@@ -529,7 +536,7 @@ def revived_writes(events: Iterable[Mapping[str, Any]], history: Sequence[Histor
     ops = collect_ops(events)
     committed = {r.op for r in history if r.kind in (
         "counter", "mark_ins", "account", "order_ins", "order_del", "line_ins", "line_upd",
-        "line_out", "line_del", "smark")}
+        "line_out", "line_del", "smark", "near")}
     # an election's term entries are named "<op>.<n>": their operation committed a write
     committed |= {r.op.rsplit(".", 1)[0] for r in history if r.kind == "term"}
     deleters = _deleters(ops)

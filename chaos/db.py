@@ -5,11 +5,13 @@
     counter (id integer PRIMARY KEY, value bigint NOT NULL,          -- one row, id 1, starts at 0
              op text, worker text, fence bigint, read_value bigint)  -- who wrote it last
     marks   (id text PRIMARY KEY, worker text, fence bigint)         -- blind writes (no claim)
-    accounts (id integer PRIMARY KEY, balance bigint NOT NULL,       -- ACCOUNTS rows, 1..N, each
-              op text, fence bigint, read_balance bigint)            -- starts at INITIAL_BALANCE
+    accounts (id integer PRIMARY KEY, balance bigint NOT NULL,       -- ACCOUNTS rows (ids whose
+              op text, fence bigint, read_balance bigint)            -- locks nest: account_ids),
+                                                                     -- each at INITIAL_BALANCE
     account_marks (account integer, id text, fence bigint)          -- blind multi-lock batches
     terms   (id text PRIMARY KEY, term bigint, worker text, n int)  -- the election's term log
     slot_marks (slot integer, id text, fence bigint)                -- semaphore permits' writes
+    near, near_x (n integer, id text, fence bigint)                 -- neighbour locks' rows
     history (id, kind, op, worker, fence, read_value, wrote_value, commit_seq)   -- not served
 
 The proxy serves ``counter`` and ``marks`` (it reflects them at start, so ``create_schema`` runs
@@ -29,6 +31,9 @@ first); ``history`` is written by the database itself, by triggers, never throug
   entry's number within the term).
 - ``kind = 'smark'``: every insert of a ``slot_marks`` row (the ``sem`` workload: ``op`` = the
   operation, ``worker`` = the permit's slot, ``fence`` = the permit's fence).
+- ``kind = 'near'``: every insert of a ``near``/``near_x`` row (``chaos.near``: ``op`` = the
+  operation, ``worker`` = the row's lock in full, from the run's templates, ``fence`` = its
+  lease's fence).
 - ``kind = 'fence'``: every change of the fence table (``watch_fences``, installed once it
   exists; ``fencing.fences`` on PostgreSQL, shared by the proxy and ``fencing.claim``): the
   highest fence honoured, as the database committed it.
@@ -51,9 +56,10 @@ from typing import Any
 import psycopg
 
 from chaos.checker import HistoryRow
+from chaos.near import NEAR_SPACES
 
 __all__ = ["COUNTER_TABLE", "MARKS_TABLE", "ACCOUNTS_TABLE", "ACCOUNT_MARKS_TABLE", "HISTORY_TABLE", "ACCOUNTS",
-           "TERMS_TABLE", "SLOT_MARKS_TABLE",
+           "TERMS_TABLE", "SLOT_MARKS_TABLE", "account_ids",
            "INITIAL_BALANCE", "ResourceDB", "Direct"]
 
 COUNTER_TABLE = "counter"
@@ -64,7 +70,15 @@ HISTORY_TABLE = "history"
 TERMS_TABLE = "terms"
 SLOT_MARKS_TABLE = "slot_marks"
 ACCOUNTS = 8
-"""Account rows of the ``transfer`` workload (ids 1..ACCOUNTS)."""
+"""Account rows of the ``transfer`` and ``sql`` workloads (ids: ``account_ids``)."""
+_NESTED_IDS = (1, 10, 2, 100, 11, 3, 20, 12)
+"""Account ids whose locks contain one another (``accounts/1``, ``accounts/10``,
+``accounts/100``, ``accounts/11``, ...): a check that matches lock names loosely confuses them."""
+
+
+def account_ids(n: int = ACCOUNTS) -> list[int]:
+    """The ids of ``n`` account rows: ``_NESTED_IDS`` first, then 200, 201, ..."""
+    return list(_NESTED_IDS[:n]) + [200 + i for i in range(max(0, n - len(_NESTED_IDS)))]
 INITIAL_BALANCE = 1000
 
 _PG_SCHEMA = """
@@ -79,8 +93,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS history_counter_op ON history (op) WHERE kind 
 INSERT INTO counter (id, value) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 CREATE TABLE IF NOT EXISTS accounts (id integer PRIMARY KEY, balance bigint NOT NULL, op text,
     fence bigint, read_balance bigint);
-INSERT INTO accounts (id, balance) SELECT g, {initial} FROM generate_series(1, {accounts}) AS g
-    ON CONFLICT (id) DO NOTHING;
+INSERT INTO accounts (id, balance) VALUES {account_rows} ON CONFLICT (id) DO NOTHING;
 CREATE TABLE IF NOT EXISTS account_marks (account integer NOT NULL, id text NOT NULL,
     fence bigint, PRIMARY KEY (account, id));
 CREATE OR REPLACE FUNCTION chaos_log_account_mark() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -178,8 +191,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS history_counter_op ON history (op) WHERE kind 
 INSERT OR IGNORE INTO counter (id, value) VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL, op TEXT,
     fence INTEGER, read_balance INTEGER);
-WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {accounts})
-    INSERT OR IGNORE INTO accounts (id, balance) SELECT n, {initial} FROM g;
+INSERT OR IGNORE INTO accounts (id, balance) VALUES {account_rows};
 CREATE TABLE IF NOT EXISTS account_marks (account INTEGER NOT NULL, id TEXT NOT NULL,
     fence INTEGER, PRIMARY KEY (account, id));
 CREATE TRIGGER IF NOT EXISTS chaos_log_account_mark AFTER INSERT ON account_marks FOR EACH ROW
@@ -217,6 +229,37 @@ CREATE TRIGGER IF NOT EXISTS chaos_log_fence_ins AFTER INSERT ON resource_proxy_
 CREATE TRIGGER IF NOT EXISTS chaos_log_fence_upd AFTER UPDATE ON resource_proxy_fences FOR EACH ROW
     BEGIN INSERT INTO history (kind, op, fence) VALUES ('fence', NEW.lock, NEW.highest); END;
 """
+def _near_ddl(templates: tuple[str, str], sqlite: bool) -> str:
+    """``near`` and ``near_x``, each logging its inserts as history ``kind = 'near'`` with the
+    row's lock (its template with ``{n}`` replaced) in ``worker``."""
+    out = []
+    for table, template in zip(("near", "near_x"), templates, strict=True):
+        pre, post = (part.replace("'", "''") for part in template.split("{n}"))
+        lock = (f"'{pre}' || CAST(NEW.n AS TEXT) || '{post}'")
+        if sqlite:
+            out.append(f"""
+CREATE TABLE IF NOT EXISTS {table} (n INTEGER NOT NULL, id TEXT NOT NULL, fence INTEGER,
+    PRIMARY KEY (n, id));
+CREATE TRIGGER IF NOT EXISTS chaos_log_{table} AFTER INSERT ON {table} FOR EACH ROW
+    BEGIN INSERT INTO history (kind, op, worker, fence) VALUES ('near', NEW.id, {lock}, NEW.fence); END;
+""")
+        else:
+            out.append(f"""
+CREATE TABLE IF NOT EXISTS {table} (n integer NOT NULL, id text NOT NULL, fence bigint,
+    PRIMARY KEY (n, id));
+CREATE OR REPLACE FUNCTION chaos_log_{table}() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = public AS $$
+BEGIN
+    INSERT INTO history (kind, op, worker, fence) VALUES ('near', NEW.id, {lock}, NEW.fence);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS chaos_log_{table} ON {table};
+CREATE TRIGGER chaos_log_{table} AFTER INSERT ON {table} FOR EACH ROW
+    EXECUTE FUNCTION chaos_log_{table}();
+""")
+    return "".join(out)
+
+
 _HISTORY = ("SELECT id, kind, op, worker, fence, read_value, wrote_value, commit_seq FROM history"
             " ORDER BY id")
 
@@ -246,13 +289,14 @@ class ResourceDB:
         finally:
             conn.close()
 
-    def create_schema(self, accounts: int = ACCOUNTS) -> None:
-        """The tables, triggers and first rows (``accounts`` account rows)."""
-        fill = {"accounts": int(accounts), "initial": INITIAL_BALANCE}
-        self._script(_PG_SCHEMA.replace("{accounts}", str(fill["accounts"]))
-                     .replace("{initial}", str(fill["initial"])),
-                     _SQLITE_SCHEMA.replace("{accounts}", str(fill["accounts"]))
-                     .replace("{initial}", str(fill["initial"])))
+    def create_schema(self, accounts: int = ACCOUNTS,
+                      near: tuple[str, str] = NEAR_SPACES["counter"]) -> None:
+        """The tables, triggers and first rows (``accounts`` account rows; ``near``: the lock
+        templates of ``near`` and ``near_x``, ``{n}`` their ``n``, which their history rows
+        name in full)."""
+        rows = ", ".join(f"({i}, {INITIAL_BALANCE})" for i in account_ids(int(accounts)))
+        self._script(_PG_SCHEMA.replace("{account_rows}", rows) + _near_ddl(near, False),
+                     _SQLITE_SCHEMA.replace("{account_rows}", rows) + _near_ddl(near, True))
 
     def watch_fences(self) -> None:
         """Log every change of the proxy's fence table into ``history`` (``kind = 'fence'``).

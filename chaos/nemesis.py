@@ -24,6 +24,10 @@ Fault kinds (``FAULT_KINDS``):
 ``kill_after_read`` combined: freeze A after its read; once B has claimed and read, SIGKILL B
                 (it never writes), thaw A: A's write must be refused although nothing newer
                 was written (the blind-spot history).
+``pause_shared`` (``rw`` only) freeze a writer (an exclusive holder) right after its read or grant,
+                past its TTL; thaw it 50 ms after a reader's fenced read answered under an
+                epoch at least the writer's fence: the lapsed writer's write then arrives while
+                readers hold the lock shared, often with nothing but their reads after it.
 ``stop_proxy``  SIGSTOP the proxy while a write is in flight, past a TTL, then SIGCONT it: the
                 frozen requests proceed beside the new holders'.
 ``db_delay``    the proxy's database connection (``chaos.relay``) holds each chunk 30..250 ms
@@ -71,11 +75,13 @@ from chaos.workload import uptime
 __all__ = ["FAULT_KINDS", "PAUSE_KINDS", "Planned", "kinds_for", "make_schedule", "skew_env", "Nemesis"]
 
 FAULT_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read",
-               "stop_proxy", "db_delay", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd",
+               "pause_shared", "stop_proxy", "db_delay", "kill_worker", "kill_lockd", "crash_pg", "kill_etcd",
                "skew_wall", "skew_all")
-PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read")
+PAUSE_KINDS = ("pause", "pause_grant", "pause_write", "handoff", "kill_after_read",
+               "pause_shared")
 """The faults that freeze a worker holding a lease (their records feed the revived-write count)."""
 _WEIGHTS = {"pause": 3, "pause_grant": 3, "pause_write": 2, "handoff": 4, "kill_after_read": 3,
+            "pause_shared": 8,
             "stop_proxy": 1, "db_delay": 1, "kill_worker": 2, "kill_lockd": 1, "crash_pg": 1,
             "kill_etcd": 1, "skew_wall": 1, "skew_all": 1}
 _WALL_OFFSETS = (-3600, -600, -30, 30, 600, 3600)
@@ -84,10 +90,20 @@ _ALL_OFFSETS = (-600, -30, 0, 30, 600)
 _ALL_RATES = ("0.5", "0.7", "1.5")
 
 
-def kinds_for(store: str, resource: str, *, faketime: bool) -> tuple[str, ...]:
-    """The fault kinds that apply to a run on ``store`` with the protected ``resource``."""
+def _key(lock: str) -> str:
+    """What follows a lock name's first segment: the account of ``accounts/10`` (``10``), and
+    ``1/x`` for the neighbour ``accounts/1/x``, which nests in account 1's name, not its lock."""
+    return lock.split("/", 1)[-1]
+
+
+def kinds_for(store: str, resource: str, *, faketime: bool,
+              workload: str = "counter") -> tuple[str, ...]:
+    """The fault kinds that apply to a run on ``store`` with the protected ``resource``
+    (``pause_shared`` only where readers share the lock: ``rw``)."""
     out = ["pause", "pause_grant", "pause_write", "handoff", "kill_after_read", "stop_proxy",
            "kill_worker", "kill_lockd"]
+    if workload == "rw":
+        out.append("pause_shared")
     if resource == "postgres":
         out.append("db_delay")
     if store == "postgres" or resource == "postgres":
@@ -129,7 +145,7 @@ def _duration(kind: str, rng: random.Random, ttl: float) -> float:
 
 
 _BUSY_EXTRA = {"pause": 0.5, "pause_grant": 0.5, "pause_write": 0.5, "handoff": 1.0,
-               "kill_after_read": 1.0, "stop_proxy": 0.5, "db_delay": 0.0, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
+               "kill_after_read": 1.0, "pause_shared": 1.0, "stop_proxy": 0.5, "db_delay": 0.0, "kill_worker": 0.0, "kill_lockd": 1.5, "crash_pg": 2.0,
                "kill_etcd": 1.0}
 
 
@@ -278,12 +294,19 @@ class Nemesis(threading.Thread):
     def _fresh(self, state: str | tuple[str, ...], fresh: float, timeout: float,
                exclude: tuple[int, ...] = (), near: set[str] | None = None) -> list[int]:
         """Workers whose last event is one of ``state``, logged within ``fresh`` s (waiting up
-        to ``timeout``); with ``near``, only those whose accounts overlap it (``_accounts``)."""
+        to ``timeout``), in an operation on the workload's own locks (``_own``); with ``near``,
+        only those whose accounts overlap it (``_accounts``)."""
         states = (state,) if isinstance(state, str) else state
         return self._wait_until(lambda: [i for st in states for i in
                                          self.pool.candidates(st, exclude=exclude, fresh=fresh)
-                                         if self._overlaps(i, near)],
+                                         if self._own(i) and self._overlaps(i, near)],
                                 timeout=timeout) or []
+
+    def _own(self, i: int) -> bool:
+        """Whether worker ``i``'s last event belongs to an operation on the workload's own
+        locks, not a near operation (``chaos.near``: a neighbour lock that no frozen holder's
+        successor raises, so freezing it would test nothing)."""
+        return "near" not in (self.pool.slots[i].last_rec or {})
 
     def _accounts(self, i: int) -> set[str] | None:
         """The accounts worker ``i`` holds (``transfer`` workload: from the ``fences`` of its
@@ -292,7 +315,7 @@ class Nemesis(threading.Thread):
         if isinstance(rec.get("balances"), dict):
             return set(rec["balances"])
         if isinstance(rec.get("fences"), dict):
-            return {name.rsplit("/", 1)[-1] for name in rec["fences"]}
+            return {_key(name) for name in rec["fences"]}
         return None
 
     def _overlaps(self, i: int, near: set[str] | None) -> bool:
@@ -366,7 +389,7 @@ class Nemesis(threading.Thread):
             # several locks: the first write acknowledged on one of ours, whatever it was
             # (a claim after the freeze would have raised the shared lock anyway)
             return [j for j in self.pool.recent_acks(exclude=[i], fresh=0.03)
-                    if near & {n.rsplit("/", 1)[-1] for n in acked(j).get("fences", {})}]
+                    if near & {_key(n) for n in acked(j).get("fences", {})}]
 
         other = self._wait_until(blind_batch_acked, timeout=2 * self.ttl + 4.0)
         self._record("pause_grant", start, self.pool.slots[i].name,
@@ -390,19 +413,24 @@ class Nemesis(threading.Thread):
     def _handoff(self, f: Planned) -> None:
         """Freeze A (after its read or grant, about to send a batch); once its lease ran out
         and B was granted, freeze B before its claim (or blind write), thaw A, and thaw B
-        2.5 x the database delay after A's write left (0..40 ms with no relay)."""
+        2.5 x the database delay after A's write left (0..40 ms with no relay), 4.5 x after an
+        rmw's batch: that one carries an Idempotency-Key, whose record the proxy claims first
+        (one more round trip before the fence check; thawed earlier, B's claim would land before
+        A's check and simply refuse A)."""
         start = self._now()
 
         def about_to_batch() -> list[int]:  # only a multi-statement write has two steps
             return [i for st in ("read", "blind")
                     for i in self.pool.candidates(st, fresh=0.05)
-                    if (self.pool.slots[i].last_rec or {}).get("via") == "batch"]
+                    if (self.pool.slots[i].last_rec or {}).get("via") == "batch"
+                    and self._own(i)]
 
         found = self._wait_until(about_to_batch, timeout=5.0)
         if not found:
             self._record("handoff", start, None, skipped=True)
             return
         a = self._pick(found, f)
+        keyed = (self.pool.slots[a].last_rec or {}).get("ev") == "read"  # FencedSession.batch
         fa = self._freeze(a)
         # the first grant after A's lease ran out (caught within 30 ms, before its claim)
         granted = self._fresh(("acquired", "blind"), 0.03, 2 * self.ttl + 2.0, exclude=(a,),
@@ -417,14 +445,15 @@ class Nemesis(threading.Thread):
         slowed = self.services.set_db_delay(delay)
         thawed_a = self._thaw(a, fa)
         wrote = self._fresh("write", 1.0, 1.5 + 4 * delay, exclude=(b,))
-        # B's claim should reach the database after A's fence check (one round trip, 2 x delay)
-        # and before A's write commits (three more): thaw B about 2.5 x delay after A's send.
-        self._halt.wait(2.5 * delay if slowed else (f.pick % 40) / 1000)
+        # B's claim should reach the database after A's fence check (one round trip, 2 x delay,
+        # after the key's claim if any) and before A's write commits (three more): thaw B about
+        # 2.5 x delay after A's send, plus a round trip for a keyed batch.
+        self._halt.wait((4.5 if keyed else 2.5) * delay if slowed else (f.pick % 40) / 1000)
         thawed_b = self._thaw(b, fb)
         self._halt.wait(4 * delay if slowed else 0.0)
         self.services.set_db_delay(0.0)
         self._record("handoff", start, self.pool.slots[a].name,
-                     partner=self.pool.slots[b].name, a_wrote=a in wrote,
+                     partner=self.pool.slots[b].name, a_wrote=a in wrote, keyed=keyed,
                      db_delay=delay if slowed else None, freezes=[thawed_a, thawed_b])
 
     def _kill_after_read(self, f: Planned) -> None:
@@ -454,6 +483,37 @@ class Nemesis(threading.Thread):
         self._record("kill_after_read", start, self.pool.slots[a].name,
                      killed=self.pool.slots[b].name if b is not None else None,
                      freezes=[thawed])
+
+    def _pause_shared(self, f: Planned) -> None:
+        """Freeze an exclusive holder right after its read or grant (the ``rw`` workload's
+        writers), past its TTL; thaw it 50 ms after another worker's fenced read answered under
+        a shared lease whose epoch is at least the frozen fence (caught within 30 ms; 50 ms so
+        that the read stands provably before the write in the logs), or after 2 x TTL + 4 s."""
+        start = self._now()
+
+        def writers() -> list[int]:
+            return [i for st in ("read", "blind") for i in self.pool.candidates(st, fresh=0.05)
+                    if (self.pool.slots[i].last_rec or {}).get("mode") != "shared"
+                    and self._own(i)]
+
+        found = self._wait_until(writers, timeout=3.0)
+        if not found:
+            self._record("pause_shared", start, None, skipped=True)
+            return
+        i = self._pick(found, f)
+        fence = int((self.pool.slots[i].last_rec or {}).get("fence") or 0)
+        freeze = self._freeze(i)
+        self._halt.wait(self.ttl + 0.05)
+
+        def read_shared() -> list[int]:
+            return [j for j in self.pool.recent_observes(exclude=[i], fresh=0.03)
+                    if int((self.pool.slots[j].last_observe or {}).get("fence") or 0) >= fence]
+
+        other = self._wait_until(read_shared, timeout=2 * self.ttl + 4.0)
+        if other:  # the read stands provably before the thawed write in the logs (10 ms steps)
+            self._halt.wait(0.05)
+        self._record("pause_shared", start, self.pool.slots[i].name, fence=fence,
+                     resumed_after_shared_read=bool(other), freezes=[self._thaw(i, freeze)])
 
     def _stop_proxy(self, f: Planned) -> None:
         """SIGSTOP the proxy with a write in flight (when one is caught), past a TTL."""

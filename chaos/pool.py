@@ -63,6 +63,10 @@ class Slot:
     """The last ``ack`` event in full, and when the pool first saw it (``last_ack_seen``): a
     worker logs its next events within milliseconds, so ``last`` is rarely still the ack."""
     last_ack_seen: float = 0.0
+    last_observe: dict | None = None
+    """The last ``observe`` (a reader's answered fenced read), and when the pool first saw it
+    (``last_observe_seen``): the reader releases right after, so ``last`` rarely shows it."""
+    last_observe_seen: float = 0.0
     paused: bool = False
     busy: bool = False
     """Being replaced (a skew change): no other fault touches it meanwhile."""
@@ -224,6 +228,9 @@ class WorkerPool:
                     slot.acks += slot.last == "ack"
                     if slot.last == "ack":
                         slot.last_ack, slot.last_ack_seen = slot.last_rec, slot.last_seen
+                    elif slot.last == "observe":
+                        slot.last_observe = slot.last_rec
+                        slot.last_observe_seen = slot.last_seen
         return slot.last
 
     def candidates(self, state: str | None = None, exclude: Sequence[int] = (),
@@ -256,6 +263,20 @@ class WorkerPool:
                     continue
                 self.last_event(slot.index)
                 if slot.last_ack is not None and now - slot.last_ack_seen <= fresh:
+                    out.append(slot.index)
+            return out
+
+    def recent_observes(self, exclude: Sequence[int] = (), fresh: float = 0.03) -> list[int]:
+        """Running, unpaused workers whose last ``observe`` was first seen at most ``fresh`` s
+        ago (``slots[i].last_observe``: the event)."""
+        with self._mutex:
+            now = time.monotonic()
+            out = []
+            for slot in self.slots:
+                if slot.index in exclude or slot.paused or not self._running(slot):
+                    continue
+                self.last_event(slot.index)
+                if slot.last_observe is not None and now - slot.last_observe_seen <= fresh:
                     out.append(slot.index)
             return out
 

@@ -2,8 +2,9 @@
 that held that lock (and claimed it), at a fence no lower than the lock's history before it.
 
 Shared by the ``transfer`` checker (its blind multi-lock batches' ``amark`` rows) and the ``sql``
-checker (orders and lines, ``chaos.sqldb``). Every row of ``kinds`` names its account in
-``worker`` (lock ``accounts/<worker>``) and its operation in ``op``; the fence judged is the
+checker (orders and lines, ``chaos.sqldb``), and the near rows of every workload
+(``chaos.near``). Every row of ``kinds`` names its account in ``worker`` (lock
+``accounts/<worker>``; a ``near`` row names its whole lock there) and its operation in ``op``; the fence judged is the
 operation's lease fence for that lock (from its ``acquired`` event), not a column the writer
 filled in. Account updates (``kind = 'account'``) are judged by the transfer checker, and only
 feed the per-lock fence order here. In commit order (``seq``):
@@ -67,7 +68,7 @@ def check_row_locks(history: Sequence[HistoryRow], events: Sequence[Mapping[str,
             continue
         if row.kind != "account" and row.kind not in kinds:
             continue
-        lock = f"{lock_prefix}{row.worker}"
+        lock = row.worker if row.kind == "near" else f"{lock_prefix}{row.worker}"
         fences = leases.get(row.op, {})
         if row.kind == "account":
             if lock in fences and fences[lock] > last.get(lock, (0, 0))[0]:

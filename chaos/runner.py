@@ -33,6 +33,7 @@ from typing import Any
 from chaos.checker import check, load_events, revived_writes
 from chaos.db import ACCOUNTS, INITIAL_BALANCE, ResourceDB
 from chaos.electcheck import check_election
+from chaos.near import check_near, near_ops
 from chaos.nemesis import Nemesis, kinds_for, make_schedule
 from chaos.pool import WorkerPool, faketime_lib
 from chaos.rwcheck import check_rw, check_sem
@@ -121,7 +122,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     lib = faketime_lib()
     kinds = cfg.kinds or (("pause",) if cfg.mode != "fenced"
-                          else kinds_for(cfg.store, cfg.resource, faketime=lib is not None))
+                          else kinds_for(cfg.store, cfg.resource, faketime=lib is not None,
+                                         workload=cfg.workload))
     if cfg.workload == "sql" and cfg.kinds is None:  # no proxy in the workers' path
         kinds = tuple(k for k in kinds if k != "stop_proxy")
     ttl = cfg.effective_ttl
@@ -170,18 +172,22 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     finally:
         services.close()
     events = load_events(pool.log_paths())
-    if cfg.workload == "transfer":
+    near = near_ops(events)  # neighbour locks: judged by check_near, not as the workload's own
+    own = [e for e in events if e.get("op") not in near]
+    if cfg.workload == "transfer":  # there the neighbours are account locks, judged per lock
         result = check_transfers(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
     elif cfg.workload == "sql":
         result = check_sql(history, balances, events, initial=INITIAL_BALANCE, ttl=ttl)
     elif cfg.workload == "rw":
-        result = check_rw(history, counter, events, ttl=ttl)
+        result = check_rw(history, counter, own, ttl=ttl)
     elif cfg.workload == "sem":
-        result = check_sem(history, events, ttl=ttl, lock_prefix=f"sem/{SEMAPHORE}/")
+        result = check_sem(history, own, ttl=ttl, lock_prefix=f"sem/{SEMAPHORE}/")
     elif cfg.workload == "election":
-        result = check_election(history, events, lock=ELECTION, ttl=ttl)
+        result = check_election(history, own, lock=ELECTION, ttl=ttl)
     else:
-        result = check(history, counter, events, ttl=ttl)
+        result = check(history, counter, own, ttl=ttl)
+    result.stats.update(check_near(history, events, result.violations.append, ttl=ttl,
+                                   own=cfg.workload not in ("transfer", "sql")))
     revived = revived_writes(events, history, nemesis.pauses())
     expect = cfg.mode in ("unfenced-read", "nofence")
     idle_pauses = revived["pauses"] > 0 and revived["attempted"] == 0
@@ -243,6 +249,9 @@ def format_summary(report: dict[str, Any]) -> str:
            f"refused stale {ops['reads_stale']}; writes under a shared token refused "
            f"{ops['shared_writes_refused']}"] if "readers" in ops else []),
         *([f"  permits granted {ops['permits']}"] if "permits" in ops else []),
+        *([f"  near locks: {ops['near_ops']} operations, rows committed {ops['near_rows']}, "
+           f"writes of a lock not held refused {ops['near_refused']}"]
+          if ops.get("near_ops") else []),
         *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
            f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]
           if "leaders" in ops else []),

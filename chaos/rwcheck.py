@@ -10,7 +10,7 @@ shared}``; their fence is the lock's write epoch) add:
                         reader's operation), was acknowledged, or was answered anything
                         but 403 ``shared_token`` (a 409 means it reached the fence check)
 ``lease_overlap``       a shared grant while an exclusive lease was provably live (the
-                        exclusive lease whose fence is the reader's epoch), or an exclusive
+                        last exclusive grant at or below the reader's epoch), or an exclusive
                         grant while a shared lease of an older epoch was provably live
 ``stale_read``          a reader's fenced read was allowed although, before it was sent, a
                         write with a higher fence than its epoch had been acknowledged or a
@@ -19,7 +19,18 @@ shared}``; their fence is the lock's write epoch) add:
 ``phantom_read``        a read returned a counter value no committed write left
 ``fence_order``         a shared grant asked for after an exclusive grant had completed
                         carries an older epoch
+``lapsed_write``        a writer's write with fence f was sent after a reader's fenced
+                        read under epoch e >= f had been answered, and committed: the
+                        writer's lease had ended before the reader's grant (exclusive
+                        grants raise the fence, and the modes exclude each other), so a
+                        reader that holds the lock shared saw its data change under it
 ======================  ==============================================================
+
+``lapsed_write`` is the rule for a writer that froze past its lease while readers took the
+lock: a shared grant after an exclusive lease that ended without a clean release starts a new
+epoch, and a reader's fenced read raises the highest to it, so the lapsed writer's fence is
+below every later reader's epoch and its write is refused. After a clean release the epoch
+stays, but the writer released after its last write, so nothing of it is sent after a read.
 
 Lease windows are judged as in ``chaos.checker`` (``_check_leases``): a lease is provably live
 until its attempt's or its last renewal's send time + TTL, cut at its release's send time, and
@@ -57,6 +68,7 @@ from chaos.checker import (
     Violation,
     _check_grant_order,
     _check_leases,
+    _deleters,
     _stats,
     check,
     collect_ops,
@@ -122,16 +134,21 @@ def _overlaps(ops: Mapping[str, OpRecord], readers: set[str], ttl: float, add) -
     """``lease_overlap`` between modes (the module docstring)."""
     exclusive = {r.fence: r for r in ops.values()
                  if r.op not in readers and r.fence is not None}
+    fences = sorted(exclusive)
     shared = sorted((r for r in ops.values() if r.op in readers and r.fence is not None),
                     key=lambda r: r.fence or 0)
     for r in shared:
-        holder = exclusive.get(r.fence)
+        # the last exclusive grant before the reader's: its fence is the epoch, or one below
+        # when the shared grant started a new epoch after that lease ended uncleanly
+        i = bisect.bisect_right(fences, r.fence or 0)
+        holder = exclusive[fences[i - 1]] if i else None
         end = lease_end(holder, ttl) if holder is not None else None
         if end is not None and isinstance(r.granted_up, int | float) \
                 and r.granted_up + LEASE_SLACK_S < end:
             add(Violation("lease_overlap", f"shared grant of epoch {r.fence} by uptime "
                                            f"{r.granted_up:.2f}, while {holder.op} held it "
-                                           f"exclusive until at least {end:.2f}", r.op))
+                                           f"exclusive (fence {holder.fence}) until at least "
+                                           f"{end:.2f}", r.op))
     ends = [(r.fence or 0, lease_end(r, ttl), r.op) for r in shared]
     for w in sorted(exclusive.values(), key=lambda r: r.fence or 0):
         if not isinstance(w.granted_up, int | float):
@@ -201,18 +218,51 @@ def _reads(ops: Mapping[str, OpRecord], readers: set[str], events: Sequence[Mapp
     return {"reads_allowed": allowed, "reads_stale": stale}
 
 
+def _lapsed_writes(ops: Mapping[str, OpRecord], readers: set[str],
+                   events: Sequence[Mapping[str, Any]], history: Sequence[HistoryRow],
+                   add) -> None:
+    """``lapsed_write`` (module docstring), blaming the writer once."""
+    reads = [(float(e["up"]), int(e["fence"]), str(e["op"])) for e in events
+             if e.get("ev") == "observe" and e.get("op") in readers
+             and isinstance(e.get("up"), int | float)]
+    ups, best = _prefix_max(reads)
+    writers = {op: r for op, r in ops.items() if op not in readers}
+    deleters = _deleters(writers)
+    committed = {r.op for r in history if r.kind in ("counter", "mark_ins")}
+    committed |= {deleters[r.op].op for r in history
+                  if r.kind == "mark_del" and r.op in deleters}
+    for op in sorted(committed):
+        rec = writers.get(op)
+        if rec is None or rec.write is None or not isinstance(rec.write.get("up"), int | float):
+            continue
+        sent, fence = float(rec.write["up"]), int(rec.write["fence"])
+        i = bisect.bisect_left(ups, sent - UP_SLACK_S)
+        if i and best[i - 1][1] >= fence:
+            up, epoch, by = best[i - 1]
+            add(Violation("lapsed_write", f"{op}'s write with fence {fence} sent at {sent:.2f} "
+                                          f"committed, though {by}'s fenced read under epoch "
+                                          f"{epoch} was answered at {up:.2f}", op))
+
+
 def check_rw(history: Sequence[HistoryRow], counter: int, events: Iterable[Mapping[str, Any]],
              *, ttl: float | None = None) -> CheckResult:
     """Check an ``rw`` run (module docstring); arguments as ``chaos.checker.check``."""
     events = list(events)
     readers = {op for op, e in modes(events).items() if e.get("mode") == "shared"}
-    out = check(history, counter, [e for e in events if e.get("op") not in readers], ttl=ttl)
-    add = out.violations.append
     ops = collect_ops(events)
+    epochs: dict[int, float] = {}
+    for op in readers:
+        r = ops[op]
+        if r.fence is not None and isinstance(r.granted_up, int | float):
+            epochs[r.fence] = min(epochs.get(r.fence, r.granted_up), r.granted_up)
+    out = check(history, counter, [e for e in events if e.get("op") not in readers], ttl=ttl,
+                epochs=epochs)
+    add = out.violations.append
     refused = _shared_writes(readers, events, history, add)
     if ttl is not None:
         _overlaps(ops, readers, ttl, add)
     out.stats.update(_reads(ops, readers, events, history, add))
+    _lapsed_writes(ops, readers, events, history, add)
     out.stats["readers"] = len(readers)
     out.stats["shared_writes_refused"] = refused
     return out

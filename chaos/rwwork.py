@@ -11,7 +11,9 @@ leadership, renewed and released by its own paths), and to the proxy with the le
   (the nemesis's ``pause_grant`` freezes it there, before anything reached the proxy), thinks,
   then either reads the counter fenced with its token (``GET`` of the row, a fenced list, or
   a claim-for-read ``POST /v1/fences/{L}/claim`` then the ``GET``), logging ``observe {value,
-  wop, sent}`` (``sent``: uptime when the read left) or ``stale``; or (``--illicit`` of them)
+  wop, sent}`` (``sent``: uptime when the read left) or ``stale``; half of them read again
+  after a think, still holding the lock (a writer whose lease lapsed must not change what
+  they read: the nemesis's ``pause_shared`` thaws one right after a read); or (``--illicit`` of them)
   tries to WRITE under its shared token (PATCH/PUT of the counter, a batch, a mark insert, or
   ``POST /v1/fences/claim``): ``write {mark, shared: true}``, and the answer must be ``rejected``
   with ``code = shared_token``.
@@ -80,7 +82,7 @@ class LeaseOps:
     def _take(self, base: str, verb: str, body: dict[str, Any], **log_fields: Any) -> RawLease:
         answer = self.w._lockd(f"{base}/{verb}", {
             "ttl_ms": self._ttl_ms(), "wait_ms": round(self.w.a.acquire_wait * 1000),
-            "owner": f"{self.w.a.worker}.{self.w.a.incarnation}", **body})
+            "owner": f"{self.w.a.worker}.{self.w.a.incarnation}", **body})  # body may set wait_ms
         return RawLease.from_body(answer, base, **log_fields)
 
     def renew(self, lease: RawLease) -> None:
@@ -117,10 +119,12 @@ class RwOps(LeaseOps):
         self._think()
         if illicit:
             self._write(op, lease, via)
-        else:
+        elif self._read(op, lease, via) and w.rng.random() < 0.5:
+            self._think()  # still holding the lock shared: nothing may change what it read
             self._read(op, lease, via)
 
-    def _read(self, op: str, lease: RawLease, via: str) -> None:
+    def _read(self, op: str, lease: RawLease, via: str) -> bool:
+        """One fenced read (``via``); whether it was allowed (``observe``)."""
         w = self.w
         lock = w.a.lock
         sent = uptime()
@@ -134,9 +138,10 @@ class RwOps(LeaseOps):
                 row = w._plain("GET", "/v1/tables/counter/rows/1", lease)
         except LockClientError as exc:
             w._outcome(op, "read", exc, lease.fence)
-            return
+            return False
         w.log("observe", op=op, fence=lease.fence, value=int(row["value"]), wop=row.get("op"),
               wfence=row.get("fence"), via=via, sent=sent)
+        return True
 
     def _write(self, op: str, lease: RawLease, via: str) -> None:
         """A write under the shared token: the proxy must refuse it (403 ``shared_token``)."""

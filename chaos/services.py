@@ -37,6 +37,7 @@ from chaos.db import (
     TERMS_TABLE,
     ResourceDB,
 )
+from chaos.near import NEAR_SPACES, NEAR_TABLES
 from chaos.relay import Relay
 from chaos.sqldb import create_sql_schema, protect
 from tests.etcd_support import EtcdCluster
@@ -117,7 +118,7 @@ class Services:
             self.db_url = self._pg_database("chaos_resource")
         else:
             self.db_url = f"sqlite:///{(self.dir / 'resource.db').resolve()}"
-        ResourceDB(self.db_url).create_schema(self.accounts)
+        ResourceDB(self.db_url).create_schema(self.accounts, NEAR_SPACES[self.workload])
         if self.workload == "sql":  # the database's own fence triggers, before the proxy starts
             if self.resource != "postgres":
                 raise ValueError("the sql workload needs a PostgreSQL protected database")
@@ -149,12 +150,15 @@ class Services:
                           f"{ACCOUNTS_TABLE}: \"{ACCOUNT_LOCKS}\", "
                           f"{ACCOUNT_MARKS_TABLE}: \"accounts/{{account}}\", "
                           f"{TERMS_TABLE}: {ELECTION}, "
-                          f"{SLOT_MARKS_TABLE}: \"sem/{SEMAPHORE}/{{slot}}\"}}\n")
+                          f"{SLOT_MARKS_TABLE}: \"sem/{SEMAPHORE}/{{slot}}\", "
+                          + ", ".join(f"{t}: \"{tpl}\"" for t, tpl in
+                                      zip(NEAR_TABLES, NEAR_SPACES[self.workload], strict=True))
+                          + "}\n")
         self.proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", proxy_db,
              "--lockd-url", self.lockd_url, "--tables",
              f"counter,{MARKS_TABLE},{ACCOUNTS_TABLE},{ACCOUNT_MARKS_TABLE},{TERMS_TABLE},"
-             f"{SLOT_MARKS_TABLE}",
+             f"{SLOT_MARKS_TABLE},{','.join(NEAR_TABLES)}",
              "--policy", str(policy), "--port", str(self.proxy_port), "--log-level", "warning",
              "--workers", "1"],  # one process: the nemesis SIGSTOPs the proxy by its pid
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")

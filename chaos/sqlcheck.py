@@ -3,12 +3,13 @@
 Account updates (``kind = 'account'``) are transfers and go through ``check_transfers``
 unchanged: money conserved, each account's committed writes chained (a write read what the
 previous one left), no fence below one committed or honoured before, per account lock. Orders
-and lines (``chaos.sqldb``'s kinds) then answer to the rule the database's triggers enforce,
-row by row in commit order (``chaos.rowlocks``: ``unclaimed_commit``, ``phantom``,
-``rejected_committed``, ``fence_decrease``, ``stale_commit``); an account update by an operation
-that claimed nothing (the ``noclaim`` control) is an ``unclaimed_commit`` too.
+and lines (``chaos.sqldb``'s kinds) and the near operations' rows (``chaos.near``) then answer
+to the rule the database's triggers enforce, row by row in commit order (``chaos.rowlocks``:
+``unclaimed_commit``, ``phantom``, ``rejected_committed``, ``fence_decrease``,
+``stale_commit``); an account update by an operation that claimed nothing (the ``noclaim``
+control) is an ``unclaimed_commit`` too.
 
-The stats add ``sql_rows`` (order/line rows committed), ``sql_refused`` (writes the triggers
+The stats add ``sql_rows`` (order/line/near rows committed), ``sql_refused`` (writes the triggers
 refused: ``rejected`` with ``code = lock_not_claimed``) and ``committed_writes`` (operations
 with at least one committed row, of any kind).
 """
@@ -24,7 +25,8 @@ from chaos.transfers import check_transfers
 
 __all__ = ["SQL_ROW_KINDS", "check_sql"]
 
-SQL_ROW_KINDS = ("order_ins", "order_del", "line_ins", "line_upd", "line_out", "line_del")
+SQL_ROW_KINDS = ("order_ins", "order_del", "line_ins", "line_upd", "line_out", "line_del",
+                 "near")
 
 
 def check_sql(history: Sequence[HistoryRow], balances: Mapping[int, int],

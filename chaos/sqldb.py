@@ -8,9 +8,10 @@ Beside ``accounts`` (``chaos.db``), two tables whose rows belong to account lock
 
 so deleting an order of account ``a`` deletes, by cascade, lines owned by other accounts: rows of
 other locks, which the transaction must have claimed too. ``protect`` installs the database's
-own fence triggers (``resource_proxy.dbfence.install``) on ``accounts``, ``orders`` and
-``order_lines`` with these templates; nothing else of the chaos schema is protected (``history``
-is written by triggers, ``counter``/``marks`` by the proxy of the other workloads).
+own fence triggers (``resource_proxy.dbfence.install``) on ``accounts``, ``orders``,
+``order_lines`` and the near tables (``chaos.near``) with these templates; nothing else of the
+chaos schema is protected (``history`` is written by triggers, ``counter``/``marks`` by the
+proxy of the other workloads).
 
 History (``chaos.db``'s table, stamped with the commit order at COMMIT): account updates as
 ``kind = 'account'`` (``chaos.db``'s trigger); every insert, update and delete of an order or a
@@ -36,14 +37,17 @@ import psycopg
 import sqlalchemy as sa
 
 from chaos.db import ResourceDB
+from chaos.near import NEAR_SPACES, NEAR_TABLES
 from resource_proxy.dbfence import install
 from resource_proxy.policy import Policy, TablePolicy, Template
 
 __all__ = ["SQL_TABLES", "SQL_POLICY", "create_sql_schema", "protect"]
 
 SQL_POLICY = {"accounts": "accounts/{id}", "orders": "accounts/{account}",
-              "order_lines": "accounts/{owner}"}
-"""Table -> lock template: every row of the three tables belongs to one account lock."""
+              "order_lines": "accounts/{owner}",
+              **dict(zip(NEAR_TABLES, NEAR_SPACES["sql"], strict=True))}
+"""Table -> lock template: every row of the three tables belongs to one account lock; the
+near tables' rows to ``accounts/{n}`` and ``accounts/{n}/x`` (``chaos.near``)."""
 SQL_TABLES = tuple(SQL_POLICY)
 
 _SCHEMA = """

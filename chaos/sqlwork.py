@@ -40,9 +40,11 @@ from lockd.client.sqlfence import LockNotClaimedError, fenced_transaction
 
 __all__ = ["SQL_OPS", "SqlOps"]
 
-SQL_OPS = ("rmw", "rmw", "rmw", "blind", "blind", "order", "order", "touch", "rehome", "cancel",
-           "drop", "drop")
-"""The draw of each operation (weights by repetition)."""
+SQL_OPS = ("rmw", "rmw", "rmw", "blind", "blind", "order", "order", "order", "touch", "rehome",
+           "rehome", "rehome", "cancel", "drop", "drop", "drop")
+"""The draw of each operation (weights by repetition): the writes that reach rows of locks the
+lease lacks (``rehome``, ``drop``, and the ``order`` rows they reach) often enough that a trigger
+which lets one through is caught several times a run."""
 _SET_OP = "SELECT set_config('chaos.op', %s, true)"
 
 
@@ -82,8 +84,9 @@ class SqlOps:
             with conn.transaction():
                 conn.execute(_SET_OP, (op,))
                 yield conn
-        else:
-            with fenced_transaction(conn, lease):
+        else:  # a raw lease (``chaos.near``) has no client: its keys come from lockd's URL
+            url = None if hasattr(lease, "_client") else self.w.a.lockd
+            with fenced_transaction(conn, lease, lockd_url=url):
                 conn.execute(_SET_OP, (op,))
                 yield conn
 
@@ -96,8 +99,26 @@ class SqlOps:
             a, b = b, a
         kind = self.w.rng.choice(SQL_OPS)
         claimed = self.w.a.mode != "noclaim"
+        self._guarded(op, lease, lambda: getattr(self, "_" + kind)(op, lease, fences, a, b,
+                                                                  claimed))
+
+    def near(self, op: str, lease: Any, table: str, row: dict[str, Any]) -> bool:
+        """Insert ``row`` into near table ``table`` in one transaction of ``lease`` (a neighbour
+        lock, ``chaos.near``); whether it committed (else its outcome is logged)."""
+        self._phase = "write"
+
+        def insert() -> None:
+            with self.transaction(op, lease) as conn:
+                conn.execute(f"INSERT INTO {table} (n, id, fence) VALUES (%s, %s, %s)",
+                             (row["n"], row["id"], row["fence"]))
+
+        return self._guarded(op, lease, insert)
+
+    def _guarded(self, op: str, lease: Any, body: Any) -> bool:
+        """Run ``body``; log its failure as the operation's outcome. Whether it succeeded."""
         try:
-            getattr(self, "_" + kind)(op, lease, fences, a, b, claimed)
+            body()
+            return True
         except StaleTokenError as exc:
             self.w.log("stale", op=op, phase=self._phase, fence=lease.fence,
                        presented=exc.presented, highest=exc.highest, lock=exc.lock,
@@ -109,7 +130,7 @@ class SqlOps:
             if getattr(exc, "sqlstate", None) == "LF002":  # noclaim: the trigger's refusal
                 self.w.log("rejected", op=op, phase=self._phase, fence=lease.fence, status=None,
                            code="lock_not_claimed", error=str(exc).splitlines()[0][:200])
-                return
+                return False
             if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
                 self.close()  # the connection broke: committed or not, nobody knows
                 self.w.log("unknown", op=op, phase=self._phase, fence=lease.fence, status=None,
@@ -123,6 +144,7 @@ class SqlOps:
             self.w.log("unknown", op=op, phase=self._phase, fence=lease.fence,
                        status=getattr(exc, "status", None), code=type(exc).__name__,
                        error=str(exc)[:200])
+        return False
 
     _phase = "read"
 

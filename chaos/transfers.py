@@ -30,7 +30,8 @@ Violations (beside the lease checks of ``chaos.checker``, run per account lock:
 ======================  ==============================================================
 
 Blind multi-lock batches (no claim, no read first) insert one ``amark`` row per account of
-their lease; ``chaos.rowlocks`` holds them to the lock rule (``unclaimed_commit``, ``phantom``,
+their lease; ``chaos.rowlocks`` holds them, and the near operations' rows (``chaos.near``:
+``accounts/10`` beside ``accounts/1``, ``accounts/1/x``), to the lock rule (``unclaimed_commit``, ``phantom``,
 ``rejected_committed``, ``fence_decrease``, ``stale_commit`` per account lock, in commit order
 with the account updates).
 
@@ -246,7 +247,7 @@ def check_transfers(history: Sequence[HistoryRow], balances: Mapping[int, int],
             _check_leases(list(seen.values()), ttl, add)
 
     # 5. The blind multi-lock batches' marks: each under a lock its batch held, fences in order.
-    marks = check_row_locks(history, events, ("amark",), add)
+    marks = check_row_locks(history, events, ("amark", "near"), add)
 
     out.stats = _stats(ops, set(by_op))
     out.stats["transfers_committed"] = len(applied)

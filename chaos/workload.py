@@ -19,17 +19,16 @@ second workload plugs in as another ``Worker._op_<name>`` method and a ``--workl
             -> release {up = when sent} L
     (some iterations are a peek instead: a plain read without any lock or token)
 
-The ``transfer`` workload (``_op_transfer``): acquire_many of two random account locks
-(``accounts/<a>``, ``accounts/<b>``: one grant, one token, a fence per lock), read both balances
-fenced (the first read claims both locks), think, then ONE batch updating both rows (each row
-names the transfer id in ``op``, its lock's fence and the balance read): ``acquired {fence =
-the highest, fences}``, ``read {value, balances, via}``, ``write {src, dst, amount, reads}``.
-Some transfers (85 % in the blind phases, 20 % otherwise) are instead a blind multi-lock batch:
-no claim, no read, one ``account_marks`` row per account, ``blind``/``write {mark}``.
+The ``transfer`` workload (``chaos.transferwork``): acquire_many of two random account locks,
+then a fenced read of both balances and ONE batch writing both, or a blind multi-lock batch.
 
 The ``rw``, ``sem`` and ``election`` workloads (``chaos.rwwork``, ``chaos.electwork``: ``ext``
 acquires, renews, releases and runs their operations): readers on shared locks beside the
 counter's writers; permits of a semaphore writing their slots; leaders writing a term log.
+
+In every workload, ``--near`` of the operations (fenced and noclaim modes) are near operations
+(``chaos.near``): a neighbour lock whose name contains or is contained by the workload's own
+(``chaos/counter/1``, ``accounts/10``, ``accounts/1/x``, ...), one row written blind under it.
 
 The ``sql`` workload (``_op_sql``, ``chaos.sqlwork``): the same two-account leases, plain SQL
 inside ``fenced_transaction`` on the protected database (no proxy): transfers read-modify-write
@@ -83,6 +82,7 @@ from typing import Any
 import httpx
 import psycopg
 
+from chaos.db import account_ids
 from lockd.client import Lease, LeaseRef, LockClient
 from lockd.client.errors import (
     AcquireTimeout,
@@ -102,10 +102,13 @@ MODES = ("fenced", "unfenced-read", "nofence", "noclaim")
 WORKLOADS = ("counter", "transfer", "sql", "rw", "sem", "election")
 RMW_VIAS = ("batch", "batch", "patch", "put")
 MARK_VIAS = ("post", "batch", "batch", "put", "delete", "delete")
+BLIND_PHASE_VIAS = ("batch", "batch", "post", "put", "delete")
+"""The blind phase's writes: every write path, none after a claim of its own (a frozen holder
+thawed after its successor's blind batch then sends a single-row write as often as a batch)."""
 BLIND_PHASE_S = 4.0
-"""Length of the phases (s) of the counter workload, in turn: blind (85 % blind batches),
-claim (every operation a read-modify-write that claims, then reads plainly), mixed
-(``Worker._op_counter``)."""
+"""Length of the phases (s) of the counter workload, in turn: blind (85 % blind writes, by
+``BLIND_PHASE_VIAS``), claim (every operation a read-modify-write that claims, then reads
+plainly), mixed (``Worker._op_counter``)."""
 _DIRECT_ERRORS = (psycopg.Error, sqlite3.Error, OSError)
 
 
@@ -171,6 +174,11 @@ class Worker:
             from chaos.db import Direct
 
             self.direct = Direct(args.db)
+        self.transfers: Any = None
+        if args.workload == "transfer":
+            from chaos.transferwork import TransferOps
+
+            self.transfers = TransferOps(self, _sleep)
         self.sql = None
         if args.workload == "sql":
             from chaos.sqlwork import SqlOps
@@ -190,6 +198,12 @@ class Worker:
             from chaos.electwork import ElectionOps
 
             self.ext = ElectionOps(self, _sleep, args.lock)
+        self.near: Any = None
+        """Near operations on neighbour locks (``chaos.near``), in ``fenced``/``noclaim``."""
+        if args.mode in ("fenced", "noclaim") and args.near > 0:
+            from chaos.near import NearOps
+
+            self.near = NearOps(self, _sleep, args.workload, self.sql)
         self.stopping = False
         self._last_mark: str | None = None
         """The last mark this worker saw committed (the target of its next DELETE)."""
@@ -258,16 +272,24 @@ class Worker:
         else:
             self.log("rejected", op=op, phase=phase, fence=fence, **_error_fields(exc))
 
+    @staticmethod
+    def phase() -> int:
+        """The phase now: 0 blind, 1 claim, 2 mixed, ``BLIND_PHASE_S`` each in turn, by the
+        machine's uptime (every worker is in the same one)."""
+        return int(uptime() / BLIND_PHASE_S) % 3
+
     def _op_counter(self, op: str, lease: Lease) -> None:
         """The ``counter`` workload: a read-modify-write of the counter, or a blind mark write.
         Every ``BLIND_PHASE_S`` x 3 seconds of real time, all workers spend ``BLIND_PHASE_S`` in a
-        blind phase (85 % blind batches): a frozen holder's successor then often writes a blind
-        batch, the one write that alone must raise the highest past the frozen fence."""
-        phase = int(uptime() / BLIND_PHASE_S) % 3
+        blind phase (85 % blind writes, batches and single rows): a frozen holder's successor
+        then often writes a blind batch, the one write that alone must raise the highest past
+        the frozen fence, and the frozen holder's own write is as often a single-row write
+        whose own check alone must refuse it (no claim of its own came first)."""
+        phase = self.phase()
         blind_phase, claim_phase = phase == 0, phase == 1
         share = 0.85 if blind_phase else 0.0 if claim_phase else self.a.blind
         if self.a.mode == "fenced" and self.rng.random() < share:
-            self._blind(op, lease, ("batch",) if blind_phase else MARK_VIAS)
+            self._blind(op, lease, BLIND_PHASE_VIAS if blind_phase else MARK_VIAS)
         else:
             self._rmw(op, lease, claim_first=True if claim_phase else None)
 
@@ -334,60 +356,8 @@ class Worker:
         self.log("ack", op=op, fence=lease.fence, via=via, mark=mark)
 
     def _op_transfer(self, op: str, lease: Lease) -> None:
-        """The ``transfer`` workload: move 1..50 from one account of the lease to the other,
-        by a fenced read of both balances and one batch writing both (``nofence``: straight to
-        the database in one transaction; ``unfenced-read``: plain reads, the batch with the
-        token). The amount may exceed the balance: balances may go negative, only the sum and
-        each row's history matter."""
-        fences = dict(getattr(lease, "fences", {}))
-        blind_phase = int(uptime() / BLIND_PHASE_S) % 3 == 0
-        if self.a.mode == "fenced" and self.rng.random() < (0.85 if blind_phase else 0.2):
-            self._blind_marks(op, lease, fences)
-            return
-        accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
-        src, dst = (accounts if self.rng.random() < 0.5 else accounts[::-1])
-        session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
-        _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
-        reads: dict[int, int] = {}
-        try:
-            for account in (src, dst):
-                if self.a.mode == "fenced":
-                    reads[account] = int(session.get("accounts", account)["balance"])
-                elif self.a.mode == "unfenced-read":
-                    body = self._plain("GET", f"/v1/tables/accounts/rows/{account}", None)
-                    reads[account] = int(body["balance"])
-                else:
-                    assert self.direct is not None
-                    reads[account] = self.direct.read_balance(account)
-        except (LockClientError, *_DIRECT_ERRORS) as exc:
-            self._outcome(op, "read", exc, lease.fence)
-            return
-        self.log("read", op=op, fence=lease.fence, value=reads[src], fenced=self.a.mode == "fenced",
-                 via="batch", balances={str(k): v for k, v in reads.items()})
-        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
-        amount = self.rng.randint(1, 50)
-        new = {src: reads[src] - amount, dst: reads[dst] + amount}
-        self.log("write", op=op, fence=lease.fence, read=reads[src], wrote=new[src], via="batch",
-                 src=src, dst=dst, amount=amount, reads={str(k): v for k, v in reads.items()})
-        rows = [(account, new[account], fences[f"accounts/{account}"], reads[account])
-                for account in (src, dst)]
-        try:
-            if self.a.mode == "nofence":
-                assert self.direct is not None
-                self.direct.transfer(op, rows)
-            else:
-                ops = [{"op": "update", "table": "accounts", "key": account,
-                        "row": {"balance": balance, "op": op, "fence": fence,
-                                "read_balance": read}}
-                       for account, balance, fence, read in rows]
-                if self.a.mode == "fenced":
-                    session.batch(ops)
-                else:
-                    self._plain("POST", "/v1/batch", lease, {"ops": ops})
-        except (LockClientError, *_DIRECT_ERRORS) as exc:
-            self._outcome(op, "write", exc, lease.fence)
-            return
-        self.log("ack", op=op, fence=lease.fence, read=reads[src], wrote=new[src], fences=fences)
+        """The ``transfer`` workload (``chaos.transferwork``)."""
+        self.transfers.run(op, lease)
 
     def _op_rw(self, op: str, lease: Any) -> None:
         self.ext.run(op, lease)
@@ -399,23 +369,6 @@ class Worker:
         assert self.sql is not None
         self.sql.run(op, lease)
 
-    def _blind_marks(self, op: str, lease: Lease, fences: dict[str, int]) -> None:
-        """A blind multi-lock batch (``transfer`` workload): no claim and no read first, one
-        ``account_marks`` row per account of the lease, so the batch's own fence check and raise
-        of EVERY lock is all that stands between a frozen holder and a stale commit."""
-        self.log("blind", op=op, fence=lease.fence, via="batch", fences=fences)
-        _sleep(self.rng.uniform(self.a.think_min, self.a.think_max))
-        ops = [{"op": "insert", "table": "account_marks",
-                "row": {"account": int(name.rsplit("/", 1)[1]), "id": op, "fence": fence}}
-               for name, fence in sorted(fences.items())]
-        self.log("write", op=op, fence=lease.fence, via="batch", mark=op)
-        try:
-            self._plain("POST", "/v1/batch", lease, {"ops": ops})
-        except LockClientError as exc:
-            self._outcome(op, "write", exc, lease.fence)
-            return
-        self.log("ack", op=op, fence=lease.fence, via="batch", mark=op, fences=fences)
-
     def _acquire(self) -> Lease:
         """The lease of one operation: lock L, or (``transfer``, ``sql``) two random account
         locks; ``rw``/``sem``/``election``: ``ext``'s lease)."""
@@ -424,7 +377,7 @@ class Worker:
         if self.a.workload == "counter":
             return self.client.acquire(self.a.lock, self.a.ttl, wait=self.a.acquire_wait,
                                        auto_renew=False)
-        pair = self.rng.sample(range(1, self.a.accounts + 1), 2)
+        pair = self.rng.sample(account_ids(self.a.accounts), 2)
         return self.client.acquire_many([f"accounts/{n}" for n in pair], self.a.ttl,
                                         wait=self.a.acquire_wait, auto_renew=False)
 
@@ -436,9 +389,13 @@ class Worker:
             raise error_from_response(response)
         return response.json() if response.content else None
 
+    def _raw(self) -> Any:
+        """The ``chaos.rwwork.LeaseOps`` that renews and releases raw leases."""
+        return self.ext if self.ext is not None else self.near
+
     def _renew_once(self, lease: Lease) -> None:
         if hasattr(lease, "base"):  # a ``chaos.rwwork.RawLease``
-            self.ext.renew(lease)
+            self._raw().renew(lease)
         elif hasattr(lease, "fences"):
             self._lockd("/v1/leases/renew", {"lease_id": lease.lease_id,
                                              "ttl_ms": round(self.a.ttl * 1000)})
@@ -447,7 +404,7 @@ class Worker:
 
     def _release(self, lease: Lease) -> None:
         if hasattr(lease, "base"):
-            self.ext.release(lease)
+            self._raw().release(lease)
         elif hasattr(lease, "fences"):
             self._lockd("/v1/leases/release", {"lease_id": lease.lease_id})
         else:
@@ -487,8 +444,9 @@ class Worker:
                     and self.rng.random() < self.a.peek:
                 self._peek(op)
                 continue
+            near = self.near is not None and self.rng.random() < self.a.near
             try:
-                lease = self._acquire()
+                lease = self.near.acquire() if near else self._acquire()
             except AcquireTimeout:
                 self.log("not_acquired", op=op, phase="acquire", code="timeout")
                 continue
@@ -505,7 +463,10 @@ class Worker:
                                        daemon=True)
             renewer.start()
             try:
-                getattr(self, "_op_" + self.a.workload)(op, lease)
+                if near:
+                    self.near.run(op, lease)
+                else:
+                    getattr(self, "_op_" + self.a.workload)(op, lease)
             finally:
                 stop.set()
                 self.log("release", op=op, fence=lease.fence)
@@ -551,6 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--illicit", type=float, default=0.2,
                    help="share of the readers' operations that try to write (rw workload)")
     p.add_argument("--limit", type=int, default=2, help="permits of the semaphore (sem workload)")
+    p.add_argument("--near", type=float, default=0.1,
+                   help="share of operations on a neighbour lock (chaos.near; fenced, noclaim)")
     p.add_argument("--peek", type=float, default=0.05,
                    help="share of iterations that are a plain read without lock or token")
     return p

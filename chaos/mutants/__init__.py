@@ -47,9 +47,19 @@ that serves batches of one lock and of several (``_batch_on``), and lockd's muta
 single-lock and the multi-lock grant alike. The runs of lockd's mutants inject
 every fault kind; those of the proxy's inject the faults that make frozen holders send stale
 writes (``_STALE_FAULTS``: every pause, handoff, kill after read, proxy SIGSTOP, database
-latency); ``batch_no_raise`` the freezes right after a grant (``_GRANT_FAULTS``), and the two
-check-then-act mutants the faults that hold such a window open while a stale write arrives
-(``_WINDOW_FAULTS``), so that 40 s see each of them several times.
+latency); ``off_by_one`` the freezes that thaw a holder right after its immediate successor
+raised the highest (``_NEXT_FAULTS``); ``batch_no_raise`` the freezes right after a grant
+(``_GRANT_FAULTS``),
+``batch_unchecked`` the freezes that thaw a holder into its write once a newer holder raised
+the highest (``_THAW_FAULTS``), ``single_write_unchecked`` the freeze after a grant whose thawed
+holder writes blind (``_BLIND_FAULTS``), and the two check-then-act mutants the faults that hold such a window open
+while a stale write arrives (``_WINDOW_FAULTS``), so that 40 s see each of them several times.
+A mutant whose window only a coincidence opens runs longer (``length``: ``batch_partial_raise``,
+whose stale write needs a successor's blind batch in which the shared lock is not the first;
+``single_write_unchecked`` and ``batch_unchecked``, whose thawed holders share their writes
+between the two paths; ``dbfence_new_image``, whose window is a key-changing UPDATE of a line
+another order left behind, a few a minute). ``python -m chaos.mutants`` prints each mutant's violation count: a
+mutant caught by one violation is caught by luck.
 """
 
 from __future__ import annotations
@@ -94,6 +104,9 @@ class Mutant:
     """Fault kinds of its chaos run (None: every kind that applies)."""
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
+    length: float = 1.0
+    """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
+    coincidence opens gets a longer run, so that it is caught with a margin."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -182,14 +195,35 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
-_SQL_FAULTS = "pause_grant,pause_write,pause,kill_worker"
-"""Freezes before a claim (blind SQL writes) and in flight: stale claims reach the database."""
+_SQL_FAULTS = "pause_grant"
+"""The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
+newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
+read holds its transaction, and so the fence rows, open: its successor waits, nothing is stale;
+one with a write in flight catches rmw operations as often.)"""
 
-_WINDOW_FAULTS = "handoff,stop_proxy,db_delay,pause,pause_write"
-"""The faults that hold a check-then-act window open while a stale write arrives."""
+_WINDOW_FAULTS = "handoff,stop_proxy"
+"""The faults that hold a check-then-act window open while a newer holder's claim arrives: the
+handoff (its database slowed, B thawed inside A's window) and the proxy's SIGSTOP with a write
+in flight. (A pause thaws A after B claimed: its check refuses it first; database latency alone
+and a freeze with the write in flight put no second holder in the window.)"""
 _STALE_FAULTS = "pause,pause_grant,pause_write,handoff,kill_after_read,stop_proxy,db_delay"
 """Every fault that makes a frozen holder send a stale write (the proxy's mutants)."""
+_NEXT_FAULTS = "kill_after_read,pause_grant"
+"""The freezes that thaw A right after its immediate successor raised the highest (B's claim and
+read, then B killed; B's blind batch): A's fence is then exactly one below the highest. A late
+pause has let several holders pass, and a handoff thaws A before B's claim."""
 _GRANT_FAULTS = "pause_grant,handoff,kill_after_read"
+_BLIND_FAULTS = "pause_grant"
+"""The freeze right after a grant, thawed after a newer holder's blind batch: the thawed holder
+sends its blind write, a single row more often than not (POST, PUT, DELETE with no claim and
+no Idempotency-Key). A keyed single write (an rmw's PATCH) is checked inside the transaction
+that wrote it, so a skipped comparison there still ends in a rollback; an rmw thawed after
+its read writes an unkeyed single row (PUT) one time in four."""
+_THAW_FAULTS = "pause,pause_grant,kill_after_read"
+"""The freezes that thaw a holder into its write once a newer holder raised the highest: an
+rmw's write after its read (a batch, PATCH or PUT), a blind write after its grant (a batch,
+POST, PUT or DELETE). The handoff thaws A before B's claim, and proxy SIGSTOP and database
+latency freeze no holder: none of them sends a stale write for a check to let through."""
 _RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
 """Readers frozen at their grant and writers frozen mid-lease: both modes' leases meet."""
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
@@ -198,7 +232,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
            "stale_commit, fence_decrease (a thawed holder's write lands after a newer claim)",
            (Edit(_FENCING, _CHECK, _CHECK.replace("h != f.fence", "h not in (f.fence, f.fence + 1)")),
-            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _STALE_FAULTS),
+            Edit(_SQL, _GATE, _GATE.replace("highest = {", "highest <= 1 + {"))), _NEXT_FAULTS),
     Mutant("upsert_never_raises", "the fence upsert never raises the highest",
            "stale_commit, fence_decrease, interleaving",
            (Edit(_SQL, _UPSERT, "highest = f.highest RETURNING highest"),
@@ -210,7 +244,7 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_PG, "            try:\n                check_all(fences, highest)\n"
                       "            except ProxyError",
                  "            try:\n                pass\n            except ProxyError"),),
-           _STALE_FAULTS),
+           _THAW_FAULTS, length=1.5),
     Mutant("lockd_same_fence", "lockd keeps the same fence on a re-grant after expiry",
            "fence_reused, lease_overlap",
            (Edit(_LOCKD, _LOCKD_FENCE,
@@ -235,9 +269,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_LOCKD, _LOCKD_LIVE, _LOCKD_LIVE.replace("row[4] > now", "row[4] > now + 800")),
             Edit(_LOCKD, _LOCKD_LIVE_MANY, _LOCKD_LIVE_MANY.replace("> now", "> now + 800")))),
     Mutant("single_write_unchecked", "single-row writes skip the fence comparison",
-           "stale_commit, fence_decrease (PATCH/PUT/POST/DELETE run in chaos)",
+           "rejected_committed, stale_commit (holders frozen at their grant, thawed into a blind "
+           "POST/PUT/DELETE after a newer holder's blind batch)",
            (Edit(_SQL, _GATE, _GATE.replace("WHERE highest = {d.p('fence', 'bigint')}", "")),),
-           _STALE_FAULTS),
+           _BLIND_FAULTS, length=1.5),
     Mutant("claim_no_raise", "an explicit claim checks the fence but does not raise the highest",
            "stale_commit, interleaving (claim, then plain reads without the token, then write)",
            (Edit(_PG, _CLAIM_ONE, _CLAIM_ONE_SELECT), Edit(_PG, _CLAIM_ALL, _CLAIM_ALL_SELECT)),
@@ -245,12 +280,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("batch_partial_raise", "a multi-lock batch checks every fence but raises only its "
            "first lock's", "fence_decrease, stale_commit (blind multi-lock batches: no claim "
            "first)", (Edit(_PG, _BATCH_RAISE, _BATCH_RAISE_FIRST),), "pause_grant",
-           ("transfer",)),
+           ("transfer",), length=3.0),
     Mutant("dbfence_new_image", "the fence trigger computes the lock of UPDATE/DELETE from NEW, "
            "not OLD", "unclaimed_commit (a key-changing UPDATE moves lines out of an account "
            "lock the lease lacks)",
            (Edit(_DBFENCE, _OLD_IMAGE, _OLD_IMAGE.replace("lock_call_old", "lock_call_new")),),
-           "pause,kill_worker", ("sql",)),
+           "pause,kill_worker", ("sql",), length=1.5),
     Mutant("dbfence_claim_no_raise", "fencing.claim records a stale claim instead of raising",
            "fence_decrease, stale_commit (blind SQL writes of frozen holders commit)",
            (Edit(_DBFENCE, _DB_CLAIM, _DB_CLAIM.replace("_RAISE_STALE", '"NULL;"')),),
@@ -302,11 +337,12 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
                workload: str | None = None) -> dict[str, Any]:
     """Plant ``mutant`` in a copy of the tree and run chaos there (fenced mode, ``workload``:
     ``counter`` exercises single-lock batches and writes, ``transfer`` multi-lock leases and
-    batches). Returns
+    batches) for ``seconds`` x the mutant's ``length``. Returns
     ``{name, detected, kinds, violations, elapsed_s, report}``; ``MutantNoLongerApplies`` if
     a snippet is gone. The venv's python runs the copy (``PYTHONPATH`` puts it first)."""
     started = time.monotonic()
     workload = workload or mutant.workloads[0]
+    seconds = seconds * mutant.length
     base = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.name}-"))
     try:
         root = copy_tree(base / "tree")

@@ -6,8 +6,9 @@
                             [--workload counter|transfer|sql|rw|sem|election]
 
 ``--workload W`` runs the mutants whose ``workloads`` include W, under W (without it, each
-mutant under its first workload). Prints one line per mutant, ``<name>: detected (<violation kinds>)`` or ``<name>: UNDETECTED``,
-then ``undetected: N``. Exit 1 when N > 0 or when a mutant no longer applies (its line says
+mutant under its first workload). Prints one line per mutant, ``<name>: detected, <N>
+violations (<kind> <count>, ...)`` (the count is the margin: a mutant caught by one violation is
+caught by luck) or ``<name>: UNDETECTED``, then ``undetected: N``. Exit 1 when N > 0 or when a mutant no longer applies (its line says
 ``NO LONGER APPLIES``, counted as undetected).
 """
 
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(out["kinds"].items()))
         if out["detected"]:
-            print(f"{mutant.name}: detected ({kinds}) [{out['elapsed_s']} s]", flush=True)
+            print(f"{mutant.name}: detected, {out['violations']} violations ({kinds}) "
+                  f"[{out['elapsed_s']} s]", flush=True)
         else:
             undetected += 1
             print(f"{mutant.name}: UNDETECTED [{out['elapsed_s']} s]", flush=True)

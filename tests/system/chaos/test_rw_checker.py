@@ -187,3 +187,37 @@ def test_a_slot_granted_twice_or_a_reused_permit_fence_is_flagged():
               + permit("p2", 2, 0, granted=11.2, up=11.4))
     history = [smark(1, "p2", 0, 2), smark(2, "p1", 0, 1)]
     assert "fence_decrease" in kinds(check_sem(history, lapsed, ttl=TTL))
+
+
+def test_a_lapsed_writers_write_after_a_readers_fenced_read_is_flagged():
+    # a (fence 1) froze after its read; its lease ran out at 11.0, r took the lock shared at
+    # 11.2 and read at 11.3; a thawed and wrote at 11.6, and the write committed
+    for epoch in (1, 2):  # the epoch a's fence ended in, or the new one after its lapse
+        events = (writer("a", 1, 0, granted=10.0, up=11.6)
+                  + reader("r", epoch, granted=11.2, sent=11.3, value=0))
+        found = check_rw([counter_row(1, "a", 1, 0)], 1, events, ttl=TTL)
+        assert kinds(found) == {"lapsed_write"}, (epoch, found.violations)
+        assert [v.op for v in found.violations] == ["a"]
+    # a blind mark write and a DELETE count alike
+    mark = [{**e, "via": "post", "mark": "a"} if e["ev"] == "write" else e
+            for e in writer("a", 1, 0, granted=10.0, up=11.6) if e["ev"] != "read"]
+    events = mark + reader("r", 1, granted=11.2, sent=11.3, value=0)
+    found = check_rw([HistoryRow(1, "a", "w1", 1, 0, 0, kind="mark_ins", seq=1)], 0, events,
+                     ttl=TTL)
+    assert kinds(found) == {"lapsed_write"}, found.violations
+
+
+def test_a_lapsed_write_refused_or_sent_before_the_read_is_no_violation():
+    # refused: the reader's read had raised the highest to its new epoch
+    refused = [{**e, "presented": 1, "highest": 2, "status": 409} if e["ev"] == "stale" else e
+               for e in writer("a", 1, 0, granted=10.0, up=11.6, outcome="stale")]
+    events = refused + reader("r", 2, granted=11.2, sent=11.3, value=0)
+    assert check_rw([], 0, events, ttl=TTL).violations == []  # the 409 names r's epoch
+    # sent before the reader's read was answered: it may commit (nothing was read yet)
+    events = (writer("a", 1, 0, granted=10.0, up=11.25)
+              + reader("r", 1, granted=11.2, sent=11.3, value=1))
+    assert check_rw([counter_row(1, "a", 1, 0)], 1, events, ttl=TTL).violations == []
+    # a newer writer's write after the read is not lapsed
+    events = (reader("r", 1, granted=11.2, sent=11.3, value=0)
+              + writer("b", 2, 0, granted=11.5, up=11.7))
+    assert check_rw([counter_row(1, "b", 2, 0)], 1, events, ttl=TTL).violations == []
