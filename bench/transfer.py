@@ -73,7 +73,8 @@ async def _direct_transfer(spec: dict, i: int) -> tuple[Callable[[], Awaitable[N
 
     conn = await psycopg.AsyncConnection.connect(spec["dsn"], prepare_threshold=1)
     fence_sql = spec.get("fence_sql")
-    fence_params = {"locks": [f"xfer/{2 * i}", f"xfer/{2 * i + 1}"], "fences": [1, 1]}
+    fence_params = {"locks": [f"xfer/{2 * i}", f"xfer/{2 * i + 1}"], "fences": [1, 1],
+                    "purposes": ["write", "write"]}
     n = 0
 
     async def cycle() -> None:
