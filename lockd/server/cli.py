@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``lockd`` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(keys_cli.protect_kids(sys.argv[1:] if argv is None else argv))
     if args.command == "keys":
         return keys_cli.run(args)
     overrides = {key: value for key, value in vars(args).items()

@@ -22,12 +22,17 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+import re
+from typing import Any, Sequence
 
 from lockd.server.audit import AuditTrail
 from lockd.server.keydir import KeyDirError, list_keys, retire, rotate
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "protect_kids", "run"]
+
+# A kid is an RFC 7638 thumbprint: 43 base64url characters, so one in 64 begins with '-', which
+# argparse would take for an option. Such an argument is rewritten to ``--kid=KID`` before parsing.
+_KID = re.compile(r"-[A-Za-z0-9_-]{42}")
 
 DEFAULT_PUBLISH_DELAY_MS = 15_000
 _DEFAULT_MAX_TTL_MS = 3_600_000
@@ -52,12 +57,24 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
                           f"(default {DEFAULT_PUBLISH_DELAY_MS})")
     ret = actions.add_parser("retire", parents=[common],
                              help="stop publishing a key that no longer signs")
-    ret.add_argument("kid", metavar="KID")
+    ret.add_argument("kid", metavar="KID", nargs="?",
+                     help="the key's id, as `lockd keys list` prints it")
+    ret.add_argument("--kid", dest="kid_option", metavar="KID",
+                     help="the same; a KID that begins with '-' is taken either way")
     ret.add_argument("--max-ttl-ms", type=int,
                      help="the servers' longest lease (env LOCKD_MAX_TTL_MS; default 3600000): "
                           "retirement waits this long after the key stopped signing")
     ret.add_argument("--force", action="store_true",
                      help="retire now, even if live leases may hold tokens of the key")
+
+
+def protect_kids(argv: Sequence[str]) -> list[str]:
+    """``argv`` with each thumbprint-shaped argument of ``keys retire`` that begins with ``-``
+    rewritten to ``--kid=KID`` (no option of ``lockd`` has that shape, so nothing else changes)."""
+    argv = list(argv)
+    if argv[:2] != ["keys", "retire"]:
+        return argv
+    return argv[:2] + [f"--kid={arg}" if _KID.fullmatch(arg) else arg for arg in argv[2:]]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +91,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"new key {state.kid}: published now, signs from {_when(state.signs_from)}")
             _audit("key_rotate", state.kid, "ok", key_dir=str(key_dir))
             return 0
+        kid = args.kid_option or args.kid
+        if not kid or (args.kid_option and args.kid):
+            print("lockd keys retire: give one KID", file=sys.stderr)
+            return 2
+        args.kid = kid
         max_ttl = args.max_ttl_ms if args.max_ttl_ms is not None else _env_max_ttl()
         if max_ttl is None or max_ttl < 1:
             print("lockd keys retire: --max-ttl-ms / LOCKD_MAX_TTL_MS must be a positive "

@@ -186,3 +186,20 @@ def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
         keys._background.cancel()
 
     asyncio.run(run())
+
+
+def test_a_kid_that_begins_with_a_dash_is_retired_by_name(tmp_path):
+    """One thumbprint in 64 begins with '-', which argparse takes for an option."""
+    keys = next(d for d in (tmp_path / f"k{i}" for i in range(2000))
+                if KeyRing.load_or_create(d).kid.startswith("-"))
+    old = KeyRing.load_or_create(keys).kid
+    new = rotate(keys, publish_delay_s=0).kid
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([LOCKD, "keys", *args], capture_output=True, text=True,
+                              timeout=60, env={"PATH": "/usr/bin:/bin"})
+
+    done = run("retire", old, "--key-dir", str(keys), "--max-ttl-ms", "1")
+    assert done.returncode == 0 and done.stdout.strip() == f"retired {old}", done.stderr
+    assert _states(keys) == {new: "signing", old: "retired"}
+    assert run("retire", "--key-dir", str(keys)).returncode == 2  # no KID: a usage error
