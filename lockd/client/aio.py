@@ -32,7 +32,16 @@ from lockd.client.lock import AsyncLock
 from lockd.client.permits import AsyncPermitLease, SemaphoreStatus
 from lockd.client.primitives import ObserveCursor, PrimitivesCore
 from lockd.client.semaphore import AsyncSemaphore
-from lockd.client.wire import DEFAULT_URL, Clock, SseParser, election_path, lock_path, sem_path
+from lockd.client.wire import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_URL,
+    Clock,
+    SseParser,
+    election_path,
+    lock_path,
+    request_timeout,
+    sem_path,
+)
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["AsyncLockClient"]
@@ -60,8 +69,9 @@ class AsyncLockClient(PrimitivesCore):
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
                  clock: Clock = time.monotonic, http_client: httpx.AsyncClient | None = None,
                  api_key: str | None = None,
-                 verify: VerifyTypes = True, cert: CertTypes = None):
-        super().__init__(url, timeout, owner, clock, api_key)
+                 verify: VerifyTypes = True, cert: CertTypes = None,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
+        super().__init__(url, timeout, owner, clock, api_key, connect_timeout)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -72,7 +82,9 @@ class AsyncLockClient(PrimitivesCore):
         with translate_transport_errors(f"{method} {path}"):
             response = await self._http.request(method, self.url + path, json=json,
                                                 params=params, headers=self._headers,
-                                                timeout=self.timeout if timeout is None else timeout)
+                                                timeout=request_timeout(
+                                              self.timeout if timeout is None else timeout,
+                                              self.connect_timeout))
         return body_or_raise(method, path, response)
 
     async def _run(self, steps: Steps[T],

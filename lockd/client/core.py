@@ -40,9 +40,11 @@ from lockd.client.errors import (
     LockNotAcquired,
     ProtocolError,
     ServiceUnavailable,
+    TransportError,
 )
 from lockd.client.lease import FINAL, LeaseRef, LeaseState, LockStatus
 from lockd.client.wire import (
+    DEFAULT_CONNECT_TIMEOUT,
     MAX_WAIT_MS,
     SHARED,
     Clock,
@@ -190,13 +192,19 @@ class ClientCore:
 
     ``url`` without a trailing ``/``; ``timeout`` (seconds) bounds each request; ``owner`` is the
     default label of acquires; ``clock`` measures lease deadlines; ``api_key`` is sent as
-    ``Authorization: Bearer``.
+    ``Authorization: Bearer``; ``connect_timeout`` (seconds, default ``DEFAULT_CONNECT_TIMEOUT``,
+    5) is how long a call keeps retrying a server it cannot connect to before it raises
+    ``TransportError`` (``None``: retry for as long as the call may wait).
     """
 
     def __init__(self, url: str, timeout: float, owner: str, clock: Clock,
-                 api_key: str | None = None):
+                 api_key: str | None = None,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
+        if connect_timeout is not None and not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 or None, got {connect_timeout!r}")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.owner = owner
         self._clock = clock
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -218,7 +226,8 @@ class ClientCore:
 
         ``LockNotAcquired`` before the deadline asks again (after 50 ms if lockd answered
         early); ``ServiceUnavailable`` is retried with a doubling pause up to 1 s, and raised
-        once the wait is over. ``client_id`` is the same for every request of the call.
+        once the wait is over, or once lockd could not be connected to for ``connect_timeout``
+        seconds in a row (``TransportError``: fail fast on a wrong URL or a stopped lockd). ``client_id`` is the same for every request of the call.
         """
         names = None if locks is None else multi_names(locks)
         if names is not None:
@@ -241,6 +250,7 @@ class ClientCore:
         deadline = None if wait is None or wait == math.inf else started + wait
         last: LockNotAcquired | None = None
         backoff = 0.05
+        unreachable_since: float | None = None  # first of the failed connects in a row
         while True:
             wait_ms = self._wait_ms(deadline)
             sent = self._clock()
@@ -250,18 +260,27 @@ class ClientCore:
                                         **extra},
                                   timeout=self.timeout + wait_ms / 1000)
             except LockNotAcquired as exc:
-                last = exc
+                last, unreachable_since = exc, None
                 now = self._clock()
                 if deadline is not None and deadline - now < 0.001:
                     break
                 if now - sent < wait_ms / 2000:  # answered early: do not spin
                     yield Sleep(min(0.05, _left(deadline, now)))
                 continue
-            except ServiceUnavailable:
+            except ServiceUnavailable as exc:
                 now = self._clock()
                 if deadline is not None and deadline - now < 0.001:
                     raise
-                yield Sleep(min(backoff, _left(deadline, now)))
+                budget_left = math.inf
+                if isinstance(exc, TransportError) and exc.unreachable:
+                    unreachable_since = sent if unreachable_since is None else unreachable_since
+                    if self.connect_timeout is not None:
+                        budget_left = unreachable_since + self.connect_timeout - now
+                        if budget_left < 0.001:
+                            raise
+                else:
+                    unreachable_since = None
+                yield Sleep(min(backoff, _left(deadline, now), budget_left))
                 backoff = min(backoff * 2, 1.0)
                 continue
             if self._clock() - sent >= ttl / 3:

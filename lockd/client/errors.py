@@ -275,16 +275,21 @@ class TransportError(ServiceUnavailable):
     """No usable HTTP answer at all: connection refused or reset, timeout, DNS failure.
 
     ``url``: the server's base URL (``scheme://host:port``) when known; ``reason``: the
-    transport's own words (e.g. ``ConnectError: [Errno 111] Connection refused``).
+    transport's own words (e.g. ``ConnectError: [Errno 111] Connection refused``);
+    ``unreachable``: no connection could be made (refused, DNS, connect timeout), so nothing
+    was sent; ``cause``: the transport's own exception. It is not chained (``raise ... from
+    None``): a traceback shows this error alone, not the ~50 lines of httpx/httpcore below it.
     """
 
     default_code = "transport_error"
 
     def __init__(self, detail: str, *, url: str | None = None, reason: str | None = None,
-                 **kw: Any):
+                 unreachable: bool = False, cause: BaseException | None = None, **kw: Any):
         super().__init__(detail, **kw)
         self.url = url
         self.reason = reason
+        self.unreachable = unreachable
+        self.cause = cause
 
 
 class OutcomeUnknown(LockClientError):
@@ -452,18 +457,21 @@ def translate_transport_errors(what: str) -> Iterator[None]:
     except httpx.TimeoutException as exc:
         url = _base_url(exc)
         raise TransportError(f"{what}: timed out ({type(exc).__name__})", url=url,
-                             reason=type(exc).__name__) from exc
+                             reason=type(exc).__name__, cause=exc,
+                             unreachable=isinstance(exc, httpx.ConnectTimeout)) from None
     except httpx.LocalProtocolError as exc:
         raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc
     except httpx.ConnectError as exc:
         url, reason = _base_url(exc), f"{type(exc).__name__}: {exc}"
         raise TransportError(
             f"{what}: cannot reach {url or 'the server'} ({reason}); is the server running "
-            "there, and is that the right URL?", url=url, reason=reason) from exc
+            "there, and is that the right URL?", url=url, reason=reason, unreachable=True,
+            cause=exc) from None
     except httpx.TransportError as exc:
         # Includes RemoteProtocolError (the server went away mid-answer): transient.
         reason = f"{type(exc).__name__}: {exc}"
-        raise TransportError(f"{what}: {reason}", url=_base_url(exc), reason=reason) from exc
+        raise TransportError(f"{what}: {reason}", url=_base_url(exc), reason=reason,
+                             cause=exc) from None
     except (httpx.DecodingError, httpx.TooManyRedirects) as exc:
         raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc
 

@@ -84,7 +84,7 @@ from lockd.client.errors import (
     translate_transport_errors,
 )
 from lockd.client.lease import AsyncLease, Lease
-from lockd.client.wire import check_segments
+from lockd.client.wire import DEFAULT_CONNECT_TIMEOUT, check_segments, request_timeout
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
@@ -165,12 +165,14 @@ def _lock_answer(body: Any) -> str | None:
 
 class _SessionBase:
     def __init__(self, proxy_url: str, lease: Lease | AsyncLease | None, timeout: float,
-                 api_key: str | None = None, retries: int = 3):
+                 api_key: str | None = None, retries: int = 3,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.url = proxy_url.rstrip("/")
         self.lease = lease
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.retries = retries
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
@@ -180,6 +182,9 @@ class _SessionBase:
         """The proxy's highest fence of each lock after this session's claim."""
         self._claimed: str | None = None  # the token claimed
         self._locks: dict[tuple[str, str | None], str | None] = {}
+
+    def _timeout(self) -> Any:
+        return request_timeout(self.timeout, self.connect_timeout)
 
     @property
     def claimed(self) -> bool:
@@ -243,14 +248,17 @@ class FencedSession(_SessionBase):
     (``PROXY_API_KEYS``), sent as ``Authorization: Bearer``. ``verify``/``cert``: TLS to an
     ``https://`` proxy, as for ``LockClient`` (CA file or ``SSLContext``; client certificate for
     mTLS). ``retries``: how many times an insert, update or batch is resent with its
-    Idempotency-Key after ``outcome_unknown`` or no answer (default 3). Use as a context manager
+    Idempotency-Key after ``outcome_unknown`` or no answer (default 3). ``connect_timeout``
+    (seconds, default 5) bounds each request's connect phase: a proxy that is not there raises
+    ``TransportError`` at once (``None``: only ``timeout`` bounds it). Use as a context manager
     or call ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.Client | None = None, api_key: str | None = None,
-                 verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3):
-        super().__init__(proxy_url, lease, timeout, api_key, retries)
+                 verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
+        super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -264,7 +272,7 @@ class FencedSession(_SessionBase):
         if cache not in self._locks:
             path = self._lock_path(table, key)
             with translate_transport_errors(f"GET {path}"):
-                response = self._http.get(self.url + path, headers=self._auth, timeout=self.timeout)
+                response = self._http.get(self.url + path, headers=self._auth, timeout=self._timeout())
             self._locks[cache] = _lock_answer(body_or_raise("GET", path, response))
         return self._locks[cache]
 
@@ -293,7 +301,7 @@ class FencedSession(_SessionBase):
         with translate_transport_errors(f"{method} {path}"):
             response = self._http.request(method, self.url + path, json=json, params=params,
                                           headers=self._headers(idempotency_key),
-                                          timeout=self.timeout)
+                                          timeout=self._timeout())
         try:
             return body_or_raise(method, path, response)
         except LockClientError as exc:
@@ -365,8 +373,9 @@ class AsyncFencedSession(_SessionBase):
 
     def __init__(self, proxy_url: str, lease: AsyncLease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.AsyncClient | None = None, api_key: str | None = None,
-                 verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3):
-        super().__init__(proxy_url, lease, timeout, api_key, retries)
+                 verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
+        super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -378,7 +387,7 @@ class AsyncFencedSession(_SessionBase):
             path = self._lock_path(table, key)
             with translate_transport_errors(f"GET {path}"):
                 response = await self._http.get(self.url + path, headers=self._auth,
-                                                timeout=self.timeout)
+                                                timeout=self._timeout())
             self._locks[cache] = _lock_answer(body_or_raise("GET", path, response))
         return self._locks[cache]
 
@@ -407,7 +416,7 @@ class AsyncFencedSession(_SessionBase):
             response = await self._http.request(method, self.url + path, json=json,
                                                 params=params,
                                                 headers=self._headers(idempotency_key),
-                                                timeout=self.timeout)
+                                                timeout=self._timeout())
         try:
             return body_or_raise(method, path, response)
         except LockClientError as exc:

@@ -33,7 +33,16 @@ from lockd.client.lock import Lock
 from lockd.client.permits import PermitLease, SemaphoreStatus
 from lockd.client.primitives import ObserveCursor, PrimitivesCore
 from lockd.client.semaphore import Semaphore
-from lockd.client.wire import DEFAULT_URL, Clock, SseParser, election_path, lock_path, sem_path
+from lockd.client.wire import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_URL,
+    Clock,
+    SseParser,
+    election_path,
+    lock_path,
+    request_timeout,
+    sem_path,
+)
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
 __all__ = ["LockClient"]
@@ -62,14 +71,17 @@ class LockClient(PrimitivesCore):
     TLS (an ``https://`` url): ``verify`` is a CA bundle file, an ``ssl.SSLContext``, ``True``
     (default: the system's CAs) or ``False`` (no check; tests only); ``cert`` is ``(cert_file,
     key_file)`` or one PEM file with both, presented when lockd asks (mTLS). Both are ignored
-    when you pass ``http_client``.
+    when you pass ``http_client``. ``connect_timeout`` (seconds, default 5): a lockd that cannot
+    be connected to (stopped, wrong URL) raises ``TransportError`` after this long, a waiting
+    acquire's too; ``None`` keeps retrying while the call may wait.
     """
 
     def __init__(self, url: str = DEFAULT_URL, *, timeout: float = 10.0, owner: str = "",
                  clock: Clock = time.monotonic, http_client: httpx.Client | None = None,
                  api_key: str | None = None,
-                 verify: VerifyTypes = True, cert: CertTypes = None):
-        super().__init__(url, timeout, owner, clock, api_key)
+                 verify: VerifyTypes = True, cert: CertTypes = None,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
+        super().__init__(url, timeout, owner, clock, api_key, connect_timeout)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -83,7 +95,9 @@ class LockClient(PrimitivesCore):
         with translate_transport_errors(f"{method} {path}"):
             response = self._http.request(method, self.url + path, json=json, params=params,
                                           headers=self._headers,
-                                          timeout=self.timeout if timeout is None else timeout)
+                                          timeout=request_timeout(
+                                              self.timeout if timeout is None else timeout,
+                                              self.connect_timeout))
         return body_or_raise(method, path, response)
 
     def _run(self, steps: Steps[T], sleep: Callable[[float], Any] | None = None) -> T:

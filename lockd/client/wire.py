@@ -20,6 +20,8 @@ from lockd.common.names import LOCK_NAME_RULE, bad_segment
 
 __all__ = [
     "DEFAULT_URL",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "request_timeout",
     "MAX_WAIT",
     "MAX_WAIT_MS",
     "Clock",
@@ -46,6 +48,11 @@ SHARED = "shared"
 """The two lock modes: any number of ``shared`` holders at once, or one ``exclusive`` holder."""
 
 DEFAULT_URL = "http://127.0.0.1:7070"
+DEFAULT_CONNECT_TIMEOUT = 5.0
+"""Seconds a client keeps trying to reach a server it cannot connect to before it raises
+``TransportError`` (``connect_timeout``): the whole retry budget of a call, a waiting acquire's
+included, and the bound of each request's connect phase. ``None`` keeps retrying (the opt-in
+for workers that should outlast a lockd restart)."""
 MAX_WAIT = 300.0
 """lockd caps one request's ``wait_ms`` at 300 000 ms; longer waits are split into several requests."""
 
@@ -53,6 +60,15 @@ MAX_WAIT_MS = int(MAX_WAIT * 1000)
 
 Clock = Callable[[], float]
 """A monotonic clock in seconds (``time.monotonic`` unless a test injects another)."""
+
+
+def request_timeout(seconds: float, connect_timeout: float | None) -> Any:
+    """An ``httpx`` timeout of ``seconds`` whose connect phase is at most ``connect_timeout``."""
+    if connect_timeout is None or connect_timeout >= seconds:
+        return seconds
+    import httpx
+
+    return httpx.Timeout(seconds, connect=connect_timeout)
 
 
 def ms(seconds: float, what: str) -> int:
