@@ -167,20 +167,25 @@ class StaleTokenError(FencingError):
 class LockNotClaimedError(FencingError):
     """The database refused a row (SQLSTATE ``LF002``): this transaction wrote a row of ``lock``
     without claiming it. Claim it too (a multi-lock lease), or write only the leased rows.
-    Nothing was committed."""
+    Nothing was committed. ``held``: the locks the transaction did claim (the message says
+    which lock the row needs and that the table's installed lock template binds it)."""
 
     default_code = "lock_not_claimed"
 
-    def __init__(self, detail: str, *, lock: str | None = None, **kw: Any):
+    def __init__(self, detail: str, *, lock: str | None = None,
+                 held: list[str] | None = None, **kw: Any):
         super().__init__(detail, **kw)
         self.lock = lock
+        self.held = held or []
 
 
 class TransactionStateError(LockClientError):
     """The connection's transaction cannot carry the claims (``code``): ``transaction_open``
     (one is already open; commit or roll back first), ``autocommit`` (every statement would
     commit alone), ``transaction_aborted`` (an error inside the block was caught there; the
-    transaction was rolled back, nothing committed)."""
+    transaction was rolled back, nothing committed), ``fencing_not_installed`` (the database
+    has no ``fencing`` schema or claim functions: run ``resource-proxy db install``),
+    ``claim_not_granted`` (this role may not execute the claims: ``db install --claim-role``)."""
 
     default_code = "transaction_open"
 

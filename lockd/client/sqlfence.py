@@ -104,6 +104,25 @@ _STALE_MESSAGE = re.compile(r'stale fence (?P<presented>\d+) for lock "(?P<lock>
                             r"highest is (?P<highest>\d+)")
 _LOCK_DETAIL = re.compile(r"lock=(?P<lock>\S+)")
 _LOCK_MESSAGE = re.compile(r'lock "(?P<lock>[^"]+)"')
+_TABLE_DETAIL = re.compile(r"table=(?P<table>\S+)")
+_NO_SCHEMA, _NO_FUNCTION, _NO_PRIVILEGE = "3F000", "42883", "42501"
+
+
+def _not_claimed_message(message: str, lock: str | None, table: str | None,
+                         held: list[str]) -> str:
+    """The database's LF002 message, then the locks on both sides and how they are bound: the
+    table's lock template (installed with the policy) names the lock a row needs; a lease on
+    any other name, however alike, does not let that row be written."""
+    if lock is None or table is None:
+        return message
+    claimed = ", ".join(map(repr, held)) or "no lock"
+    return (f"{message}. The row of table {table!r} needs lock {lock!r} (its lock template, "
+            f"installed from the policy by resource-proxy db install, binds the row to that "
+            f"name); this transaction claimed {claimed}, which the policy does not bind to "
+            f"this row. Lease the row's own lock: ask the database, "
+            f"SELECT fencing.lock_for('{table}', <key>), or the proxy, "
+            f"FencedSession.lock_for('{table}', key); or install a policy whose template "
+            f"gives your lock names")
 
 KEYS_MIN_INTERVAL_S = 1.0
 """Least time between two fetches of one lockd's keys (seconds)."""
@@ -344,19 +363,49 @@ def _pg_error(exc: BaseException) -> tuple[str | None, str, str]:
     return state, message, detail
 
 
+def _not_installed(state: str | None, message: str) -> TransactionStateError | None:
+    """The error naming the fix when a claim failed because the database has no (or an old,
+    or a closed) ``fencing`` schema: ``None`` for any other failure."""
+    if state == _NO_SCHEMA or (state == _NO_FUNCTION and "fencing." in message):
+        return TransactionStateError(
+            f"this database has no fence functions ({message}): install them with "
+            "`resource-proxy db install --database-url postgresql://... --policy policy.yaml` "
+            "(docs/sql-fencing.md), then retry; nothing was written",
+            code="fencing_not_installed")
+    if state == _NO_PRIVILEGE and "fencing" in message:
+        return TransactionStateError(
+            f"this role may not claim fences ({message}): name it at install, "
+            "`resource-proxy db install --claim-role ROLE`; nothing was written",
+            code="claim_not_granted")
+    return None
+
+
 class _Claiming:
     """Which claim is running, to turn ``LF001``/``LF002`` into the client's errors."""
 
     def __init__(self, lease: Any):
         self.lease = lease
         self.now: tuple[str, int] | None = None
+        self.held: list[str] = []
+        """The locks this transaction claimed (in claim order)."""
 
     def error_for(self, exc: BaseException) -> LockClientError | None:
         state, message, detail = _pg_error(exc)
-        if state in (NOT_CLAIMED_SQLSTATE, READ_ONLY_SQLSTATE):
+        if self.now is not None and (missing := _not_installed(state, message)) is not None:
+            return missing
+        if state == NOT_CLAIMED_SQLSTATE:
             found = _LOCK_DETAIL.search(detail) or _LOCK_MESSAGE.search(message)
-            kind = LockNotClaimedError if state == NOT_CLAIMED_SQLSTATE else SharedTokenError
-            return kind(message, lock=found and found["lock"], problem={"detail": detail})
+            lock = found and found["lock"]
+            table = _TABLE_DETAIL.search(detail)
+            return LockNotClaimedError(_not_claimed_message(message, lock, table and table["table"],
+                                                            self.held),
+                                       lock=lock, held=list(self.held),
+                                       problem={"detail": detail, "lock": lock,
+                                                "held": list(self.held)})
+        if state == READ_ONLY_SQLSTATE:
+            found = _LOCK_DETAIL.search(detail) or _LOCK_MESSAGE.search(message)
+            return SharedTokenError(message, lock=found and found["lock"],
+                                    problem={"detail": detail})
         if state != STALE_SQLSTATE:
             return None
         found = _STALE_DETAIL.search(detail) or _STALE_MESSAGE.search(message)
@@ -400,6 +449,7 @@ def fenced_transaction(conn: Any, lease: Any, *,
             for fence in _in_lock_order(claims):
                 claiming.now = (fence.lock, fence.fence)
                 _claim(kind, conn, fence)
+                claiming.held.append(fence.lock)
             claiming.now = None
             yield claims
             _refuse_aborted(driver)
@@ -407,7 +457,7 @@ def fenced_transaction(conn: Any, lease: Any, *,
         error = claiming.error_for(exc)
         if error is None:
             raise
-        raise error from exc
+        raise error from None if error.code == "fencing_not_installed" else exc
 
 
 @contextlib.asynccontextmanager
@@ -430,6 +480,7 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
             for fence in _in_lock_order(claims):
                 claiming.now = (fence.lock, fence.fence)
                 await _aclaim(kind, conn, fence)
+                claiming.held.append(fence.lock)
             claiming.now = None
             yield claims
             _refuse_aborted(driver)
@@ -437,7 +488,7 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
         error = claiming.error_for(exc)
         if error is None:
             raise
-        raise error from exc
+        raise error from None if error.code == "fencing_not_installed" else exc
 
 
 def _claim_sql(kind: str, fence: Fence) -> tuple[Any, Any]:
