@@ -20,6 +20,8 @@ Names (schema ``fencing``)::
     refuse(lock, table, via)                        raises LF002 naming the lock and the highest
                                                     (LF003 when the lock is claimed for reading only)
     lock_of_<table>(key columns...) -> text         the row's lock name (the table's template)
+    lock_for(table, VARIADIC key text[]) -> text    the same for any fenced table (partitions
+                                                    and children too), read from its trigger
     guard_of_<table>() trigger                      BEFORE INSERT/UPDATE/DELETE FOR EACH ROW
     guard_truncate() trigger                        BEFORE TRUNCATE: refused unless exempt
 
@@ -351,6 +353,64 @@ BEGIN
 END
 $fn$"""
 
+# The lock a row of ``tab`` needs, read from what install put there: the row trigger names the
+# guard function; its text names the root table (``refuse(n, 'root', ..)``) or, for a literal
+# template, the literal; ``lock_of_<root>`` computes a templated one from the key values, each
+# given as text and cast to its column's type. ``object_name``'s shortening is mirrored for
+# ASCII names (a root name of more than 55 bytes).
+_LOCK_FOR = f"""CREATE OR REPLACE FUNCTION fencing.lock_for(tab regclass,
+                                            VARIADIC key text[] DEFAULT '{{}}')
+RETURNS text LANGUAGE plpgsql STABLE {PINNED}
+AS $fn$
+DECLARE
+    src text;
+    root text;
+    fn text;
+    types oid[];
+    names text[];
+    args text;
+    found text;
+BEGIN
+    SELECT p.prosrc INTO src FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+    WHERE t.tgrelid = tab AND t.tgname = 'zz_fencing_guard';
+    IF src IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('table %s is not fenced (no fence trigger): its rows need no lock',
+                             tab),
+            HINT = 'resource-proxy db install fences the tables of its policy';
+    END IF;
+    IF strpos(src, 'PERFORM fencing.refuse(n, ') = 0 THEN  -- a literal template
+        found := substring(src FROM $re$PERFORM fencing[.]refuse[(]'((?:[^']|'')*)'$re$);
+        RETURN replace(found, '''''', '''');
+    END IF;
+    root := replace(substring(src FROM $re$refuse[(]n, '((?:[^']|'')*)'$re$), '''''', '''');
+    fn := 'lock_of_' || root;
+    IF octet_length(fn) > 63 THEN
+        fn := 'lock_of_' || left(root, 40) || '_'
+              || left(encode(sha256(convert_to(root, 'UTF8')), 'hex'), 8);
+    END IF;
+    SELECT p.proargtypes::oid[], p.proargnames INTO types, names FROM pg_proc p
+    JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'fencing' AND p.proname = fn;
+    IF types IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('table %s has a fence trigger but no fencing.%I', tab, fn),
+            HINT = 'run resource-proxy db install again';
+    END IF;
+    IF coalesce(cardinality(key), 0) <> cardinality(types) THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('the lock of a row of %s is made of %s key value(s) (%s), got %s',
+                             tab, cardinality(types), array_to_string(names, ', '),
+                             coalesce(cardinality(key), 0));
+    END IF;
+    SELECT string_agg(format('%L::%s', key[i - array_lower(types, 1) + 1],
+                             format_type(types[i], NULL)), ', ' ORDER BY i)
+    INTO args FROM generate_subscripts(types, 1) AS i;
+    EXECUTE format('SELECT fencing.%I(%s)', fn, args) INTO found;
+    RETURN found;
+END
+$fn$"""
+
 _GUARD_TRUNCATE = f"""CREATE OR REPLACE FUNCTION fencing.guard_truncate() RETURNS trigger
 LANGUAGE plpgsql {PINNED}
 AS $fn$
@@ -406,6 +466,7 @@ BASE: list[tuple[str, str]] = [
     ("fencing.try_claim_many(text[],bigint[],text[])", _TRY_CLAIM_MANY_FOR),
     ("fencing.claimed(text)", _CLAIMED),
     ("fencing.refuse(text,text,text)", _REFUSE),
+    ("fencing.lock_for(regclass,text[])", _LOCK_FOR),
 ]
 # created after exempt(), which it calls
 TRUNCATE_GUARD = ("fencing.guard_truncate()", _GUARD_TRUNCATE)

@@ -61,3 +61,30 @@ def test_lock_not_claimed_names_the_held_lock_the_needed_lock_and_the_template(
     assert f"needs lock {needed!r}" in text
     assert f"this transaction claimed {name!r}" in text
     assert "lock template" in text and "fencing.lock_for('accounts'" in text
+
+
+def test_fencing_lock_for_gives_a_rows_lock_from_the_installed_triggers(bare_dsn):
+    with psycopg.connect(bare_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE pairs (a text, b int, v text, PRIMARY KEY (a, b))")
+        conn.execute("CREATE TABLE settings (k text PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE notes (id int PRIMARY KEY)")
+    engine = sa.create_engine(sqlalchemy_url(bare_dsn), poolclass=sa.NullPool)
+    policy = Policy({
+        "accounts": TablePolicy(Template.parse("accounts/{id}", "accounts")),
+        "pairs": TablePolicy(Template.parse("pairs/{key}", "pairs")),
+        "settings": TablePolicy(Template.parse("config", "settings")),
+    })
+    install(engine, policy, tables=["accounts", "pairs", "settings"])
+    engine.dispose()
+    with psycopg.connect(bare_dsn, autocommit=True) as conn:
+        def lock_for(*args):
+            marks = ", ".join(["%s"] * len(args))
+            return conn.execute(f"SELECT fencing.lock_for({marks})", args).fetchone()[0]
+
+        assert lock_for("accounts", "42") == "accounts/42"
+        assert lock_for("pairs", "x y", "7") == "pairs/x:20y/7"  # the proxy's escaping
+        assert lock_for("settings") == "config"
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="not fenced"):
+            lock_for("notes", "1")
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match=r"2 key value\(s\) \(a, b\)"):
+            lock_for("pairs", "x")
