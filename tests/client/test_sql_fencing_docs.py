@@ -80,6 +80,8 @@ def test_the_readme_section_runs(lockd_server):
     section = README.read_text().split("## Fencing your own SQL", 1)[1].split("\n## ", 1)[0]
     (code,) = [body for lang, body in _BLOCK.findall(section) if lang == "python"]
     assert '"http://127.0.0.1:7070"' in code and '"postgresql://app@db/bank"' in code
+    assert 'accounts: "accounts/{id}"' in section and "--policy policy.yaml" in section
+    assert "fencing.lock_for('accounts', '42')" in code  # the row's lock, not built by hand
     dsn = create_database(prefix="sqlreadme")
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
