@@ -246,7 +246,7 @@ async def healthz(request: Request) -> Response:
     await service.store.ping()
     jwks = "unavailable" if service.keys.available is False else "ok"
     return _reply(request, "healthz", {"status": "ok" if jwks == "ok" else "degraded",
-                                       "jwks": jwks})
+                                       "jwks": jwks, "server": "resource-proxy"})
 
 
 @_route("/metrics", "GET")

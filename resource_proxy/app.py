@@ -117,7 +117,8 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         max_header_bytes=settings.max_header_bytes,
         on_auth_failure=lambda reason: metrics.auth_failures[reason].inc(),
         logger=logging.getLogger("resource_proxy.http"),
-        cert_roles=CertRoles(settings.cert_clients), identities=access)
+        cert_roles=CertRoles(settings.cert_clients), identities=access,
+        server="resource-proxy")
     if access is not None:  # its identities authenticate like API keys, scoped by tables
         app.add_middleware(AccessMiddleware)
     app.add_middleware(RequestMiddleware, **options)

@@ -20,6 +20,7 @@ from lockd.client.errors import (
     body_or_raise,
     error_from_response,
     translate_transport_errors,
+    wrong_server,
 )
 from lockd.client.leadership import (
     DEFAULT_HANDOVER_GRACE,
@@ -85,7 +86,7 @@ class AsyncLockClient(PrimitivesCore):
                                                 timeout=request_timeout(
                                               self.timeout if timeout is None else timeout,
                                               self.connect_timeout))
-        return body_or_raise(method, path, response)
+        return body_or_raise(method, path, response, "lockd")
 
     async def _run(self, steps: Steps[T],
                    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> T:
@@ -331,7 +332,7 @@ class AsyncLockClient(PrimitivesCore):
                                          ) as response:
                 if response.status_code != 200:
                     await response.aread()
-                    raise error_from_response(response)
+                    raise wrong_server(response, "lockd") or error_from_response(response)
                 parser = SseParser()
                 async for line in response.aiter_lines():
                     sse = parser.feed(line)

@@ -77,6 +77,8 @@ __all__ = [
     "error_from_response",
     "body_or_raise",
     "translate_transport_errors",
+    "wrong_server",
+    "SERVER_HEADER",
 ]
 
 
@@ -392,11 +394,36 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-def body_or_raise(method: str, path: str, response: httpx.Response) -> Any:
+SERVER_HEADER = "x-lockd-server"
+"""The response header in which each server names itself (``lockd``, ``resource-proxy``)."""
+DEFAULT_PORTS = {"lockd": 7070, "resource-proxy": 7071}
+
+
+def wrong_server(response: httpx.Response, expected: str | None) -> ProtocolError | None:
+    """``ProtocolError`` (``code="wrong_server"``) when ``response`` came from another server
+    than ``expected`` (a client given the other server's URL or port); ``None`` otherwise, or
+    when the server did not name itself."""
+    got = response.headers.get(SERVER_HEADER)
+    if expected is None or got is None or got == expected:
+        return None
+    url = response.request.url
+    where = f"{url.scheme}://{url.netloc.decode('ascii', 'replace')}"
+    port = DEFAULT_PORTS.get(expected)
+    default = f", {expected}'s default port is {port}" if port else ""
+    return ProtocolError(f"{where} is not {expected}: this is {got}{default}; check the URL "
+                         f"(and port) given for {expected}", status=response.status_code,
+                         code="wrong_server", problem={"server": got, "expected": expected})
+
+
+def body_or_raise(method: str, path: str, response: httpx.Response,
+                  server: str | None = None) -> Any:
     """The JSON body of a 2xx ``response`` (None for 204 or empty); the typed error otherwise.
 
-    Raises ``ProtocolError`` when a 2xx body is not JSON.
+    Raises ``ProtocolError`` when a 2xx body is not JSON, or (``code="wrong_server"``) when the
+    answer came from another server than ``server`` (``lockd``, ``resource-proxy``).
     """
+    if (other := wrong_server(response, server)) is not None:
+        raise other
     if response.status_code >= 300:
         raise error_from_response(response)
     if response.status_code == 204 or not response.content:

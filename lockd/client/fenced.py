@@ -90,6 +90,7 @@ from lockd.common.tls import CertTypes, VerifyTypes, client_context
 __all__ = ["FencedSession", "AsyncFencedSession", "encode_key"]
 
 Key = Any  # scalar, or a sequence of scalars in primary-key order
+_SERVER = "resource-proxy"  # who must answer (a lockd URL given by mistake is named)
 _RETRYABLE = (OutcomeUnknown, TransportError)  # the write may have committed: resend, same key
 
 
@@ -273,7 +274,7 @@ class FencedSession(_SessionBase):
             path = self._lock_path(table, key)
             with translate_transport_errors(f"GET {path}"):
                 response = self._http.get(self.url + path, headers=self._auth, timeout=self._timeout())
-            self._locks[cache] = _lock_answer(body_or_raise("GET", path, response))
+            self._locks[cache] = _lock_answer(body_or_raise("GET", path, response, _SERVER))
         return self._locks[cache]
 
     @contextlib.contextmanager
@@ -303,7 +304,7 @@ class FencedSession(_SessionBase):
                                           headers=self._headers(idempotency_key),
                                           timeout=self._timeout())
         try:
-            return body_or_raise(method, path, response)
+            return body_or_raise(method, path, response, _SERVER)
         except LockClientError as exc:
             _stale(self.lease, exc)
             raise
@@ -388,7 +389,7 @@ class AsyncFencedSession(_SessionBase):
             with translate_transport_errors(f"GET {path}"):
                 response = await self._http.get(self.url + path, headers=self._auth,
                                                 timeout=self._timeout())
-            self._locks[cache] = _lock_answer(body_or_raise("GET", path, response))
+            self._locks[cache] = _lock_answer(body_or_raise("GET", path, response, _SERVER))
         return self._locks[cache]
 
     @contextlib.asynccontextmanager
@@ -418,7 +419,7 @@ class AsyncFencedSession(_SessionBase):
                                                 headers=self._headers(idempotency_key),
                                                 timeout=self._timeout())
         try:
-            return body_or_raise(method, path, response)
+            return body_or_raise(method, path, response, _SERVER)
         except LockClientError as exc:
             _stale(self.lease, exc)
             raise

@@ -83,6 +83,7 @@ Exit codes:
       before it released it (COMMAND was stopped, or had just finished)
 126   ``run``: COMMAND is not executable;  127: COMMAND not found
 128+N ``run``: COMMAND was killed by signal N (shell convention)
+141   the reader of lockctl's output went away (``lockctl ls | head``); nothing is printed
 ====  ==============================================================================
 """
 
@@ -114,6 +115,7 @@ from lockd.client.lockctl_common import (
     EXIT_NOT_ACQUIRED,
     EXIT_NOT_FOUND,
     EXIT_OK,
+    EXIT_PIPE_CLOSED,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Out,
@@ -356,10 +358,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         with client:
-            return _dispatch(client, args, command, out)
+            code = _dispatch(client, args, command, out)
+            sys.stdout.flush()  # here, so that a closed pipe is met below, not at exit
+            return code
     except LockClientError as exc:
         out.error(_explained(exc, url, args))
         return _exit_code(exc)
+    except BrokenPipeError:
+        return _pipe_closed()
+
+
+def _pipe_closed() -> int:
+    """``lockctl ... | head``: the reader left. Quiet, as a C tool killed by SIGPIPE would be:
+    stdout goes to /dev/null (so the exit-time flush cannot fail again), exit 141 (128+13)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return EXIT_PIPE_CLOSED
 
 
 def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> LockClientError:

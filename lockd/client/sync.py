@@ -21,6 +21,7 @@ from lockd.client.errors import (
     body_or_raise,
     error_from_response,
     translate_transport_errors,
+    wrong_server,
 )
 from lockd.client.leadership import (
     DEFAULT_HANDOVER_GRACE,
@@ -98,7 +99,7 @@ class LockClient(PrimitivesCore):
                                           timeout=request_timeout(
                                               self.timeout if timeout is None else timeout,
                                               self.connect_timeout))
-        return body_or_raise(method, path, response)
+        return body_or_raise(method, path, response, "lockd")
 
     def _run(self, steps: Steps[T], sleep: Callable[[float], Any] | None = None) -> T:
         """Run a rule of ``lockd.client.core``: send its requests, ``sleep`` its pauses
@@ -397,7 +398,7 @@ class LockClient(PrimitivesCore):
                 timeout=httpx.Timeout(self.timeout, read=None)) as response:
             if response.status_code != 200:
                 response.read()
-                raise error_from_response(response)
+                raise wrong_server(response, "lockd") or error_from_response(response)
             parser = SseParser()
             for line in response.iter_lines():
                 sse = parser.feed(line)
@@ -470,7 +471,7 @@ class LockClient(PrimitivesCore):
                 timeout=httpx.Timeout(self.timeout, read=None)) as response:
             if response.status_code != 200:
                 response.read()
-                raise error_from_response(response)
+                raise wrong_server(response, "lockd") or error_from_response(response)
             kind, data = "message", ""
             for line in response.iter_lines():
                 if not line:

@@ -6,6 +6,8 @@ Pure ASGI: no per-request task or body buffering.
   else a new one is made (24 hex digits: a random per-process prefix and a counter); echoed on
   the response and attached to every log record written while the request runs
   (``lockd.common.logs.REQUEST_ID``).
+* ``X-Lockd-Server``: every response names the server that sent it (``server``: ``lockd`` or
+  ``resource-proxy``), so a client that reached the other one by mistake can say so.
 * Headers: more than ``max_header_bytes`` in total (names + values) is ``431``.
 * Bearer keys (``lockd.common.keys``): when ``api_keys`` is not empty, every path outside
   ``open_paths`` needs ``Authorization: Bearer <key>`` with a key of ``api_keys`` or
@@ -49,7 +51,8 @@ from lockd.common.logs import REQUEST_ID
 from lockd.common.problems import problem_bytes
 from lockd.common.tls import CertRoles
 
-__all__ = ["IDENTITY", "KEY_ID", "REQUEST_ID_KEY", "ROLE", "START", "RequestMiddleware"]
+__all__ = ["IDENTITY", "KEY_ID", "REQUEST_ID_KEY", "ROLE", "SERVER_HEADER", "START",
+           "RequestMiddleware"]
 
 log = logging.getLogger("lockd.http")
 
@@ -60,6 +63,8 @@ KEY_ID = "lockd.key_id"
 IDENTITY = "lockd.identity"
 """The scope key of the request's ``lockd.common.access.Identity`` (absent without one)."""
 START = "lockd.start"
+SERVER_HEADER = b"x-lockd-server"
+"""The response header naming the server (``lockd`` or ``resource-proxy``)."""
 """The scope key of the request's arrival, ``time.perf_counter()`` seconds."""
 REQUEST_ID_KEY = "lockd.request_id"
 """The scope key of the request's id (as in ``X-Request-Id``)."""
@@ -86,8 +91,9 @@ class RequestMiddleware:
                  on_response: Callable[[Scope, int, float], None] | None = None,
                  on_auth_failure: Callable[[str], None] | None = None,
                  logger: logging.Logger | None = None, cert_roles: CertRoles | None = None,
-                 identities: AccessFile | None = None):
+                 identities: AccessFile | None = None, server: str = "lockd"):
         self.app = app
+        self.server = server.encode("ascii")
         self.api_keys = api_keys
         self.admin_keys = admin_keys
         self.cert_roles = cert_roles or CertRoles()
@@ -124,7 +130,8 @@ class RequestMiddleware:
         scope[START] = start
         scope[REQUEST_ID_KEY] = request_id
         token = REQUEST_ID.set(request_id)
-        send_with_id = _SendWithId(self.on_response, scope, request_id.encode(), start, send)
+        send_with_id = _SendWithId(self.on_response, scope, request_id.encode(), start, send,
+                                   self.server)
         try:
             if size > self.max_header_bytes:
                 await _problem(send_with_id, 431, "headers_too_large",
@@ -198,17 +205,18 @@ class _SendWithId:
     ``on_response``; ``status`` is the response's (0 before it starts). An object with slots,
     not a closure: a request that lockd parks while it waits keeps it (~0.1 KB, not ~0.5)."""
 
-    __slots__ = ("on_response", "scope", "rid", "start", "send", "status")
+    __slots__ = ("on_response", "scope", "rid", "start", "send", "status", "server")
 
     def __init__(self, on_response: Callable[[Scope, int, float], None] | None, scope: Scope,
-                 rid: bytes, start: float, send: Send) -> None:
+                 rid: bytes, start: float, send: Send, server: bytes = b"lockd") -> None:
         self.on_response, self.scope, self.rid = on_response, scope, rid
-        self.start, self.send, self.status = start, send, 0
+        self.start, self.send, self.status, self.server = start, send, 0, server
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             status = self.status = message["status"]
-            message["headers"] = [*message.get("headers", ()), (b"x-request-id", self.rid)]
+            message["headers"] = [*message.get("headers", ()), (b"x-request-id", self.rid),
+                                  (SERVER_HEADER, self.server)]
             if self.on_response is not None:
                 self.on_response(self.scope, status, time.perf_counter() - self.start)
         await self.send(message)

@@ -87,6 +87,8 @@ AUDIT_LIMIT_MAX = 1000
 
 class HealthBody(BaseModel):
     status: str = "ok"
+    server: str = "lockd"
+    """Which server answered (the proxy's says ``resource-proxy``)."""
 
 
 class AuditPage(BaseModel):
@@ -208,7 +210,7 @@ def create_service_router() -> APIRouter:
     async def healthz(request: Request) -> Response:
         """200 when the store answers, else 503 ``store_unavailable``."""
         await request.app.state.core.store.ping()
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "server": "lockd"})
 
     return router
 

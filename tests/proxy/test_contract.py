@@ -519,6 +519,6 @@ def test_bad_bodies_and_routes_are_problems_not_500s(deployment: Deployment):
     assert_problem(d.client.post("/healthz"), 405, "method_not_allowed")
     assert_problem(d.client.patch("/v1/tables/items/rows", json={}, headers=auth), 405, "method_not_allowed")
     assert_problem(d.client.patch(path, json={}, headers=auth), 422, "invalid_request")
-    assert d.client.get("/healthz").json() == {"status": "ok", "jwks": "ok"}
+    assert d.client.get("/healthz").json() == {"status": "ok", "jwks": "ok", "server": "resource-proxy"}
     metrics = d.client.get("/metrics")
     assert metrics.status_code == 200 and "resource_proxy_requests_total" in metrics.text

@@ -112,7 +112,8 @@ def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, 
     with httpx.Client(base_url=url) as client:
         health = client.get("/healthz")
         assert health.status_code == 200
-        assert health.json() == {"status": "degraded", "jwks": "unavailable"}
+        assert health.json() == {"status": "degraded", "jwks": "unavailable",
+                                 "server": "resource-proxy"}
         put = client.put("/v1/tables/items/rows/k", json={"v": "x"},
                          headers={"Fencing-Token": ring.sign("items", 1)})
         problem = assert_problem(put, 503, "lockd_unreachable")
@@ -127,7 +128,7 @@ def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, 
         put = client.put("/v1/tables/items/rows/k", json={"v": "x"},
                          headers={"Fencing-Token": ring.sign("items", 1)})
         assert put.status_code == 200, put.text
-        assert client.get("/healthz").json() == {"status": "ok", "jwks": "ok"}
+        assert client.get("/healthz").json() == {"status": "ok", "jwks": "ok", "server": "resource-proxy"}
 
 
 def test_verified_tokens_are_cached_lru_and_verified_once():

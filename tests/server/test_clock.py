@@ -113,7 +113,7 @@ def test_unexpected_failure_is_a_500_problem_without_a_trace(inproc_lockd, http,
 
 def test_store_that_stops_answering_is_503_and_healthz_says_so(inproc_lockd, http, name):
     srv = inproc_lockd()
-    assert http.get(f"{srv.url}/healthz").json() == {"status": "ok"}
+    assert http.get(f"{srv.url}/healthz").json() == {"status": "ok", "server": "lockd"}
     store = srv.app.state.core.store
     asyncio.run_coroutine_threadsafe(store.close(), store._loop).result(10)
     assert_problem(http.get(f"{srv.url}/healthz"), 503, "store_unavailable")

@@ -534,7 +534,7 @@ def test_tokens_verify_against_jwks_and_the_key_survives_restart(lockd, http, na
 
 
 def test_healthz_and_sigterm_answers_waiters_and_exits_zero(lockd, http, name):
-    assert http.get(f"{lockd.url}/healthz").json() == {"status": "ok"}
+    assert http.get(f"{lockd.url}/healthz").json() == {"status": "ok", "server": "lockd"}
     acquire(http, lockd.url, name, 60_000)
     results: list = []
     waiter = _start_waiter(lockd.url, name, results, 0, wait_ms=120_000)

@@ -217,7 +217,7 @@ def test_image_as_a_user_runs_it(engine, image, capsys):
                 return None
 
         resp = wait_for(healthy, timeout=60, interval=0.5, what="lockd /healthz in the container")
-        assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+        assert resp.status_code == 200 and resp.json() == {"status": "ok", "server": "lockd"}
         stopped = run([docker, "stop", "-t", "10", cid])
         assert stopped.returncode == 0
         code = run([docker, "inspect", "-f", "{{.State.ExitCode}}", cid]).stdout.strip()
