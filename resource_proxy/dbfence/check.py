@@ -127,6 +127,11 @@ def check(engine: sa.Engine, policy: Policy | None = None,
         relations: list[str] = []
         for item in protected:
             guard = f"fencing.{sql.ident(item.guard_function)}()"
+            if installed and not _same_template(conn, guard, item.guard_sql()):
+                report.missing.append(
+                    f"table {item.table!r}: its installed trigger binds rows to other lock "
+                    f"names than the policy's {item.template.text!r} (installed from another "
+                    "policy: run resource-proxy db install with this policy)")
             wanted = [(r, sql.TRIGGER, guard) for r in [*item.row_trigger_on, *item.partitions]]
             wanted += [(r, sql.TRUNCATE_TRIGGER, "fencing.guard_truncate()")
                        for r in item.truncate_trigger_on]
@@ -158,6 +163,14 @@ def check(engine: sa.Engine, policy: Policy | None = None,
             report.claimers = [f"{role} (superuser)" if superuser else role
                                for role, superuser in claimers(conn)]
     return report
+
+
+def _same_template(conn: sa.Connection, guard: str, text: str) -> bool:
+    """Whether the installed ``guard`` function is the one ``text`` defines (install's COMMENT
+    digest); a missing function is reported by the trigger check, not here."""
+    mark = conn.exec_driver_sql(
+        "SELECT obj_description(to_regprocedure(%(g)s), 'pg_proc')", {"g": guard}).scalar()
+    return mark is None or mark == sql.digest(text)
 
 
 def _plain(signature: str) -> str:

@@ -13,8 +13,8 @@ import traceback
 import pytest
 
 from lockd.client import AsyncLockClient, LockClient
-from lockd.client.fenced import FencedSession
 from lockd.client.errors import LockClientError, TransportError
+from lockd.client.fenced import FencedSession
 from lockd.client.wire import DEFAULT_CONNECT_TIMEOUT
 from tests.support import free_port
 

@@ -127,3 +127,18 @@ def test_check_exits_1_while_a_role_other_than_a_superuser_can_bypass(pg_dsn):
             ok.stdout.splitlines(), "superusers are listed; no grant can stop them"
     finally:
         _run(pg_dsn, f'DROP OWNED BY "{role}"', f'DROP ROLE "{role}"')
+
+
+def test_check_exits_1_when_the_installed_template_is_not_the_policys(pg_dsn, tmp_path):
+    """The triggers were installed from one policy; check is given another: the rows would be
+    bound to other lock names than the proxy's, so check says so and exits 1 (as documented)."""
+    _run(pg_dsn, "CREATE TABLE jobs (id bigint PRIMARY KEY, state text)")
+    installed, other = tmp_path / "installed.yaml", tmp_path / "other.yaml"
+    installed.write_text('tables:\n  jobs: "jobs/{key}"\n')
+    other.write_text('tables:\n  jobs: "work/{key}"\n')
+    assert _db("install", "--database-url", pg_dsn, "--policy", str(installed)).returncode == 0
+    assert _db("check", "--database-url", pg_dsn, "--policy", str(installed)).returncode == 0
+    found = _db("check", "--database-url", pg_dsn, "--policy", str(other))
+    assert found.returncode == 1, found.stdout
+    assert ("MISSING: table 'jobs': its installed trigger binds rows to other lock names than "
+            "the policy's 'work/{key}'") in found.stdout
