@@ -86,7 +86,7 @@ class SqlOps:
                 yield conn
         else:  # a raw lease (``chaos.near``) has no client: its keys come from lockd's URL
             url = None if hasattr(lease, "_client") else self.w.a.lockd
-            with fenced_transaction(conn, lease, lockd_url=url):
+            with fenced_transaction(conn, lease, lockd_url=url, refuse_lost=False):
                 conn.execute(_SET_OP, (op,))
                 yield conn
 

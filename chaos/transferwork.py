@@ -52,7 +52,8 @@ class TransferOps:
             return
         accounts = sorted(int(name.rsplit("/", 1)[1]) for name in fences)
         src, dst = (accounts if w.rng.random() < 0.5 else accounts[::-1])
-        session = FencedSession(w.a.proxy, lease, timeout=w.a.timeout, http_client=w.http)
+        session = FencedSession(w.a.proxy, lease, timeout=w.a.timeout, http_client=w.http,
+                                refuse_lost=False)  # the fence alone decides: what chaos tests
         self.sleep(w.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
         reads: dict[int, int] = {}
         try:

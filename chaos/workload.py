@@ -298,7 +298,8 @@ class Worker:
         ``--claim-then-read``). In the claim phases every operation is one, so a frozen
         holder's immediate successor has often only claimed when it is killed after its read:
         the claim alone must have raised the highest past the frozen fence."""
-        session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http)
+        session = FencedSession(self.a.proxy, lease, timeout=self.a.timeout, http_client=self.http,
+                                refuse_lost=False)  # the fence alone decides: what chaos tests
         _sleep(self.rng.uniform(0.02, 0.06))  # setting up after the grant, before the claim
         draw = self.rng.random()  # drawn always: the rest of the sequence keeps its seed
         if claim_first is None:

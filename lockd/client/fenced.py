@@ -167,13 +167,17 @@ def _lock_answer(body: Any) -> str | None:
 class _SessionBase:
     def __init__(self, proxy_url: str, lease: Lease | AsyncLease | None, timeout: float,
                  api_key: str | None = None, retries: int = 3,
-                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+                 refuse_lost: bool = True):
         if retries < 0:
             raise ValueError("retries must be >= 0")
         self.url = proxy_url.rstrip("/")
         self.lease = lease
         self.timeout = timeout
         self.connect_timeout = connect_timeout
+        self.refuse_lost = refuse_lost
+        """Refuse (``LeaseLostError``, nothing sent) every call under a lease the client knows
+        is lost or released; ``False`` leaves the decision to the proxy's fence alone."""
         self.retries = retries
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
@@ -201,7 +205,10 @@ class _SessionBase:
         return self.lease
 
     def _headers(self, idempotency_key: str | None = None) -> dict[str, str]:
-        headers = {"Fencing-Token": self._held().token, **self._auth}
+        lease = self._held()
+        if self.refuse_lost and callable(getattr(lease, "check", None)):
+            lease.check()  # known lost (or released): refuse before sending anything
+        headers = {"Fencing-Token": lease.token, **self._auth}
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
         return headers
@@ -251,15 +258,19 @@ class FencedSession(_SessionBase):
     mTLS). ``retries``: how many times an insert, update or batch is resent with its
     Idempotency-Key after ``outcome_unknown`` or no answer (default 3). ``connect_timeout``
     (seconds, default 5) bounds each request's connect phase: a proxy that is not there raises
-    ``TransportError`` at once (``None``: only ``timeout`` bounds it). Use as a context manager
-    or call ``close()``.
+    ``TransportError`` at once (``None``: only ``timeout`` bounds it). ``refuse_lost`` (default
+    on): a lease the client knows is lost or released raises ``LeaseLostError`` before any
+    request; ``False`` leaves the decision to the proxy's fence. Use as a context manager or
+    call ``close()``.
     """
 
     def __init__(self, proxy_url: str, lease: Lease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.Client | None = None, api_key: str | None = None,
                  verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3,
-                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
-        super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout)
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+                 refuse_lost: bool = True):
+        super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout,
+                         refuse_lost)
         self._own_http = http_client is None
         self._http = http_client or httpx.Client(timeout=timeout,
                                                 verify=client_context(verify, cert))
@@ -375,8 +386,10 @@ class AsyncFencedSession(_SessionBase):
     def __init__(self, proxy_url: str, lease: AsyncLease | None = None, *, timeout: float = 10.0,
                  http_client: httpx.AsyncClient | None = None, api_key: str | None = None,
                  verify: VerifyTypes = True, cert: CertTypes = None, retries: int = 3,
-                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
-        super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout)
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT,
+                 refuse_lost: bool = True):
+        super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout,
+                         refuse_lost)
         self._own_http = http_client is None
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))

@@ -135,9 +135,17 @@ class _LockBase:
 
     @property
     def token(self) -> str | None:
-        """The fencing token of the current lease; ``None`` before acquire and after release."""
+        """The fencing token of the current lease; ``None`` before acquire and after release.
+        Raises ``LeaseLostError`` once the client knows the lease is lost: a write started with
+        it now would only be refused by the fence, or, if nobody took the lock since, accepted
+        although the lock may be taken at any moment. ``lock.lease.token`` still gives it (the
+        explicit opt-out, for tools that leave the decision to the fence)."""
         lease = self._current()
-        return lease.token if lease is not None else None
+        if lease is None:
+            return None
+        if lease.state is LeaseState.LOST:
+            lease.check()
+        return lease.token
 
     @property
     def lost(self) -> Any:

@@ -223,6 +223,13 @@ async def _afetch_keys(url: str, http: Any) -> Any:
     return body_or_raise("GET", "/v1/keys", response)
 
 
+def _refuse_known_loss(lease: Any, refuse_lost: bool) -> None:
+    """``LeaseLostError`` (before any SQL) for a lease object the client knows is lost or
+    released, unless ``refuse_lost`` is off (a bare token is not known either way)."""
+    if refuse_lost and callable(getattr(lease, "check", None)):
+        lease.check()
+
+
 def _verified(lease: Any, jwks: Any, lockd_url: str | None) -> tokens.Claims:
     token, fixed = _token_of(lease), _fixed_verifier(jwks)
     if fixed is not None:
@@ -431,10 +438,14 @@ class _Claiming:
 @contextlib.contextmanager
 def fenced_transaction(conn: Any, lease: Any, *,
                        jwks: Mapping[str, Any] | tokens.Verifier | None = None,
-                       lockd_url: str | None = None) -> Iterator[tokens.Claims]:
+                       lockd_url: str | None = None,
+                       refuse_lost: bool = True) -> Iterator[tokens.Claims]:
     """Verify ``lease``'s token, open a transaction on ``conn``, claim every fence of the token,
     run the block, commit; roll back and re-raise on any error. See the module docstring for
-    the accepted ``conn``/``lease``, the keys (``jwks``, ``lockd_url``) and the errors."""
+    the accepted ``conn``/``lease``, the keys (``jwks``, ``lockd_url``) and the errors.
+    ``refuse_lost`` (default on): a lease the client knows is lost or released raises
+    ``LeaseLostError`` before any SQL; ``False`` leaves the decision to the fence alone."""
+    _refuse_known_loss(lease, refuse_lost)
     claims = _verified(lease, jwks, lockd_url)  # before any SQL
     kind = _kind(conn, asynchronous=False)
     _refuse_open(kind, conn)
@@ -463,9 +474,11 @@ def fenced_transaction(conn: Any, lease: Any, *,
 @contextlib.asynccontextmanager
 async def async_fenced_transaction(conn: Any, lease: Any, *,
                                    jwks: Mapping[str, Any] | tokens.Verifier | None = None,
-                                   lockd_url: str | None = None) -> AsyncIterator[tokens.Claims]:
+                                   lockd_url: str | None = None,
+                                   refuse_lost: bool = True) -> AsyncIterator[tokens.Claims]:
     """The asyncio twin of ``fenced_transaction`` (psycopg ``AsyncConnection``, SQLAlchemy
     ``AsyncConnection``/``AsyncSession``); a JWKS fetch runs on the event loop."""
+    _refuse_known_loss(lease, refuse_lost)
     claims = await _averified(lease, jwks, lockd_url)  # before any SQL
     kind = _kind(conn, asynchronous=True)
     _refuse_open(kind, conn)

@@ -129,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
             report("acquired", fence=lease.fence, http="200", detail=f"acquired {args.lock}")
             watcher = _RenewalWatcher(lease, report)
             watcher.start()
-            session = FencedSession(args.proxy_url, lease, **tls)
+            # refuse_lost=False: the demo shows the proxy's fence refusing a lapsed writer,
+            # not the client refusing first because it already knows its lease is lost
+            session = FencedSession(args.proxy_url, lease, refuse_lost=False, **tls)
             try:
                 for step in range(1, args.writes + 1):
                     if step > 1:
