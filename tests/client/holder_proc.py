@@ -5,7 +5,9 @@ Usage: ``python holder_proc.py LOCKD_URL PROXY_URL LOCK TTL_SECONDS``
 It acquires LOCK with ``LockClient``, writes row 1 of ``items`` through ``FencedSession``, prints
 ``ready`` and then blocks until its lease is reported lost (the test freezes it with SIGSTOP past
 its TTL meanwhile). Once lost, it tries one more write and prints, as one JSON line, everything
-it observed: the event, the callback count, the state and what the proxy said.
+it observed: the event, the callback count, the state, whether the client refused the write
+itself (it knows the lease is lost) and what the proxy said to the same write sent anyway
+(``refuse_lost=False``).
 """
 
 from __future__ import annotations
@@ -33,8 +35,14 @@ def main() -> None:
             report["lost_event"] = lease.lost.wait(30)
             report["state"] = lease.state.value
             report["reason"] = lease.lost_reason.code if lease.lost_reason else None
-            try:
+            try:  # the client knows the lease is lost: it refuses before sending
                 db.upsert("items", 1, {"id": 1, "owner": "A-late", "n": lease.fence})
+                report["known_loss"] = "accepted"
+            except LeaseLostError:
+                report["known_loss"] = "refused"
+            try:  # the pure fencing rule (as if the client did not know): the proxy decides
+                pure = FencedSession(proxy_url, lease, refuse_lost=False)
+                pure.upsert("items", 1, {"id": 1, "owner": "A-late", "n": lease.fence})
                 report["late_write"] = "accepted"
             except StaleTokenError as exc:
                 report.update(late_write="stale", presented=exc.presented, highest=exc.highest)

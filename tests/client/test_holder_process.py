@@ -50,6 +50,7 @@ def test_frozen_holder_reports_lost_and_its_late_write_is_stale(shared_lockd, pr
     assert report["state"] == "lost"
     assert report["reason"] in ("local_deadline", "lease_lost")
     assert report["callbacks"] == 1
+    assert report["known_loss"] == "refused"  # known lost: refused before any request
     assert report["late_write"] == "stale"
     assert report["presented"] == report["fence"] < b.fence == report["highest"]
     assert report["exit"] == "LeaseLostError"  # the block finished on a lost lease
