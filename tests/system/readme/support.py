@@ -1,11 +1,10 @@
-"""The examples of the README and of docs/ as tests: Sybil parsers, the servers they talk to,
-the port lock.
+"""The examples of the README and of docs/ as tests: Sybil parsers, the servers they talk to.
 
 The examples name lockd at ``http://127.0.0.1:7070`` and the proxy at
-``http://127.0.0.1:7071`` (the servers' defaults), so they run as written only against servers on
-those ports. Every test that binds them (the Sybil examples, the Quick start walk-through) first
-takes an exclusive ``flock`` on one file, so two pytest runs on one machine take turns instead of
-colliding.
+``http://127.0.0.1:7071`` (the servers' defaults). The tests never take those ports (a reader's
+Quick start may be running there): the servers start on free ports and each example's text is
+run with ``127.0.0.1:7070``/``:7071`` replaced by them (``ported``); ``lockctl`` without
+``--url`` finds lockd through ``LOCKD_URL``.
 
 Conventions (also in docs/development.md), the same for README.md and every page under docs/:
 
@@ -33,13 +32,22 @@ from pathlib import Path
 
 import psycopg
 from sybil import Example, Region
+from sybil.evaluators.python import PythonEvaluator, pad
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 
-from tests.support import PG_ADMIN_DSN, VENV_BIN, ServiceProcess, create_database, drop_database
+from tests.support import (
+    PG_ADMIN_DSN,
+    VENV_BIN,
+    ServiceProcess,
+    create_database,
+    drop_database,
+    free_port,
+)
 
-LOCKD_PORT, PROXY_PORT = 7070, 7071
+LOCKD_PORT, PROXY_PORT = 7070, 7071  # what the examples name; the tests' servers run elsewhere
 LOCKD_URL, PROXY_URL = f"http://127.0.0.1:{LOCKD_PORT}", f"http://127.0.0.1:{PROXY_PORT}"
+LOCKD_ADDRESS, PROXY_ADDRESS = "README_LOCKD_ADDRESS", "README_PROXY_ADDRESS"  # keys of the env
 PORT_LOCK = Path(tempfile.gettempdir()) / "lockd-readme-ports.lock"
 RUN_LANGUAGES = ("python", "console", "yaml")
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,7 +66,9 @@ RUNNABLE_FENCE = re.compile(r"^```(python|console)\s*$")
 def readme_ports(timeout: float = 120.0) -> Iterator[None]:
     """Hold 127.0.0.1:7070/7071 for this process: an exclusive flock, then wait for them free.
 
-    Raises ``TimeoutError`` naming the port if something outside these tests holds it.
+    Only for a test that must run a server on the documented ports themselves; the examples
+    do not (``readme_servers``). Raises ``TimeoutError`` naming the port if something outside
+    these tests holds it.
     """
     with open(PORT_LOCK, "w") as handle:
         deadline = time.monotonic() + timeout
@@ -91,12 +101,20 @@ def _port_free(port: int) -> bool:
         return True
 
 
+def ported(text: str, env: dict[str, str]) -> str:
+    """``text`` with the documented addresses (``127.0.0.1:7070``, ``127.0.0.1:7071``) replaced
+    by those of the servers ``readme_servers`` started (``env``)."""
+    return (text.replace(f"127.0.0.1:{LOCKD_PORT}", env[LOCKD_ADDRESS])
+            .replace(f"127.0.0.1:{PROXY_PORT}", env[PROXY_ADDRESS]))
+
+
 @contextlib.contextmanager
 def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[dict[str, str]]:
-    """lockd (SQLite) on :7070 and the proxy on a fresh PostgreSQL database on :7071.
+    """lockd (SQLite) and the proxy on a fresh PostgreSQL database, each on a free port.
 
     The database holds ``accounts`` (row 1, balance 10.00) under the policy
-    ``accounts/{key}``. Yields the environment the console examples run with.
+    ``accounts/{key}``. Yields the environment the console examples run with (``LOCKD_URL``
+    names this lockd; ``LOCKD_ADDRESS``/``PROXY_ADDRESS`` are for ``ported``).
     """
     dsn = create_database(admin_dsn, prefix="readme")
     try:
@@ -105,17 +123,22 @@ def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[d
         policy = directory / "policy.yaml"
         policy.write_text(README_POLICY)
         url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
-        with readme_ports():
-            lockd = ServiceProcess(
-                [str(VENV_BIN / "lockd"), "serve", "--store", f"sqlite:///{directory}/lockd.db",
-                 "--key-dir", str(directory / "keys")],
-                ready_url=f"{LOCKD_URL}/healthz", log_path=directory / "lockd.log")
-            proxy = ServiceProcess(
-                [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", url,
-                 "--lockd-url", LOCKD_URL, "--policy", str(policy)],
-                ready_url=f"{PROXY_URL}/healthz", log_path=directory / "proxy.log")
-            with lockd, proxy:
-                yield {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+        lockd_port, proxy_port = free_port(), free_port()
+        lockd_url, proxy_url = (f"http://127.0.0.1:{lockd_port}",
+                                f"http://127.0.0.1:{proxy_port}")
+        lockd = ServiceProcess(
+            [str(VENV_BIN / "lockd"), "serve", "--store", f"sqlite:///{directory}/lockd.db",
+             "--key-dir", str(directory / "keys"), "--port", str(lockd_port)],
+            ready_url=f"{lockd_url}/healthz", log_path=directory / "lockd.log")
+        proxy = ServiceProcess(
+            [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", url,
+             "--lockd-url", lockd_url, "--policy", str(policy), "--port", str(proxy_port)],
+            ready_url=f"{proxy_url}/healthz", log_path=directory / "proxy.log")
+        with lockd, proxy:
+            yield {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+                   "LOCKD_URL": lockd_url,
+                   LOCKD_ADDRESS: f"127.0.0.1:{lockd_port}",
+                   PROXY_ADDRESS: f"127.0.0.1:{proxy_port}"}
     finally:
         drop_database(dsn, admin_dsn)
 
@@ -165,7 +188,7 @@ class ConsoleEvaluator:
 
     def __call__(self, example: Example) -> str | None:
         env, cwd = example.namespace["readme_env"]
-        commands = console_commands(example.parsed)
+        commands = [ported(cmd, env) for cmd in console_commands(example.parsed)]
         if not commands:
             return f"{where(example)}: a console block without a `$ ` command"
         script = "".join(f"{cmd}\n__rc=$?; [ $__rc -eq 0 ] || {{ echo \"exit $__rc: \"{_quote(cmd)} >&2; exit 1; }}\n"
@@ -218,9 +241,26 @@ class UnmarkedBlockParser:
                 "(see docs/development.md)")
 
 
+class PortedPythonEvaluator(PythonEvaluator):
+    """Sybil's Python evaluator, run on the block's text with the documented ports replaced by
+    the test servers' (``ported``); a page that starts no servers runs its blocks as written."""
+
+    def __call__(self, example: Example) -> None:
+        __tracebackhide__ = True
+        env = example.namespace["readme_env"][0]
+        if LOCKD_ADDRESS not in env:
+            return super().__call__(example)
+        source = pad(ported(str(example.parsed), env), example.line + example.parsed.line_offset)
+        exec(compile(source, example.path, "exec", dont_inherit=True), example.namespace)
+        example.namespace.pop("__builtins__", None)
+        return None
+
+
 def parsers() -> list:
     """The Sybil parsers for README.md and docs/, in the order above."""
-    return [SkipParser(), PythonCodeBlockParser(),
+    python = PythonCodeBlockParser()
+    python.codeblock_parser._evaluator = PortedPythonEvaluator()  # type: ignore[attr-defined]
+    return [SkipParser(), python,
             CodeBlockParser(language="console", evaluator=ConsoleEvaluator()),
             CodeBlockParser(language="yaml", evaluator=evaluate_policy),
             UnmarkedBlockParser()]

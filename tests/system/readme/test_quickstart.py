@@ -26,7 +26,8 @@ from pathlib import Path
 from sybil import Document
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
-from tests.system.readme.support import README, ROOT, readme_ports
+from tests.support import free_port
+from tests.system.readme.support import LOCKD_ADDRESS, PROXY_ADDRESS, README, ROOT, ported
 
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 
@@ -119,30 +120,38 @@ def test_quick_start_and_python_example_rerun_in_a_fresh_clone(tmp_path: Path):
     env.pop("VIRTUAL_ENV", None)
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep)
                                   if not p.startswith(str(venv)))
+    # the servers on free ports, never the documented 7070/7071 (a reader's Quick start may be
+    # running there): the addresses in the text are replaced, `lockd serve` and
+    # `resource-proxy serve` take their port from the environment, lockctl its URL
+    lockd_port, proxy_port = free_port(), free_port()
+    ports = {LOCKD_ADDRESS: f"127.0.0.1:{lockd_port}", PROXY_ADDRESS: f"127.0.0.1:{proxy_port}"}
+    env.update(LOCKD_PORT=str(lockd_port), PROXY_PORT=str(proxy_port),
+               LOCKD_URL=f"http://127.0.0.1:{lockd_port}")
+    commands = [ported(c, ports) for c in commands]
+    python, stop = ported(python, ports), [ported(c, ports) for c in stop]
     script, steps = harness(commands, python, stop)
-    pasted = paste(text, python)
+    pasted = ported(paste(text, python), ports)
     fences = []
-    with readme_ports():
-        for attempt in (1, 2, 3):
-            if attempt < 3:  # command by command, each exit status checked
-                done = subprocess.run(["bash", "-c", script], cwd=clone, env=env,
-                                      capture_output=True, text=True, timeout=180)
-            else:  # the blocks pasted verbatim into one shell reading them line by line
-                done = subprocess.run(["bash", "-s"], input=pasted, cwd=clone, env=env,
-                                      capture_output=True, text=True, timeout=180)
-            log = f"pass {attempt}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
-            assert done.returncode == 0, log
-            if attempt < 3:
-                statuses = re.findall(r"^::rc (\d+) (\d+)$", done.stdout, re.MULTILINE)
-                assert statuses == [(str(i), "0") for i in range(steps)], log
-            assert "lockctl:" not in done.stderr and "Traceback" not in done.stderr, log
-            assert re.findall(r"^::server-exit (\d+)$", done.stdout, re.MULTILINE) == ["0", "0"], log
-            fence = re.search(r"^working under fence (\d+)$", done.stdout, re.MULTILINE)
-            assert fence, log
-            fences.append(int(fence[1]))
-            assert '"code":"stale_token"' in done.stdout and "A's old token was refused" in done.stdout, log
-            assert done.stdout.count(" HTTP 200") == 2, log
-            assert re.search(r"^accounts: fence \d+, balance 20\.00$", done.stdout, re.MULTILINE), log
-            with sqlite3.connect(clone / "resource.db") as db:
-                assert db.execute("SELECT id, balance FROM accounts").fetchall() == [(1, "20.00")], log
+    for attempt in (1, 2, 3):
+        if attempt < 3:  # command by command, each exit status checked
+            done = subprocess.run(["bash", "-c", script], cwd=clone, env=env,
+                                  capture_output=True, text=True, timeout=180)
+        else:  # the blocks pasted verbatim into one shell reading them line by line
+            done = subprocess.run(["bash", "-s"], input=pasted, cwd=clone, env=env,
+                                  capture_output=True, text=True, timeout=180)
+        log = f"pass {attempt}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr}"
+        assert done.returncode == 0, log
+        if attempt < 3:
+            statuses = re.findall(r"^::rc (\d+) (\d+)$", done.stdout, re.MULTILINE)
+            assert statuses == [(str(i), "0") for i in range(steps)], log
+        assert "lockctl:" not in done.stderr and "Traceback" not in done.stderr, log
+        assert re.findall(r"^::server-exit (\d+)$", done.stdout, re.MULTILINE) == ["0", "0"], log
+        fence = re.search(r"^working under fence (\d+)$", done.stdout, re.MULTILINE)
+        assert fence, log
+        fences.append(int(fence[1]))
+        assert '"code":"stale_token"' in done.stdout and "A's old token was refused" in done.stdout, log
+        assert done.stdout.count(" HTTP 200") == 2, log
+        assert re.search(r"^accounts: fence \d+, balance 20\.00$", done.stdout, re.MULTILINE), log
+        with sqlite3.connect(clone / "resource.db") as db:
+            assert db.execute("SELECT id, balance FROM accounts").fetchall() == [(1, "20.00")], log
     assert fences[0] < fences[1] < fences[2], "lockd.db keeps the fences of the earlier passes"
