@@ -83,7 +83,7 @@ from lockd.client.errors import (
     body_or_raise,
     translate_transport_errors,
 )
-from lockd.client.lease import AsyncLease, Lease
+from lockd.client.lease import AsyncLease, Lease, LeaseState
 from lockd.client.wire import DEFAULT_CONNECT_TIMEOUT, check_segments, request_timeout
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
@@ -177,7 +177,7 @@ class _SessionBase:
         self.connect_timeout = connect_timeout
         self.refuse_lost = refuse_lost
         """Refuse (``LeaseLostError``, nothing sent) every call under a lease the client knows
-        is lost or released; ``False`` leaves the decision to the proxy's fence alone."""
+        is lost; ``False`` leaves the decision to the proxy's fence alone."""
         self.retries = retries
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.highest: int | None = None
@@ -206,8 +206,8 @@ class _SessionBase:
 
     def _headers(self, idempotency_key: str | None = None) -> dict[str, str]:
         lease = self._held()
-        if self.refuse_lost and callable(getattr(lease, "check", None)):
-            lease.check()  # known lost (or released): refuse before sending anything
+        if self.refuse_lost and getattr(lease, "state", None) is LeaseState.LOST:
+            lease.check()  # known lost: refuse before sending anything
         headers = {"Fencing-Token": lease.token, **self._auth}
         if idempotency_key is not None:
             headers["Idempotency-Key"] = idempotency_key
@@ -259,7 +259,7 @@ class FencedSession(_SessionBase):
     Idempotency-Key after ``outcome_unknown`` or no answer (default 3). ``connect_timeout``
     (seconds, default 5) bounds each request's connect phase: a proxy that is not there raises
     ``TransportError`` at once (``None``: only ``timeout`` bounds it). ``refuse_lost`` (default
-    on): a lease the client knows is lost or released raises ``LeaseLostError`` before any
+    on): a lease the client knows is lost raises ``LeaseLostError`` before any
     request; ``False`` leaves the decision to the proxy's fence. Use as a context manager or
     call ``close()``.
     """

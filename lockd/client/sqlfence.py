@@ -87,6 +87,7 @@ from lockd.client.errors import (
     body_or_raise,
     translate_transport_errors,
 )
+from lockd.client.lease import LeaseState
 from lockd.common.fencerule import Fence, fences_of
 from lockd.common.keycache import AsyncKeyCache, KeyCache, KeysUnavailable
 
@@ -224,9 +225,9 @@ async def _afetch_keys(url: str, http: Any) -> Any:
 
 
 def _refuse_known_loss(lease: Any, refuse_lost: bool) -> None:
-    """``LeaseLostError`` (before any SQL) for a lease object the client knows is lost or
-    released, unless ``refuse_lost`` is off (a bare token is not known either way)."""
-    if refuse_lost and callable(getattr(lease, "check", None)):
+    """``LeaseLostError`` (before any SQL) for a lease object the client knows is lost, unless
+    ``refuse_lost`` is off (a bare token is not known either way)."""
+    if refuse_lost and getattr(lease, "state", None) is LeaseState.LOST:
         lease.check()
 
 
@@ -443,7 +444,7 @@ def fenced_transaction(conn: Any, lease: Any, *,
     """Verify ``lease``'s token, open a transaction on ``conn``, claim every fence of the token,
     run the block, commit; roll back and re-raise on any error. See the module docstring for
     the accepted ``conn``/``lease``, the keys (``jwks``, ``lockd_url``) and the errors.
-    ``refuse_lost`` (default on): a lease the client knows is lost or released raises
+    ``refuse_lost`` (default on): a lease the client knows is lost raises
     ``LeaseLostError`` before any SQL; ``False`` leaves the decision to the fence alone."""
     _refuse_known_loss(lease, refuse_lost)
     claims = _verified(lease, jwks, lockd_url)  # before any SQL
