@@ -74,13 +74,14 @@ class AsyncLockClient(PrimitivesCore):
                  connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT):
         super().__init__(url, timeout, owner, clock, api_key, connect_timeout)
         self._own_http = http_client is None
+        self._has_cert = cert is not None  # for the message of a TLS refusal
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
         self._renewals: dict[AsyncLease, tuple[asyncio.Task[None], asyncio.Event]] = {}
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: Any = None,
                        timeout: float | None = None) -> Any:
-        with translate_transport_errors(f"{method} {path}"):
+        with translate_transport_errors(f"{method} {path}", has_cert=self._has_cert):
             response = await self._http.request(method, self.url + path, json=json,
                                                 params=params, headers=self._headers,
                                                 timeout=request_timeout(

@@ -49,6 +49,8 @@ from typing import Any, ClassVar
 
 import httpx
 
+from lockd.client.tlshints import TLS_HELP, tls_mistake
+
 __all__ = [
     "LockClientError",
     "LockNotAcquired",
@@ -284,19 +286,25 @@ class TransportError(ServiceUnavailable):
     ``url``: the server's base URL (``scheme://host:port``) when known; ``reason``: the
     transport's own words (e.g. ``ConnectError: [Errno 111] Connection refused``);
     ``unreachable``: no connection could be made (refused, DNS, connect timeout), so nothing
-    was sent; ``cause``: the transport's own exception. It is not chained (``raise ... from
+    was sent; ``tls``: a TLS mistake when one was recognised (``unknown_ca``: the server's
+    certificate is not signed by a CA the client trusts; ``client_cert``: the server wants a
+    client certificate (mTLS) and got none or refused it; ``plain_http``: an ``http://`` URL
+    for a server that speaks https; ``not_tls``: an ``https://`` URL for one that does not);
+    ``cause``: the transport's own exception. It is not chained (``raise ... from
     None``): a traceback shows this error alone, not the ~50 lines of httpx/httpcore below it.
     """
 
     default_code = "transport_error"
 
     def __init__(self, detail: str, *, url: str | None = None, reason: str | None = None,
-                 unreachable: bool = False, cause: BaseException | None = None, **kw: Any):
+                 unreachable: bool = False, cause: BaseException | None = None,
+                 tls: str | None = None, **kw: Any):
         super().__init__(detail, **kw)
         self.url = url
         self.reason = reason
         self.unreachable = unreachable
         self.cause = cause
+        self.tls = tls
 
 
 class OutcomeUnknown(LockClientError):
@@ -475,7 +483,7 @@ def error_from_response(response: httpx.Response) -> LockClientError:
 
 
 @contextlib.contextmanager
-def translate_transport_errors(what: str) -> Iterator[None]:
+def translate_transport_errors(what: str, *, has_cert: bool = False) -> Iterator[None]:
     """Re-raise ``httpx`` errors raised inside the block as ``TransportError``/``ProtocolError``.
 
     ``what`` names the call for the message (e.g. ``"POST /v1/locks/x/renew"``). A refused or
@@ -483,6 +491,10 @@ def translate_transport_errors(what: str) -> Iterator[None]:
 
         GET /v1/locks/x: cannot reach http://127.0.0.1:7070 (ConnectError: [Errno 111]
         Connection refused); is the server running there, and is that the right URL?
+
+    TLS mistakes get their own message naming the setting to fix (``TransportError.tls``):
+    an unknown CA (``verify=``), a missing client certificate under mTLS (``cert=``; whether
+    the client presented one is ``has_cert``), ``http://`` to an https server and back.
     """
     try:
         yield
@@ -495,14 +507,22 @@ def translate_transport_errors(what: str) -> Iterator[None]:
         raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc
     except httpx.ConnectError as exc:
         url, reason = _base_url(exc), f"{type(exc).__name__}: {exc}"
+        tls = tls_mistake(exc, url, has_cert)
+        if tls is not None:
+            raise TransportError(f"{what}: {TLS_HELP[tls].format(url=url, reason=reason)}",
+                                 url=url, reason=reason, cause=exc, tls=tls) from None
         raise TransportError(
             f"{what}: cannot reach {url or 'the server'} ({reason}); is the server running "
             "there, and is that the right URL?", url=url, reason=reason, unreachable=True,
             cause=exc) from None
     except httpx.TransportError as exc:
         # Includes RemoteProtocolError (the server went away mid-answer): transient.
-        reason = f"{type(exc).__name__}: {exc}"
-        raise TransportError(f"{what}: {reason}", url=_base_url(exc), reason=reason,
+        url, reason = _base_url(exc), f"{type(exc).__name__}: {exc}"
+        tls = tls_mistake(exc, url, has_cert)
+        if tls is not None:
+            raise TransportError(f"{what}: {TLS_HELP[tls].format(url=url, reason=reason)}",
+                                 url=url, reason=reason, cause=exc, tls=tls) from None
+        raise TransportError(f"{what}: {reason}", url=url, reason=reason,
                              cause=exc) from None
     except (httpx.DecodingError, httpx.TooManyRedirects) as exc:
         raise ProtocolError(f"{what}: {type(exc).__name__}: {exc}") from exc

@@ -272,6 +272,7 @@ class FencedSession(_SessionBase):
         super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout,
                          refuse_lost)
         self._own_http = http_client is None
+        self._has_cert = cert is not None  # for the message of a TLS refusal
         self._http = http_client or httpx.Client(timeout=timeout,
                                                 verify=client_context(verify, cert))
 
@@ -283,7 +284,7 @@ class FencedSession(_SessionBase):
         cache = (table, None if key is None else encode_key(key))
         if cache not in self._locks:
             path = self._lock_path(table, key)
-            with translate_transport_errors(f"GET {path}"):
+            with translate_transport_errors(f"GET {path}", has_cert=self._has_cert):
                 response = self._http.get(self.url + path, headers=self._auth, timeout=self._timeout())
             self._locks[cache] = _lock_answer(body_or_raise("GET", path, response, _SERVER))
         return self._locks[cache]
@@ -310,7 +311,7 @@ class FencedSession(_SessionBase):
 
     def _send(self, method: str, path: str, *, json: Any = None, params: Any = None,
               idempotency_key: str | None = None) -> Any:
-        with translate_transport_errors(f"{method} {path}"):
+        with translate_transport_errors(f"{method} {path}", has_cert=self._has_cert):
             response = self._http.request(method, self.url + path, json=json, params=params,
                                           headers=self._headers(idempotency_key),
                                           timeout=self._timeout())
@@ -391,6 +392,7 @@ class AsyncFencedSession(_SessionBase):
         super().__init__(proxy_url, lease, timeout, api_key, retries, connect_timeout,
                          refuse_lost)
         self._own_http = http_client is None
+        self._has_cert = cert is not None  # for the message of a TLS refusal
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
 
@@ -399,7 +401,7 @@ class AsyncFencedSession(_SessionBase):
         cache = (table, None if key is None else encode_key(key))
         if cache not in self._locks:
             path = self._lock_path(table, key)
-            with translate_transport_errors(f"GET {path}"):
+            with translate_transport_errors(f"GET {path}", has_cert=self._has_cert):
                 response = await self._http.get(self.url + path, headers=self._auth,
                                                 timeout=self._timeout())
             self._locks[cache] = _lock_answer(body_or_raise("GET", path, response, _SERVER))
@@ -426,7 +428,7 @@ class AsyncFencedSession(_SessionBase):
 
     async def _send(self, method: str, path: str, *, json: Any = None, params: Any = None,
                     idempotency_key: str | None = None) -> Any:
-        with translate_transport_errors(f"{method} {path}"):
+        with translate_transport_errors(f"{method} {path}", has_cert=self._has_cert):
             response = await self._http.request(method, self.url + path, json=json,
                                                 params=params,
                                                 headers=self._headers(idempotency_key),

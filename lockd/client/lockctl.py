@@ -377,6 +377,19 @@ def _pipe_closed() -> int:
     return EXIT_PIPE_CLOSED
 
 
+_TLS_FLAGS = {  # TransportError.tls -> what to do, in lockctl's flags
+    "unknown_ca": "lockd at {url} has a certificate signed by a CA lockctl does not trust: pass "
+                  "that CA's file with --ca (or LOCKD_CA)",
+    "client_cert": "lockd at {url} asks for a client certificate (mTLS) and none was given: "
+                   "pass --cert and --key (or LOCKD_CERT and LOCKD_KEY)",
+    "client_cert_refused": "lockd at {url} refused the client certificate of --cert/--key: is it "
+                           "signed by the CA lockd trusts for clients (its --tls-client-ca), "
+                           "and still valid?",
+    "plain_http": "lockd at {url} speaks https, not http: use --url {https}",
+    "not_tls": "lockd at {url} does not speak TLS: use --url {http}",
+}
+
+
 def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> LockClientError:
     """``exc`` with a detail that says what to do, for the errors a newcomer meets first."""
     if isinstance(exc, LockNotAcquired) and (args.cmd in ("acquire", "run", "elect")
@@ -384,6 +397,9 @@ def _explained(exc: LockClientError, url: str, args: argparse.Namespace) -> Lock
                                                                                    "run")):
         exc.detail += ("; a longer --wait may get it" if getattr(args, "wait", 0) > 0 else
                        "; to wait for it, pass --wait (e.g. --wait 30s)")
+    elif isinstance(exc, TransportError) and exc.tls in _TLS_FLAGS:
+        exc.detail = _TLS_FLAGS[exc.tls].format(url=url, https=url.replace("http://", "https://", 1),
+                                                http=url.replace("https://", "http://", 1))
     elif isinstance(exc, TransportError):
         cause = exc.reason or exc.detail
         exc.detail = (f"cannot reach lockd at {url} ({cause}); is it running? Point lockctl "
