@@ -39,6 +39,7 @@ import sys
 import time
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -54,6 +55,7 @@ from lockd.common.serving.workers import listening_sockets, run_workers
 from lockd.server import keys_cli
 from lockd.server.access import access_file_problem
 from lockd.server.app import create_app
+from lockd.server.dev_certs import make_dev_certs, usage
 from lockd.server.errors import StoreUnavailable
 from lockd.server.settings import Settings
 from lockd.server.store import is_sqlite_url, open_store, redact_url
@@ -107,7 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-waiters-per-identity", type=int,
                        help="queued acquires per identity, beyond: 429 (default 10000)")
     keys_cli.add_parser(commands)
+    dev = commands.add_parser("dev", help="helpers for trying lockd locally",
+                              description="Helpers for trying lockd locally.")
+    dev_actions = dev.add_subparsers(dest="dev_command", required=True, metavar="ACTION")
+    certs = dev_actions.add_parser(
+        "certs", help="make a development CA, a server and a client certificate",
+        description="Write ca.pem/.key, server.pem/.key (127.0.0.1, ::1, localhost) and "
+                    "client.pem/.key into DIR, for trying TLS and mTLS locally (docs/tls.md).")
+    certs.add_argument("dir", metavar="DIR", help="directory to write into (created if missing)")
     return parser
+
+
+def _dev(args: argparse.Namespace) -> int:
+    """``lockd dev certs DIR``: exit 0, or 2 (one line) when a file is there already."""
+    directory = Path(args.dir)
+    try:
+        make_dev_certs(directory)
+    except (FileExistsError, OSError) as exc:
+        print(f"lockd dev certs: {exc}", file=sys.stderr)
+        return 2
+    print(usage(directory))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(keys_cli.protect_kids(sys.argv[1:] if argv is None else argv))
     if args.command == "keys":
         return keys_cli.run(args)
+    if args.command == "dev":
+        return _dev(args)
     overrides = {key: value for key, value in vars(args).items()
                  if key != "command" and value is not None}
     try:
