@@ -205,6 +205,19 @@ class _LockBase:
                             "(never acquired, or released); acquire it first", lock=self.name)
         return self.lease
 
+    def _released_inside(self, exc_type: Any) -> Any:
+        """The lease a ``with`` block's exit releases; ``None`` when the block released it
+        itself (``release()``, or ``client.release(lease)``): then ``LockError`` if the block
+        ended normally (as redis-py's Lock raises), nothing if it raised (its error goes on)."""
+        lease = self.lease
+        if lease is not None and lease.state is not LeaseState.RELEASED:
+            return lease
+        self.lease = None
+        if exc_type is None:
+            raise LockError(f"lock {self.name!r} was released inside its with block: nothing "
+                            "is left to release at its end", lock=self.name)
+        return None
+
     def _forget(self, lease: Any, *, always: bool = False) -> None:
         """Drop ``lease`` once it is over (released or lost), or ``always`` (a ``with`` exit)."""
         if self.lease is lease and (always or lease.state in FINAL):
@@ -363,8 +376,9 @@ class Lock(_LockBase):
         return self.lease
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        lease = self.lease
-        assert lease is not None
+        lease = self._released_inside(exc_type)
+        if lease is None:
+            return
         try:
             lease.__exit__(exc_type, exc, tb)
         finally:
@@ -478,8 +492,9 @@ class AsyncLock(_LockBase):
         return self.lease
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        lease = self.lease
-        assert lease is not None
+        lease = self._released_inside(exc_type)
+        if lease is None:
+            return
         try:
             await lease.__aexit__(exc_type, exc, tb)
         finally:

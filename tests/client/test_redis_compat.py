@@ -258,3 +258,20 @@ def test_lock_error_gives_correct_lock_name(api, other, name):
     with pytest.raises(LockError) as misuse:
         api.lock_object(name, 10).release()
     assert misuse.value.lock == name
+
+
+def test_context_manager_releasing_inside_the_block_raises_lock_error_at_exit(api, name):
+    """redis-py: ``with lock: lock.release()`` raises ``LockError`` when the block ends."""
+    lock = api.lock_object(name, 10)
+    with pytest.raises(LockError) as info:
+        with lock:
+            lock.release()
+    assert info.value.lock == name and lock.lease is None
+    with pytest.raises(LockError):  # the same when the lease itself was released in the block
+        with lock as lease:
+            api.release(lease)
+    assert api.status(name).held is False
+    with pytest.raises(RuntimeError, match="boom"):  # the block's own error goes on unchanged
+        with lock:
+            lock.release()
+            raise RuntimeError("boom")
