@@ -10,7 +10,8 @@ the same stream with ``fetch`` so it can send ``Authorization: Bearer``. An even
 row at once, before the next full re-read. The page itself holds no data and needs no key.
 The elections section lists the elections this lockd served (``GET /v1/elections``, re-read
 with the locks): leader, value, fence, pending handover and candidates waiting here.
-The header links to ``/docs`` and ``/metrics``; not to a proxy: one lockd serves any number of
+Above them, live charts of the operations strip (``lockd.server.status_charts``), and an
+*Activity* sparkline per lock. The header links to ``/docs`` and ``/metrics``; not to a proxy: one lockd serves any number of
 proxies and is told of none (each proxy's page links back to its lockd).
 """
 
@@ -20,6 +21,7 @@ import json
 
 from lockd.common.namespace import PRIMITIVES
 from lockd.common.page import status_page
+from lockd.server.status_charts import CHARTS_CSS, CHARTS_HTML, CHARTS_JS
 
 __all__ = ["STATUS_PAGE"]
 
@@ -40,22 +42,23 @@ STATUS_PAGE = status_page(
   .ev-acquired { color: var(--accent); font-weight: 600; }
   .ev-released { color: var(--free); font-weight: 600; }
   .ev-expired, .ev-overflow { color: var(--held); font-weight: 600; }
-""",
-    main="""<section><h2>Locks</h2>
+  #elections td { white-space: normal; overflow-wrap: anywhere; }
+""" + CHARTS_CSS,
+    main=CHARTS_HTML + """<section><h2>Locks</h2>
 <table id="locks"><thead><tr><th>Lock</th><th>State</th><th>Holder</th><th>Fence</th>
-<th>TTL left</th><th>Waiters</th><th>Mode</th></tr></thead><tbody></tbody></table>
-<div id="nolocks" class="empty">No locks yet.</div>
+<th>TTL left</th><th>Waiters</th><th>Mode</th><th>Activity</th></tr></thead><tbody></tbody></table>
+<div id="nolocks" class="empty">Loading&hellip;</div>
 <h2>Semaphores</h2>
 <table id="sems"><thead><tr><th>Semaphore</th><th>In use</th><th>Holders (slot)</th>
 <th>Fence</th><th>Waiters</th></tr></thead><tbody></tbody></table>
-<div id="nosems" class="empty">No semaphore seen yet.</div></section>
+<div id="nosems" class="empty">Loading&hellip;</div></section>
 <section><h2>Elections</h2>
 <table id="elections"><thead><tr><th>Election</th><th>Leader</th><th>Value</th><th>Fence</th>
 <th>Handover to</th><th>Candidates</th></tr></thead><tbody></tbody></table>
-<div id="noelections" class="empty">No elections yet.</div></section>
+<div id="noelections" class="empty">Loading&hellip;</div></section>
 <section><h2>Recent events</h2><ul id="events"></ul>
 <div id="noevents" class="empty">Waiting for events&hellip;</div></section>""",
-    script="const RESERVED = " + _RESERVED + """;  // lockd.common.namespace's reservations
+    script=CHARTS_JS + "const RESERVED = " + _RESERVED + """;  // lockd.common.namespace's reservations
 const locks = new Map();   // name -> {held, owner, fence, waiters, expiresAt, mode}
 const sems = new Map();    // semaphore name -> its GET /v1/semaphores/{name} body
 const flashes = new Map(); // name -> highlight until (performance.now())
@@ -84,7 +87,7 @@ function render() {
     tr.append(cell(name, "lock"), cell(isHeld ? "held" : "free", isHeld ? "held" : "free"),
               cell(isHeld ? (l.owner || "(no owner)") : "-"), cell(String(l.fence), "num"),
               cell(isHeld ? fmtMs(left) : "-", "num"), cell(String(l.waiters || 0), "num"),
-              cell(isHeld ? (l.mode || "exclusive") : "-"));
+              cell(isHeld ? (l.mode || "exclusive") : "-"), sparkCell(name));
     body.append(tr);
   }
   $("nolocks").style.display = names.length ? "none" : "";
@@ -94,7 +97,7 @@ function render() {
     const s = sems.get(name);
     const tr = document.createElement("tr");
     tr.dataset.semaphore = name;
-    tr.append(cell(name, "lock"), cell(s.permits.length + " / " + s.limit, "num"),
+    tr.append(cell(name, "lock"), cell(s.limit === "?" ? "..." : s.permits.length + " / " + s.limit, "num"),
               cell(s.permits.map(p => (p.owner || "(no owner)") + " (" + p.slot + ")").join(", ") || "-"),
               cell(String(s.fence), "num"), cell(String(s.waiters || 0), "num"));
     sbody.append(tr);
@@ -118,6 +121,8 @@ async function refresh() {
       const r = await fetch("/v1/semaphores/" + name, {headers: headers()});
       if (r.ok) sems.set(name, await r.json());
     }
+    $("nolocks").textContent = "No locks yet.";  // "Loading..." until the first read
+    $("nosems").textContent = "No semaphore seen yet.";
     render();
   } catch (e) { setConn(false, "cannot read locks: " + e.message); }
 }
@@ -137,12 +142,14 @@ async function refreshElections() {
                 cell(String(e.waiters), "num"));
       body.append(tr);
     }
+    $("noelections").textContent = "No elections yet.";
     $("noelections").style.display = items.length ? "none" : "";
   } catch (e) { /* the locks' re-read reports the connection */ }
 }
 function onEvent(type, ev) {
   if (type === "overflow") { addEvent({type: "overflow", lock: "some events were dropped", at: Date.now()}); refresh(); return; }
   addEvent(ev);
+  if (ev.mode !== "permit") noteHold(type, ev);
   if (ev.mode === "permit") {  // a permit of semaphore ev.semaphore (its slot's lock: ev.lock)
     const name = ev.semaphore;
     if (!sems.has(name)) sems.set(name, {permits: [], limit: "?", fence: ev.fence, waiters: 0});
@@ -229,5 +236,7 @@ connect();
 setInterval(refresh, 2000);
 setInterval(refreshElections, 2000);
 setInterval(() => render(), 250);
+sampleMetrics();
+setInterval(() => { sampleLocks(); sampleMetrics(); }, 2000);
 """,
 )
