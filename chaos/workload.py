@@ -167,7 +167,9 @@ class Worker:
         self.log = log
         self.rng = random.Random(f"{args.seed}:{args.worker}:{args.incarnation}")
         self.http = httpx.Client(timeout=args.timeout)
-        self.client = LockClient(args.lockd, timeout=args.timeout,
+        # connect_timeout=None: the workers ride out the nemesis' lockd stops, as they did
+        # before clients failed fast on an unreachable lockd
+        self.client = LockClient(args.lockd, timeout=args.timeout, connect_timeout=None,
                                  owner=f"{args.worker}.{args.incarnation}")
         self.direct = None
         if args.mode == "nofence":
