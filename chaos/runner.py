@@ -250,7 +250,8 @@ def format_summary(report: dict[str, Any]) -> str:
            f"{ops['shared_writes_refused']}"] if "readers" in ops else []),
         *([f"  permits granted {ops['permits']}"] if "permits" in ops else []),
         *([f"  near locks: {ops['near_ops']} operations, rows committed {ops['near_rows']}, "
-           f"writes of a lock not held refused {ops['near_refused']}"]
+           f"writes of a lock not held refused {ops['near_refused']}, cross-primitive "
+           f"operations {ops['cross_ops']} (refused {ops['cross_refused']})"]
           if ops.get("near_ops") else []),
         *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
            f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]

@@ -36,6 +36,13 @@ The table:
                              (``election``)
 ``term_reuses_fence``        a new leader's term reuses the previous leader's fence
                              (``election``)
+``sql_shared_claims_write``  ``fenced_transaction`` claims a shared lease's locks to write (``sql``)
+``campaign_takes_shared``    a campaign's client_id retry answers the client's SHARED lease, signed
+                             as a leader's (``counter``: cross operations)
+``election_on_slot_names``   an election may be named like a semaphore's slot lock (``sem``:
+                             cross operations)
+``shared_keeps_epoch``       a shared grant after an unclean end keeps the lapsed writer's fence
+                             (``rw``: ``pause_shared``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -195,6 +202,23 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
+_SQLFENCE = "lockd/client/sqlfence.py"
+_CLAIM_PURPOSE = "    fn = \"claim\" if fence.writes else \"claim_read\"\n"
+"""``fenced_transaction``'s claim of one lock, for its purpose (a shared lease's: to read)."""
+_LOCKD_MODES = "lockd/server/store/sqlite/modes.py"
+_SHARED_RETRY = ("                if mode != SHARED:\n"
+                 "                    raise other_mode(lock, SHARED, mode)\n")
+"""A client_id retry of a shared lease answers only a shared request."""
+_ELECTIONS = "lockd/server/elections/service.py"
+_LEADER_MODE = "        if grant.mode != EXCLUSIVE:\n            raise ClientIdConflict(\n"
+_LEADER_TOKEN = "self.core.signer.token(grant.lock, grant.fence, grant.mode, ELECTION)"
+_ELECTION_NAME = "        check_name(name, ELECTION)\n"
+_SIGNER = "lockd/server/core/signer.py"
+_MINTS = "    if not namespace.mints(primitive, lock):\n"
+_NEW_EPOCH = "\" UPDATE SET fence = fence + 1, writer_open = 0 WHERE writer_open\""
+"""The first shared grant after an unclean end raises the fence (a new epoch)."""
+_CROSS_FAULTS = "pause,kill_worker"
+"""Cross operations need no fault: any run sends them (``chaos.near``)."""
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -324,6 +348,29 @@ MUTANTS: tuple[Mutant, ...] = (
                  "            got = Grant(got.lock, got.lease_id, got.fence - 1, got.ttl_ms,\n"
                  "                        got.owner)\n" + _NEW_LEADER),),
            "pause,pause_grant,kill_worker", ("election",)),
+    Mutant("sql_shared_claims_write", "fenced_transaction claims a shared lease's locks to "
+           "write", "unclaimed_commit (cross operations write under their shared leases)",
+           (Edit(_SQLFENCE, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",)),
+    Mutant("campaign_takes_shared", "a campaign's client_id retry answers the client's shared "
+           "lease, signed as a leader's", "unclaimed_commit (cross operations campaign with "
+           "their shared lease's client_id, then write with the leadership's token)",
+           (Edit(_LOCKD_MODES, _SHARED_RETRY, ""),
+            Edit(_ELECTIONS, _LEADER_MODE, _LEADER_MODE.replace("grant.mode != EXCLUSIVE",
+                                                                "False")),
+            Edit(_ELECTIONS, _LEADER_TOKEN, _LEADER_TOKEN.replace("grant.mode", "EXCLUSIVE"))),
+           _CROSS_FAULTS, ("counter", "rw")),
+    Mutant("election_on_slot_names", "an election may be named like a semaphore's slot lock",
+           "fence_reused, fence_order, lease_overlap (a slot campaign's grant among the slot "
+           "lock's permits)",
+           (Edit(_ELECTIONS, _ELECTION_NAME, "        pass\n"),
+            Edit(_SIGNER, _MINTS, _MINTS.replace("):", ") and primitive.kind != "
+                                                       "\"election\":"))),
+           _CROSS_FAULTS, ("sem",)),
+    Mutant("shared_keeps_epoch", "a shared grant after an unclean end keeps the lapsed "
+           "writer's fence", "lapsed_write (a writer frozen past its lease writes while "
+           "readers of the same epoch hold the lock)",
+           (Edit(_LOCKD_MODES, _NEW_EPOCH, _NEW_EPOCH.replace("WHERE writer_open", "WHERE 0")),),
+           "pause_shared", ("rw",)),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
