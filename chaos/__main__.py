@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="what the workers do (default counter)")
     p.add_argument("--resource", choices=RESOURCES, default="postgres",
                    help="the protected database behind the proxy (default postgres)")
+    p.add_argument("--near", type=float, default=0.1,
+                   help="share of operations on neighbour locks, some crossing primitives "
+                        "(chaos.near; default 0.1)")
     p.add_argument("--results-dir", type=Path, default=REPO_ROOT / "chaos" / "results")
     p.add_argument("--keep", action="store_true", help="keep logs and databases of passing runs")
     return p
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
                                workers=args.workers, resource=args.resource,
-                               workload=args.workload,
+                               workload=args.workload, near=args.near,
                                kinds=tuple(args.faults.split(",")) if args.faults else None,
                                results_dir=args.results_dir, keep=args.keep,
                                progress=lambda line: print(line, flush=True)))

@@ -63,6 +63,8 @@ class RunConfig:
     ttl: float | None = None
     workload: str = "counter"
     think: tuple[float, float] = (0.05, 0.4)
+    near: float = 0.1
+    """Share of operations on neighbour locks (``chaos.near``; of them ``CROSS`` cross ones)."""
     accounts: int = ACCOUNTS
     """Account rows (``transfer`` workload; each transfer takes two of their locks)."""
     kinds: tuple[str, ...] | None = None
@@ -88,7 +90,7 @@ def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
             "--db", services.worker_db_url if cfg.workload == "sql" else services.db_url,
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
-            "--workload", cfg.workload, "--accounts", str(cfg.accounts)]
+            "--workload", cfg.workload, "--accounts", str(cfg.accounts), "--near", str(cfg.near)]
 
 
 PROGRESS_S = 30.0

@@ -114,6 +114,9 @@ class Mutant:
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
+    near: float | None = None
+    """Share of near operations in its run (``--near``; None: the chaos default), for the
+    mutants only cross operations reach (``chaos.near``)."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -219,6 +222,8 @@ _NEW_EPOCH = "\" UPDATE SET fence = fence + 1, writer_open = 0 WHERE writer_open
 """The first shared grant after an unclean end raises the fence (a new epoch)."""
 _CROSS_FAULTS = "pause,kill_worker"
 """Cross operations need no fault: any run sends them (``chaos.near``)."""
+_CROSS_NEAR = 0.4
+"""Near operations in the cross mutants' runs: about one operation in six crosses."""
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -350,7 +355,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "pause,pause_grant,kill_worker", ("election",)),
     Mutant("sql_shared_claims_write", "fenced_transaction claims a shared lease's locks to "
            "write", "unclaimed_commit (cross operations write under their shared leases)",
-           (Edit(_SQLFENCE, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",)),
+           (Edit(_SQLFENCE, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",),
+           near=_CROSS_NEAR),
     Mutant("campaign_takes_shared", "a campaign's client_id retry answers the client's shared "
            "lease, signed as a leader's", "unclaimed_commit (cross operations campaign with "
            "their shared lease's client_id, then write with the leadership's token)",
@@ -358,14 +364,14 @@ MUTANTS: tuple[Mutant, ...] = (
             Edit(_ELECTIONS, _LEADER_MODE, _LEADER_MODE.replace("grant.mode != EXCLUSIVE",
                                                                 "False")),
             Edit(_ELECTIONS, _LEADER_TOKEN, _LEADER_TOKEN.replace("grant.mode", "EXCLUSIVE"))),
-           _CROSS_FAULTS, ("counter", "rw")),
+           _CROSS_FAULTS, ("counter", "rw"), near=_CROSS_NEAR),
     Mutant("election_on_slot_names", "an election may be named like a semaphore's slot lock",
            "fence_reused, fence_order, lease_overlap (a slot campaign's grant among the slot "
            "lock's permits)",
            (Edit(_ELECTIONS, _ELECTION_NAME, "        pass\n"),
             Edit(_SIGNER, _MINTS, _MINTS.replace("):", ") and primitive.kind != "
                                                        "\"election\":"))),
-           _CROSS_FAULTS, ("sem",)),
+           _CROSS_FAULTS, ("sem",), near=_CROSS_NEAR),
     Mutant("shared_keeps_epoch", "a shared grant after an unclean end keeps the lapsed "
            "writer's fence", "lapsed_write (a writer frozen past its lease writes while "
            "readers of the same epoch hold the lock)",
@@ -400,6 +406,8 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
         faults = faults or mutant.faults
         if faults:
             argv += ["--faults", faults]
+        if mutant.near is not None:
+            argv += ["--near", str(mutant.near)]
         if keep:
             argv.append("--keep")
         env = {**os.environ, "PYTHONPATH": str(root)}
