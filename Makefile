@@ -119,7 +119,7 @@ run: install
 	$(BIN)/lockd serve
 
 lint: install
-	$(BIN)/ruff check lockd resource_proxy tests chaos
+	$(BIN)/ruff check lockd resource_proxy tests chaos examples
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
