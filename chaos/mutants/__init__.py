@@ -36,6 +36,10 @@ The table:
                              (``election``)
 ``term_reuses_fence``        a new leader's term reuses the previous leader's fence
                              (``election``)
+``guard_no_claim``           ``lockd.guard``'s PostgreSQL store writes without claiming the
+                             fence (``counter`` through ``chaos.guarded``, ``--via guard``)
+``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
+                             own, then writes in another (check-then-act; ``--via guard``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -104,6 +108,8 @@ class Mutant:
     """Fault kinds of its chaos run (None: every kind that applies)."""
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
+    via: str = "proxy"
+    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``)."""
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
@@ -195,6 +201,10 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
+_KIT = "lockd/guard/stores.py"
+_KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
+              "                yield conn\n")
+"""``PostgresFences.transaction``: the guard's claim, in the transaction of the service's write."""
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -324,6 +334,20 @@ MUTANTS: tuple[Mutant, ...] = (
                  "            got = Grant(got.lock, got.lease_id, got.fence - 1, got.ttl_ms,\n"
                  "                        got.owner)\n" + _NEW_LEADER),),
            "pause,pause_grant,kill_worker", ("election",)),
+    Mutant("guard_no_claim", "the guard verifies the token, but its PostgreSQL store writes "
+           "without claiming the fence", "stale_commit, fence_decrease (a thawed holder's write "
+           "through the guarded service lands after a newer holder's)",
+           (Edit(_KIT, _KIT_CLAIM, "            with conn.transaction():  # verified, not claimed\n"
+                                   "                yield conn\n"),),
+           _THAW_FAULTS, ("counter",), via="guard"),
+    Mutant("guard_claim_apart", "the guard claims the fence in a transaction of its own, then "
+           "writes in another (check-then-act)", "stale_commit (a newer holder's claim and write "
+           "land between a holder's claim and its write)",
+           (Edit(_KIT, _KIT_CLAIM, "            with claimed_transaction(conn, [fence]):\n"
+                                   "                pass  # committed alone: the write comes after\n"
+                                   "            with conn.transaction():\n"
+                                   "                yield conn\n"),),
+           _WINDOW_FAULTS, ("counter",), via="guard"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
@@ -355,6 +379,8 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
             argv += ["--faults", faults]
         if keep:
             argv.append("--keep")
+        if mutant.via != "proxy":
+            argv += ["--via", mutant.via]
         env = {**os.environ, "PYTHONPATH": str(root)}
         proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
                               timeout=seconds + 300)
