@@ -148,13 +148,11 @@ class RedisFences:
 
     def _call(self, function: str, fence: Fence, key: str | None, ttl_ms: int | None,
               *args: Any) -> Any:
-        from redis.exceptions import ResponseError
-
-        keys = [self.fence_key(fence.lock), key if key is not None else self.fence_key(fence.lock)]
+        fence_key = self.prefix + fence.lock
         try:
-            return self.client.fcall(function, 2, *keys, fence.lock, str(fence.fence),
-                                     str(int(ttl_ms or 0)), *args)
-        except ResponseError as exc:
+            return self.client.fcall(function, 2, fence_key, fence_key if key is None else key,
+                                     fence.lock, fence.fence, ttl_ms or 0, *args)
+        except Exception as exc:  # redis.exceptions.ResponseError: the function's error reply
             found = _STALE.search(str(exc))
             if found is None:
                 raise
