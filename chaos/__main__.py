@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--via", choices=VIAS, default="proxy",
                    help="what the workers write through: the proxy, or a service guarded by "
                         "lockd.guard (chaos.guarded; the counter workload on postgres)")
+    p.add_argument("--near", type=float, default=0.1,
+                   help="share of operations on neighbour locks, some crossing primitives "
+                        "(chaos.near; default 0.1)")
     p.add_argument("--results-dir", type=Path, default=REPO_ROOT / "chaos" / "results")
     p.add_argument("--keep", action="store_true", help="keep logs and databases of passing runs")
     return p
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
                                workers=args.workers, resource=args.resource,
-                               workload=args.workload, via=args.via,
+                               workload=args.workload, via=args.via, near=args.near,
                                kinds=tuple(args.faults.split(",")) if args.faults else None,
                                results_dir=args.results_dir, keep=args.keep,
                                progress=lambda line: print(line, flush=True)))

@@ -66,6 +66,8 @@ class RunConfig:
     """What the workers write through: ``proxy``, or ``guard`` (``chaos.guarded``: the counter
     workload's tables behind ``lockd.guard`` on PostgreSQL, the checker unchanged)."""
     think: tuple[float, float] = (0.05, 0.4)
+    near: float = 0.1
+    """Share of operations on neighbour locks (``chaos.near``; of them ``CROSS`` cross ones)."""
     accounts: int = ACCOUNTS
     """Account rows (``transfer`` workload; each transfer takes two of their locks)."""
     kinds: tuple[str, ...] | None = None
@@ -92,7 +94,7 @@ def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
             "--workload", cfg.workload, "--accounts", str(cfg.accounts),
-            *(["--near", "0"] if cfg.via == "guard" else [])]  # the guard serves no neighbours
+            "--near", "0" if cfg.via == "guard" else str(cfg.near)]  # the guard serves no neighbours
 
 
 PROGRESS_S = 30.0
@@ -258,7 +260,8 @@ def format_summary(report: dict[str, Any]) -> str:
            f"{ops['shared_writes_refused']}"] if "readers" in ops else []),
         *([f"  permits granted {ops['permits']}"] if "permits" in ops else []),
         *([f"  near locks: {ops['near_ops']} operations, rows committed {ops['near_rows']}, "
-           f"writes of a lock not held refused {ops['near_refused']}"]
+           f"writes of a lock not held refused {ops['near_refused']}, cross-primitive "
+           f"operations {ops['cross_ops']} (refused {ops['cross_refused']})"]
           if ops.get("near_ops") else []),
         *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
            f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]

@@ -36,6 +36,13 @@ The table:
                              (``election``)
 ``term_reuses_fence``        a new leader's term reuses the previous leader's fence
                              (``election``)
+``sql_shared_claims_write``  ``fenced_transaction`` claims a shared lease's locks to write (``sql``)
+``campaign_takes_shared``    a campaign's client_id retry answers the client's SHARED lease, signed
+                             as a leader's (``counter``: cross operations)
+``election_on_slot_names``   an election may be named like a semaphore's slot lock (``sem``:
+                             cross operations)
+``shared_keeps_epoch``       a shared grant after an unclean end keeps the lapsed writer's fence
+                             (``rw``: ``pause_shared``)
 ``guard_no_claim``           ``lockd.guard``'s PostgreSQL store writes without claiming the
                              fence (``counter`` through ``chaos.guarded``, ``--via guard``)
 ``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
@@ -113,6 +120,9 @@ class Mutant:
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
+    near: float | None = None
+    """Share of near operations in its run (``--near``; None: the chaos default), for the
+    mutants only cross operations reach (``chaos.near``)."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -201,6 +211,25 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
+_SQLFENCE = "lockd/client/sqlfence.py"
+_CLAIM_PURPOSE = "    fn = \"claim\" if fence.writes else \"claim_read\"\n"
+"""``fenced_transaction``'s claim of one lock, for its purpose (a shared lease's: to read)."""
+_LOCKD_MODES = "lockd/server/store/sqlite/modes.py"
+_SHARED_RETRY = ("                if mode != SHARED:\n"
+                 "                    raise other_mode(lock, SHARED, mode)\n")
+"""A client_id retry of a shared lease answers only a shared request."""
+_ELECTIONS = "lockd/server/elections/service.py"
+_LEADER_MODE = "        if grant.mode != EXCLUSIVE:\n            raise ClientIdConflict(\n"
+_LEADER_TOKEN = "self.core.signer.token(grant.lock, grant.fence, grant.mode, ELECTION)"
+_ELECTION_NAME = "        check_name(name, ELECTION)\n"
+_SIGNER = "lockd/server/core/signer.py"
+_MINTS = "    if not namespace.mints(primitive, lock):\n"
+_NEW_EPOCH = "\" UPDATE SET fence = fence + 1, writer_open = 0 WHERE writer_open\""
+"""The first shared grant after an unclean end raises the fence (a new epoch)."""
+_CROSS_FAULTS = "pause,kill_worker"
+"""Cross operations need no fault: any run sends them (``chaos.near``)."""
+_CROSS_NEAR = 0.4
+"""Near operations in the cross mutants' runs: about one operation in six crosses."""
 _KIT = "lockd/guard/stores.py"
 _KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
               "                yield conn\n")
@@ -334,6 +363,30 @@ MUTANTS: tuple[Mutant, ...] = (
                  "            got = Grant(got.lock, got.lease_id, got.fence - 1, got.ttl_ms,\n"
                  "                        got.owner)\n" + _NEW_LEADER),),
            "pause,pause_grant,kill_worker", ("election",)),
+    Mutant("sql_shared_claims_write", "fenced_transaction claims a shared lease's locks to "
+           "write", "unclaimed_commit (cross operations write under their shared leases)",
+           (Edit(_SQLFENCE, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",),
+           near=_CROSS_NEAR),
+    Mutant("campaign_takes_shared", "a campaign's client_id retry answers the client's shared "
+           "lease, signed as a leader's", "unclaimed_commit (cross operations campaign with "
+           "their shared lease's client_id, then write with the leadership's token)",
+           (Edit(_LOCKD_MODES, _SHARED_RETRY, ""),
+            Edit(_ELECTIONS, _LEADER_MODE, _LEADER_MODE.replace("grant.mode != EXCLUSIVE",
+                                                                "False")),
+            Edit(_ELECTIONS, _LEADER_TOKEN, _LEADER_TOKEN.replace("grant.mode", "EXCLUSIVE"))),
+           _CROSS_FAULTS, ("counter", "rw"), near=_CROSS_NEAR),
+    Mutant("election_on_slot_names", "an election may be named like a semaphore's slot lock",
+           "fence_reused, fence_order, lease_overlap (a slot campaign's grant among the slot "
+           "lock's permits)",
+           (Edit(_ELECTIONS, _ELECTION_NAME, "        pass\n"),
+            Edit(_SIGNER, _MINTS, _MINTS.replace("):", ") and primitive.kind != "
+                                                       "\"election\":"))),
+           _CROSS_FAULTS, ("sem",), near=_CROSS_NEAR),
+    Mutant("shared_keeps_epoch", "a shared grant after an unclean end keeps the lapsed "
+           "writer's fence", "lapsed_write (a writer frozen past its lease writes while "
+           "readers of the same epoch hold the lock)",
+           (Edit(_LOCKD_MODES, _NEW_EPOCH, _NEW_EPOCH.replace("WHERE writer_open", "WHERE 0")),),
+           "pause_shared", ("rw",)),
     Mutant("guard_no_claim", "the guard verifies the token, but its PostgreSQL store writes "
            "without claiming the fence", "stale_commit, fence_decrease (a thawed holder's write "
            "through the guarded service lands after a newer holder's)",
@@ -377,6 +430,8 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
         faults = faults or mutant.faults
         if faults:
             argv += ["--faults", faults]
+        if mutant.near is not None:
+            argv += ["--near", str(mutant.near)]
         if keep:
             argv.append("--keep")
         if mutant.via != "proxy":
