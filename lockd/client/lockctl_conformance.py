@@ -17,7 +17,8 @@ checks, in order, each printed ``PASS``/``FAIL`` with what was sent and answered
 5. ``forged-token``: a token signed by a key lockd never published, and a genuine token whose
    fence was raised (its signature no longer matches): 401 or 403 each.
 6. ``refusal-persists``: the superseded holder is refused again (409) after ``--restart-cmd``
-   ran (a shell command that restarts the service; the probe then waits up to
+   ran (a shell command that restarts the service and returns, e.g. ``systemctl restart
+   orders``; it may leave the service running in the background; the probe then waits up to
    ``--restart-wait`` for TARGET_URL to answer) or, without it, on a new connection (a service
    that keeps fences per connection, or only in a cache, fails it; only a restart shows a
    service that keeps them in memory).
@@ -35,6 +36,7 @@ import argparse
 import base64
 import json
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -237,11 +239,20 @@ def run(client: Any, args: argparse.Namespace, out: Out) -> int:
 def _persists(report: _Report, target: _Target, stale: Lease, args: argparse.Namespace,
               what: str) -> None:
     if args.restart_cmd:
-        done = subprocess.run(args.restart_cmd, shell=True, timeout=max(60.0, args.restart_wait),
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            report.check("refusal-persists", False, f"--restart-cmd exited {done.returncode}: "
-                         f"{done.stderr.strip()[-200:]}")
+        # output to a file, not a pipe: a command that starts the service in the background
+        # leaves it holding its output, and a pipe would be waited on until the service exits
+        with tempfile.TemporaryFile() as said:
+            try:
+                done = subprocess.run(args.restart_cmd, shell=True, stdout=said, stderr=said,
+                                      stdin=subprocess.DEVNULL,
+                                      timeout=max(60.0, args.restart_wait))
+                failed = f"exited {done.returncode}" if done.returncode != 0 else ""
+            except subprocess.TimeoutExpired:
+                failed = f"did not finish within {max(60.0, args.restart_wait):g}s"
+            said.seek(0)
+            output = said.read().decode(errors="replace").strip()[-200:]
+        if failed:
+            report.check("refusal-persists", False, f"--restart-cmd {failed}: {output}")
             return
         deadline = time.monotonic() + args.restart_wait
         while not target.answers():

@@ -138,3 +138,13 @@ def test_a_service_that_does_not_answer_fails_the_checks(shared_lockd):
     r = conformance(shared_lockd.url, f"http://127.0.0.1:{free_port()}", "--lock",
                     f"gone-{uuid.uuid4().hex[:6]}", "--write", "PUT /x {}")
     assert r.returncode == 1 and "FAIL  current-holder" in r.stdout and "no answer" in r.stdout
+
+
+def test_a_failing_restart_command_fails_the_persistence_check(shared_lockd, proxy_on_table):
+    url, table, _ = proxy_on_table
+    r = conformance(shared_lockd.url, url, "--lock", table,
+                    "--write", f'PUT /v1/tables/{table}/rows/3 {{"v": 3}}',
+                    "--restart-cmd", "echo cannot restart >&2; exit 3")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "FAIL  refusal-persists: --restart-cmd exited 3: cannot restart" in r.stdout
+    assert r.stdout.splitlines()[-1].startswith("conformance: FAILED refusal-persists ")
