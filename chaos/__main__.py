@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.runner import REPO_ROOT, RunConfig, format_summary, run
-from chaos.services import RESOURCES, STORES
+from chaos.services import RESOURCES, STORES, VIAS
 from chaos.workload import MODES, WORKLOADS
 
 __all__ = ["main"]
@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="what the workers do (default counter)")
     p.add_argument("--resource", choices=RESOURCES, default="postgres",
                    help="the protected database behind the proxy (default postgres)")
+    p.add_argument("--via", choices=VIAS, default="proxy",
+                   help="what the workers write through: the proxy, or a service guarded by "
+                        "lockd.guard (chaos.guarded; the counter workload on postgres)")
     p.add_argument("--near", type=float, default=0.1,
                    help="share of operations on neighbour locks, some crossing primitives "
                         "(chaos.near; default 0.1)")
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
                                workers=args.workers, resource=args.resource,
-                               workload=args.workload, near=args.near,
+                               workload=args.workload, via=args.via, near=args.near,
                                kinds=tuple(args.faults.split(",")) if args.faults else None,
                                results_dir=args.results_dir, keep=args.keep,
                                progress=lambda line: print(line, flush=True)))

@@ -62,6 +62,9 @@ class RunConfig:
     resource: str = "postgres"
     ttl: float | None = None
     workload: str = "counter"
+    via: str = "proxy"
+    """What the workers write through: ``proxy``, or ``guard`` (``chaos.guarded``: the counter
+    workload's tables behind ``lockd.guard`` on PostgreSQL, the checker unchanged)."""
     think: tuple[float, float] = (0.05, 0.4)
     near: float = 0.1
     """Share of operations on neighbour locks (``chaos.near``; of them ``CROSS`` cross ones)."""
@@ -86,11 +89,12 @@ class RunConfig:
 
 def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
     return [sys.executable, "-m", "chaos.workload", "--lockd", services.lockd_url,
-            "--proxy", services.proxy_url, "--mode", cfg.mode,
+            "--proxy", services.front_url, "--mode", cfg.mode,
             "--db", services.worker_db_url if cfg.workload == "sql" else services.db_url,
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
-            "--workload", cfg.workload, "--accounts", str(cfg.accounts), "--near", str(cfg.near)]
+            "--workload", cfg.workload, "--accounts", str(cfg.accounts),
+            "--near", "0" if cfg.via == "guard" else str(cfg.near)]  # the guard serves no neighbours
 
 
 PROGRESS_S = 30.0
@@ -132,7 +136,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
     lock = LOCK  # what the proxy names for table counter; checked once it runs
     services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg, accounts=cfg.accounts,
-                        workload=cfg.workload)
+                        workload=cfg.workload, via=cfg.via)
     pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
     variants = {"unfenced-read": ("race",), "nofence": ("race", "late"),
                 "noclaim": ("race", "late")}.get(
@@ -198,7 +202,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         verdict = (not result.violations and result.stats.get("committed_writes") == 0
                    and result.stats.get("sql_refused", 0) > 0)
     report: dict[str, Any] = {
-        "store": cfg.store, "resource": cfg.resource, "mode": cfg.mode, "seed": cfg.seed,
+        "store": cfg.store, "resource": cfg.resource, "via": cfg.via, "mode": cfg.mode,
+        "seed": cfg.seed,
         "seconds": cfg.seconds, "workers": cfg.workers, "ttl": ttl, "lock": lock,
         "elapsed_s": round(time.monotonic() - started, 1),
         "ops": result.stats, "faults": nemesis.counts(), "fault_kinds": list(kinds),
@@ -215,6 +220,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         name = cfg.store if cfg.mode == "fenced" else f"{cfg.store}-{cfg.mode}"
         if cfg.workload != "counter":
             name = f"{name}-{cfg.workload}"
+        if cfg.via != "proxy":
+            name = f"{name}-via-{cfg.via}"
         path = cfg.results_dir / f"{name}-{cfg.seed}.json"
         path.write_text(json.dumps(report, indent=2) + "\n")
         report["report_path"] = str(path)
@@ -234,7 +241,8 @@ def format_summary(report: dict[str, Any]) -> str:
     if report["mode"] == "noclaim":
         expect = "every write refused, none committed"
     lines = [
-        f"chaos {report['store']} (protected {report['resource']}, mode {report['mode']}, "
+        f"chaos {report['store']} (protected {report['resource']}"
+        f"{' via the guard' if report.get('via') == 'guard' else ''}, mode {report['mode']}, "
         f"seed {report['seed']}, {report['seconds']:g} s, {report['workers']} workers, "
         f"ttl {report['ttl']:g} s)",
         f"  operations: attempted {ops['attempted']}, acknowledged {ops['acknowledged']}, "

@@ -43,6 +43,10 @@ The table:
                              cross operations)
 ``shared_keeps_epoch``       a shared grant after an unclean end keeps the lapsed writer's fence
                              (``rw``: ``pause_shared``)
+``guard_no_claim``           ``lockd.guard``'s PostgreSQL store writes without claiming the
+                             fence (``counter`` through ``chaos.guarded``, ``--via guard``)
+``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
+                             own, then writes in another (check-then-act; ``--via guard``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -111,6 +115,8 @@ class Mutant:
     """Fault kinds of its chaos run (None: every kind that applies)."""
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
+    via: str = "proxy"
+    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``)."""
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
@@ -224,6 +230,10 @@ _CROSS_FAULTS = "pause,kill_worker"
 """Cross operations need no fault: any run sends them (``chaos.near``)."""
 _CROSS_NEAR = 0.4
 """Near operations in the cross mutants' runs: about one operation in six crosses."""
+_KIT = "lockd/guard/stores.py"
+_KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
+              "                yield conn\n")
+"""``PostgresFences.transaction``: the guard's claim, in the transaction of the service's write."""
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -377,6 +387,20 @@ MUTANTS: tuple[Mutant, ...] = (
            "readers of the same epoch hold the lock)",
            (Edit(_LOCKD_MODES, _NEW_EPOCH, _NEW_EPOCH.replace("WHERE writer_open", "WHERE 0")),),
            "pause_shared", ("rw",)),
+    Mutant("guard_no_claim", "the guard verifies the token, but its PostgreSQL store writes "
+           "without claiming the fence", "stale_commit, fence_decrease (a thawed holder's write "
+           "through the guarded service lands after a newer holder's)",
+           (Edit(_KIT, _KIT_CLAIM, "            with conn.transaction():  # verified, not claimed\n"
+                                   "                yield conn\n"),),
+           _THAW_FAULTS, ("counter",), via="guard"),
+    Mutant("guard_claim_apart", "the guard claims the fence in a transaction of its own, then "
+           "writes in another (check-then-act)", "stale_commit (a newer holder's claim and write "
+           "land between a holder's claim and its write)",
+           (Edit(_KIT, _KIT_CLAIM, "            with claimed_transaction(conn, [fence]):\n"
+                                   "                pass  # committed alone: the write comes after\n"
+                                   "            with conn.transaction():\n"
+                                   "                yield conn\n"),),
+           _WINDOW_FAULTS, ("counter",), via="guard"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
@@ -410,6 +434,8 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
             argv += ["--near", str(mutant.near)]
         if keep:
             argv.append("--keep")
+        if mutant.via != "proxy":
+            argv += ["--via", mutant.via]
         env = {**os.environ, "PYTHONPATH": str(root)}
         proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
                               timeout=seconds + 300)
