@@ -1,0 +1,406 @@
+package lockd_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"math/big"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"lockd.dev/lockd"
+)
+
+// The tests run against a real lockd (LOCKD_URL) and resource proxy (PROXY_URL, over a table
+// "items" written under lock "items/{key}"), which tests/clients starts; without them they skip.
+func servers(t *testing.T) (*lockd.Client, string) {
+	t.Helper()
+	lockdURL, proxyURL := os.Getenv("LOCKD_URL"), os.Getenv("PROXY_URL")
+	if lockdURL == "" || proxyURL == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("LOCKD_URL and PROXY_URL are required under CI=true")
+		}
+		t.Skip("LOCKD_URL / PROXY_URL not set (tests/clients starts the servers)")
+	}
+	return lockd.New(lockdURL, lockd.Options{Owner: "go-test"}), proxyURL
+}
+
+func unique(t *testing.T) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "go/" + t.Name() + "/" + hex.EncodeToString(b)
+}
+
+func uniqueKey() string {
+	n, _ := rand.Int(rand.Reader, big.NewInt(1_000_000_000))
+	return strconv.FormatInt(n.Int64()+1, 10)
+}
+
+func waitFor(t *testing.T, what string, within time.Duration, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAcquireHeldRelease(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	a, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second, Owner: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second})
+	var e *lockd.Error
+	if !errors.Is(err, lockd.ErrHeld) || !errors.As(err, &e) || e.Status != 409 || e.Problem["owner"] != "a" {
+		t.Fatalf("second acquire: want 409 held naming owner a, got %#v", err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(a.Err(), lockd.ErrReleased) || a.State() != lockd.Released {
+		t.Fatalf("after release: %v %v", a.State(), a.Err())
+	}
+	select {
+	case <-a.Done():
+	default:
+		t.Fatal("Done not closed after Release")
+	}
+	b, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if b.Fence <= a.Fence {
+		t.Fatalf("fence did not increase: %d then %d", a.Fence, b.Fence)
+	}
+}
+
+func TestWaitIsGrantedWhenReleased(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	a, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(300 * time.Millisecond); _ = a.Release(ctx) }()
+	start := time.Now()
+	b, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second, Wait: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if waited := time.Since(start); waited < 250*time.Millisecond || waited > 5*time.Second {
+		t.Fatalf("waited %v", waited)
+	}
+	// A wait that runs out is ErrHeld after about the wait.
+	start = time.Now()
+	_, err = c.Acquire(ctx, name, lockd.AcquireOptions{TTL: time.Second, Wait: 300 * time.Millisecond})
+	if !errors.Is(err, lockd.ErrHeld) || time.Since(start) < 290*time.Millisecond {
+		t.Fatalf("want ErrHeld after the wait, got %v after %v", err, time.Since(start))
+	}
+}
+
+func TestClientIDRetryGetsTheSameLease(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	opts := lockd.AcquireOptions{TTL: 5 * time.Second, ClientID: "go-retry-" + strings.Repeat("x", 20)}
+	a, err := c.Acquire(ctx, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Acquire(ctx, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.LeaseID != b.LeaseID || a.Fence != b.Fence {
+		t.Fatalf("a retry with the same client_id got another lease")
+	}
+	b.StopRenewing()
+	_ = a.Release(ctx)
+}
+
+func TestRenewalKeepsTheLeaseAndLossIsSignalled(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	ttl := 600 * time.Millisecond
+	l, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * ttl)
+	if l.Err() != nil || l.State() != lockd.Renewed {
+		t.Fatalf("renewed lease: state %v err %v", l.State(), l.Err())
+	}
+	st, err := c.Status(ctx, name)
+	if err != nil || !st.Held || st.Fence != l.Fence {
+		t.Fatalf("lockd does not hold it: %+v %v", st, err)
+	}
+	// Without renewal the lease is lost at its local deadline: Done closes, Err says so.
+	n, err := c.Acquire(ctx, name+"/n", lockd.AcquireOptions{TTL: ttl, NoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n.Done():
+	case <-time.After(2 * ttl):
+		t.Fatal("lost signal did not fire")
+	}
+	if !time.Now().After(n.Deadline()) || !errors.Is(n.Err(), lockd.ErrLeaseLost) {
+		t.Fatalf("lost early or without ErrLeaseLost: %v", n.Err())
+	}
+	if err := n.Renew(ctx); !errors.Is(err, lockd.ErrLeaseLost) {
+		t.Fatalf("renew of a lost lease: %v", err)
+	}
+	_ = l.Release(ctx)
+}
+
+func TestReleasedAtLockdIsLostAtTheNextRenewal(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	l, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 3 * time.Second, NoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Someone with the lease id releases it behind the lease's back: the next renew is 410.
+	twin, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 3 * time.Second, NoRenew: true})
+	if !errors.Is(err, lockd.ErrHeld) {
+		t.Fatalf("want held, got %v (%v)", err, twin)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Renew(ctx); !errors.Is(err, lockd.ErrReleased) {
+		t.Fatalf("renew after release: %v", err)
+	}
+}
+
+func TestStaleWriteIsRefusedWithBothFences(t *testing.T) {
+	c, proxy := servers(t)
+	ctx := context.Background()
+	key := uniqueKey()
+	lock := "items/" + key
+	a, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 400 * time.Millisecond, NoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wa := lockd.NewFencedWriter(proxy, a, lockd.Options{})
+	if _, err := wa.Upsert(ctx, "items", key, lockd.Row{"id": key, "owner": "a", "n": 1}); err != nil {
+		t.Fatal(err)
+	}
+	<-a.Done()
+	b, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 5 * time.Second, Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	wb := lockd.NewFencedWriter(proxy, b, lockd.Options{})
+	if _, err := wb.Upsert(ctx, "items", key, lockd.Row{"id": key, "owner": "b", "n": 2}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = wa.Upsert(ctx, "items", key, lockd.Row{"id": key, "owner": "a", "n": 3})
+	var stale *lockd.StaleTokenError
+	if !errors.As(err, &stale) || !errors.Is(err, lockd.ErrStaleToken) {
+		t.Fatalf("want StaleTokenError, got %v", err)
+	}
+	if stale.Presented != a.Fence || stale.Highest != b.Fence || stale.Lock != lock {
+		t.Fatalf("stale error %+v; fences a=%d b=%d", stale, a.Fence, b.Fence)
+	}
+	row, err := wb.Get(ctx, "items", key)
+	if err != nil || row["owner"] != "b" {
+		t.Fatalf("row after the refused write: %v %v", row, err)
+	}
+	if lockd.KindOf(err) != "" || lockd.KindOf(stale) != "stale_token" {
+		t.Fatal("KindOf")
+	}
+}
+
+func TestSharedLeasesCoexistAndNeverWrite(t *testing.T) {
+	c, proxy := servers(t)
+	ctx := context.Background()
+	key := uniqueKey()
+	lock := "items/" + key
+	r1, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 5 * time.Second, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 5 * time.Second, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r1.Shared || !r2.Shared {
+		t.Fatal("not shared")
+	}
+	if _, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrHeld) {
+		t.Fatalf("exclusive beside shared: %v", err)
+	}
+	w := lockd.NewFencedWriter(proxy, r1, lockd.Options{})
+	if _, err := w.Upsert(ctx, "items", key, lockd.Row{"id": key, "n": 1}); !errors.Is(err, lockd.ErrSharedToken) {
+		t.Fatalf("shared write: %v", err)
+	}
+	_ = r1.Release(ctx)
+	_ = r2.Release(ctx)
+}
+
+func TestAcquireManyCarriesEveryFence(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	x, y := unique(t)+"/x", unique(t)+"/y"
+	l, err := c.AcquireMany(ctx, []string{x, y}, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Fences) != 2 || l.Fences[x] == 0 || l.Fences[y] == 0 {
+		t.Fatalf("fences %v", l.Fences)
+	}
+	if _, err := c.Acquire(ctx, y, lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrHeld) {
+		t.Fatalf("a lock of the set: %v", err)
+	}
+	claims, err := lockd.NewVerifier(c).Verify(ctx, l.Token())
+	if err != nil || claims.Locks[x] != l.Fences[x] || claims.Locks[y] != l.Fences[y] {
+		t.Fatalf("claims %+v %v", claims, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AcquireMany(ctx, []string{x, x}, lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrInvalid) {
+		t.Fatalf("duplicate names: %v", err)
+	}
+}
+
+func TestPermitsUpToTheLimit(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	p1, err := c.AcquirePermit(ctx, name, 2, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2, err := c.AcquirePermit(ctx, name, 2, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p1.Slot == p2.Slot || p2.Fence <= p1.Fence || p1.Lock != "sem/"+name+"/"+strconv.Itoa(p1.Slot) {
+		t.Fatalf("permits %+v %+v", p1, p2)
+	}
+	if _, err := c.AcquirePermit(ctx, name, 2, lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrHeld) {
+		t.Fatalf("third permit: %v", err)
+	}
+	if _, err := c.AcquirePermit(ctx, name, 3, lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrLimitMismatch) {
+		t.Fatalf("other limit: %v", err)
+	}
+	_ = p1.Release(ctx)
+	p3, err := c.AcquirePermit(ctx, name, 2, lockd.AcquireOptions{TTL: 5 * time.Second, Wait: 2 * time.Second})
+	if err != nil || p3.Slot != p1.Slot {
+		t.Fatalf("freed slot: %v %v", p3, err)
+	}
+	_ = p2.Release(ctx)
+	_ = p3.Release(ctx)
+}
+
+func TestElectionCampaignProclaimObserveResign(t *testing.T) {
+	c, _ := servers(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	name := unique(t)
+	ld, err := c.Campaign(ctx, name, "v1", lockd.AcquireOptions{TTL: 5 * time.Second, Owner: "leader-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Campaign(ctx, name, "v2", lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrHeld) {
+		t.Fatalf("second candidate: %v", err)
+	}
+	obsCtx, stop := context.WithCancel(ctx)
+	events, err := c.Observe(obsCtx, name, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-events
+	if first.Type != "state" || first.Value != "v1" {
+		t.Fatalf("first event %+v", first)
+	}
+	if err := ld.Proclaim(ctx, "v2"); err != nil {
+		t.Fatal(err)
+	}
+	var proclaimed lockd.ElectionEvent
+	for ev := range events {
+		if ev.Type == "proclaim" {
+			proclaimed = ev
+			break
+		}
+	}
+	if proclaimed.Value != "v2" || proclaimed.Fence != ld.Fence || proclaimed.ID == "" {
+		t.Fatalf("proclaim event %+v", proclaimed)
+	}
+	stop()
+	if err := ld.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Resuming after the proclaim event yields what came after it: the resignation.
+	resumed, err := c.Observe(ctx, name, proclaimed.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for ev := range resumed {
+		if ev.Type == "state" {
+			continue
+		}
+		if ev.Type != "resign" {
+			t.Fatalf("after resuming from %s: %+v", proclaimed.ID, ev)
+		}
+		break
+	}
+	if err := ld.Proclaim(ctx, "v3"); !errors.Is(err, lockd.ErrReleased) && !errors.Is(err, lockd.ErrLeaseLost) {
+		t.Fatalf("proclaim after resigning: %v", err)
+	}
+}
+
+func TestVerifierChecksTokensOffline(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	l, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	v := lockd.NewVerifier(c)
+	claims, err := v.Verify(ctx, l.Token())
+	if err != nil || claims.Lock != name || claims.Fence != l.Fence || claims.KeyID == "" {
+		t.Fatalf("claims %+v %v", claims, err)
+	}
+	parts := strings.Split(l.Token(), ".")
+	forged := parts[0] + "." + parts[1] + "." + strings.Repeat("A", len(parts[2]))
+	if _, err := v.Verify(ctx, forged); !errors.Is(err, lockd.ErrInvalidToken) {
+		t.Fatalf("forged: %v", err)
+	}
+	if _, err := v.Verify(ctx, "x.y"); !errors.Is(err, lockd.ErrInvalidToken) {
+		t.Fatalf("malformed: %v", err)
+	}
+}
+
+func TestBadNamesAreRefusedBeforeSending(t *testing.T) {
+	c := lockd.New("http://127.0.0.1:1", lockd.Options{})
+	for _, name := range []string{"", "a//b", "a/../b", "/a"} {
+		if _, err := c.Acquire(context.Background(), name, lockd.AcquireOptions{TTL: time.Second}); !errors.Is(err, lockd.ErrInvalid) {
+			t.Fatalf("%q: %v", name, err)
+		}
+	}
+	_, err := c.Acquire(context.Background(), "x", lockd.AcquireOptions{TTL: time.Second})
+	if !errors.Is(err, lockd.ErrUnavailable) {
+		t.Fatalf("unreachable lockd: %v", err)
+	}
+}

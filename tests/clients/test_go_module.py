@@ -1,0 +1,37 @@
+"""The Go client's own tests (``go test ./...`` in clients/go) against a real lockd and proxy,
+and the module's hygiene: ``go vet`` and ``gofmt`` clean, no dependency outside the standard
+library."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.clients.conftest import GO_MODULE, go_env
+
+
+def test_go_test_passes_against_real_servers(go, servers):
+    lockd, proxy = servers
+    env = {**go_env(), "LOCKD_URL": lockd.url, "PROXY_URL": proxy.url, "CI": "true"}
+    run = subprocess.run([go, "test", "-count=1", "-v", "./..."], cwd=GO_MODULE, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "--- SKIP" not in run.stdout, run.stdout
+    for name in ("TestStaleWriteIsRefusedWithBothFences", "TestRenewalKeepsTheLeaseAndLossIsSignalled",
+                 "TestElectionCampaignProclaimObserveResign", "TestVerifierChecksTokensOffline"):
+        assert f"--- PASS: {name}" in run.stdout, run.stdout
+    assert "ok  \tlockd.dev/lockd\t" in run.stdout, run.stdout
+
+
+def test_go_vet_and_gofmt_are_clean(go):
+    vet = subprocess.run([go, "vet", "./..."], cwd=GO_MODULE, env=go_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert vet.returncode == 0, vet.stderr
+    unformatted = subprocess.run(["gofmt", "-l", "."], cwd=GO_MODULE, capture_output=True,
+                                 text=True, timeout=60)
+    assert unformatted.returncode == 0 and unformatted.stdout == "", unformatted.stdout
+
+
+def test_the_module_needs_nothing_but_the_standard_library():
+    go_mod = (GO_MODULE / "go.mod").read_text()
+    assert "require" not in go_mod, go_mod
+    assert not (GO_MODULE / "go.sum").exists()
