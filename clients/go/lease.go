@@ -393,8 +393,9 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// ErrReleased is a released lease's Err.
-var ErrReleased = errors.New("lockd: lease released")
+// ErrReleased is a released lease's Err: of kind ErrLeaseLost (code "released"), so
+// errors.Is(err, ErrLeaseLost) holds for it too.
+var ErrReleased error = &Error{Kind: ErrLeaseLost, Code: "released", Detail: "the lease was released"}
 
 // finish moves a live lease to a final state (once) and closes Done.
 func (l *Lease) finish(state State, err error) {
