@@ -120,6 +120,7 @@ type Lease struct {
 	stopOnce sync.Once
 	wg       sync.WaitGroup
 	onBody   func(*leaseBody)
+	renewals int
 }
 
 func newClientID() string {
@@ -381,6 +382,13 @@ func (l *Lease) Deadline() time.Time {
 	return l.deadline
 }
 
+// Renewals is how many renewals of the lease succeeded (background and Renew).
+func (l *Lease) Renewals() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.renewals
+}
+
 // Done is closed when the lease is lost or released; Err says which.
 func (l *Lease) Done() <-chan struct{} { return l.done }
 
@@ -441,6 +449,7 @@ func (l *Lease) renewOnce(ctx context.Context, ttl time.Duration, cap time.Durat
 	if l.state != Lost && l.state != Released {
 		l.state = Renewed
 		l.deadline = sent.Add(ttl)
+		l.renewals++
 	}
 	l.mu.Unlock()
 	l.apply(&body)
