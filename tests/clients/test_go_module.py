@@ -4,20 +4,35 @@ library."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
+from tests.client.conftest import LockdServer
 from tests.clients.conftest import GO_MODULE, go_env
+from tests.support import VENV_BIN
 
 
 def test_go_test_passes_against_real_servers(go, servers):
     lockd, proxy = servers
-    env = {**go_env(), "LOCKD_URL": lockd.url, "PROXY_URL": proxy.url, "CI": "true"}
-    run = subprocess.run([go, "test", "-count=1", "-v", "./..."], cwd=GO_MODULE, env=env,
-                         capture_output=True, text=True, timeout=600)
+    # A lockd of its own whose keys the rotation test rotates (re-read every 100 ms).
+    rotating = LockdServer(Path(tempfile.mkdtemp(prefix="lockd-go-rotate-")),
+                           env={"LOCKD_KEY_RELOAD_MS": "100"}).start()
+    env = {**go_env(), "LOCKD_URL": lockd.url, "PROXY_URL": proxy.url, "CI": "true",
+           "ROTATE_LOCKD_URL": rotating.url, "ROTATE_KEY_DIR": str(rotating.key_dir),
+           "LOCKD_BIN": str(VENV_BIN / "lockd")}
+    try:
+        run = subprocess.run([go, "test", "-count=1", "-v", "./..."], cwd=GO_MODULE, env=env,
+                             capture_output=True, text=True, timeout=600)
+    finally:
+        rotating.stop()
+        shutil.rmtree(rotating.workdir, ignore_errors=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "--- SKIP" not in run.stdout, run.stdout
     for name in ("TestStaleWriteIsRefusedWithBothFences", "TestRenewalKeepsTheLeaseAndLossIsSignalled",
-                 "TestElectionCampaignProclaimObserveResign", "TestVerifierChecksTokensOffline"):
+                 "TestElectionCampaignProclaimObserveResign", "TestVerifierChecksTokensOffline",
+                 "TestVerifierFollowsKeyRotation"):
         assert f"--- PASS: {name}" in run.stdout, run.stdout
     assert "ok  \tlockd.dev/lockd\t" in run.stdout, run.stdout
 
