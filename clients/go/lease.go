@@ -119,8 +119,10 @@ type Lease struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
-	onBody   func(*leaseBody)
 	renewals int
+	// renewing is held by the background renewal while it sends; Release takes it after
+	// stopping the renewal, so no renewal of this lease is in flight once it releases.
+	renewing sync.Mutex
 }
 
 func newClientID() string {
@@ -347,9 +349,6 @@ func (l *Lease) apply(b *leaseBody) {
 			l.Fences[b.Lock] = b.Fence
 		}
 	}
-	if l.onBody != nil {
-		l.onBody(b)
-	}
 }
 
 // start runs the background renewal (unless NoRenew) and the local-deadline watch.
@@ -517,12 +516,20 @@ func (l *Lease) run() {
 		if !renewing {
 			continue
 		}
+		l.renewing.Lock()
+		select {
+		case <-l.stop:
+			l.renewing.Unlock()
+			continue
+		default:
+		}
 		sent := time.Now()
 		cap := time.Until(deadline)
 		if cap < 10*time.Millisecond {
 			cap = 10 * time.Millisecond
 		}
 		err := l.renewOnce(context.Background(), l.TTL, cap)
+		l.renewing.Unlock()
 		switch {
 		case err == nil:
 			nextAt = sent.Add(interval)
@@ -548,6 +555,8 @@ func (l *Lease) StopRenewing() { l.stopOnce.Do(func() { close(l.stop) }) }
 // error of a live lease is returned (the caller may retry).
 func (l *Lease) Release(ctx context.Context) error {
 	l.StopRenewing()
+	l.renewing.Lock() // wait for a renewal in flight
+	l.renewing.Unlock()
 	l.checkDeadline()
 	l.mu.Lock()
 	state, lostErr := l.state, l.err
