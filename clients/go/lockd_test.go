@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math/big"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -167,24 +168,35 @@ func TestRenewalKeepsTheLeaseAndLossIsSignalled(t *testing.T) {
 	_ = l.Release(ctx)
 }
 
-func TestReleasedAtLockdIsLostAtTheNextRenewal(t *testing.T) {
+func TestA410AtRenewalIsLostAtOnce(t *testing.T) {
 	c, _ := servers(t)
 	ctx := context.Background()
 	name := unique(t)
-	l, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 3 * time.Second, NoRenew: true})
+	l, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 3 * time.Second, RenewEvery: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Someone with the lease id releases it behind the lease's back: the next renew is 410.
-	twin, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 3 * time.Second, NoRenew: true})
-	if !errors.Is(err, lockd.ErrHeld) {
-		t.Fatalf("want held, got %v (%v)", err, twin)
+	// Another process with the lease id releases it behind the lease's back.
+	body := strings.NewReader(`{"lease_id": "` + l.LeaseID + `"}`)
+	resp, err := http.Post(c.URL()+"/v1/locks/"+name+"/release", "application/json", body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("release behind its back: %v %v", resp, err)
 	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
+	resp.Body.Close()
+	select {
+	case <-l.Done():
+	case <-time.After(time.Second):
+		t.Fatal("a 410 at renewal did not make the lease lost")
 	}
-	if err := l.Renew(ctx); !errors.Is(err, lockd.ErrReleased) {
-		t.Fatalf("renew after release: %v", err)
+	var e *lockd.Error
+	if !errors.As(l.Err(), &e) || e.Status != 410 || !errors.Is(l.Err(), lockd.ErrLeaseLost) {
+		t.Fatalf("Err %#v", l.Err())
+	}
+	if time.Until(l.Deadline()) < time.Second {
+		t.Fatal("lost by the deadline, not by the 410")
+	}
+	if err := l.Release(ctx); !errors.Is(err, lockd.ErrLeaseLost) {
+		t.Fatalf("release of a lost lease: %v", err)
 	}
 }
 
