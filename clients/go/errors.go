@@ -178,8 +178,16 @@ func errorFromResponse(resp *http.Response, body []byte) error {
 		e.RetryAfter = time.Duration(s * float64(time.Second))
 	}
 	if kind == ErrStaleToken {
-		return &StaleTokenError{Lock: e.Lock, Presented: toInt64(problem["presented"]),
+		stale := &StaleTokenError{Lock: e.Lock, Presented: toInt64(problem["presented"]),
 			Highest: toInt64(problem["highest"]), Err: e}
+		// A multi-lock write names every stale lock in "stale": report the first.
+		if list, ok := problem["stale"].([]any); ok && len(list) > 0 && stale.Lock == "" {
+			if first, ok := list[0].(map[string]any); ok {
+				stale.Lock, _ = first["lock"].(string)
+				stale.Presented, stale.Highest = toInt64(first["presented"]), toInt64(first["highest"])
+			}
+		}
+		return stale
 	}
 	return e
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"math/big"
 	"net/http"
@@ -414,5 +415,118 @@ func TestBadNamesAreRefusedBeforeSending(t *testing.T) {
 	_, err := c.Acquire(context.Background(), "x", lockd.AcquireOptions{TTL: time.Second})
 	if !errors.Is(err, lockd.ErrUnavailable) {
 		t.Fatalf("unreachable lockd: %v", err)
+	}
+}
+
+func TestAReadFencesTheLock(t *testing.T) {
+	c, proxy := servers(t)
+	ctx := context.Background()
+	key := uniqueKey()
+	lock := "items/" + key
+	// A holds fence n and prepares a write; lockd loses it behind A's back; B takes the lock
+	// and only reads: that read claims B's fence, so A's late write is refused.
+	a, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 5 * time.Second, NoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(c.URL()+"/v1/locks/"+lock+"/release", "application/json",
+		strings.NewReader(`{"lease_id": "`+a.LeaseID+`"}`))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("release behind its back: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	b, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if _, err := lockd.NewFencedWriter(proxy, b, lockd.Options{}).Get(ctx, "items", key); !errors.Is(err, lockd.ErrNotFound) {
+		t.Fatalf("B's read of an absent row: %v", err)
+	}
+	if a.Err() != nil {
+		t.Fatal("A should still believe it holds the lease")
+	}
+	_, err = lockd.NewFencedWriter(proxy, a, lockd.Options{}).Insert(ctx, "items", lockd.Row{"id": key, "owner": "a"})
+	var stale *lockd.StaleTokenError
+	if !errors.As(err, &stale) || stale.Presented != a.Fence || stale.Highest != b.Fence {
+		t.Fatalf("A's late write: %v", err)
+	}
+	// The refusal proves a newer grant: A's lease is lost now, not at its deadline.
+	if !errors.Is(a.Err(), lockd.ErrLeaseLost) {
+		t.Fatalf("A's lease after the stale write: %v", a.Err())
+	}
+	select {
+	case <-a.Done():
+	default:
+		t.Fatal("Done not closed")
+	}
+}
+
+func highest(t *testing.T, proxy, lock string) int64 {
+	resp, err := http.Get(proxy + "/v1/fences/" + lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct{ Highest int64 }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return body.Highest
+}
+
+func TestClaimRaisesTheFenceWithoutWriting(t *testing.T) {
+	c, proxy := servers(t)
+	ctx := context.Background()
+	lock := "items/" + uniqueKey()
+	l, err := c.Acquire(ctx, lock, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	if h := highest(t, proxy, lock); h >= l.Fence {
+		t.Fatalf("highest %d before the claim", h)
+	}
+	if err := lockd.NewFencedWriter(proxy, l, lockd.Options{}).Claim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := highest(t, proxy, lock); h != l.Fence {
+		t.Fatalf("highest %d after the claim, fence %d", h, l.Fence)
+	}
+}
+
+func TestBatchUnderAMultiLockLease(t *testing.T) {
+	c, proxy := servers(t)
+	ctx := context.Background()
+	k1, k2 := uniqueKey(), uniqueKey()
+	l, err := c.AcquireMany(ctx, []string{"items/" + k1, "items/" + k2}, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	w := lockd.NewFencedWriter(proxy, l, lockd.Options{})
+	if _, err := w.Batch(ctx, []lockd.BatchOp{
+		{Op: "upsert", Table: "items", Key: k1, Row: lockd.Row{"id": k1, "n": 1}},
+		{Op: "upsert", Table: "items", Key: k2, Row: lockd.Row{"id": k2, "n": 2}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for key, n := range map[string]float64{k1: 1, k2: 2} {
+		row, err := w.Get(ctx, "items", key)
+		if err != nil || row["n"] != n {
+			t.Fatalf("row %s: %v %v", key, row, err)
+		}
+	}
+	// A row of neither lock is refused, and nothing of the batch is applied.
+	k3 := uniqueKey()
+	_, err = w.Batch(ctx, []lockd.BatchOp{
+		{Op: "update", Table: "items", Key: k1, Row: lockd.Row{"n": 10}},
+		{Op: "upsert", Table: "items", Key: k3, Row: lockd.Row{"id": k3, "n": 3}},
+	})
+	if !errors.Is(err, lockd.ErrLockNotAllowed) {
+		t.Fatalf("a row of another lock: %v", err)
+	}
+	if row, _ := w.Get(ctx, "items", k1); row["n"] != float64(1) {
+		t.Fatalf("half-applied batch: %v", row)
 	}
 }
