@@ -133,6 +133,33 @@ func TestClientIDRetryGetsTheSameLease(t *testing.T) {
 	_ = a.Release(ctx)
 }
 
+// The grant's answer is lost on the way (lockd granted, the client saw the connection drop):
+// the retry sends the same client_id and gets that same lease, instead of waiting behind it.
+func TestALostGrantIsRecoveredByTheRetry(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	r := newRelay(t, strings.TrimPrefix(c.URL(), "http://"))
+	r.mu.Lock()
+	r.swallow = 1
+	r.mu.Unlock()
+	viaRelay := lockd.New("http://"+r.ln.Addr().String(), lockd.Options{})
+	name := unique(t)
+	l, err := viaRelay.Acquire(ctx, name, lockd.AcquireOptions{TTL: 30 * time.Second, Wait: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("the retry did not recover the grant: %v", err)
+	}
+	defer l.Release(ctx)
+	st, err := c.Status(ctx, name)
+	if err != nil || !st.Held || st.Fence != l.Fence || st.Fence != 1 {
+		t.Fatalf("lockd: %+v %v; lease fence %d", st, err, l.Fence)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.swallow != 0 {
+		t.Fatal("no answer was dropped")
+	}
+}
+
 func TestRenewalKeepsTheLeaseAndLossIsSignalled(t *testing.T) {
 	c, _ := servers(t)
 	ctx := context.Background()

@@ -18,9 +18,13 @@ type relay struct {
 	ln    net.Listener
 	mu    sync.Mutex
 	conns []net.Conn
+	// swallow is how many more connections get their answer dropped: the request reaches
+	// lockd, the first bytes of its answer are thrown away and the connection is closed.
+	swallow int
 }
 
 func newRelay(t *testing.T, target string) *relay {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -39,8 +43,20 @@ func newRelay(t *testing.T, target string) *relay {
 			}
 			r.mu.Lock()
 			r.conns = append(r.conns, client, server)
+			swallow := r.swallow > 0
+			if swallow {
+				r.swallow--
+			}
 			r.mu.Unlock()
 			go func() { _, _ = io.Copy(server, client); server.Close() }()
+			if swallow {
+				go func() {
+					_, _ = server.Read(make([]byte, 1))
+					client.Close()
+					server.Close()
+				}()
+				continue
+			}
 			go func() { _, _ = io.Copy(client, server); client.Close() }()
 		}
 	}()

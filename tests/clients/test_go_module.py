@@ -35,7 +35,8 @@ def test_go_test_passes_against_real_servers(go, servers):
     for name in ("TestStaleWriteIsRefusedWithBothFences", "TestRenewalKeepsTheLeaseAndLossIsSignalled",
                  "TestElectionCampaignProclaimObserveResign", "TestVerifierChecksTokensOffline",
                  "TestVerifierFollowsKeyRotation", "TestObserveResumesAfterADroppedStream",
-                 "TestAReadFencesTheLock", "TestA410AtRenewalIsLostAtOnce"):
+                 "TestAReadFencesTheLock", "TestA410AtRenewalIsLostAtOnce",
+                 "TestALostGrantIsRecoveredByTheRetry"):
         assert f"--- PASS: {name}" in run.stdout, run.stdout
     assert "ok  \tlockd.dev/lockd\t" in run.stdout, run.stdout
 
