@@ -160,6 +160,40 @@ func TestALostGrantIsRecoveredByTheRetry(t *testing.T) {
 	}
 }
 
+// While lockd cannot be reached the lease is Unknown and renewal is retried; reached again
+// before the deadline it is Renewed and live. Unreachable past the deadline, it is lost at
+// the deadline (one TTL after the last successful renewal was sent), not later.
+func TestRenewalRidesOutAnOutageShorterThanTheTTL(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	r := newRelay(t, strings.TrimPrefix(c.URL(), "http://"))
+	viaRelay := lockd.New("http://"+r.ln.Addr().String(), lockd.Options{})
+	ttl := 1500 * time.Millisecond
+	l, err := viaRelay.Acquire(ctx, unique(t), lockd.AcquireOptions{TTL: ttl, RenewEvery: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	r.setRefuse(true)
+	waitFor(t, "state unknown", ttl, func() bool { return l.State() == lockd.Unknown })
+	r.setRefuse(false)
+	waitFor(t, "renewed again", ttl, func() bool { return l.State() == lockd.Renewed })
+	if l.Err() != nil {
+		t.Fatal(l.Err())
+	}
+
+	r.setRefuse(true)
+	<-l.Done()
+	late := time.Since(l.Deadline())
+	var e *lockd.Error
+	if !errors.As(l.Err(), &e) || e.Code != "local_deadline" || !errors.Is(e, lockd.ErrLeaseLost) {
+		t.Fatalf("Err %v", l.Err())
+	}
+	if late < 0 || late > 100*time.Millisecond {
+		t.Fatalf("lost %v after the local deadline", late)
+	}
+}
+
 func TestRenewalKeepsTheLeaseAndLossIsSignalled(t *testing.T) {
 	c, _ := servers(t)
 	ctx := context.Background()

@@ -21,6 +21,17 @@ type relay struct {
 	// swallow is how many more connections get their answer dropped: the request reaches
 	// lockd, the first bytes of its answer are thrown away and the connection is closed.
 	swallow int
+	// refuse closes every new connection at once (lockd unreachable) while true.
+	refuse bool
+}
+
+func (r *relay) setRefuse(on bool) {
+	r.mu.Lock()
+	r.refuse = on
+	r.mu.Unlock()
+	if on {
+		r.cut()
+	}
 }
 
 func newRelay(t *testing.T, target string) *relay {
@@ -35,6 +46,13 @@ func newRelay(t *testing.T, target string) *relay {
 			client, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			r.mu.Lock()
+			refused := r.refuse
+			r.mu.Unlock()
+			if refused {
+				client.Close()
+				continue
 			}
 			server, err := net.Dial("tcp", target)
 			if err != nil {
