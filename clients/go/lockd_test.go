@@ -113,6 +113,29 @@ func TestWaitIsGrantedWhenReleased(t *testing.T) {
 	}
 }
 
+// A grant that came late in a wait (here 1 s after the request, with a 1.5 s TTL) could be
+// granted anywhere in the wait, so its deadline would be near: it is renewed at once and its
+// local deadline is a full TTL from that renewal.
+func TestALateGrantIsRenewedAtOnce(t *testing.T) {
+	c, _ := servers(t)
+	ctx := context.Background()
+	name := unique(t)
+	a, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { time.Sleep(time.Second); _ = a.Release(ctx) }()
+	ttl := 1500 * time.Millisecond
+	b, err := c.Acquire(ctx, name, lockd.AcquireOptions{TTL: ttl, Wait: 5 * time.Second, NoRenew: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if left := time.Until(b.Deadline()); left < ttl-300*time.Millisecond {
+		t.Fatalf("only %v left of a %v lease granted late", left, ttl)
+	}
+}
+
 func TestClientIDRetryGetsTheSameLease(t *testing.T) {
 	c, _ := servers(t)
 	ctx := context.Background()
