@@ -41,7 +41,7 @@ def runner(request, servers):
 def test_the_scenarios_cover_the_contract():
     names = {path.stem for path in SCENARIOS}
     assert {"exclusion", "waiting", "renewal", "lost", "revived_holder", "shared", "multi",
-            "semaphore", "election"} <= names
+            "semaphore", "election", "refusals"} <= names
     for path in SCENARIOS:
         scenario = json.loads(path.read_text())
         assert scenario["name"] == path.stem and scenario["description"] and scenario["steps"]
