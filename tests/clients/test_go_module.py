@@ -54,3 +54,19 @@ def test_the_module_needs_nothing_but_the_standard_library():
     go_mod = (GO_MODULE / "go.mod").read_text()
     assert "require" not in go_mod, go_mod
     assert not (GO_MODULE / "go.sum").exists()
+
+
+EXPORTED = re.compile(r"^(?:func (?:\([^)]*\) )?|type |var |const )[A-Z]\w*")
+
+
+def test_every_exported_name_has_godoc():
+    """Each exported top-level func, method, type, var and const of the package (not of its
+    commands and examples) is preceded by a doc comment."""
+    missing = []
+    for path in sorted(GO_MODULE.glob("*.go")):
+        if path.name.endswith("_test.go"):
+            continue
+        lines = path.read_text().splitlines()
+        missing += [f"{path.name}:{i + 1}: {line}" for i, line in enumerate(lines)
+                    if EXPORTED.match(line) and not (i and lines[i - 1].startswith("//"))]
+    assert not missing, missing
