@@ -447,7 +447,9 @@ func (l *Lease) renewOnce(ctx context.Context, ttl time.Duration, cap time.Durat
 	l.mu.Lock()
 	if l.state != Lost && l.state != Released {
 		l.state = Renewed
-		l.deadline = sent.Add(ttl)
+		if d := sent.Add(ttl); d.After(l.deadline) { // an older answer arriving late never shortens it
+			l.deadline = d
+		}
 		l.renewals++
 	}
 	l.mu.Unlock()
