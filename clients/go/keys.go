@@ -26,7 +26,8 @@ type Claims struct {
 // Verifier checks tokens offline against lockd's public keys (GET /v1/keys, a JWKS of
 // Ed25519 keys). A token naming a key it does not have makes it refetch the set (lockd
 // rotated), at most once per MinRefetch; the set is also refetched once older than MaxAge,
-// so a retired key stops verifying. Safe for concurrent use.
+// so a retired key stops verifying (while lockd cannot be reached, the set it has still
+// verifies). Safe for concurrent use.
 type Verifier struct {
 	// MinRefetch is the least time between two fetches on unknown kids (default 1 s).
 	MinRefetch time.Duration
@@ -81,6 +82,9 @@ func (v *Verifier) key(ctx context.Context, kid string) (ed25519.PublicKey, erro
 	}
 	if stale || mayFetch {
 		if err := v.Refresh(ctx); err != nil {
+			if ok {
+				return key, nil // lockd unreachable: the set it has still verifies
+			}
 			return nil, err
 		}
 		v.mu.Lock()
