@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 ## faketime (libfaketime) skews worker clocks in tests/system/chaos and make chaos.
 ## chromium (headless) renders the status pages in tests/system/ops.
 ## jq, sqlite3 and curl: the README's Quick start and console examples (tests/system/readme).
+## golang-go (Go 1.19 on bookworm): builds and tests the Go client in clients/go (tests/clients).
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io)
@@ -35,6 +36,7 @@ system-deps:
 	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	command -v jq >/dev/null && command -v sqlite3 >/dev/null && command -v curl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq sqlite3 curl)
+	command -v go >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go)
 
 ## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
 .PHONY: demo
