@@ -29,9 +29,12 @@
     │                                                       stayed locked by another transaction
     │                                                       beyond ``lock_timeout_ms``: nothing
     │                                                       was committed, retry after a while
-    └── OutcomeUnknown              502  outcome_unknown    the connection broke while the write
-                                                            (its COMMIT) was in flight: it may or
-                                                            may not have committed
+    ├── OutcomeUnknown              502  outcome_unknown    the connection broke while the write
+    │                                                       (its COMMIT) was in flight: it may or
+    │                                                       may not have committed
+    ├── PreconditionFailed          412  precondition_failed  an object write's If-Match /
+    │                                                       If-None-Match did not hold
+    └── RangeNotSatisfiable         416  range_not_satisfiable  a GET's Range beyond the object
 
 Why 502 and not 503 for ``outcome_unknown``: 503 says "the server could not handle the request"
 and generic HTTP retry logic (load balancers, client middlewares) treats it as safe to retry,
@@ -69,6 +72,8 @@ __all__ = [
     "LockTimeout",
     "OutcomeUnknown",
     "LockdUnreachable",
+    "PreconditionFailed",
+    "RangeNotSatisfiable",
 ]
 
 
@@ -200,3 +205,16 @@ class LockdUnreachable(ProxyError):
     called invalid; ``jwks_url`` names where the keys are fetched from."""
 
     status, code, title = 503, "lockd_unreachable", "lockd unreachable"
+
+
+class PreconditionFailed(ProxyError):
+    """An ``If-Match`` / ``If-None-Match: *`` of an object write did not hold (412); nothing was
+    written (``etag``: the object's current ETag, None if it does not exist)."""
+
+    status, code, title = 412, "precondition_failed", "Precondition failed"
+
+
+class RangeNotSatisfiable(ProxyError):
+    """A ``Range`` of a GET lies beyond the object's end (416; ``size``: its length)."""
+
+    status, code, title = 416, "range_not_satisfiable", "Range not satisfiable"

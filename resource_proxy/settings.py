@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     access_file: Path | None = None
     # How long an Idempotency-Key's recorded answer is kept (default 24 h; at least 1 s).
     idempotency_ttl_ms: int = Field(86_400_000, ge=1000)
+    # --- fenced objects (``resource_proxy.objects``) ---
+    # A directory to serve as the blob backend of /v1/objects (None: no objects are served).
+    objects_dir: Path | None = None
+    # The largest object body (413 above it); bodies are streamed, never held whole.
+    max_object_bytes: int = Field(1 << 30, ge=1)
+    # The orphan sweeper: blobs last written more than objects_grace_ms ago that no pointer
+    # names are deleted, at start and every objects_sweep_interval_ms.
+    objects_grace_ms: int = Field(600_000, ge=0)
+    objects_sweep_interval_ms: int = Field(60_000, ge=100)
     log_level: str = "info"
     # Operations: log lines as text or JSON objects (with request ids); bearer API keys (none:
     # no key needed; comma-separated, plus one a line from the file); bound on request headers.
