@@ -128,6 +128,9 @@ def _parser() -> argparse.ArgumentParser:
                        "(env PROXY_MAX_OBJECT_BYTES; default 1 GiB)")
     serve.add_argument("--objects-grace-ms", type=int, help="orphan blobs older than this are "
                        "swept (env PROXY_OBJECTS_GRACE_MS; default 600000)")
+    serve.add_argument("--objects-sweep-interval-ms", type=int, help="how often the orphan "
+                       "sweeper runs, and once at start (env PROXY_OBJECTS_SWEEP_INTERVAL_MS; "
+                       "default 60000)")
     serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
     serve.add_argument("--workers", type=int, help="worker processes serving the port (env "
