@@ -96,7 +96,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         log.info("serving %d table(s): %s%s", len(tables), ", ".join(sorted(tables)) or "(none)",
                  describe_unfenced(bound.unfenced))
         sweeper = None
-        if settings.objects_dir is not None:
+        if settings.serves_objects:
             app.state.objects = await start_objects(settings, policy, keys, store)
             sweeper = asyncio.get_running_loop().create_task(
                 sweep_forever(app.state.objects, settings.objects_sweep_interval_ms / 1000))
@@ -106,6 +106,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
             if sweeper is not None:
                 sweeper.cancel()
                 await asyncio.gather(sweeper, return_exceptions=True)
+                await app.state.objects.blobs.close()
             await store.close()
             if http is not None:
                 await http.aclose()

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
     # --- fenced objects (``resource_proxy.objects``) ---
     # A directory to serve as the blob backend of /v1/objects (None: no objects are served).
     objects_dir: Path | None = None
+    # Or an S3-compatible endpoint (objects.s3; needs the s3 extra): its URL and bucket, and
+    # the key prefix under which blobs are kept.
+    objects_s3_url: str | None = None
+    objects_s3_bucket: str | None = None
+    objects_s3_prefix: str = "lockd-objects/"
     # The largest object body (413 above it); bodies are streamed, never held whole.
     max_object_bytes: int = Field(1 << 30, ge=1)
     # The orphan sweeper: blobs last written more than objects_grace_ms ago that no pointer
@@ -158,6 +163,20 @@ class Settings(BaseSettings):
         if (self.lockd_url is None) == (self.jwks_file is None):
             raise ValueError("give exactly one of lockd_url (--lockd-url) or jwks_file (--jwks-file)")
         return self
+
+    @model_validator(mode="after")
+    def _one_blob_store(self) -> Settings:
+        if self.objects_dir is not None and self.objects_s3_url is not None:
+            raise ValueError("give objects_dir (--objects-dir) or objects_s3_url "
+                             "(--objects-s3-url), not both")
+        if (self.objects_s3_url is None) != (self.objects_s3_bucket is None):
+            raise ValueError("give both objects_s3_url (--objects-s3-url) and objects_s3_bucket "
+                             "(--objects-s3-bucket)")
+        return self
+
+    @property
+    def serves_objects(self) -> bool:
+        return self.objects_dir is not None or self.objects_s3_url is not None
 
     @property
     def is_sqlite(self) -> bool:

@@ -16,7 +16,13 @@ log = logging.getLogger("resource_proxy.objects")
 
 
 def blob_store(settings: Any) -> BlobStore:
-    """The backend ``settings`` name: ``objects_dir`` (a directory)."""
+    """The backend ``settings`` name: ``objects_dir`` (a directory) or ``objects_s3_url`` (an
+    S3-compatible endpoint, ``objects.s3``)."""
+    if settings.objects_s3_url is not None:
+        from resource_proxy.objects.s3 import S3Blobs  # aiobotocore: the optional s3 extra
+
+        return S3Blobs(settings.objects_s3_url, settings.objects_s3_bucket,
+                       settings.objects_s3_prefix)
     return DirectoryBlobs(settings.objects_dir)
 
 
@@ -27,7 +33,8 @@ async def start_objects(settings: Any, policy: Any, keys: Any, store: Any) -> Ob
     await blobs.open()
     pointers = Pointers(store, postgres=not settings.is_sqlite)
     await pointers.create()
-    log.info("serving fenced objects from %s", settings.objects_dir)
+    log.info("serving fenced objects from %s", settings.objects_dir or
+             f"{settings.objects_s3_url} bucket {settings.objects_s3_bucket}")
     return ObjectService(keys, pointers, blobs, policy.buckets,
                          max_object_bytes=settings.max_object_bytes,
                          idempotency_ttl_ms=settings.idempotency_ttl_ms,

@@ -93,6 +93,8 @@ def test_an_oversized_body_is_413_and_leaves_nothing(objects: Objects):
 
 def test_a_symlink_planted_in_the_directory_is_never_followed(objects: Objects, tmp_path: Path):
     o, b = objects, bucket()
+    if o.s3 is not None:
+        pytest.skip("a directory's concern: S3 keys are not paths")
     target = tmp_path / "outside"
     target.mkdir()
     (o.root / "tmp" / "link").symlink_to(target)
