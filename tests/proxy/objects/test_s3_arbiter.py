@@ -5,6 +5,7 @@ concurrent writers succeed or fail by their fence alone, round after round."""
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import pytest
 
@@ -43,11 +44,13 @@ def test_s3_accepts_both_the_proxy_decides_by_fence(objects: Objects):
 
     b = bucket()
     path = f"/v1/objects/{b}/shared.bin"
+
+    def put(fence: int):
+        return o.client.put(path, content=f"fence {fence}".encode(), headers=o.auth(b, fence))
+
     for round_ in range(ROUNDS):
         fresh, stale = 2 * round_ + 2, 2 * round_ + 1
-        put = lambda fence: o.client.put(path, content=f"fence {fence}".encode(),  # noqa: E731
-                                         headers=o.auth(b, fence))
-        low, high = _together(lambda: put(stale), lambda: put(fresh))
+        low, high = _together(partial(put, stale), partial(put, fresh))
         assert high.status_code in (200, 201), high.text
         assert low.status_code in (200, 201, 409), low.text
         if low.status_code == 409:
