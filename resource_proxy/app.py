@@ -98,6 +98,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         sweeper = None
         if settings.serves_objects:
             app.state.objects = await start_objects(settings, policy, keys, store)
+            app.state.service.objects_govern = policy.buckets.governs
             sweeper = asyncio.get_running_loop().create_task(
                 sweep_forever(app.state.objects, settings.objects_sweep_interval_ms / 1000))
         try:

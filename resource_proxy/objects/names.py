@@ -134,6 +134,13 @@ class BucketTemplate:
                                    "(A-Z a-z 0-9 . _ : / -)")
         return cls(text, tuple(parts))
 
+    def pattern(self) -> re.Pattern[str]:
+        """The names this template makes (each segment escaped: no ``/`` inside one)."""
+        part = r"[A-Za-z0-9._:-]+"
+        return re.compile("".join(
+            re.escape(v) if k == "lit" else (f"{part}(?:/{part})*" if v == "key" else part)
+            for k, v in self.parts))
+
     def lock_for(self, key: str) -> str:
         segments = key.split("/")
         out: list[str] = []
@@ -167,6 +174,13 @@ class Buckets:
             raise InvalidRequest(f"the object's lock name would be {len(lock)} characters long "
                                  "(a lock name has at most 255)")
         return lock
+
+    def governs(self, lock: str) -> bool:
+        """Whether ``lock`` is the lock of some object: a bucket name no template replaces, or
+        a name one of the templates makes."""
+        if _BUCKET.fullmatch(lock) and ".." not in lock and lock not in self.templates:
+            return True
+        return any(t.pattern().fullmatch(lock) for t in self.templates.values())
 
     def describe(self, bucket: str) -> str | None:
         template = self.templates.get(bucket)

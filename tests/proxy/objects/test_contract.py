@@ -39,8 +39,15 @@ def test_put_get_and_the_revived_holder(objects: Objects):
                    409, "stale_token")
     # the objects' fences are the rows' fences: one table, one rule
     assert o.client.get(f"/v1/fences/{b}").json() == {"lock": b, "highest": 4}
-    assert_problem(o.client.post(f"/v1/fences/{b}/claim", headers=o.auth(b, 9)), 403,
-                   "lock_not_allowed")
+    # a claim of an object's lock, as of a row's: the revived holder of fence 4 is fenced off
+    claimed = o.client.post(f"/v1/fences/{b}/claim", headers=o.auth(b, 9))
+    assert claimed.status_code == 200 and claimed.json() == {"lock": b, "highest": 9}
+    assert_problem(o.client.put(f"/v1/objects/{b}/out/part-0.bin", content=b"late",
+                                headers=o.auth(b, 4)), 409, "stale_token")
+    templated = o.client.post("/v1/fences/reports/2031/claim", headers=o.auth("reports/2031", 1))
+    assert templated.status_code == 200, templated.text
+    assert_problem(o.client.post("/v1/fences/models/claim", headers=o.auth("models", 1)), 403,
+                   "lock_not_allowed")  # bucket models is under models/{key}: no object's lock
 
 
 def test_a_claim_of_the_lock_fences_objects_off_too(objects: Objects):
