@@ -123,7 +123,8 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     app.router.routes.extend(object_routes)
     install_problem_handlers(app)
     install_docs(app, title="resource-proxy")
-    app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
+    app.openapi = lambda: build_openapi(  # type: ignore[method-assign]
+        app.state.service.catalog, objects=hasattr(app.state, "objects"))
     keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
     options: dict[str, Any] = dict(
         api_keys=KeySet(keys), admin_keys=KeySet(), open_paths=OPEN_PATHS,

@@ -153,3 +153,12 @@ def test_listing(objects: Objects):
     rest = o.client.get(f"/v1/objects/{b}", params={"prefix": "a/", "after": "a/2"}).json()
     assert [i["key"] for i in rest["items"]] == ["a/3"]
     assert_problem(o.client.get(f"/v1/objects/{b}", params={"limit": 0}), 422, "invalid_request")
+
+
+def test_the_openapi_document_describes_the_object_calls(objects: Objects):
+    doc = objects.client.get("/openapi.json").json()
+    calls = {op["operationId"] for path, ops in doc["paths"].items()
+             if path.startswith("/v1/objects/") for op in ops.values()}
+    assert calls == {"putObject", "getObject", "deleteObject", "listObjects"}
+    put = doc["paths"]["/v1/objects/{bucket}/{key}"]["put"]["responses"]
+    assert {"200", "201", "409", "412", "413"} <= set(put)
