@@ -25,6 +25,8 @@
     ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
     ├── StoreUnavailable            503  database_unavailable  the database did not answer and
     │   │                                                   nothing was committed: safe to retry
+    │   ├── BlobStoreUnavailable    503  blob_store_unavailable  the objects' directory or S3
+    │   │                                                   endpoint failed (disk full, I/O)
     │   └── LockTimeout             503  lock_timeout       a fence row (or row) the request needs
     │                                                       stayed locked by another transaction
     │                                                       beyond ``lock_timeout_ms``: nothing
@@ -74,6 +76,7 @@ __all__ = [
     "LockdUnreachable",
     "PreconditionFailed",
     "RangeNotSatisfiable",
+    "BlobStoreUnavailable",
 ]
 
 
@@ -190,6 +193,14 @@ class LockTimeout(StoreUnavailable):
     from tying up the proxy's connections and starving every other request."""
 
     status, code, title = 503, "lock_timeout", "Lock wait timed out"
+
+
+class BlobStoreUnavailable(StoreUnavailable):
+    """The blob store (the objects' directory or S3 endpoint) failed to store or read a body:
+    disk full, I/O error, the endpoint unreachable (503 ``blob_store_unavailable``,
+    ``Retry-After: 1``). Nothing was made visible; the partial blob is gone or an orphan."""
+
+    status, code, title = 503, "blob_store_unavailable", "Blob store unavailable"
 
 
 class OutcomeUnknown(ProxyError):

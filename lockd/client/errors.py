@@ -353,6 +353,7 @@ _BY_CODE: dict[str, type[LockClientError]] = {
     "payload_too_large": ValidationError,
     "store_unavailable": ServiceUnavailable,
     "database_unavailable": ServiceUnavailable,
+    "blob_store_unavailable": ServiceUnavailable,
     "outcome_unknown": OutcomeUnknown,
     "idempotency_key_reused": ValidationError,
     "precondition_failed": PreconditionFailed,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from resource_proxy.errors import PayloadTooLarge
+from resource_proxy.errors import BlobStoreUnavailable, PayloadTooLarge
 
 __all__ = ["Stored", "BlobMissing", "BlobStore", "DirectoryBlobs", "new_name", "CHUNK"]
 
@@ -108,6 +108,13 @@ class DirectoryBlobs:
         return self.blobs / name[:2] / name
 
     async def put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
+        try:
+            return await self._put(chunks, limit)
+        except OSError as exc:  # disk full, I/O error, a directory removed under us
+            raise BlobStoreUnavailable(f"the objects' directory failed: {exc.strerror or exc}; "
+                                       "nothing was stored (retry later)") from None
+
+    async def _put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
         name = new_name()
         temp = self.tmp / name
         fd = await asyncio.to_thread(
@@ -156,6 +163,9 @@ class DirectoryBlobs:
             fd = await asyncio.to_thread(os.open, path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise BlobMissing(name) from None
+        except OSError as exc:
+            raise BlobStoreUnavailable(f"the objects' directory failed: {exc.strerror or exc}")\
+                from None
         try:
             position = start
             while position < end:

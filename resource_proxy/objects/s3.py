@@ -28,7 +28,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from resource_proxy.errors import PayloadTooLarge
+from starlette.requests import ClientDisconnect
+
+from resource_proxy.errors import BlobStoreUnavailable, PayloadTooLarge, ProxyError
 from resource_proxy.objects.blobs import BlobMissing, Stored, is_blob_name, new_name
 
 __all__ = ["S3Blobs", "PART"]
@@ -74,6 +76,15 @@ class S3Blobs:
         return f"{self.prefix}blobs/{name}"
 
     async def put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
+        try:
+            return await self._put(chunks, limit)
+        except (ProxyError, BlobMissing, ClientDisconnect):
+            raise
+        except Exception as exc:  # botocore: the endpoint refused or did not answer
+            raise BlobStoreUnavailable(f"the S3 endpoint failed: {type(exc).__name__}: "
+                                       f"{str(exc)[:200]}; nothing was stored") from None
+
+    async def _put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
         name = new_name()
         key = self._key(name)
         digest = hashlib.sha256()
@@ -131,7 +142,9 @@ class S3Blobs:
         except self._client.exceptions.ClientError as exc:
             if _code(exc) in ("404", "NoSuchKey", "NotFound"):
                 raise BlobMissing(name) from None
-            raise
+            raise BlobStoreUnavailable(f"the S3 endpoint failed: {_code(exc)}") from None
+        except Exception as exc:  # unreachable, timed out
+            raise BlobStoreUnavailable(f"the S3 endpoint failed: {type(exc).__name__}") from None
         body = answer["Body"]
         try:
             async for chunk in body.iter_chunks(256 * 1024):

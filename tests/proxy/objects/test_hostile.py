@@ -105,3 +105,21 @@ def test_a_symlink_planted_in_the_directory_is_never_followed(objects: Objects, 
         assert o.client.get(f"/v1/objects/{b}/link").content == b"inside"
     finally:
         (o.root / "tmp" / "link").unlink()
+
+
+def test_a_failing_blob_directory_is_503_with_nothing_visible(objects: Objects):
+    o, b = objects, bucket()
+    if o.s3 is not None:
+        pytest.skip("a directory's failure")
+    tmp = o.root / "tmp"
+    tmp.rename(o.root / "tmp-moved")
+    tmp.write_text("not a directory: every new upload fails (as on a full or broken disk)")
+    try:
+        r = o.client.put(f"/v1/objects/{b}/k", content=b"x" * 5000, headers=o.auth(b, 1))
+        problem = assert_problem(r, 503, "blob_store_unavailable")
+        assert r.headers["retry-after"] == "1" and "nothing was stored" in problem["detail"]
+    finally:
+        tmp.unlink()
+        (o.root / "tmp-moved").rename(tmp)
+    assert o.client.get(f"/v1/objects/{b}/k").status_code == 404
+    assert o.client.put(f"/v1/objects/{b}/k", content=b"ok", headers=o.auth(b, 1)).status_code == 201
