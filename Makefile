@@ -52,8 +52,9 @@ bench: install
 
 ## Fault injection + history checker: one run per store, summary on stdout, JSON report
 ## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
-## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql|rw|sem|election
-## (default counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL
+## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql|rw|sem|election|objects
+## (default counter; objects: fenced writes of one object, frozen holders, a crashing proxy, one run
+## whatever CHAOS_STORE says; transfer: two-account transfers through multi-lock leases; sql: plain SQL
 ## inside fenced_transaction on a database with the fence triggers, no proxy; rw: readers on shared
 ## locks beside the counter's writers, and writers thawed past their lease after a reader's read;
 ## sem: semaphore permits writing their slots; election: leaders writing a term log). Every
@@ -71,8 +72,9 @@ chaos: install
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40; a mutant whose window opens rarely
 ## runs longer, e.g. batch_partial_raise 2 x), one line per mutant with its violation count (the
 ## margin), then "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some,
-## MUTANT_SEED (default 4242). About 28 minutes (25 mutants; guard_*: through lockd.guard, --via guard).
-## MUTANT_WORKLOAD=counter|transfer|sql|rw|sem|election runs the mutants that workload reaches, under it (default:
+## MUTANT_SEED (default 4242). About 35 minutes (30 mutants; guard_*: through lockd.guard, --via guard
+## or redis-guard; object_*: the objects workload).
+## MUTANT_WORKLOAD=counter|transfer|sql|rw|sem|election|objects runs the mutants that workload reaches, under it (default:
 ## each mutant under its own first workload; sql: the database's fence triggers, plain SQL).
 MUTANT_SECONDS  ?= 40
 MUTANT_SEED     ?= 4242

@@ -4,7 +4,7 @@
 
     python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
                     [--mode fenced|unfenced-read|nofence|noclaim] [--workers 4] [--resource postgres|sqlite]
-                    [--workload counter|transfer|sql|rw|sem|election] [--faults pause,...]
+                    [--workload counter|transfer|sql|rw|sem|election|objects] [--faults pause,...]
                     [--results-dir chaos/results] [--keep]
 
 Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--faults", default="",
                    help="comma-separated fault kinds to inject (default: every kind that applies)")
-    p.add_argument("--workload", choices=WORKLOADS, default="counter",
+    p.add_argument("--workload", choices=(*WORKLOADS, "objects"), default="counter",
                    help="what the workers do (default counter)")
     p.add_argument("--resource", choices=RESOURCES, default="postgres",
                    help="the protected database behind the proxy (default postgres)")
@@ -64,6 +64,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
+    if args.workload == "objects":  # its own runner: one object, blobs and pointers
+        from chaos.objrun import format_objects, run_objects
+
+        print(f"chaos: objects, {args.seconds:g} s, seed {seed} ...", flush=True)
+        report = run_objects(seconds=args.seconds, seed=seed, workers=args.workers,
+                             resource=args.resource, results_dir=args.results_dir,
+                             keep=args.keep,
+                             faults=tuple(args.faults.split(",")) if args.faults else None)
+        print(format_objects(report), flush=True)
+        if report["workdir"]:
+            print(f"  logs kept in {report['workdir']}")
+        return 0 if report["passed"] else 1
     stores = STORES if args.store == "all" else (args.store,)
     ok = True
     total = args.seconds * len(stores)

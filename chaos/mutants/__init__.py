@@ -47,6 +47,10 @@ The table:
                              fence (``counter`` through ``chaos.guarded``, ``--via guard``)
 ``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
                              own, then writes in another (check-then-act; ``--via guard``)
+``object_pointer_unfenced``  an object's pointer is moved without the fence check (``objects``)
+``object_blob_early``        a new body is copied over the visible blob before the fence check
+                             (``objects``)
+``object_stale_blob_kept``   a refused write's blob is not deleted (``objects``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -267,6 +271,23 @@ _RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
 """Readers frozen at their grant and writers frozen mid-lease: both modes' leases meet."""
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
 
+_OBJ_STORE = "resource_proxy/objects/store.py"
+_OBJ_SERVICE = "resource_proxy/objects/service.py"
+_OBJ_PUT = ("                conn.execute(self._upsert, params)\n"
+            "                return current is None, new\n"
+            "        return await self.store.fenced([fence], body, once)\n")
+"""The object write's ONE transaction (both databases): fence check, then the pointer moved."""
+_OBJ_STORED = "        stored = await self.blobs.put(chunks, self.max_object_bytes)\n"
+_OBJ_EARLY = (_OBJ_STORED +
+              "        early = await self.pointers.get(bucket, key, None)\n"
+              "        if early is not None:  # the new bytes over the visible blob, before the check\n"
+              "            import shutil\n"
+              "            shutil.copyfile(self.blobs.path_of(stored.name),\n"
+              "                            self.blobs.path_of(early.blob))\n")
+_OBJ_CLEAN = ("        except BaseException:\n"
+              "            await self.blobs.delete(stored.name)\n"
+              "            raise\n")
+
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
            "stale_commit, fence_decrease (a thawed holder's write lands after a newer claim)",
@@ -401,6 +422,17 @@ MUTANTS: tuple[Mutant, ...] = (
                                    "            with conn.transaction():\n"
                                    "                yield conn\n"),),
            _WINDOW_FAULTS, ("counter",), via="guard"),
+    Mutant("object_pointer_unfenced", "an object's pointer moves without the fence check",
+           "stale_visible, stale_acked (a thawed holder's PUT replaces a newer holder's)",
+           (Edit(_OBJ_STORE, _OBJ_PUT, _OBJ_PUT.replace("fenced([fence]", "fenced([]")),),
+           workloads=("objects",)),
+    Mutant("object_blob_early", "a new body is copied over the visible blob before the check",
+           "torn, stale_visible (a stale writer's bytes visible under the newer pointer)",
+           (Edit(_OBJ_SERVICE, _OBJ_STORED, _OBJ_EARLY),), workloads=("objects",)),
+    Mutant("object_stale_blob_kept", "a refused write's new blob is not deleted",
+           "orphan_kept (an unreferenced blob written after the proxy's last crash)",
+           (Edit(_OBJ_SERVICE, _OBJ_CLEAN, "        except BaseException:\n            raise\n"),),
+           workloads=("objects",)),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:

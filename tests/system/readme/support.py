@@ -96,7 +96,7 @@ def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[d
     """lockd (SQLite) on :7070 and the proxy on a fresh PostgreSQL database on :7071.
 
     The database holds ``accounts`` (row 1, balance 10.00) under the policy
-    ``accounts/{key}``. Yields the environment the console examples run with.
+    ``accounts/{key}``; the proxy serves fenced objects from ``directory/objects``. Yields the environment the console examples run with.
     """
     dsn = create_database(admin_dsn, prefix="readme")
     try:
@@ -112,7 +112,8 @@ def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[d
                 ready_url=f"{LOCKD_URL}/healthz", log_path=directory / "lockd.log")
             proxy = ServiceProcess(
                 [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", url,
-                 "--lockd-url", LOCKD_URL, "--policy", str(policy)],
+                 "--lockd-url", LOCKD_URL, "--policy", str(policy),
+                 "--objects-dir", str(directory / "objects")],
                 ready_url=f"{PROXY_URL}/healthz", log_path=directory / "proxy.log")
             with lockd, proxy:
                 yield {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -189,7 +190,9 @@ def evaluate_policy(example: Example) -> str | None:
             policy = load_policy(path)
         except PolicyError as exc:
             return f"{where(example)}: the policy is refused: {exc}"
-    return None if policy.tables else f"{where(example)}: a policy with no table"
+    if policy.tables or policy.buckets.templates:
+        return None
+    return f"{where(example)}: a policy with no table and no bucket"
 
 
 def _quote(text: str) -> str:
