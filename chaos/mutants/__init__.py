@@ -47,6 +47,8 @@ The table:
                              fence (``counter`` through ``chaos.guarded``, ``--via guard``)
 ``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
                              own, then writes in another (check-then-act; ``--via guard``)
+``guard_redis_no_compare``   ``lockd.guard``'s Redis functions raise the fence but never compare
+                             it (``counter`` in Redis, ``--via redis-guard``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -116,7 +118,8 @@ class Mutant:
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
     via: str = "proxy"
-    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``)."""
+    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``;
+    ``redis-guard``: the guard's Redis functions, ``chaos.redisguarded``)."""
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
@@ -234,6 +237,9 @@ _KIT = "lockd/guard/stores.py"
 _KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
               "                yield conn\n")
 """``PostgresFences.transaction``: the guard's claim, in the transaction of the service's write."""
+_REDIS_KIT = "lockd/guard/redis.py"
+_REDIS_COMPARE = "  if highest and below(fence, highest) then\n"
+"""The Redis functions' fence comparison (``claim`` in the Lua library, used by every function)."""
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -401,6 +407,11 @@ MUTANTS: tuple[Mutant, ...] = (
                                    "            with conn.transaction():\n"
                                    "                yield conn\n"),),
            _WINDOW_FAULTS, ("counter",), via="guard"),
+    Mutant("guard_redis_no_compare", "the guard's Redis functions raise the fence to whatever "
+           "is presented, never comparing it with the highest", "stale_commit, fence_decrease "
+           "(a thawed holder's FCALL lands after a newer holder's claim or write)",
+           (Edit(_REDIS_KIT, _REDIS_COMPARE, "  if false and highest then  -- never compared\n"),),
+           _THAW_FAULTS, ("counter",), via="redis-guard"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
