@@ -15,7 +15,8 @@ The machine's Redis is shared: the library is loaded under a name of the run's o
 neither replaces nor depends on the ``lockd_guard`` other users loaded; ``RedisHistory.drop``
 deletes the run's keys and its library. Entries' fields: ``c_op c_worker c_fence c_read
 c_value`` (a counter write), ``m_id m_worker m_fence`` (a mark inserted), ``d_id`` (a mark
-deleted); a batch is one entry holding its parts. A fenced read (a GET with the token, or
+deleted), ``f_high`` (the highest the call left: a ``fence`` row, as the database logs its
+fence table's changes); a batch is one entry holding its parts. A fenced read (a GET with the token, or
 ``POST /v1/fences/{lock}/claim``) claims with ``lockd_fence_claim`` first, then reads.
 A Redis error answers 503 ``redis_unavailable`` (the worker logs the outcome unknown).
 """
@@ -139,6 +140,9 @@ class RedisHistory:
             if "d_id" in f:
                 rows.append(HistoryRow(len(rows) + 1, f["d_id"], "", 0, 0, 0, kind="mark_del",
                                        seq=seq))
+            if "f_high" in f:  # after the entry's own writes: they were checked before it
+                rows.append(HistoryRow(len(rows) + 1, "", "", int(f["f_high"]), 0, 0,
+                                       kind="fence", seq=seq))
         return int(self.counter()["value"]), rows
 
     def drop(self, library: str | None = None) -> None:
@@ -225,9 +229,17 @@ def create_app(lockd: str | FenceGuard, redis_url: str, prefix: str, tag: str,
     async def unavailable(request: Request, exc: Exception) -> Any:
         return error_response(Problem(503, "redis_unavailable", str(exc)[:200]))
 
+    def claimed(fence: Fence) -> int:
+        """Claim ``fence``; log the highest it left as a ``fence`` entry (appended after the
+        claim: a lower bound of when the highest rose, which can hide a stale write from the
+        checker's database-order check, never accuse a fresh one)."""
+        highest = fences.claim(fence)
+        client.xadd(history.stream, {"f_high": highest})
+        return highest
+
     def read(request: Request, work: Any) -> Any:
         if request.headers.get(HEADER):
-            fences.claim(guard.check(request.headers.get(HEADER), lock, purpose=READ))
+            claimed(guard.check(request.headers.get(HEADER), lock, purpose=READ))
         return work()
 
     def write(request: Request, parts: Any) -> list[dict[str, Any]]:
@@ -235,9 +247,9 @@ def create_app(lockd: str | FenceGuard, redis_url: str, prefix: str, tag: str,
         w = Writes(history)
         parts(w)
         if w.fields:  # the write: fence checked and raised, entry appended, in one call
-            fences.xadd(fence, history.stream, w.fields)
+            fences.xadd(fence, history.stream, {**w.fields, "f_high": fence.fence})
         else:  # a replayed insert: nothing to append, the fence still checked
-            fences.claim(fence)
+            claimed(fence)
         return w.results
 
     @app.get("/healthz")
@@ -249,7 +261,7 @@ def create_app(lockd: str | FenceGuard, redis_url: str, prefix: str, tag: str,
         fence = guard.check(request.headers.get(HEADER), name, purpose=READ)
         if name != lock:
             raise Problem(403, "lock_not_allowed", f"lock {name!r} governs nothing here")
-        return {"lock": lock, "highest": fences.claim(fence)}
+        return {"lock": lock, "highest": claimed(fence)}
 
     @app.get("/v1/tables/{table}/rows/{key}")
     def get(table: str, key: str, request: Request) -> dict[str, Any]:

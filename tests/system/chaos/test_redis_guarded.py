@@ -69,8 +69,9 @@ def test_writes_land_as_history_rows_and_a_stale_one_appends_nothing(service):
     counter, rows = history.final_state()
     assert counter == 1
     assert [(r.kind, r.op, r.fence, r.read, r.wrote, r.seq) for r in rows] == [
-        ("counter", "w1.0.1", 5, 0, 1, 1), ("mark_ins", "w1.0.1", 5, 0, 0, 1),
-        ("mark_del", "w1.0.1", 0, 0, 0, 2)]
+        ("fence", "", 5, 0, 0, 1),  # the fenced read's claim
+        ("counter", "w1.0.1", 5, 0, 1, 2), ("mark_ins", "w1.0.1", 5, 0, 0, 2),
+        ("fence", "", 5, 0, 0, 2), ("mark_del", "w1.0.1", 0, 0, 0, 3), ("fence", "", 6, 0, 0, 3)]
 
 
 def test_drop_removes_the_runs_keys_and_library(service):
