@@ -49,6 +49,8 @@ The table:
                              own, then writes in another (check-then-act; ``--via guard``)
 ``guard_redis_no_compare``   ``lockd.guard``'s Redis functions raise the fence but never compare
                              it (``counter`` in Redis, ``--via redis-guard``)
+``guard_redis_claim_no_raise`` ``lockd.guard``'s Redis claim function checks the fence but does
+                             not raise it (``--via redis-guard``: claim, then read, then write)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -240,6 +242,19 @@ _KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
 _REDIS_KIT = "lockd/guard/redis.py"
 _REDIS_COMPARE = "  if highest and below(fence, highest) then\n"
 """The Redis functions' fence comparison (``claim`` in the Lua library, used by every function)."""
+_REDIS_CLAIM_FN = ("redis.register_function('lockd_fence_claim', function(keys, args)\n"
+                   "  local refused = claim(keys, args)\n"
+                   "  if refused then return refused end\n"
+                   "  return redis.call('GET', keys[1])\n")
+"""``lockd_fence_claim``: a claim before a read, checked and raised."""
+_REDIS_CLAIM_CHECK_ONLY = (
+    "redis.register_function('lockd_fence_claim', function(keys, args)\n"
+    "  local highest = redis.call('GET', keys[1])\n"
+    "  if highest and below(args[2], highest) then\n"
+    "    return redis.error_reply('STALE lock=' .. args[1] .. ' presented=' .. args[2] ..\n"
+    "                             ' highest=' .. highest)\n"
+    "  end\n"
+    "  return args[2]  -- checked, never raised\n")
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -412,6 +427,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "(a thawed holder's FCALL lands after a newer holder's claim or write)",
            (Edit(_REDIS_KIT, _REDIS_COMPARE, "  if false and highest then  -- never compared\n"),),
            _THAW_FAULTS, ("counter",), via="redis-guard"),
+    Mutant("guard_redis_claim_no_raise", "the guard's Redis claim function checks the fence but "
+           "does not raise the highest", "stale_commit, interleaving (a holder claims and reads, "
+           "is killed; its frozen predecessor's write lands)",
+           (Edit(_REDIS_KIT, _REDIS_CLAIM_FN, _REDIS_CLAIM_CHECK_ONLY),), "kill_after_read",
+           ("counter",), via="redis-guard"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
