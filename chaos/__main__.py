@@ -46,8 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resource", choices=RESOURCES, default="postgres",
                    help="the protected database behind the proxy (default postgres)")
     p.add_argument("--via", choices=VIAS, default="proxy",
-                   help="what the workers write through: the proxy, or a service guarded by "
-                        "lockd.guard (chaos.guarded; the counter workload on postgres)")
+                   help="what the workers write through: the proxy, a service guarded by "
+                        "lockd.guard (guard: chaos.guarded, the counter workload on postgres), "
+                        "or the guard's Redis functions (redis-guard: chaos.redisguarded, the "
+                        "counter workload in the machine's Redis)")
     p.add_argument("--near", type=float, default=0.1,
                    help="share of operations on neighbour locks, some crossing primitives "
                         "(chaos.near; default 0.1)")

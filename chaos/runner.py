@@ -63,8 +63,10 @@ class RunConfig:
     ttl: float | None = None
     workload: str = "counter"
     via: str = "proxy"
-    """What the workers write through: ``proxy``, or ``guard`` (``chaos.guarded``: the counter
-    workload's tables behind ``lockd.guard`` on PostgreSQL, the checker unchanged)."""
+    """What the workers write through: ``proxy``, ``guard`` (``chaos.guarded``: the counter
+    workload's tables behind ``lockd.guard`` on PostgreSQL), or ``redis-guard``
+    (``chaos.redisguarded``: the counter in Redis, each write one call of the guard's Redis
+    functions, the history read back from its stream); the checker unchanged."""
     think: tuple[float, float] = (0.05, 0.4)
     near: float = 0.1
     """Share of operations on neighbour locks (``chaos.near``; of them ``CROSS`` cross ones)."""
@@ -94,7 +96,7 @@ def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
             "--workload", cfg.workload, "--accounts", str(cfg.accounts),
-            "--near", "0" if cfg.via == "guard" else str(cfg.near)]  # the guard serves no neighbours
+            "--near", "0" if cfg.via != "proxy" else str(cfg.near)]  # the guard serves no neighbours
 
 
 PROGRESS_S = 30.0
@@ -132,6 +134,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                                          workload=cfg.workload))
     if cfg.workload == "sql" and cfg.kinds is None:  # no proxy in the workers' path
         kinds = tuple(k for k in kinds if k != "stop_proxy")
+    if cfg.via == "redis-guard" and cfg.kinds is None:  # the protected database is off the path
+        kinds = tuple(k for k in kinds
+                      if k != "db_delay" and (k != "crash_pg" or cfg.store == "postgres"))
     ttl = cfg.effective_ttl
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
     lock = LOCK  # what the proxy names for table counter; checked once it runs
@@ -173,7 +178,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                     nemesis.finish()
             finally:
                 pool.stop_all()
-        counter, history = ResourceDB(services.db_url).final_state()
+        counter, history = (services.redis_state() if cfg.via == "redis-guard"
+                            else ResourceDB(services.db_url).final_state())
         balances = ResourceDB(services.db_url).balances()
     finally:
         services.close()
@@ -231,6 +237,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     return report
 
 
+_VIA_TEXT = {"guard": " via the guard", "redis-guard": ", counter in Redis via the guard's functions"}
+
+
 def format_summary(report: dict[str, Any]) -> str:
     """A few human lines: what ran, what happened to the operations, faults, the verdict."""
     ops = report["ops"]
@@ -242,7 +251,7 @@ def format_summary(report: dict[str, Any]) -> str:
         expect = "every write refused, none committed"
     lines = [
         f"chaos {report['store']} (protected {report['resource']}"
-        f"{' via the guard' if report.get('via') == 'guard' else ''}, mode {report['mode']}, "
+        f"{_VIA_TEXT.get(report.get('via'), '')}, mode {report['mode']}, "
         f"seed {report['seed']}, {report['seconds']:g} s, {report['workers']} workers, "
         f"ttl {report['ttl']:g} s)",
         f"  operations: attempted {ops['attempted']}, acknowledged {ops['acknowledged']}, "

@@ -26,6 +26,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -48,9 +49,11 @@ __all__ = ["STORES", "RESOURCES", "VIAS", "LOCK", "ACCOUNT_LOCKS", "ELECTION", "
 
 STORES = ("sqlite", "postgres", "etcd")
 RESOURCES = ("postgres", "sqlite")
-VIAS = ("proxy", "guard")
-"""What the workers write through: the resource proxy, or ``chaos.guarded`` (``lockd.guard``
-over PostgreSQL; the counter workload only)."""
+VIAS = ("proxy", "guard", "redis-guard")
+"""What the workers write through: the resource proxy, ``chaos.guarded`` (``lockd.guard``
+over PostgreSQL; the counter workload only), or ``chaos.redisguarded`` (the counter in the
+machine's Redis, every write one call of the guard's Redis functions; the counter workload)."""
+REDIS_URL = os.environ.get("LOCKD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # The one lock the proxy binds the counter and marks tables to (a literal template: a batch
 # writes the counter row and a mark row, so both tables are governed by the same lock).
 LOCK = "chaos/counter"
@@ -76,8 +79,10 @@ class Services:
                  workload: str = "counter", via: str = "proxy"):
         if store not in STORES or resource not in RESOURCES:
             raise ValueError(f"store must be one of {STORES}, resource one of {RESOURCES}")
-        if via not in VIAS or (via == "guard" and (resource != "postgres" or workload != "counter")):
-            raise ValueError(f"via must be one of {VIAS}; guard: the counter workload on postgres")
+        if via not in VIAS or (via == "guard" and resource != "postgres") or (
+                via != "proxy" and workload != "counter"):
+            raise ValueError(f"via must be one of {VIAS}; guard: the counter workload on "
+                             "postgres; redis-guard: the counter workload")
         self.via = via
         self.store, self.resource, self.dir = store, resource, workdir
         self.accounts = accounts
@@ -96,6 +101,8 @@ class Services:
         self.lockd_port = free_port()
         self.proxy_port = free_port()
         self.guard_port = free_port()
+        self.redis_tag = f"chaos_{uuid.uuid4().hex[:12]}"
+        """``via == "redis-guard"``: the run's key prefix (``<tag>:``) and library suffix."""
         self.db_url = ""
         self.lockd_store = ""
         self._pg_mutex = threading.Lock()
@@ -113,12 +120,12 @@ class Services:
     @property
     def front_url(self) -> str:
         """Where the workers send their reads and writes: the proxy, or the guarded service."""
-        return f"http://127.0.0.1:{self.guard_port}" if self.via == "guard" else self.proxy_url
+        return f"http://127.0.0.1:{self.guard_port}" if self.via != "proxy" else self.proxy_url
 
     @property
     def front(self) -> ServiceProcess | None:
         """The process the proxy's faults (SIGSTOP) hit: the one in the workers' path."""
-        return self.guard if self.via == "guard" else self.proxy
+        return self.guard if self.via != "proxy" else self.proxy
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -186,7 +193,38 @@ class Services:
         ResourceDB(self.db_url).watch_fences()  # the proxy created its fence table by now
         if self.via == "guard":
             self._start_guard(proxy_db, LOCK)
+        elif self.via == "redis-guard":
+            self.guard = ServiceProcess(
+                [sys.executable, "-m", "chaos.redisguarded", "--lockd", self.lockd_url,
+                 "--redis", REDIS_URL, "--prefix", f"{self.redis_tag}:", "--tag", self.redis_tag,
+                 "--lock", LOCK, "--port", str(self.guard_port)],
+                ready_url=self.front_url + "/healthz", log_path=self.dir / "guard.log")
+            self.guard.start(timeout=30)
         return self
+
+    def redis_state(self) -> tuple[int, list[Any]]:
+        """``via == "redis-guard"``: the counter and the history rows, read from the run's
+        Redis stream (``chaos.redisguarded.RedisHistory``)."""
+        import redis
+
+        from chaos.redisguarded import RedisHistory
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            return RedisHistory(client, f"{self.redis_tag}:").final_state()
+        finally:
+            client.close()
+
+    def _drop_redis(self) -> None:
+        import redis
+
+        from chaos.redisguarded import LIBRARY_NAME, RedisHistory
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            RedisHistory(client, f"{self.redis_tag}:").drop(f"{LIBRARY_NAME}_{self.redis_tag}")
+        finally:
+            client.close()
 
     def _start_guard(self, db: str, lock: str) -> None:
         """The guarded service on the protected database, through the relay as the proxy."""
@@ -231,6 +269,8 @@ class Services:
             self.relay.close()
         if self._own_pg and self.pg is not None:
             self.pg.destroy()
+        if self.via == "redis-guard":
+            self._drop_redis()
 
     # -- faults ------------------------------------------------------------------------------
 

@@ -51,6 +51,10 @@ The table:
 ``object_blob_early``        a new body is copied over the visible blob before the fence check
                              (``objects``)
 ``object_stale_blob_kept``   a refused write's blob is not deleted (``objects``)
+``guard_redis_no_compare``   ``lockd.guard``'s Redis functions raise the fence but never compare
+                             it (``counter`` in Redis, ``--via redis-guard``)
+``guard_redis_claim_no_raise`` ``lockd.guard``'s Redis claim function checks the fence but does
+                             not raise it (``--via redis-guard``: claim, then read, then write)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -120,7 +124,8 @@ class Mutant:
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
     via: str = "proxy"
-    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``)."""
+    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``;
+    ``redis-guard``: the guard's Redis functions, ``chaos.redisguarded``)."""
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
@@ -238,6 +243,22 @@ _KIT = "lockd/guard/stores.py"
 _KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
               "                yield conn\n")
 """``PostgresFences.transaction``: the guard's claim, in the transaction of the service's write."""
+_REDIS_KIT = "lockd/guard/redis.py"
+_REDIS_COMPARE = "  if highest and below(fence, highest) then\n"
+"""The Redis functions' fence comparison (``claim`` in the Lua library, used by every function)."""
+_REDIS_CLAIM_FN = ("redis.register_function('lockd_fence_claim', function(keys, args)\n"
+                   "  local refused = claim(keys, args)\n"
+                   "  if refused then return refused end\n"
+                   "  return redis.call('GET', keys[1])\n")
+"""``lockd_fence_claim``: a claim before a read, checked and raised."""
+_REDIS_CLAIM_CHECK_ONLY = (
+    "redis.register_function('lockd_fence_claim', function(keys, args)\n"
+    "  local highest = redis.call('GET', keys[1])\n"
+    "  if highest and below(args[2], highest) then\n"
+    "    return redis.error_reply('STALE lock=' .. args[1] .. ' presented=' .. args[2] ..\n"
+    "                             ' highest=' .. highest)\n"
+    "  end\n"
+    "  return args[2]  -- checked, never raised\n")
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -433,6 +454,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "orphan_kept (an unreferenced blob written after the proxy's last crash)",
            (Edit(_OBJ_SERVICE, _OBJ_CLEAN, "        except BaseException:\n            raise\n"),),
            workloads=("objects",)),
+    Mutant("guard_redis_no_compare", "the guard's Redis functions raise the fence to whatever "
+           "is presented, never comparing it with the highest", "stale_commit, fence_decrease "
+           "(a thawed holder's FCALL lands after a newer holder's claim or write)",
+           (Edit(_REDIS_KIT, _REDIS_COMPARE, "  if false and highest then  -- never compared\n"),),
+           _THAW_FAULTS, ("counter",), via="redis-guard"),
+    Mutant("guard_redis_claim_no_raise", "the guard's Redis claim function checks the fence but "
+           "does not raise the highest", "stale_commit, interleaving (a holder claims and reads, "
+           "is killed; its frozen predecessor's write lands)",
+           (Edit(_REDIS_KIT, _REDIS_CLAIM_FN, _REDIS_CLAIM_CHECK_ONLY),), "kill_after_read",
+           ("counter",), via="redis-guard"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
