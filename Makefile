@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 ## faketime (libfaketime) skews worker clocks in tests/system/chaos and make chaos.
 ## chromium (headless) renders the status pages in tests/system/ops.
 ## jq, sqlite3 and curl: the README's Quick start and console examples (tests/system/readme).
+## golang-go (Go 1.19 on bookworm): builds and tests the Go client in clients/go (tests/clients).
 system-deps:
 	command -v etcd >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server)
 	command -v dockerd >/dev/null || test -x /usr/sbin/dockerd || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io)
@@ -35,6 +36,7 @@ system-deps:
 	command -v faketime >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	command -v jq >/dev/null && command -v sqlite3 >/dev/null && command -v curl >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq jq sqlite3 curl)
+	command -v go >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go)
 
 ## The revived-holder demo: lockd + proxy + real worker processes, three scenes, < 30 s.
 .PHONY: demo
@@ -50,8 +52,9 @@ bench: install
 
 ## Fault injection + history checker: one run per store, summary on stdout, JSON report
 ## in chaos/results/<store>-<seed>.json. CHAOS_STORE=sqlite|postgres|etcd|all, CHAOS_SECONDS per
-## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql|rw|sem|election
-## (default counter; transfer: two-account transfers through multi-lock leases; sql: plain SQL
+## store (default 600), CHAOS_SEED (default random), CHAOS_WORKLOAD=counter|transfer|sql|rw|sem|election|objects
+## (default counter; objects: fenced writes of one object, frozen holders, a crashing proxy, one run
+## whatever CHAOS_STORE says; transfer: two-account transfers through multi-lock leases; sql: plain SQL
 ## inside fenced_transaction on a database with the fence triggers, no proxy; rw: readers on shared
 ## locks beside the counter's writers, and writers thawed past their lease after a reader's read;
 ## sem: semaphore permits writing their slots; election: leaders writing a term log). Every
@@ -69,8 +72,9 @@ chaos: install
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40; a mutant whose window opens rarely
 ## runs longer, e.g. batch_partial_raise 2 x), one line per mutant with its violation count (the
 ## margin), then "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some,
-## MUTANT_SEED (default 4242). About 21 minutes (19 mutants).
-## MUTANT_WORKLOAD=counter|transfer|sql|rw|sem|election runs the mutants that workload reaches, under it (default:
+## MUTANT_SEED (default 4242). About 35 minutes (30 mutants; guard_*: through lockd.guard, --via guard
+## or redis-guard; object_*: the objects workload).
+## MUTANT_WORKLOAD=counter|transfer|sql|rw|sem|election|objects runs the mutants that workload reaches, under it (default:
 ## each mutant under its own first workload; sql: the database's fence triggers, plain SQL).
 MUTANT_SECONDS  ?= 40
 MUTANT_SEED     ?= 4242
@@ -119,7 +123,7 @@ run: install
 	$(BIN)/lockd serve
 
 lint: install
-	$(BIN)/ruff check lockd resource_proxy tests chaos
+	$(BIN)/ruff check lockd resource_proxy tests chaos examples
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -6,7 +6,7 @@ Environment:
 ================  =========  ==========================================================
 variable          default    meaning
 ================  =========  ==========================================================
-BENCH_ONLY        1-9        which sections, e.g. ``1,5``
+BENCH_ONLY        1-10       which sections, e.g. ``1,5``
 BENCH_SECONDS     2          counted seconds of one round of one measurement
 BENCH_ROUNDS      3          rounds (a fresh generator process each); medians over them
 BENCH_WARMUP      0.5        uncounted seconds before each round
@@ -52,7 +52,7 @@ def settings_from_env(env: dict[str, str] | None = None) -> tuple[Settings, list
     keys = [k.strip() for k in only.split(",") if k.strip()] if only else list(SCENARIOS)
     unknown = [k for k in keys if k not in SCENARIOS]
     if unknown:
-        raise SystemExit(f"BENCH_ONLY: unknown section(s) {unknown}; choose from 1-9")
+        raise SystemExit(f"BENCH_ONLY: unknown section(s) {unknown}; choose from 1-10")
     s = Settings(
         seconds=float(env.get("BENCH_SECONDS", 2)),
         rounds=int(env.get("BENCH_ROUNDS", 3)),

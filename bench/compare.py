@@ -12,6 +12,8 @@ a drift in the machine's load hits both alike). Prints the median cycles/s of ea
 time per cycle (read from ``/proc``, less sensitive to other load than throughput), and the
 after/before ratios.
 
+``--workload shared``, ``permit`` or ``campaign`` times a shared lock's, a semaphore permit's
+(limit 2) or an election's (campaign + resign) cycle instead of an exclusive lock's.
 ``--workload proxy`` (or ``proxy-fresh``: a token the proxy has not seen on every write) does
 the same for ``resource-proxy serve``: two proxies, each on its own fresh PostgreSQL database,
 fenced single-row PUTs (``bench.loadgen``'s ``proxy_write``); CPU is the proxy's whole process
@@ -103,6 +105,16 @@ def _fresh(spec: dict, ring, round_: int, clients: int, seconds: float) -> dict:
         for i in range(clients)]}
 
 
+_LOCK_SPEC = {"workload": "lockd", "prefix": "compare"}
+_PRIMITIVE_SPECS = {  # bench.primitives' cycles, each client on its own name
+    "shared": {"workload": "lockd_prim", "kind": "lock", "mode": "shared", "prefix": "cmp-s"},
+    "permit": {"workload": "lockd_prim", "kind": "sem", "limit": 2, "prefix": "cmp-p"},
+    "campaign": {"workload": "lockd_prim", "kind": "election", "prefix": "cmp-e"},
+}
+"""``--workload``: lock cycles (default), shared-lock cycles, semaphore permits, elections
+(campaign + resign)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__)
     parser.add_argument("--before", required=True, help="source tree holding lockd/ (old code)")
@@ -110,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--workload", default="lockd", choices=["lockd", "proxy", "proxy-fresh"])
+    parser.add_argument("--workload", default="lockd",
+                        choices=["lockd", *_PRIMITIVE_SPECS, "proxy", "proxy-fresh"])
     parser.add_argument("--after-args", default="", help="more flags for the 'after' server "
                         "(lockd or proxy), e.g. '--workers 2'")
     args = parser.parse_args(argv)
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{before_tree} holds no lockd package")
     ws = Workspace()
     try:
-        if args.workload != "lockd":
+        if args.workload in ("proxy", "proxy-fresh"):
             return _compare_proxy(args, ws, before_tree)
         if args.store == "etcd":
             url = ws.etcd().extra["url"]
@@ -139,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             for key in order:
                 server = servers[key]
                 c0 = _cpu_seconds(server.pid)
-                out = loadgen.run_closed({"workload": "lockd", **server.addr(), "warmup": 0.5,
-                                          "seconds": args.seconds, "prefix": "compare"},
-                                         args.clients)
+                out = loadgen.run_closed({**_PRIMITIVE_SPECS.get(args.workload, _LOCK_SPEC),
+                                          **server.addr(), "warmup": 0.5,
+                                          "seconds": args.seconds}, args.clients)
                 cycles = out["cycles"] * (args.seconds + 0.5) / args.seconds  # warm-up too
                 rates[key].append(out["cycles"] / args.seconds)
                 cpu[key].append((_cpu_seconds(server.pid) - c0) * 1000 / max(1.0, cycles))
@@ -155,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(rates['after']) / statistics.median(rates['before']):.2f}×, "
               f"lockd CPU per cycle "
               f"{statistics.median(cpu['after']) / statistics.median(cpu['before']):.2f}×  "
-              f"({args.store}, {args.clients} clients, {args.rounds} rounds × {args.seconds:g} s"
+              f"({args.workload} cycles, {args.store}, {args.clients} clients, {args.rounds} "
+              f"rounds × {args.seconds:g} s"
               f"{', after: ' + args.after_args if args.after_args else ''})")
     finally:
         ws.close()

@@ -106,6 +106,22 @@ def goals(sections: list[Section]) -> Section | None:
     if seven is not None and "bytes_per_waiter" in seven.data:
         rows.append(_row("§7 memory per queued waiter (1,000 waiters)",
                          seven.data["bytes_per_waiter"] / 1000, 8.0, "kb", False))
+    ten = by_key.get("10")
+    if ten is not None:  # fenced objects vs the same files written directly
+        direct = "the same files written to a directory (baseline)"
+        proxied = "fenced PUT through the proxy"
+        for label, target, unit in (("4 KiB", 0.5, "PUTs/s"), ("1 MiB", 0.8, "bytes/s")):
+            field = "puts_per_s" if unit == "PUTs/s" else "bytes_per_s"
+            for key in ten.data:
+                if not key.startswith(f"{proxied} · {label} @"):
+                    continue
+                c = key.rsplit("@", 1)[1]
+                base = ten.data.get(f"{direct} · {label} @{c}")
+                if base is None:
+                    continue
+                rows.append(_ratio_row(f"§10 fenced PUT {label} vs direct file writes "
+                                       f"({unit}), {c} clients", median(ten.data[key][field]),
+                                       median(base[field]), target))
     kept = [r for r in rows if r is not None]
     if not kept:
         return None

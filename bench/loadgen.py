@@ -396,6 +396,10 @@ from bench.transfer import WORKLOADS as _TRANSFER_WORKLOADS  # noqa: E402 - sect
 
 WORKLOADS.update(_TRANSFER_WORKLOADS)
 
+from bench.objects import WORKLOADS as _OBJECT_WORKLOADS  # noqa: E402 - section 10
+
+WORKLOADS.update(_OBJECT_WORKLOADS)
+
 
 # --- the closed loop ----------------------------------------------------------------------------
 

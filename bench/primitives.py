@@ -56,25 +56,29 @@ _POLICY = f"tables: {{{_TABLE}: 'bench9e/{{key}}'}}\n"
 
 async def _lockd_prim(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]],
                                                    Callable[[], Awaitable[None]]]:
-    """Acquire + release of a lock (``mode``) or a semaphore permit (``limit``); ``one_name``:
+    """Acquire + release of a lock (``mode``) or a semaphore permit (``limit``), or campaign +
+    resign of an election (``kind`` ``election``); ``one_name``:
     every client on the same lock/semaphore, else client ``i`` its own."""
     from bench.loadgen import Http, HttpError
 
     http = await Http(spec["host"], spec["port"]).connect()
     base = spec["prefix"] if spec.get("one_name") else f"{spec['prefix']}/c{i}"
     body: dict[str, Any] = {"ttl_ms": 30_000, "owner": f"c{i}", "wait_ms": spec.get("wait_ms", 0)}
+    take, free = "acquire", "release"
     if spec["kind"] == "sem":
         path, body["limit"] = f"/v1/semaphores/{base}", spec["limit"]
+    elif spec["kind"] == "election":
+        path, take, free = f"/v1/elections/{base}", "campaign", "resign"
     else:
         path, body["mode"] = f"/v1/locks/{base}", spec["mode"]
     acquire = json.dumps(body).encode()
 
     async def cycle() -> None:
-        status, data = await http.request("POST", f"{path}/acquire", acquire)
+        status, data = await http.request("POST", f"{path}/{take}", acquire)
         if status != 200:
             raise HttpError(status, data)
         lease_id = json.loads(data)["lease_id"]
-        status, data = await http.request("POST", f"{path}/release",
+        status, data = await http.request("POST", f"{path}/{free}",
                                           b'{"lease_id":"' + lease_id.encode() + b'"}')
         if status != 200:
             raise HttpError(status, data)

@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 
 from bench import loadgen
+from bench.objects import objects
 from bench.peers import Server, Workspace, rss_mb, sqlalchemy_url
 from bench.primitives import primitives
 from bench.report import Section, fmt, median, pct, ratio
@@ -740,6 +741,7 @@ SCENARIOS: dict[str, Callable[..., Section]] = {
     "7": load,
     "8": transfers,
     "9": primitives,
+    "10": objects,
 }
 
 

@@ -23,7 +23,9 @@ writers, and ``sem``: semaphore permits writing their slots), ``electwork``/``el
 ``near`` (in every workload, operations on neighbour locks whose names contain one another and
 the workload's own, judged per exact name), ``runner`` (one run, its report), ``__main__`` (the
 CLI), ``mutants`` (plant a bug in a copy of the tree and check that a chaos run catches it:
-``make mutants``).
+``make mutants``), ``guarded``/``redisguarded`` (``--via guard``/``redis-guard``: the counter's
+routes served by ``lockd.guard`` over PostgreSQL, or kept in Redis and written only through the
+guard's Redis functions, the history then read back from the run's stream).
 
 Two control modes must make the checker fail, proof that it can: ``nofence`` (the lock alone,
 reads and writes straight to the database) and ``unfenced-read`` (fenced writes, reads without

@@ -4,7 +4,7 @@
 
     python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
                     [--mode fenced|unfenced-read|nofence|noclaim] [--workers 4] [--resource postgres|sqlite]
-                    [--workload counter|transfer|sql|rw|sem|election] [--faults pause,...]
+                    [--workload counter|transfer|sql|rw|sem|election|objects] [--faults pause,...]
                     [--results-dir chaos/results] [--keep]
 
 Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.runner import REPO_ROOT, RunConfig, format_summary, run
-from chaos.services import RESOURCES, STORES
+from chaos.services import RESOURCES, STORES, VIAS
 from chaos.workload import MODES, WORKLOADS
 
 __all__ = ["main"]
@@ -41,10 +41,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--faults", default="",
                    help="comma-separated fault kinds to inject (default: every kind that applies)")
-    p.add_argument("--workload", choices=WORKLOADS, default="counter",
+    p.add_argument("--workload", choices=(*WORKLOADS, "objects"), default="counter",
                    help="what the workers do (default counter)")
     p.add_argument("--resource", choices=RESOURCES, default="postgres",
                    help="the protected database behind the proxy (default postgres)")
+    p.add_argument("--via", choices=VIAS, default="proxy",
+                   help="what the workers write through: the proxy, a service guarded by "
+                        "lockd.guard (guard: chaos.guarded, the counter workload on postgres), "
+                        "or the guard's Redis functions (redis-guard: chaos.redisguarded, the "
+                        "counter workload in the machine's Redis)")
+    p.add_argument("--near", type=float, default=0.1,
+                   help="share of operations on neighbour locks, some crossing primitives "
+                        "(chaos.near; default 0.1)")
     p.add_argument("--results-dir", type=Path, default=REPO_ROOT / "chaos" / "results")
     p.add_argument("--keep", action="store_true", help="keep logs and databases of passing runs")
     return p
@@ -58,6 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     seed = args.seed if args.seed is not None else random.randrange(1, 1_000_000)
+    if args.workload == "objects":  # its own runner: one object, blobs and pointers
+        from chaos.objrun import format_objects, run_objects
+
+        print(f"chaos: objects, {args.seconds:g} s, seed {seed} ...", flush=True)
+        report = run_objects(seconds=args.seconds, seed=seed, workers=args.workers,
+                             resource=args.resource, results_dir=args.results_dir,
+                             keep=args.keep,
+                             faults=tuple(args.faults.split(",")) if args.faults else None)
+        print(format_objects(report), flush=True)
+        if report["workdir"]:
+            print(f"  logs kept in {report['workdir']}")
+        return 0 if report["passed"] else 1
     stores = STORES if args.store == "all" else (args.store,)
     ok = True
     total = args.seconds * len(stores)
@@ -69,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
                                workers=args.workers, resource=args.resource,
-                               workload=args.workload,
+                               workload=args.workload, via=args.via, near=args.near,
                                kinds=tuple(args.faults.split(",")) if args.faults else None,
                                results_dir=args.results_dir, keep=args.keep,
                                progress=lambda line: print(line, flush=True)))

@@ -21,6 +21,22 @@ lock, or (``OVERREACH`` of them) under a neighbour's it does not hold, which mus
 workloads' neighbours are account locks themselves (``accounts/1``, ``accounts/10``) and
 ``accounts/1/x``: near operations there contend with the transfers.
 
+A *cross* operation (``CROSS`` of the near operations) tries a crossing of primitives the rules
+forbid, logged ``acquired {mode: near, cross}`` with no ``fences`` (it holds nothing it may
+write), then writes its row like any near operation, which must be refused:
+
+- ``shared``: takes the neighbour lock SHARED (with a ``client_id``) and writes under that token
+  (403 ``shared_token``; under ``sql`` the database refuses the read claim's row);
+- ``campaign``: the same shared lease, then a campaign for the election of that name with the
+  same ``client_id`` (409 ``client_id_conflict``: a shared lease never becomes a leader's); if
+  lockd answers a leadership, the row is written with its token;
+- under ``sem``, ``slot_campaign``: a campaign for the election named like a neighbour
+  semaphore's slot lock (422: the name is the semaphore's). If lockd grants it, the grant is
+  logged WITH its fence, as a grant of that slot lock, which its permits also hold.
+
+A committed row of a cross operation is an ``unclaimed_commit``; a slot campaign's grant
+breaks the slot lock's grant order and exclusion.
+
 ``check_near``: every committed near row was written by an operation holding its lock
 (``chaos.rowlocks``: ``unclaimed_commit``, ``phantom``, ``rejected_committed``,
 ``fence_decrease``, ``stale_commit`` per lock), every acknowledged one is there
@@ -68,6 +84,8 @@ NEAR_SEMAPHORES = (("near", "chaos1"), ("near_x", "chaos/1"))
 NEAR_LIMIT = 2
 OVERREACH = 0.25
 """Share of near operations that write a row of a neighbour lock they do not hold."""
+CROSS = 0.4
+"""Share of near operations that are cross operations (module docstring)."""
 
 
 def near_lock(workload: str, table: str, n: int) -> str:
@@ -95,6 +113,8 @@ class NearOps(LeaseOps):
 
     def acquire(self) -> RawLease:
         w = self.w
+        if w.rng.random() < CROSS:
+            return self._cross()
         if self.workload == "sem":
             table, name = w.rng.choice(NEAR_SEMAPHORES)
             lease = self._take(f"/v1/semaphores/{quoted(name)}", "acquire",
@@ -108,6 +128,35 @@ class NearOps(LeaseOps):
                                 n=n)
         return lease
 
+    def _cross(self) -> RawLease:
+        """A cross operation's lease (module docstring); a refused one raises
+        ``LockClientError`` (the operation is then not acquired)."""
+        w = self.w
+        if self.workload == "sem":
+            table, _ = w.rng.choice(NEAR_SEMAPHORES)
+            n = w.rng.randrange(NEAR_LIMIT)
+            lock = near_lock(self.workload, table, n)
+            lease = self._take(f"/v1/elections/{quoted(lock)}", "campaign", {"wait_ms": 0},
+                               mode="near", cross="slot_campaign")
+            lease.log_fields.update(fences={lease.lock: lease.fence}, near=lock, table=table,
+                                    n=n)
+            return lease
+        table, n = w.rng.choice(NEAR_KEYS)
+        lock = near_lock(self.workload, table, n)
+        client_id = f"cross-{w.rng.getrandbits(64):016x}"
+        lease = self._take(f"/v1/locks/{quoted(lock)}", "acquire",
+                           {"mode": "shared", "client_id": client_id}, mode="near",
+                           cross="shared")
+        if w.rng.random() < 0.5:
+            try:
+                lease = self._take(f"/v1/elections/{quoted(lock)}", "campaign",
+                                   {"wait_ms": 0, "client_id": client_id}, mode="near",
+                                   cross="campaign")
+            except LockClientError as exc:  # the rule: a shared lease never leads
+                lease.log_fields["campaign"] = getattr(exc, "code", None) or type(exc).__name__
+        lease.log_fields.update(near=lock, table=table, n=n)
+        return lease
+
     def _rows(self) -> list[tuple[str, int]]:
         if self.workload == "sem":
             return [(t, slot) for t, _ in NEAR_SEMAPHORES for slot in range(NEAR_LIMIT)]
@@ -116,7 +165,7 @@ class NearOps(LeaseOps):
     def run(self, op: str, lease: RawLease) -> None:
         w = self.w
         table, n = lease.log_fields["table"], lease.log_fields["n"]
-        if w.rng.random() < OVERREACH:  # a neighbour's row: the lease does not hold its lock
+        if "cross" not in lease.log_fields and w.rng.random() < OVERREACH:  # a neighbour's row: the lease does not hold its lock
             table, n = w.rng.choice([(t, k) for t, k in self._rows()
                                      if near_lock(self.workload, t, k) != lease.lock])
         lock = near_lock(self.workload, table, n)
@@ -157,7 +206,8 @@ def check_near(history: Sequence[HistoryRow], events: Sequence[Mapping[str, Any]
     and with ``own`` (their locks are not the workload's: not ``transfer``/``sql``, whose
     checkers judge them per account lock) their rows and, given the lease ``ttl`` (s), each
     neighbour lock's grants. Returns the stats ``near_ops``, ``near_rows``, ``near_refused``
-    (writes of a lock the lease lacked, refused)."""
+    (writes of a lock the lease lacked, refused), ``cross_ops`` and ``cross_refused`` (cross
+    operations, and those whose write was refused)."""
     mine = near_ops(events)
     evs = [e for e in events if e.get("op") in mine]
     ops = collect_ops(evs)
@@ -172,7 +222,8 @@ def check_near(history: Sequence[HistoryRow], events: Sequence[Mapping[str, Any]
     refused = sum(1 for op in overreach if ops[op].outcome == "rejected")
     if own and ttl is not None:
         per_lock: dict[str, list[OpRecord]] = defaultdict(list)
-        locks = {e["op"]: str(e.get("near")) for e in evs if e.get("ev") == "acquired"}
+        locks = {e["op"]: str(e.get("near")) for e in evs  # grants of the lock: with fences
+                 if e.get("ev") == "acquired" and "fences" in e}
         for rec in ops.values():
             if rec.fence is not None and rec.op in locks:
                 per_lock[locks[rec.op]].append(rec)
@@ -187,4 +238,7 @@ def check_near(history: Sequence[HistoryRow], events: Sequence[Mapping[str, Any]
                     seen[rec.fence or 0] = rec
             _check_grant_order(list(seen.values()), add)
             _check_leases(list(seen.values()), ttl, add)
-    return {"near_ops": len(mine), "near_rows": count, "near_refused": refused}
+    cross = {e["op"] for e in evs if e.get("ev") == "acquired" and e.get("cross")}
+    return {"near_ops": len(mine), "near_rows": count, "near_refused": refused,
+            "cross_ops": len(cross),
+            "cross_refused": sum(1 for op in cross if ops[op].outcome == "rejected")}

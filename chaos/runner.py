@@ -62,7 +62,14 @@ class RunConfig:
     resource: str = "postgres"
     ttl: float | None = None
     workload: str = "counter"
+    via: str = "proxy"
+    """What the workers write through: ``proxy``, ``guard`` (``chaos.guarded``: the counter
+    workload's tables behind ``lockd.guard`` on PostgreSQL), or ``redis-guard``
+    (``chaos.redisguarded``: the counter in Redis, each write one call of the guard's Redis
+    functions, the history read back from its stream); the checker unchanged."""
     think: tuple[float, float] = (0.05, 0.4)
+    near: float = 0.1
+    """Share of operations on neighbour locks (``chaos.near``; of them ``CROSS`` cross ones)."""
     accounts: int = ACCOUNTS
     """Account rows (``transfer`` workload; each transfer takes two of their locks)."""
     kinds: tuple[str, ...] | None = None
@@ -84,11 +91,12 @@ class RunConfig:
 
 def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
     return [sys.executable, "-m", "chaos.workload", "--lockd", services.lockd_url,
-            "--proxy", services.proxy_url, "--mode", cfg.mode,
+            "--proxy", services.front_url, "--mode", cfg.mode,
             "--db", services.worker_db_url if cfg.workload == "sql" else services.db_url,
             "--lock", lock, "--ttl", str(cfg.effective_ttl), "--think-min", str(cfg.think[0]),
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
-            "--workload", cfg.workload, "--accounts", str(cfg.accounts)]
+            "--workload", cfg.workload, "--accounts", str(cfg.accounts),
+            "--near", "0" if cfg.via != "proxy" else str(cfg.near)]  # the guard serves no neighbours
 
 
 PROGRESS_S = 30.0
@@ -126,11 +134,14 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                                          workload=cfg.workload))
     if cfg.workload == "sql" and cfg.kinds is None:  # no proxy in the workers' path
         kinds = tuple(k for k in kinds if k != "stop_proxy")
+    if cfg.via == "redis-guard" and cfg.kinds is None:  # the protected database is off the path
+        kinds = tuple(k for k in kinds
+                      if k != "db_delay" and (k != "crash_pg" or cfg.store == "postgres"))
     ttl = cfg.effective_ttl
     schedule = make_schedule(cfg.seed, kinds, cfg.seconds, ttl)
     lock = LOCK  # what the proxy names for table counter; checked once it runs
     services = Services(cfg.store, cfg.resource, workdir, pg=cfg.pg, accounts=cfg.accounts,
-                        workload=cfg.workload)
+                        workload=cfg.workload, via=cfg.via)
     pool = WorkerPool(cfg.workers, [], workdir / "logs", REPO_ROOT)
     variants = {"unfenced-read": ("race",), "nofence": ("race", "late"),
                 "noclaim": ("race", "late")}.get(
@@ -167,7 +178,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                     nemesis.finish()
             finally:
                 pool.stop_all()
-        counter, history = ResourceDB(services.db_url).final_state()
+        counter, history = (services.redis_state() if cfg.via == "redis-guard"
+                            else ResourceDB(services.db_url).final_state())
         balances = ResourceDB(services.db_url).balances()
     finally:
         services.close()
@@ -196,7 +208,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         verdict = (not result.violations and result.stats.get("committed_writes") == 0
                    and result.stats.get("sql_refused", 0) > 0)
     report: dict[str, Any] = {
-        "store": cfg.store, "resource": cfg.resource, "mode": cfg.mode, "seed": cfg.seed,
+        "store": cfg.store, "resource": cfg.resource, "via": cfg.via, "mode": cfg.mode,
+        "seed": cfg.seed,
         "seconds": cfg.seconds, "workers": cfg.workers, "ttl": ttl, "lock": lock,
         "elapsed_s": round(time.monotonic() - started, 1),
         "ops": result.stats, "faults": nemesis.counts(), "fault_kinds": list(kinds),
@@ -213,6 +226,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         name = cfg.store if cfg.mode == "fenced" else f"{cfg.store}-{cfg.mode}"
         if cfg.workload != "counter":
             name = f"{name}-{cfg.workload}"
+        if cfg.via != "proxy":
+            name = f"{name}-via-{cfg.via}"
         path = cfg.results_dir / f"{name}-{cfg.seed}.json"
         path.write_text(json.dumps(report, indent=2) + "\n")
         report["report_path"] = str(path)
@@ -220,6 +235,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         shutil.rmtree(workdir, ignore_errors=True)
         report["workdir"] = None
     return report
+
+
+_VIA_TEXT = {"guard": " via the guard", "redis-guard": ", counter in Redis via the guard's functions"}
 
 
 def format_summary(report: dict[str, Any]) -> str:
@@ -232,7 +250,8 @@ def format_summary(report: dict[str, Any]) -> str:
     if report["mode"] == "noclaim":
         expect = "every write refused, none committed"
     lines = [
-        f"chaos {report['store']} (protected {report['resource']}, mode {report['mode']}, "
+        f"chaos {report['store']} (protected {report['resource']}"
+        f"{_VIA_TEXT.get(report.get('via'), '')}, mode {report['mode']}, "
         f"seed {report['seed']}, {report['seconds']:g} s, {report['workers']} workers, "
         f"ttl {report['ttl']:g} s)",
         f"  operations: attempted {ops['attempted']}, acknowledged {ops['acknowledged']}, "
@@ -250,7 +269,8 @@ def format_summary(report: dict[str, Any]) -> str:
            f"{ops['shared_writes_refused']}"] if "readers" in ops else []),
         *([f"  permits granted {ops['permits']}"] if "permits" in ops else []),
         *([f"  near locks: {ops['near_ops']} operations, rows committed {ops['near_rows']}, "
-           f"writes of a lock not held refused {ops['near_refused']}"]
+           f"writes of a lock not held refused {ops['near_refused']}, cross-primitive "
+           f"operations {ops['cross_ops']} (refused {ops['cross_refused']})"]
           if ops.get("near_ops") else []),
         *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
            f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]

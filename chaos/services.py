@@ -22,9 +22,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -43,10 +45,15 @@ from chaos.sqldb import create_sql_schema, protect
 from tests.etcd_support import EtcdCluster
 from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 
-__all__ = ["STORES", "RESOURCES", "LOCK", "ACCOUNT_LOCKS", "ELECTION", "SEMAPHORE", "Services"]
+__all__ = ["STORES", "RESOURCES", "VIAS", "LOCK", "ACCOUNT_LOCKS", "ELECTION", "SEMAPHORE", "Services"]
 
 STORES = ("sqlite", "postgres", "etcd")
 RESOURCES = ("postgres", "sqlite")
+VIAS = ("proxy", "guard", "redis-guard")
+"""What the workers write through: the resource proxy, ``chaos.guarded`` (``lockd.guard``
+over PostgreSQL; the counter workload only), or ``chaos.redisguarded`` (the counter in the
+machine's Redis, every write one call of the guard's Redis functions; the counter workload)."""
+REDIS_URL = os.environ.get("LOCKD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # The one lock the proxy binds the counter and marks tables to (a literal template: a batch
 # writes the counter row and a mark row, so both tables are governed by the same lock).
 LOCK = "chaos/counter"
@@ -69,9 +76,14 @@ class Services:
 
     def __init__(self, store: str, resource: str, workdir: Path, *,
                  pg: ThrowawayPostgres | None = None, accounts: int = ACCOUNTS,
-                 workload: str = "counter"):
+                 workload: str = "counter", via: str = "proxy"):
         if store not in STORES or resource not in RESOURCES:
             raise ValueError(f"store must be one of {STORES}, resource one of {RESOURCES}")
+        if via not in VIAS or (via == "guard" and resource != "postgres") or (
+                via != "proxy" and workload != "counter"):
+            raise ValueError(f"via must be one of {VIAS}; guard: the counter workload on "
+                             "postgres; redis-guard: the counter workload")
+        self.via = via
         self.store, self.resource, self.dir = store, resource, workdir
         self.accounts = accounts
         self.workload = workload
@@ -84,8 +96,13 @@ class Services:
         self.etcd: EtcdCluster | None = None
         self.lockd: ServiceProcess | None = None
         self.proxy: ServiceProcess | None = None
+        self.guard: ServiceProcess | None = None
+        """``via == "guard"``: the guarded service (``chaos.guarded``) the workers write through."""
         self.lockd_port = free_port()
         self.proxy_port = free_port()
+        self.guard_port = free_port()
+        self.redis_tag = f"chaos_{uuid.uuid4().hex[:12]}"
+        """``via == "redis-guard"``: the run's key prefix (``<tag>:``) and library suffix."""
         self.db_url = ""
         self.lockd_store = ""
         self._pg_mutex = threading.Lock()
@@ -99,6 +116,16 @@ class Services:
     @property
     def proxy_url(self) -> str:
         return f"http://127.0.0.1:{self.proxy_port}"
+
+    @property
+    def front_url(self) -> str:
+        """Where the workers send their reads and writes: the proxy, or the guarded service."""
+        return f"http://127.0.0.1:{self.guard_port}" if self.via != "proxy" else self.proxy_url
+
+    @property
+    def front(self) -> ServiceProcess | None:
+        """The process the proxy's faults (SIGSTOP) hit: the one in the workers' path."""
+        return self.guard if self.via != "proxy" else self.proxy
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -164,7 +191,58 @@ class Services:
             ready_url=self.proxy_url + "/healthz", log_path=self.dir / "proxy.log")
         self.proxy.start(timeout=30)
         ResourceDB(self.db_url).watch_fences()  # the proxy created its fence table by now
+        if self.via == "guard":
+            self._start_guard(proxy_db, LOCK)
+        elif self.via == "redis-guard":
+            self.guard = ServiceProcess(
+                [sys.executable, "-m", "chaos.redisguarded", "--lockd", self.lockd_url,
+                 "--redis", REDIS_URL, "--prefix", f"{self.redis_tag}:", "--tag", self.redis_tag,
+                 "--lock", LOCK, "--port", str(self.guard_port)],
+                ready_url=self.front_url + "/healthz", log_path=self.dir / "guard.log")
+            self.guard.start(timeout=30)
         return self
+
+    def redis_state(self) -> tuple[int, list[Any]]:
+        """``via == "redis-guard"``: the counter and the history rows, read from the run's
+        Redis stream (``chaos.redisguarded.RedisHistory``)."""
+        import redis
+
+        from chaos.redisguarded import RedisHistory
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            return RedisHistory(client, f"{self.redis_tag}:").final_state()
+        finally:
+            client.close()
+
+    def _drop_redis(self) -> None:
+        import redis
+
+        from chaos.redisguarded import LIBRARY_NAME, RedisHistory
+
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            RedisHistory(client, f"{self.redis_tag}:").drop(f"{LIBRARY_NAME}_{self.redis_tag}")
+        finally:
+            client.close()
+
+    def _start_guard(self, db: str, lock: str) -> None:
+        """The guarded service on the protected database, through the relay as the proxy."""
+        import sqlalchemy as sa
+
+        from resource_proxy.dbfence import install
+
+        engine = sa.create_engine(db.replace("postgresql://", "postgresql+psycopg://", 1),
+                                  poolclass=sa.NullPool)
+        try:
+            install(engine, tables=[])  # fencing.claim (the proxy made the fence table)
+        finally:
+            engine.dispose()
+        self.guard = ServiceProcess(
+            [sys.executable, "-m", "chaos.guarded", "--lockd", self.lockd_url, "--db", db,
+             "--lock", lock, "--port", str(self.guard_port)],
+            ready_url=self.front_url + "/healthz", log_path=self.dir / "guard.log")
+        self.guard.start(timeout=30)
 
     def heal(self) -> None:
         """Bring back whatever a fault left down (PostgreSQL first: lockd may need it)."""
@@ -182,7 +260,7 @@ class Services:
 
     def close(self) -> None:
         self.cont_proxy()
-        for svc in (self.proxy, self.lockd):
+        for svc in (self.guard, self.proxy, self.lockd):
             if svc is not None:
                 svc.stop()
         if self.etcd is not None:
@@ -191,6 +269,8 @@ class Services:
             self.relay.close()
         if self._own_pg and self.pg is not None:
             self.pg.destroy()
+        if self.via == "redis-guard":
+            self._drop_redis()
 
     # -- faults ------------------------------------------------------------------------------
 
@@ -242,15 +322,18 @@ class Services:
         self.etcd.restart_member(i)
 
     def stop_proxy(self) -> None:
-        """SIGSTOP the proxy: requests in flight freeze mid-way (between check and write too)."""
-        if self.proxy is not None and self.proxy.proc is not None and self.proxy.proc.poll() is None:
-            os.kill(self.proxy.proc.pid, signal.SIGSTOP)
+        """SIGSTOP the proxy (or the guarded service, ``front``): requests in flight freeze
+        mid-way (between check and write too)."""
+        front = self.front
+        if front is not None and front.proc is not None and front.proc.poll() is None:
+            os.kill(front.proc.pid, signal.SIGSTOP)
             self.proxy_stopped = True
 
     def cont_proxy(self) -> None:
-        if self.proxy_stopped and self.proxy is not None and self.proxy.proc is not None:
+        front = self.front
+        if self.proxy_stopped and front is not None and front.proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proxy.proc.pid, signal.SIGCONT)
+                os.kill(front.proc.pid, signal.SIGCONT)
         self.proxy_stopped = False
 
     def set_db_delay(self, seconds: float) -> bool:

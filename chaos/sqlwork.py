@@ -35,7 +35,7 @@ from typing import Any
 
 import psycopg
 
-from lockd.client.errors import LockClientError, StaleTokenError
+from lockd.client.errors import LockClientError, SharedTokenError, StaleTokenError
 from lockd.client.sqlfence import LockNotClaimedError, fenced_transaction
 
 __all__ = ["SQL_OPS", "SqlOps"]
@@ -123,6 +123,10 @@ class SqlOps:
             self.w.log("stale", op=op, phase=self._phase, fence=lease.fence,
                        presented=exc.presented, highest=exc.highest, lock=exc.lock,
                        status=exc.status)
+        except SharedTokenError as exc:  # a shared lease's read claim: its rows are refused
+            self.w.log("rejected", op=op, phase=self._phase, fence=lease.fence, status=None,
+                       code="shared_token", lock=getattr(exc, "lock", None),
+                       error=exc.detail[:200])
         except LockNotClaimedError as exc:
             self.w.log("rejected", op=op, phase=self._phase, fence=lease.fence, status=None,
                        code="lock_not_claimed", lock=exc.lock, error=exc.detail[:200])

@@ -31,6 +31,8 @@ from resource_proxy.api import install_problem_handlers, routes
 from resource_proxy.hot import HotPathMiddleware, ProxyApp
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader, lockd_verify
 from resource_proxy.metrics import ProxyMetrics
+from resource_proxy.objects.api import object_routes
+from resource_proxy.objects.setup import start_objects, sweep_forever
 from resource_proxy.openapi import OPEN_PATHS, build_openapi
 from resource_proxy.policy import Binding, Policy, describe_unfenced, load_policy
 from resource_proxy.service import ProxyService
@@ -93,9 +95,19 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
                                          idempotency_ttl_ms=settings.idempotency_ttl_ms)
         log.info("serving %d table(s): %s%s", len(tables), ", ".join(sorted(tables)) or "(none)",
                  describe_unfenced(bound.unfenced))
+        sweeper = None
+        if settings.serves_objects:
+            app.state.objects = await start_objects(settings, policy, keys, store)
+            app.state.service.objects_govern = policy.buckets.governs
+            sweeper = asyncio.get_running_loop().create_task(
+                sweep_forever(app.state.objects, settings.objects_sweep_interval_ms / 1000))
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                await asyncio.gather(sweeper, return_exceptions=True)
+                await app.state.objects.blobs.close()
             await store.close()
             if http is not None:
                 await http.aclose()
@@ -108,9 +120,11 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         lambda: app.state.service.keys.loads if hasattr(app.state, "service") else 0)
     app.router.routes.extend(routes)
     app.router.routes.extend(activity_routes)
+    app.router.routes.extend(object_routes)
     install_problem_handlers(app)
     install_docs(app, title="resource-proxy")
-    app.openapi = lambda: build_openapi(app.state.service.catalog)  # type: ignore[method-assign]
+    app.openapi = lambda: build_openapi(  # type: ignore[method-assign]
+        app.state.service.catalog, objects=hasattr(app.state, "objects"))
     keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
     options: dict[str, Any] = dict(
         api_keys=KeySet(keys), admin_keys=KeySet(), open_paths=OPEN_PATHS,

@@ -122,6 +122,22 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--require-db-fencing", action="store_true", default=None,
                        help="refuse to start unless the database's fence triggers protect every "
                        "fenced table too (resource-proxy db install; env PROXY_REQUIRE_DB_FENCING)")
+    serve.add_argument("--objects-dir", help="serve fenced objects (/v1/objects) with this "
+                       "directory as the blob store (env PROXY_OBJECTS_DIR; default: no objects)")
+    serve.add_argument("--objects-s3-url", help="serve fenced objects with this S3-compatible "
+                       "endpoint as the blob store (env PROXY_OBJECTS_S3_URL; needs the s3 "
+                       "extra; credentials from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)")
+    serve.add_argument("--objects-s3-bucket", help="its bucket, created if missing (env "
+                       "PROXY_OBJECTS_S3_BUCKET)")
+    serve.add_argument("--objects-s3-prefix", help="key prefix of the blobs (env "
+                       "PROXY_OBJECTS_S3_PREFIX; default lockd-objects/)")
+    serve.add_argument("--max-object-bytes", type=int, help="largest object body, 413 above "
+                       "(env PROXY_MAX_OBJECT_BYTES; default 1 GiB)")
+    serve.add_argument("--objects-grace-ms", type=int, help="orphan blobs older than this are "
+                       "swept (env PROXY_OBJECTS_GRACE_MS; default 600000)")
+    serve.add_argument("--objects-sweep-interval-ms", type=int, help="how often the orphan "
+                       "sweeper runs, and once at start (env PROXY_OBJECTS_SWEEP_INTERVAL_MS; "
+                       "default 60000)")
     serve.add_argument("--host", help="listen address (env PROXY_HOST; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (env PROXY_PORT; default 7071)")
     serve.add_argument("--workers", type=int, help="worker processes serving the port (env "

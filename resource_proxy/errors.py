@@ -25,13 +25,18 @@
     ├── Conflict                    409  conflict           UNIQUE / FOREIGN KEY / EXCLUDE violated
     ├── StoreUnavailable            503  database_unavailable  the database did not answer and
     │   │                                                   nothing was committed: safe to retry
+    │   ├── BlobStoreUnavailable    503  blob_store_unavailable  the objects' directory or S3
+    │   │                                                   endpoint failed (disk full, I/O)
     │   └── LockTimeout             503  lock_timeout       a fence row (or row) the request needs
     │                                                       stayed locked by another transaction
     │                                                       beyond ``lock_timeout_ms``: nothing
     │                                                       was committed, retry after a while
-    └── OutcomeUnknown              502  outcome_unknown    the connection broke while the write
-                                                            (its COMMIT) was in flight: it may or
-                                                            may not have committed
+    ├── OutcomeUnknown              502  outcome_unknown    the connection broke while the write
+    │                                                       (its COMMIT) was in flight: it may or
+    │                                                       may not have committed
+    ├── PreconditionFailed          412  precondition_failed  an object write's If-Match /
+    │                                                       If-None-Match did not hold
+    └── RangeNotSatisfiable         416  range_not_satisfiable  a GET's Range beyond the object
 
 Why 502 and not 503 for ``outcome_unknown``: 503 says "the server could not handle the request"
 and generic HTTP retry logic (load balancers, client middlewares) treats it as safe to retry,
@@ -69,6 +74,9 @@ __all__ = [
     "LockTimeout",
     "OutcomeUnknown",
     "LockdUnreachable",
+    "PreconditionFailed",
+    "RangeNotSatisfiable",
+    "BlobStoreUnavailable",
 ]
 
 
@@ -187,6 +195,14 @@ class LockTimeout(StoreUnavailable):
     status, code, title = 503, "lock_timeout", "Lock wait timed out"
 
 
+class BlobStoreUnavailable(StoreUnavailable):
+    """The blob store (the objects' directory or S3 endpoint) failed to store or read a body:
+    disk full, I/O error, the endpoint unreachable (503 ``blob_store_unavailable``,
+    ``Retry-After: 1``). Nothing was made visible; the partial blob is gone or an orphan."""
+
+    status, code, title = 503, "blob_store_unavailable", "Blob store unavailable"
+
+
 class OutcomeUnknown(ProxyError):
     """The connection to the database broke while a write (or its COMMIT) was in flight: it may
     or may not have committed (502 ``outcome_unknown``). Retry with the same Idempotency-Key."""
@@ -200,3 +216,16 @@ class LockdUnreachable(ProxyError):
     called invalid; ``jwks_url`` names where the keys are fetched from."""
 
     status, code, title = 503, "lockd_unreachable", "lockd unreachable"
+
+
+class PreconditionFailed(ProxyError):
+    """An ``If-Match`` / ``If-None-Match: *`` of an object write did not hold (412); nothing was
+    written (``etag``: the object's current ETag, None if it does not exist)."""
+
+    status, code, title = 412, "precondition_failed", "Precondition failed"
+
+
+class RangeNotSatisfiable(ProxyError):
+    """A ``Range`` of a GET lies beyond the object's end (416; ``size``: its length)."""
+
+    status, code, title = 416, "range_not_satisfiable", "Range not satisfiable"

@@ -31,6 +31,8 @@ _PROBLEM = {
 _TITLES = {401: "Missing or wrong API key, or invalid fencing token", 403: "Lock not allowed, or a shared (read-lock) token's write (shared_token)",
            404: "Not found (also: a path with a control character matches no route)", 409: "Stale fencing token or constraint conflict",
            413: "Payload too large", 422: "Invalid request", 428: "Fencing token required",
+           412: "Precondition failed (If-Match / If-None-Match of an object write)",
+           416: "Range not satisfiable",
            431: "Request headers too large",
            502: "Outcome unknown: the database connection broke while the write was committing",
            503: "Database unavailable (database_unavailable, lock_timeout: a lock stayed "
@@ -156,8 +158,68 @@ def _table_paths(table: Table) -> dict[str, Any]:
     }
 
 
-def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
-    """The OpenAPI document of a proxy serving ``catalog``."""
+_OBJECT = {"type": "object", "required": ["bucket", "key", "version", "etag", "size", "sha256",
+                                           "content_type", "lock", "fence", "modified"],
+           "properties": {"bucket": {"type": "string"}, "key": {"type": "string"},
+                          "version": {"type": "integer"}, "etag": {"type": "string"},
+                          "size": {"type": "integer"}, "sha256": {"type": "string"},
+                          "content_type": {"type": "string"}, "lock": {"type": "string"},
+                          "fence": {"type": "integer"}, "modified": {"type": "string"}}}
+_BUCKET = {"name": "bucket", "in": "path", "required": True, "schema": {"type": "string"}}
+_OBJECT_KEY = {"name": "key", "in": "path", "required": True, "schema": {"type": "string"},
+               "description": "the object's key ('/'-separated segments, percent-encoded)"}
+
+
+def _header(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description,
+            "schema": {"type": "string"}}
+
+
+def _object_paths() -> dict[str, Any]:
+    """The fenced objects' paths (``resource_proxy.objects``)."""
+    body = {"description": "the object's bytes", "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+    return {
+        "/v1/objects/{bucket}/{key}": {
+            "put": {"operationId": "putObject",
+                    "summary": "write an object under its lock's fence (body streamed)",
+                    "parameters": [_BUCKET, _OBJECT_KEY, _TOKEN, _IDEMPOTENCY_KEY,
+                                   _header("If-Match", "the current ETag (or *)"),
+                                   _header("If-None-Match", "* : only if it does not exist")],
+                    "requestBody": {"required": True, "content": {
+                        "*/*": {"schema": {"type": "string", "format": "binary"}}}},
+                    "responses": {**_json("replaced", _OBJECT), **_json("created", _OBJECT, 201),
+                                  **_problems(*_WRITE_FAILURES, 412)}},
+            "get": {"operationId": "getObject",
+                    "summary": "the object's bytes (Range, If-None-Match, If-Modified-Since; "
+                               "with a token, a fenced read)",
+                    "parameters": [_BUCKET, _OBJECT_KEY, _TOKEN, _header("Range", "bytes=a-b"),
+                                   _header("If-None-Match", "ETags"),
+                                   _header("If-Modified-Since", "an HTTP date")],
+                    "responses": {"200": body, "206": body,
+                                  "304": {"description": "not modified"},
+                                  **_problems(401, 403, 404, 409, 416, 422, 503)}},
+            "delete": {"operationId": "deleteObject", "summary": "delete an object (fenced)",
+                       "parameters": [_BUCKET, _OBJECT_KEY, _TOKEN, _IDEMPOTENCY_KEY,
+                                      _header("If-Match", "the current ETag")],
+                       "responses": {"204": {"description": "deleted"},
+                                     **_problems(*_WRITE_FAILURES, 412)}}},
+        "/v1/objects/{bucket}": {"get": {
+            "operationId": "listObjects", "summary": "the objects of a bucket, in key order",
+            "parameters": [_BUCKET] + [{"name": n, "in": "query", "required": False,
+                                        "schema": {"type": "string"}}
+                                       for n in ("prefix", "after", "limit")],
+            "responses": {**_json("a page of objects", {
+                "type": "object", "required": ["items", "next_after"],
+                "properties": {"items": {"type": "array", "items": _OBJECT},
+                               "next_after": {"type": ["string", "null"]}}}),
+                **_problems(404, 422, 503)}}},
+    }
+
+
+def build_openapi(catalog: Catalog, *, version: str = "1", objects: bool = False
+                  ) -> dict[str, Any]:
+    """The OpenAPI document of a proxy serving ``catalog`` (and fenced objects: ``objects``)."""
     tables = sorted(catalog)
     op_schema = {"type": "object", "required": ["op", "table"], "additionalProperties": False,
                  "properties": {"op": {"enum": ["insert", "upsert", "update", "delete"]},
@@ -245,6 +307,8 @@ def build_openapi(catalog: Catalog, *, version: str = "1") -> dict[str, Any]:
             "description": "text exposition",
             "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
     })
+    if objects:
+        paths.update(_object_paths())
     schemas: dict[str, Any] = {"Problem": _PROBLEM}
     for path, operations in paths.items():
         for method, operation in operations.items():

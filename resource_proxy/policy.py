@@ -44,6 +44,7 @@ import yaml
 
 from resource_proxy.canonical import decode, key_part, unbindable
 from resource_proxy.errors import InvalidRequest, LockNotAllowed
+from resource_proxy.objects.names import Buckets, parse_buckets
 from resource_proxy.tables import Catalog, Kind, Table
 from resource_proxy.values import coerce
 
@@ -118,8 +119,10 @@ class TablePolicy:
 class Policy:
     """The parsed policy file: an entry per listed table; unlisted tables get the default."""
 
-    def __init__(self, tables: Mapping[str, TablePolicy] | None = None):
+    def __init__(self, tables: Mapping[str, TablePolicy] | None = None,
+                 buckets: Buckets | None = None):
         self.tables = dict(tables or {})
+        self.buckets = buckets if buckets is not None else Buckets()
 
     @classmethod
     def default(cls) -> Policy:
@@ -392,14 +395,18 @@ def load_policy(path: str | Path | None) -> Policy:
     if "default" in data:
         raise PolicyError(f"policy {path}: 'default' is refused: a table not listed is written "
                           "under the lock named as the table")
-    unknown = set(data) - {"tables"}
+    unknown = set(data) - {"tables", "buckets"}
     if unknown:
         raise PolicyError(f"policy {path}: unknown keys {sorted(map(str, unknown))}")
     raw_tables = data.get("tables") or {}
     if not isinstance(raw_tables, dict):
         raise PolicyError(f"policy {path}: 'tables' must be a mapping")
+    try:  # fenced objects' buckets (``objects.names``): one lock template each
+        buckets = parse_buckets(data.get("buckets"))
+    except ValueError as exc:
+        raise PolicyError(f"policy {path}: {exc}") from None
     return Policy({str(name): _entry(str(name), entry, f"tables.{name}")
-                   for name, entry in raw_tables.items()})
+                   for name, entry in raw_tables.items()}, buckets)
 
 
 def describe_unfenced(names: Iterable[str]) -> str:

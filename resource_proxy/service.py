@@ -35,7 +35,7 @@ least the highest honoured (else 409 ``stale_token``), which rises to it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lockd.common.fencerule import READ, WRITE, Fence, Purpose, in_lock_order
@@ -78,6 +78,9 @@ class ProxyService:
         self.store = store
         self.max_batch_ops = max_batch_ops
         self.idempotency_ttl_ms = idempotency_ttl_ms
+        self.objects_govern: Callable[[str], bool] | None = None
+        """Set when the proxy serves objects: whether a lock governs some object (a claim
+        of it is then served like a claim of a row's lock)."""
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -288,6 +291,8 @@ class ProxyService:
         """403 unless ``lock`` governs a row of a served table the caller may write (a claim
         does what a write to that table under ``lock`` does to the fence)."""
         if not self.binding.governs(lock):
+            if self.objects_govern is not None and self.objects_govern(lock):
+                return  # an object's lock: objects have no table scopes to check
             holds = ({"token_locks": sorted(claims.locks)} if claims.multi
                      else {"token_lock": claims.lock})
             raise LockNotAllowed(f"lock {lock!r} governs no row of any table this proxy serves "

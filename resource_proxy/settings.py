@@ -65,6 +65,20 @@ class Settings(BaseSettings):
     access_file: Path | None = None
     # How long an Idempotency-Key's recorded answer is kept (default 24 h; at least 1 s).
     idempotency_ttl_ms: int = Field(86_400_000, ge=1000)
+    # --- fenced objects (``resource_proxy.objects``) ---
+    # A directory to serve as the blob backend of /v1/objects (None: no objects are served).
+    objects_dir: Path | None = None
+    # Or an S3-compatible endpoint (objects.s3; needs the s3 extra): its URL and bucket, and
+    # the key prefix under which blobs are kept.
+    objects_s3_url: str | None = None
+    objects_s3_bucket: str | None = None
+    objects_s3_prefix: str = "lockd-objects/"
+    # The largest object body (413 above it); bodies are streamed, never held whole.
+    max_object_bytes: int = Field(1 << 30, ge=1)
+    # The orphan sweeper: blobs last written more than objects_grace_ms ago that no pointer
+    # names are deleted, at start and every objects_sweep_interval_ms.
+    objects_grace_ms: int = Field(600_000, ge=0)
+    objects_sweep_interval_ms: int = Field(60_000, ge=100)
     log_level: str = "info"
     # Operations: log lines as text or JSON objects (with request ids); bearer API keys (none:
     # no key needed; comma-separated, plus one a line from the file); bound on request headers.
@@ -149,6 +163,20 @@ class Settings(BaseSettings):
         if (self.lockd_url is None) == (self.jwks_file is None):
             raise ValueError("give exactly one of lockd_url (--lockd-url) or jwks_file (--jwks-file)")
         return self
+
+    @model_validator(mode="after")
+    def _one_blob_store(self) -> Settings:
+        if self.objects_dir is not None and self.objects_s3_url is not None:
+            raise ValueError("give objects_dir (--objects-dir) or objects_s3_url "
+                             "(--objects-s3-url), not both")
+        if (self.objects_s3_url is None) != (self.objects_s3_bucket is None):
+            raise ValueError("give both objects_s3_url (--objects-s3-url) and objects_s3_bucket "
+                             "(--objects-s3-bucket)")
+        return self
+
+    @property
+    def serves_objects(self) -> bool:
+        return self.objects_dir is not None or self.objects_s3_url is not None
 
     @property
     def is_sqlite(self) -> bool:

@@ -428,3 +428,41 @@ def test_a_planted_shared_claim_read_is_found(tmp_path, rel, line):
     target.write_text((target.read_text() if target.exists() else "") + "\n" + line)
     found = shared_claim_readers(tmp_path)
     assert len(found) == 1 and found[0].startswith(rel + ":"), found
+
+
+# --- the proxy's resource kinds: objects beside the tables, over one fence core ---------------
+# The objects slice (resource_proxy/objects) uses the fence core the tables use (fencing: the
+# one write rule through fencerule; idempotency; errors; the row stores' transactions) and
+# nothing of the tables' own code: their service, routes, hot path, reflected tables, row writes
+# and the tables' policy.
+
+TABLE_MODULES = ("resource_proxy.service", "resource_proxy.api", "resource_proxy.hot",
+                 "resource_proxy.tables", "resource_proxy.writes", "resource_proxy.policy",
+                 "resource_proxy.store.sql", "resource_proxy.openapi")
+
+
+def objects_violations(root: Path) -> list[str]:
+    """Every import of a tables module by the objects slice."""
+    return [f"objects: {path.relative_to(root)}:{line} imports {module}"
+            for path in _files(root, "resource_proxy/objects")
+            for line, module in _imports(root, path) if _under(module, TABLE_MODULES)]
+
+
+def test_objects_stand_on_the_fence_core_not_on_the_tables():
+    assert (ROOT / "resource_proxy/objects/service.py").is_file()
+    assert objects_violations(ROOT) == []
+
+
+@pytest.mark.parametrize(("rel", "line"), [
+    ("resource_proxy/objects/service.py", "from resource_proxy.service import ProxyService\n"),
+    ("resource_proxy/objects/store.py", "    from resource_proxy.store.sql import SQLITE\n"),
+    ("resource_proxy/objects/api.py", "from resource_proxy import writes\n"),
+])
+def test_an_objects_module_importing_the_tables_is_found(tmp_path, rel, line):
+    root = _copy(tmp_path)
+    target = root / rel
+    if line.startswith("    "):
+        line = "def _lazy():\n" + line
+    target.write_text(target.read_text() + "\n" + line)
+    found = objects_violations(root)
+    assert found and all(v.startswith("objects:") for v in found), found

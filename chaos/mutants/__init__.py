@@ -36,6 +36,25 @@ The table:
                              (``election``)
 ``term_reuses_fence``        a new leader's term reuses the previous leader's fence
                              (``election``)
+``sql_shared_claims_write``  ``fenced_transaction`` claims a shared lease's locks to write (``sql``)
+``campaign_takes_shared``    a campaign's client_id retry answers the client's SHARED lease, signed
+                             as a leader's (``counter``: cross operations)
+``election_on_slot_names``   an election may be named like a semaphore's slot lock (``sem``:
+                             cross operations)
+``shared_keeps_epoch``       a shared grant after an unclean end keeps the lapsed writer's fence
+                             (``rw``: ``pause_shared``)
+``guard_no_claim``           ``lockd.guard``'s PostgreSQL store writes without claiming the
+                             fence (``counter`` through ``chaos.guarded``, ``--via guard``)
+``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
+                             own, then writes in another (check-then-act; ``--via guard``)
+``object_pointer_unfenced``  an object's pointer is moved without the fence check (``objects``)
+``object_blob_early``        a new body is copied over the visible blob before the fence check
+                             (``objects``)
+``object_stale_blob_kept``   a refused write's blob is not deleted (``objects``)
+``guard_redis_no_compare``   ``lockd.guard``'s Redis functions raise the fence but never compare
+                             it (``counter`` in Redis, ``--via redis-guard``)
+``guard_redis_claim_no_raise`` ``lockd.guard``'s Redis claim function checks the fence but does
+                             not raise it (``--via redis-guard``: claim, then read, then write)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -104,9 +123,15 @@ class Mutant:
     """Fault kinds of its chaos run (None: every kind that applies)."""
     workloads: tuple[str, ...] = ("counter", "transfer")
     """The chaos workloads whose write paths reach the bug (the first one by default)."""
+    via: str = "proxy"
+    """What its run's workers write through (``guard``: the guarded service, ``chaos.guarded``;
+    ``redis-guard``: the guard's Redis functions, ``chaos.redisguarded``)."""
     length: float = 1.0
     """Its run lasts ``length`` x the run length asked for: a mutant whose window only a rare
     coincidence opens gets a longer run, so that it is caught with a margin."""
+    near: float | None = None
+    """Share of near operations in its run (``--near``; None: the chaos default), for the
+    mutants only cross operations reach (``chaos.near``)."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -195,6 +220,45 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
+_SQLFENCE = "lockd/client/sqlfence.py"
+_CLAIM_PURPOSE = "    fn = \"claim\" if fence.writes else \"claim_read\"\n"
+"""``fenced_transaction``'s claim of one lock, for its purpose (a shared lease's: to read)."""
+_LOCKD_MODES = "lockd/server/store/sqlite/modes.py"
+_SHARED_RETRY = ("                if mode != SHARED:\n"
+                 "                    raise other_mode(lock, SHARED, mode)\n")
+"""A client_id retry of a shared lease answers only a shared request."""
+_ELECTIONS = "lockd/server/elections/service.py"
+_LEADER_MODE = "        if grant.mode != EXCLUSIVE:\n            raise ClientIdConflict(\n"
+_LEADER_TOKEN = "self.core.signer.token(grant.lock, grant.fence, grant.mode, ELECTION)"
+_ELECTION_NAME = "        check_name(name, ELECTION)\n"
+_SIGNER = "lockd/server/core/signer.py"
+_MINTS = "    if not namespace.mints(primitive, lock):\n"
+_NEW_EPOCH = "\" UPDATE SET fence = fence + 1, writer_open = 0 WHERE writer_open\""
+"""The first shared grant after an unclean end raises the fence (a new epoch)."""
+_CROSS_FAULTS = "pause,kill_worker"
+"""Cross operations need no fault: any run sends them (``chaos.near``)."""
+_CROSS_NEAR = 0.4
+"""Near operations in the cross mutants' runs: about one operation in six crosses."""
+_KIT = "lockd/guard/stores.py"
+_KIT_CLAIM = ("            with claimed_transaction(conn, [fence]):\n"
+              "                yield conn\n")
+"""``PostgresFences.transaction``: the guard's claim, in the transaction of the service's write."""
+_REDIS_KIT = "lockd/guard/redis.py"
+_REDIS_COMPARE = "  if highest and below(fence, highest) then\n"
+"""The Redis functions' fence comparison (``claim`` in the Lua library, used by every function)."""
+_REDIS_CLAIM_FN = ("redis.register_function('lockd_fence_claim', function(keys, args)\n"
+                   "  local refused = claim(keys, args)\n"
+                   "  if refused then return refused end\n"
+                   "  return redis.call('GET', keys[1])\n")
+"""``lockd_fence_claim``: a claim before a read, checked and raised."""
+_REDIS_CLAIM_CHECK_ONLY = (
+    "redis.register_function('lockd_fence_claim', function(keys, args)\n"
+    "  local highest = redis.call('GET', keys[1])\n"
+    "  if highest and below(args[2], highest) then\n"
+    "    return redis.error_reply('STALE lock=' .. args[1] .. ' presented=' .. args[2] ..\n"
+    "                             ' highest=' .. highest)\n"
+    "  end\n"
+    "  return args[2]  -- checked, never raised\n")
 _SQL_FAULTS = "pause_grant"
 """The freeze before a claim: a blind SQL operation frozen at its grant, thawed right after a
 newer holder of one of its accounts committed, claims a stale fence. (A freeze after an rmw's
@@ -227,6 +291,23 @@ latency freeze no holder: none of them sends a stale write for a check to let th
 _RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
 """Readers frozen at their grant and writers frozen mid-lease: both modes' leases meet."""
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
+
+_OBJ_STORE = "resource_proxy/objects/store.py"
+_OBJ_SERVICE = "resource_proxy/objects/service.py"
+_OBJ_PUT = ("                conn.execute(self._upsert, params)\n"
+            "                return current is None, new\n"
+            "        return await self.store.fenced([fence], body, once)\n")
+"""The object write's ONE transaction (both databases): fence check, then the pointer moved."""
+_OBJ_STORED = "        stored = await self.blobs.put(chunks, self.max_object_bytes)\n"
+_OBJ_EARLY = (_OBJ_STORED +
+              "        early = await self.pointers.get(bucket, key, None)\n"
+              "        if early is not None:  # the new bytes over the visible blob, before the check\n"
+              "            import shutil\n"
+              "            shutil.copyfile(self.blobs.path_of(stored.name),\n"
+              "                            self.blobs.path_of(early.blob))\n")
+_OBJ_CLEAN = ("        except BaseException:\n"
+              "            await self.blobs.delete(stored.name)\n"
+              "            raise\n")
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("off_by_one", "the proxy accepts a fence one below the highest",
@@ -324,6 +405,65 @@ MUTANTS: tuple[Mutant, ...] = (
                  "            got = Grant(got.lock, got.lease_id, got.fence - 1, got.ttl_ms,\n"
                  "                        got.owner)\n" + _NEW_LEADER),),
            "pause,pause_grant,kill_worker", ("election",)),
+    Mutant("sql_shared_claims_write", "fenced_transaction claims a shared lease's locks to "
+           "write", "unclaimed_commit (cross operations write under their shared leases)",
+           (Edit(_SQLFENCE, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",),
+           near=_CROSS_NEAR),
+    Mutant("campaign_takes_shared", "a campaign's client_id retry answers the client's shared "
+           "lease, signed as a leader's", "unclaimed_commit (cross operations campaign with "
+           "their shared lease's client_id, then write with the leadership's token)",
+           (Edit(_LOCKD_MODES, _SHARED_RETRY, ""),
+            Edit(_ELECTIONS, _LEADER_MODE, _LEADER_MODE.replace("grant.mode != EXCLUSIVE",
+                                                                "False")),
+            Edit(_ELECTIONS, _LEADER_TOKEN, _LEADER_TOKEN.replace("grant.mode", "EXCLUSIVE"))),
+           _CROSS_FAULTS, ("counter", "rw"), near=_CROSS_NEAR),
+    Mutant("election_on_slot_names", "an election may be named like a semaphore's slot lock",
+           "fence_reused, fence_order, lease_overlap (a slot campaign's grant among the slot "
+           "lock's permits)",
+           (Edit(_ELECTIONS, _ELECTION_NAME, "        pass\n"),
+            Edit(_SIGNER, _MINTS, _MINTS.replace("):", ") and primitive.kind != "
+                                                       "\"election\":"))),
+           _CROSS_FAULTS, ("sem",), near=_CROSS_NEAR),
+    Mutant("shared_keeps_epoch", "a shared grant after an unclean end keeps the lapsed "
+           "writer's fence", "lapsed_write (a writer frozen past its lease writes while "
+           "readers of the same epoch hold the lock)",
+           (Edit(_LOCKD_MODES, _NEW_EPOCH, _NEW_EPOCH.replace("WHERE writer_open", "WHERE 0")),),
+           "pause_shared", ("rw",)),
+    Mutant("guard_no_claim", "the guard verifies the token, but its PostgreSQL store writes "
+           "without claiming the fence", "stale_commit, fence_decrease (a thawed holder's write "
+           "through the guarded service lands after a newer holder's)",
+           (Edit(_KIT, _KIT_CLAIM, "            with conn.transaction():  # verified, not claimed\n"
+                                   "                yield conn\n"),),
+           _THAW_FAULTS, ("counter",), via="guard"),
+    Mutant("guard_claim_apart", "the guard claims the fence in a transaction of its own, then "
+           "writes in another (check-then-act)", "stale_commit (a newer holder's claim and write "
+           "land between a holder's claim and its write)",
+           (Edit(_KIT, _KIT_CLAIM, "            with claimed_transaction(conn, [fence]):\n"
+                                   "                pass  # committed alone: the write comes after\n"
+                                   "            with conn.transaction():\n"
+                                   "                yield conn\n"),),
+           _WINDOW_FAULTS, ("counter",), via="guard"),
+    Mutant("object_pointer_unfenced", "an object's pointer moves without the fence check",
+           "stale_visible, stale_acked (a thawed holder's PUT replaces a newer holder's)",
+           (Edit(_OBJ_STORE, _OBJ_PUT, _OBJ_PUT.replace("fenced([fence]", "fenced([]")),),
+           workloads=("objects",)),
+    Mutant("object_blob_early", "a new body is copied over the visible blob before the check",
+           "torn, stale_visible (a stale writer's bytes visible under the newer pointer)",
+           (Edit(_OBJ_SERVICE, _OBJ_STORED, _OBJ_EARLY),), workloads=("objects",)),
+    Mutant("object_stale_blob_kept", "a refused write's new blob is not deleted",
+           "orphan_kept (an unreferenced blob written after the proxy's last crash)",
+           (Edit(_OBJ_SERVICE, _OBJ_CLEAN, "        except BaseException:\n            raise\n"),),
+           workloads=("objects",)),
+    Mutant("guard_redis_no_compare", "the guard's Redis functions raise the fence to whatever "
+           "is presented, never comparing it with the highest", "stale_commit, fence_decrease "
+           "(a thawed holder's FCALL lands after a newer holder's claim or write)",
+           (Edit(_REDIS_KIT, _REDIS_COMPARE, "  if false and highest then  -- never compared\n"),),
+           _THAW_FAULTS, ("counter",), via="redis-guard"),
+    Mutant("guard_redis_claim_no_raise", "the guard's Redis claim function checks the fence but "
+           "does not raise the highest", "stale_commit, interleaving (a holder claims and reads, "
+           "is killed; its frozen predecessor's write lands)",
+           (Edit(_REDIS_KIT, _REDIS_CLAIM_FN, _REDIS_CLAIM_CHECK_ONLY),), "kill_after_read",
+           ("counter",), via="redis-guard"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
@@ -353,8 +493,12 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
         faults = faults or mutant.faults
         if faults:
             argv += ["--faults", faults]
+        if mutant.near is not None:
+            argv += ["--near", str(mutant.near)]
         if keep:
             argv.append("--keep")
+        if mutant.via != "proxy":
+            argv += ["--via", mutant.via]
         env = {**os.environ, "PYTHONPATH": str(root)}
         proc = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True,
                               timeout=seconds + 300)

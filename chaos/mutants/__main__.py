@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=4242)
     p.add_argument("--only", default="", help="comma-separated mutant names")
     p.add_argument("--keep", action="store_true", help="keep each mutant's tree and logs")
-    p.add_argument("--workload", choices=WORKLOADS, default=None,
+    p.add_argument("--workload", choices=(*WORKLOADS, "objects"), default=None,
                    help="run the mutants that this workload reaches, under it (default: every "
                         "mutant under its first workload; transfer: multi-lock leases and "
                         "batches; sql: plain SQL on the database's fence triggers)")

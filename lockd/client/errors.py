@@ -53,6 +53,7 @@ from lockd.client.tlshints import TLS_HELP, tls_mistake
 
 __all__ = [
     "LockClientError",
+    "PreconditionFailed",
     "LockNotAcquired",
     "AcquireTimeout",
     "LeaseLostError",
@@ -262,6 +263,13 @@ class ValidationError(LockClientError):
     default_code = "invalid_request"
 
 
+class PreconditionFailed(LockClientError):
+    """An object write's ``If-Match`` / ``If-None-Match: *`` did not hold (412); nothing was
+    written. ``problem["etag"]``: the object's current ETag (None if it does not exist)."""
+
+    default_code = "precondition_failed"
+
+
 class LimitExceeded(LockClientError):
     """lockd refused the call because this identity is over one of its limits (429
     ``too_many_leases`` / ``too_many_waiters``): release leases or wait before acquiring more.
@@ -365,8 +373,11 @@ _BY_CODE: dict[str, type[LockClientError]] = {
     "payload_too_large": ValidationError,
     "store_unavailable": ServiceUnavailable,
     "database_unavailable": ServiceUnavailable,
+    "blob_store_unavailable": ServiceUnavailable,
     "outcome_unknown": OutcomeUnknown,
     "idempotency_key_reused": ValidationError,
+    "precondition_failed": PreconditionFailed,
+    "range_not_satisfiable": ValidationError,
     "too_many_leases": LimitExceeded,
     "too_many_waiters": LimitExceeded,
 }
@@ -376,6 +387,8 @@ _BY_STATUS: dict[int, type[LockClientError]] = {
     403: PermissionDenied,
     404: NotFoundError,
     410: LeaseLostError,
+    412: PreconditionFailed,
+    416: ValidationError,
     429: LimitExceeded,
     413: ValidationError,
     422: ValidationError,

@@ -59,6 +59,10 @@ the ``lockd.client.errors`` hierarchy: ``StaleTokenError`` (409, ``presented``/`
 ``TokenRequired``, ``InvalidToken``, ``LockNotAllowed``, ``NotFoundError``, ``ValidationError``
 (``problem.get("op_index")`` names a failing batch op), ``ServiceUnavailable`` (nothing written),
 ``OutcomeUnknown`` (see above).
+
+Fenced objects (``/v1/objects``): ``put_object``, ``put_file``, ``output`` (the job's output
+file), ``get_object``, ``head_object``, ``delete_object``, ``list_objects``
+(``lockd.client.objects``).
 """
 
 from __future__ import annotations
@@ -84,6 +88,7 @@ from lockd.client.errors import (
     translate_transport_errors,
 )
 from lockd.client.lease import AsyncLease, Lease, LeaseState
+from lockd.client.objects import AsyncObjectCalls, ObjectCalls
 from lockd.client.wire import DEFAULT_CONNECT_TIMEOUT, check_segments, request_timeout
 from lockd.common.tls import CertTypes, VerifyTypes, client_context
 
@@ -204,6 +209,10 @@ class _SessionBase:
                                   "session.using(lease)", code="no_lease")
         return self.lease
 
+    def _failed(self, exc: LockClientError) -> None:
+        """A refusal of an object call: a stale token marks the lease lost, as for rows."""
+        _stale(self.lease, exc)
+
     def _headers(self, idempotency_key: str | None = None) -> dict[str, str]:
         lease = self._held()
         if self.refuse_lost and getattr(lease, "state", None) is LeaseState.LOST:
@@ -248,7 +257,7 @@ class _SessionBase:
         return self.highest
 
 
-class FencedSession(_SessionBase):
+class FencedSession(ObjectCalls, _SessionBase):
     """Blocking reads and writes through the proxy at ``proxy_url`` under ``lease``'s token.
 
     ``timeout`` (seconds, default 10) bounds each request. ``http_client`` lets you share an
@@ -381,7 +390,7 @@ class FencedSession(_SessionBase):
         return _batch_results(self._write("POST", "/v1/batch", json={"ops": [dict(o) for o in ops]}))
 
 
-class AsyncFencedSession(_SessionBase):
+class AsyncFencedSession(AsyncObjectCalls, _SessionBase):
     """The asyncio twin of ``FencedSession`` (same methods, ``await`` them)."""
 
     def __init__(self, proxy_url: str, lease: AsyncLease | None = None, *, timeout: float = 10.0,

@@ -16,9 +16,11 @@
     lockctl [--url URL] elect NAME --value V [--ttl 10s] -- COMMAND [ARG...]
     lockctl [--url URL] [--json] leader NAME
     lockctl [--url URL] [--json] observe NAME
+    lockctl [--url URL] [--json] conformance TARGET_URL --lock NAME --write 'METHOD PATH [JSON]'
     lockctl --version
 
-``sem``, ``elect``, ``leader`` and ``observe`` are described in ``lockd.client.lockctl_more``.
+``sem``, ``elect``, ``leader`` and ``observe`` are described in ``lockd.client.lockctl_more``,
+``conformance`` in ``lockd.client.lockctl_conformance``.
 ``--shared`` asks for a shared (read) lease: it coexists with other shared holders, never with
 an exclusive one, and its token may read but not write what the lock governs; ``run --shared``
 holds every lock it names shared and sets ``LOCKD_MODE=shared`` for COMMAND (``exclusive``
@@ -99,6 +101,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lockd.client import LockClient
+from lockd.client import lockctl_conformance as conformance
 from lockd.client import lockctl_more as more
 from lockd.client.durations import format_duration
 from lockd.client.errors import (
@@ -236,6 +239,7 @@ def _parser() -> argparse.ArgumentParser:
                              "key: --api-key or LOCKD_API_KEY)")
     p.add_argument("name", help=name_help)
     more.add_commands(add, common)
+    conformance.add_command(add)
     return parser
 
 
@@ -445,6 +449,8 @@ def _dispatch(client: LockClient, args: argparse.Namespace, command: list[str], 
         return _run(client, args, command, out)
     elif args.cmd == "watch":
         return _watch(client, args, out)
+    elif args.cmd == "conformance":
+        return conformance.run(client, args, out)
     else:
         return more.dispatch(client, args, command, out)
     return EXIT_OK

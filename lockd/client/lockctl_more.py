@@ -9,6 +9,7 @@
     lockctl elect NAME --value V [--ttl 10s] [--wait 1m] [--grace 5s] -- COMMAND [ARG...]
     lockctl [--json] leader NAME
     lockctl [--json] observe NAME [--after SEQ]
+    lockctl [--json] object put|get|ls BUCKET ...     (``lockd.client.lockctl_objects``)
 
 ``sem acquire`` takes one permit of semaphore NAME (at most ``--limit`` live permits) and prints
 it (slot, fence, token, lease id); like ``acquire`` it is NOT renewed. ``sem release`` frees a
@@ -42,6 +43,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from lockd.client import lockctl_objects as objects
 from lockd.client.durations import format_duration
 from lockd.client.leadership import ElectionEvent, ElectionStatus
 from lockd.client.lease import LeaseRef
@@ -102,6 +104,7 @@ def add_commands(add: Callable[[str, str], argparse.ArgumentParser],
 
     p = add("leader", "show who leads an election: owner, value, fence, time left, waiting")
     p.add_argument("name", help="the election's name")
+    objects.add_commands(add, common)
     p = add("observe", "print an election's changes as they happen (leader, proclaim, resign)")
     p.add_argument("name", help="the election's name")
     p.add_argument("--after", type=int, default=None, metavar="SEQ",
@@ -142,6 +145,8 @@ def dispatch(client: Any, args: argparse.Namespace, command: list[str], out: Out
         return EXIT_OK
     if args.cmd == "observe":
         return _observe(client, args, out)
+    if args.cmd == "object":
+        return objects.dispatch(client, args, out)
     raise AssertionError(f"unknown command {args.cmd!r}")
 
 

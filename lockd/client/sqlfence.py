@@ -69,7 +69,7 @@ import asyncio
 import contextlib
 import re
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -88,10 +88,10 @@ from lockd.client.errors import (
     translate_transport_errors,
 )
 from lockd.client.lease import LeaseState
-from lockd.common.fencerule import Fence, fences_of
+from lockd.common.fencerule import Fence, fences_of, in_lock_order
 from lockd.common.keycache import AsyncKeyCache, KeyCache, KeysUnavailable
 
-__all__ = ["fenced_transaction", "async_fenced_transaction"]
+__all__ = ["fenced_transaction", "async_fenced_transaction", "claimed_transaction"]
 
 STALE_SQLSTATE = "LF001"
 NOT_CLAIMED_SQLSTATE = "LF002"
@@ -448,6 +448,16 @@ def fenced_transaction(conn: Any, lease: Any, *,
     ``LeaseLostError`` before any SQL; ``False`` leaves the decision to the fence alone."""
     _refuse_known_loss(lease, refuse_lost)
     claims = _verified(lease, jwks, lockd_url)  # before any SQL
+    with claimed_transaction(conn, _in_lock_order(claims), lease):
+        yield claims
+
+
+@contextlib.contextmanager
+def claimed_transaction(conn: Any, fences: Sequence[Fence], lease: Any = None) -> Iterator[None]:
+    """Steps (2) to (5) of ``fenced_transaction`` for ``fences`` already verified (each claimed
+    for its purpose, in lock order): open a transaction on ``conn``, claim, run the block,
+    commit. ``lease``, if given, is marked lost on a stale claim. The errors are
+    ``fenced_transaction``'s after the verification. ``lockd.guard`` claims through this."""
     kind = _kind(conn, asynchronous=False)
     _refuse_open(kind, conn)
     claiming = _Claiming(lease)
@@ -458,12 +468,12 @@ def fenced_transaction(conn: Any, lease: Any, *,
                 fairy = _sa_fairy(conn)
                 _refuse_autocommit(fairy)
                 driver = fairy.driver_connection
-            for fence in _in_lock_order(claims):
+            for fence in in_lock_order(fences):
                 claiming.now = (fence.lock, fence.fence)
                 _claim(kind, conn, fence)
                 claiming.held.append(fence.lock)
             claiming.now = None
-            yield claims
+            yield
             _refuse_aborted(driver)
     except Exception as exc:
         error = claiming.error_for(exc)

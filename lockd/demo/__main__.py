@@ -1,7 +1,7 @@
 """``python -m lockd.demo``: the revived-holder demo (``make demo``).
 
 By default it starts lockd and the fencing proxy itself, on free ports, with their SQLite files in
-a temporary directory, creates the ``demo_writes`` table, and plays three scenes with real worker
+a temporary directory, creates the ``demo_writes`` table, and plays four scenes with real worker
 processes (see ``lockd.demo.scenes``). It prints a timeline (seconds since start, worker, event,
 fence, HTTP result), the final table, and exits 0 only if every scene ended as it should.
 
@@ -9,7 +9,7 @@ fence, HTTP result), the final table, and exits 0 only if every scene ended as i
     python -m lockd.demo --store URL --database-url URL  # the same, on PostgreSQL
     python -m lockd.demo --lockd-url URL --proxy-url URL # against running services (compose)
     python -m lockd.demo --init-only --database-url URL  # just create the table, then exit
-    python -m lockd.demo --tls                           # the same three scenes over mTLS
+    python -m lockd.demo --tls                           # the same four scenes over mTLS
     python -m lockd.demo --scene 3                       # only scene 3 (the revived holder)
 
 Before scene 1 it says in two lines what a fence is; after the last scene, one takeaway line
@@ -49,8 +49,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from lockd.common.tls import client_context
 from lockd.demo.certs import DemoTLS, make_demo_tls
+from lockd.demo.files import SCENES
 from lockd.demo.procs import ChildSet
-from lockd.demo.scenes import SCENES, Director, SceneResult
+from lockd.demo.scenes import Director, SceneResult
 from lockd.demo.services import Endpoints, LocalServices, ServiceStartError, wait_healthy
 from lockd.demo.table import COLUMNS, TABLE, create_table
 from lockd.demo.timeline import Timeline, format_event, format_header, format_table
@@ -65,7 +66,7 @@ INTRO = (
 """The two lines printed before scene 1."""
 
 _DESCRIPTION = """\
-The revived-holder demo (make demo): three scenes with real worker processes show what a
+The revived-holder demo (make demo): four scenes with real worker processes show what a
 fencing token protects against. By default it starts lockd and the fencing proxy itself on
 free ports, with SQLite files in a temporary directory, and prints a timeline (seconds since
 start, worker, fence, HTTP result, event) of each scene, the final table and a one-line
@@ -77,6 +78,8 @@ scenes:
   2  crash: A is killed (SIGKILL) while holding; B takes over when A's lease lapses
   3  revived holder: A is frozen (SIGSTOP) past its lease, B acquires and writes, A wakes
      (SIGCONT) and its write with the old fence is refused (409 stale_token)
+  4  revived holder's file: the same with an output file (a fenced object): A's late file
+     write is refused and B's file stands
 
 examples:
   python -m lockd.demo                                 everything embedded (SQLite)
@@ -110,8 +113,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ttl", type=float, default=1.0,
                    help="lease TTL of every worker, seconds (default 1.0; 0.3 .. 10)")
     p.add_argument("--scene", type=int, action="append", choices=range(1, len(SCENES) + 1),
-                   metavar="N", help="play only scene N (1, 2 or 3; repeat for more; "
-                                     "default: all three, in order)")
+                   metavar="N", help="play only scene N (1 to 4; repeat for more; "
+                                     "default: all, in order)")
     p.add_argument("--verbose", action="store_true",
                    help="print every renewal (default: each holder's first, then a count)")
     p.add_argument("--json-report", metavar="FILE",

@@ -4,6 +4,8 @@
    background, writes through the proxy and releases; B, already waiting, acquires at once.
 2. ``crash``: A is killed with SIGKILL while holding; B, waiting, takes over when A's lease
    lapses, with a higher fence, without anyone's help.
+4. ``file`` (``lockd.demo.files``): scene 3 with an output FILE (a fenced object) in place
+   of rows: A's late file write is refused and B's file stands.
 3. ``revived``: A is frozen with SIGSTOP past its lease; lockd expires it; B acquires with a higher
    fence and writes; A is resumed with SIGCONT, sends its next write with its old token and the
    proxy rejects it with 409 ``stale_token``. B's work is unaffected; A's write left no trace.
@@ -174,14 +176,17 @@ class Director:
         return lock
 
     def worker(self, scene: str, name: str, lock: str, *, wait: float = 0.0, writes: int = 1,
-               work: float = 0.0, hold: float = 0.0) -> Worker:
-        """Start worker ``name`` (a new process) for ``lock``; see ``lockd.demo.worker``."""
+               work: float = 0.0, hold: float = 0.0, object_key: str | None = None) -> Worker:
+        """Start worker ``name`` (a new process) for ``lock``; see ``lockd.demo.worker``
+        (``object_key``: each write is that output file of bucket ``lock``, not a row)."""
         argv = [sys.executable, "-m", "lockd.demo.worker",
                 "--lockd-url", self.lockd_url, "--proxy-url", self.proxy_url,
                 "--name", name, "--scene", scene, "--lock", lock, "--run", self.run,
                 "--t0", repr(self.timeline.origin), "--ttl", repr(self.ttl),
                 "--wait", repr(wait), "--writes", str(writes), "--work", repr(work),
                 "--hold", repr(hold), "--parent-pid", str(os.getpid())]
+        if object_key is not None:
+            argv += ["--object", object_key]
         if self.tls is not None:
             argv += ["--ca", str(self.tls.ca), "--cert", str(self.tls.client_cert),
                      "--key", str(self.tls.client_key)]
@@ -431,5 +436,6 @@ def revived_holder(d: Director) -> SceneResult:
 
 
 SCENES: list[Callable[[Director], SceneResult]] = [happy_path, crash_path, revived_holder]
-_SCENE_ORDER = {"happy": 0, "crash": 1, "revived": 2}
+"""The scenes of rows; ``lockd.demo.files.SCENES`` adds scene 4 (a file) after them."""
+_SCENE_ORDER = {"happy": 0, "crash": 1, "revived": 2, "file": 3}
 

@@ -147,7 +147,8 @@ class LocalServices:
             "--lockd-key", str(self.tls.client_key)]
         proxy_url = self._serve("resource-proxy", lambda port: [
             proxy, "serve", "--database-url", self.database_url, "--lockd-url", lockd_url,
-            "--tables", TABLE, "--host", "127.0.0.1", "--port", str(port), *self._tls_args(),
+            "--tables", TABLE, "--objects-dir", str(self.workdir / "objects"),
+            "--host", "127.0.0.1", "--port", str(port), *self._tls_args(),
             *to_lockd])
         over = ", over mTLS" if self.tls else ""
         return Endpoints(lockd_url, proxy_url,

@@ -138,7 +138,16 @@ def run(args: argparse.Namespace) -> int:
                         work(args.work)
                     record = row(args.run, args.scene, args.name, lease.fence, step)
                     try:
-                        session.insert(TABLE, record)
+                        if args.object:  # the job's output file, a fenced object
+                            with session.output(args.lock, args.object,
+                                                content_type="text/plain") as out:
+                                out.write(f"{args.name} fence {lease.fence} step {step}\n"
+                                          .encode())
+                            written = out.result or {}
+                            status = "201" if written.get("version") == 1 else "200"
+                        else:
+                            session.insert(TABLE, record)
+                            status = "201"
                     except StaleTokenError as exc:
                         report("write_rejected", fence=lease.fence, http=_http(exc),
                                detail=f"write step {step} REJECTED: stale fence "
@@ -146,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
                                step=step, presented=exc.presented, highest=exc.highest,
                                status=exc.status, code=exc.code)
                         break
-                    report("write", fence=lease.fence, http="201",
-                           detail=f"write step {step} ({TABLE} {record['id']})", step=step)
+                    what = (f"file {args.lock}/{args.object}" if args.object
+                            else f"{TABLE} {record['id']}")
+                    report("write", fence=lease.fence, http=status,
+                           detail=f"write step {step} ({what})", step=step)
                 else:
                     work(args.hold)
             finally:
@@ -190,6 +201,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--writes", type=int, default=1, help="writes to make while holding")
     p.add_argument("--work", type=float, default=0.0, help="seconds of work between writes")
     p.add_argument("--hold", type=float, default=0.0, help="seconds of work after the last write")
+    p.add_argument("--object", default=None, metavar="KEY",
+                   help="write output file KEY of bucket --lock (a fenced object), not rows")
     p.add_argument("--ca", help="CA file of the servers' certificate (https URLs)")
     p.add_argument("--cert", help="client certificate presented to both servers (mTLS)")
     p.add_argument("--key", help="its private key")

@@ -19,11 +19,12 @@ import argparse
 import getpass
 import logging
 import os
+import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-import re
-from typing import Any, Sequence
+from typing import Any
 
 from lockd.server.audit import AuditTrail
 from lockd.server.keydir import KeyDirError, list_keys, retire, rotate

@@ -17,6 +17,7 @@ from resource_proxy.dbfence.keys import refusal
 from resource_proxy.dbstatus import DbFencingRequired, describe, listed, unprotected
 from resource_proxy.fencing import SQLITE_TABLE, create_fence_table
 from resource_proxy.idempotency import SQLITE_TABLE as IDEMPOTENCY_TABLE
+from resource_proxy.objects.store import SQLITE_TABLE as OBJECTS_TABLE
 from resource_proxy.policy import Binding, Policy, PolicyError
 from resource_proxy.settings import Settings
 from resource_proxy.store.base import Row, Store
@@ -65,7 +66,7 @@ def prepare(url: str, tables: Sequence[str] | None, policy: Policy, *,
                 raise DbFencingRequired("--require-db-fencing: database-side fencing needs "
                                         "PostgreSQL")
             create_fence_table(engine)
-            exclude = {SQLITE_TABLE, IDEMPOTENCY_TABLE}
+            exclude = {SQLITE_TABLE, IDEMPOTENCY_TABLE, OBJECTS_TABLE}
             return policy.bind(reflect(engine, tables, exclude), sqlite=True)
         derived = derived_tables(engine)
         for name in dict.fromkeys([*(tables or ()), *policy.tables]):

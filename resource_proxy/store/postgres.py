@@ -410,6 +410,32 @@ class PostgresStore:
                 check_all(fences, highest)
         return highest
 
+    # -- for another resource kind (objects): its statements in the fence's transaction ------
+
+    async def fenced(self, fences: Sequence[Fence], body, once: Once | None = None) -> Any:
+        """``await body(conn)`` in ONE transaction after the fence check of each of ``fences``
+        (lock order; ``StaleToken`` and nothing committed if one is stale); with ``once``, the
+        keyed form of ``write_once`` (a ``Reply``). Errors translated as for rows."""
+
+        async def checked(conn: psycopg.AsyncConnection) -> Any:
+            if fences:
+                check_all(fences, await self._raise_fences(conn, fences))
+            return await body(conn)
+
+        if once is not None:
+            return await self._once(once, checked)
+        flight = _Flight()
+        async with self._connection(flight) as conn:
+            async with conn.transaction():
+                result = await checked(conn)
+                flight.committing = True  # leaving the block sends COMMIT
+            return result
+
+    async def plain(self, body) -> Any:
+        """``await body(conn)`` on a pooled autocommit connection (reads), errors translated."""
+        async with self._connection() as conn:
+            return await body(conn)
+
     async def _highest_on(self, conn: psycopg.AsyncConnection, lock: str) -> int:
         cur = await conn.execute(self.sql.d.fence_select, {"lock": lock})
         row = await cur.fetchone()

@@ -262,6 +262,21 @@ class SqliteStore:
         return await self._run(
             lambda conn: self._fenced(conn, fences, lambda: [f.fence for f in fences]))
 
+    # -- for another resource kind (objects): its statements in the fence's transaction ------
+
+    async def fenced(self, fences: Sequence[Fence], body: Callable[[sqlite3.Connection], T],
+                     once: Once | None = None) -> Any:
+        """``body(conn)`` in ONE ``BEGIN IMMEDIATE`` transaction after the fence check of each
+        of ``fences`` (``StaleToken`` and nothing committed if one is stale); with ``once``, the
+        keyed form of ``write_once`` (a ``Reply``). Errors translated as for rows."""
+        if once is not None:
+            return await self._run(lambda conn: self._once(conn, fences, once, lambda: body(conn)))
+        return await self._run(lambda conn: self._fenced(conn, fences, lambda: body(conn)))
+
+    async def plain(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """``body(conn)`` outside any transaction (reads), errors translated."""
+        return await self._run(body)
+
     def _highest_on(self, conn: sqlite3.Connection, lock: str) -> int:
         row = conn.execute(self.sql.d.fence_select, {"lock": lock}).fetchone()
         return int(row[0]) if row else 0

@@ -100,7 +100,8 @@ def test_a_clean_near_history_passes():
                fence_row(5, "chaos/counter/1", 2), nrow(6, "c", "chaos/counter/1", 2)]
     kinds, found, stats = judge(history, events)
     assert found == []
-    assert stats == {"near_ops": 4, "near_rows": 3, "near_refused": 1}
+    assert stats == {"near_ops": 4, "near_rows": 3, "near_refused": 1, "cross_ops": 0,
+                     "cross_refused": 0}
     assert near_ops(events) == {"a", "b", "c", "d"}
 
 
@@ -126,3 +127,23 @@ def test_a_stale_near_row_a_missing_ack_and_a_reused_fence_are_flagged():
     assert "fence_reused" in judge([], twice)[0]
     overlap = near("a", lock, 1, up=10.3) + near("b", lock, 2, granted=10.1, up=10.4)
     assert "lease_overlap" in judge([], overlap)[0]
+
+
+def cross(op: str, lock: str, fence: int, kind: str, **kw) -> list[dict]:
+    """A cross operation: a shared lease (or what a campaign answered for it) of ``lock``,
+    logged with no ``fences`` (it holds nothing it may write)."""
+    events = near(op, lock, fence, **kw)
+    del events[1]["fences"]
+    events[1]["cross"] = kind
+    return events
+
+
+def test_a_cross_operations_committed_row_is_flagged_and_its_lease_is_no_grant():
+    lock = near_lock("counter", "near", 1)
+    refused = cross("s", lock, 1, "shared", outcome="rejected", granted=10.0, up=10.4)
+    kinds, found, stats = judge([fence_row(1, lock, 1), nrow(2, "a", lock, 1)],
+                                near("a", lock, 1, granted=10.1, up=10.2) + refused)
+    assert found == [] and (stats["cross_ops"], stats["cross_refused"]) == (1, 1)
+    landed = cross("c", lock, 1, "campaign", granted=10.3, up=10.5)  # a leadership's token wrote
+    kinds, found, _ = judge([fence_row(1, lock, 1), nrow(2, "c", lock, 1)], landed)
+    assert kinds == {"unclaimed_commit"}, found

@@ -92,7 +92,7 @@ def assert_story(report: dict[str, Any], ttl: float = 1.0) -> None:
     """Each scene ended as it must: fences, HTTP results, timings and the rows in the table."""
     assert report["ok"] is True, json.dumps(report["scenes"], indent=1)
     scenes = {s["scene"]: s for s in report["scenes"]}
-    assert list(scenes) == ["happy", "crash", "revived"]
+    assert list(scenes) == ["happy", "crash", "revived", "file"]
     for s in scenes.values():
         assert s["ok"] and all(c["ok"] for c in s["checks"]), s
 
@@ -134,3 +134,13 @@ def assert_story(report: dict[str, Any], ttl: float = 1.0) -> None:
         ("A", fa, "409 stale_token")]
     assert report["rows"] == happy["rows"] + crash["rows"] + revived["rows"]
     assert report["elapsed_s"] < 30
+
+    file = scenes["file"]["facts"]  # the revived holder's output file: refused, B's stands
+    fa, fb = file["fences"]["A"], file["fences"]["B"]
+    assert fb > fa
+    assert (file["stale"]["code"], file["stale"]["presented"], file["stale"]["highest"]) == (
+        "stale_token", fa, fb)
+    assert [w["http"] for w in file["writes"]["A"]] == ["201"]
+    assert [w["http"] for w in file["writes"]["B"]] == ["200"]
+    assert file["file"] == {"body": f"B fence {fb} step 1\n", "fence": fb, "version": 2}
+

@@ -117,7 +117,7 @@ def test_demo_exits_nonzero_when_the_story_breaks(tmp_path):
     with lockd(ours, "ours"), lockd(other, "other"), ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", db,
              "--lockd-url", f"http://127.0.0.1:{other}", "--tables", "demo_writes",
-             "--port", str(proxy_port)],
+             "--objects-dir", str(tmp_path / "objects"), "--port", str(proxy_port)],
             ready_url=f"http://127.0.0.1:{proxy_port}/healthz", cwd=tmp_path,
             log_path=tmp_path / "proxy.log"):
         run = run_demo(["--lockd-url", f"http://127.0.0.1:{ours}",
@@ -125,7 +125,7 @@ def test_demo_exits_nonzero_when_the_story_breaks(tmp_path):
     assert run.returncode == 1, run.output()
     report = run.report
     assert report["ok"] is False and report["mode"] == "external"
-    assert [s["ok"] for s in report["scenes"]] == [False, False, False]
+    assert [s["ok"] for s in report["scenes"]] == [False, False, False, False]
     writes = [e for e in report["events"] if e["event"] in ("write", "write_rejected")]
     assert writes == []
     errors = [e["http"] for e in report["events"] if e["event"] == "error"]

@@ -113,8 +113,9 @@ def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[d
     """lockd (SQLite) and the proxy on a fresh PostgreSQL database, each on a free port.
 
     The database holds ``accounts`` (row 1, balance 10.00) under the policy
-    ``accounts/{key}``. Yields the environment the console examples run with (``LOCKD_URL``
-    names this lockd; ``LOCKD_ADDRESS``/``PROXY_ADDRESS`` are for ``ported``).
+    ``accounts/{key}``; the proxy serves fenced objects from ``directory/objects``. Yields the
+    environment the console examples run with (``LOCKD_URL`` names this lockd;
+    ``LOCKD_ADDRESS``/``PROXY_ADDRESS`` are for ``ported``).
     """
     dsn = create_database(admin_dsn, prefix="readme")
     try:
@@ -132,7 +133,8 @@ def readme_servers(directory: Path, admin_dsn: str = PG_ADMIN_DSN) -> Iterator[d
             ready_url=f"{lockd_url}/healthz", log_path=directory / "lockd.log")
         proxy = ServiceProcess(
             [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", url,
-             "--lockd-url", lockd_url, "--policy", str(policy), "--port", str(proxy_port)],
+             "--lockd-url", lockd_url, "--policy", str(policy), "--port", str(proxy_port),
+             "--objects-dir", str(directory / "objects")],
             ready_url=f"{proxy_url}/healthz", log_path=directory / "proxy.log")
         with lockd, proxy:
             yield {"PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -212,7 +214,9 @@ def evaluate_policy(example: Example) -> str | None:
             policy = load_policy(path)
         except PolicyError as exc:
             return f"{where(example)}: the policy is refused: {exc}"
-    return None if policy.tables else f"{where(example)}: a policy with no table"
+    if policy.tables or policy.buckets.templates:
+        return None
+    return f"{where(example)}: a policy with no table and no bucket"
 
 
 def _quote(text: str) -> str:

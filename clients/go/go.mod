@@ -1,0 +1,3 @@
+module lockd.dev/lockd
+
+go 1.19

@@ -1,0 +1,244 @@
+"""The objects' pointer rows, in the proxy's own database, moved in the fence's transaction.
+
+One row per object: ``(bucket, key)`` -> ``version`` (1, 2, ... per object), ``blob`` (the
+generated name of its body), ``size``, ``sha256``, ``content_type``, ``lock`` and ``fence``
+(of the write that made it), ``modified_ms`` (the proxy's clock, unix ms). PostgreSQL:
+``resource_proxy.objects`` (next to the Idempotency-Key records); SQLite:
+``resource_proxy_objects``. Created at start if missing.
+
+A write is ONE transaction of the row store (``store.fenced``: the tables' fence check, the same
+``fencing.try_claim`` / fence upsert on the same fence table, through ``fencing.check_all``):
+fence raised and checked, the object's row read (locked: ``FOR UPDATE``; SQLite holds the
+database's write lock), the caller's preconditions judged on it, the row inserted, replaced or
+deleted, the Idempotency-Key record written, COMMIT. A stale fence or a failed precondition
+rolls it back whole, so the pointer never names a blob written under a superseded fence.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from lockd.common.fencerule import Fence
+from resource_proxy.errors import NotFound, PreconditionFailed
+from resource_proxy.fencing import PG_SCHEMA
+from resource_proxy.idempotency import Once, Reply
+from resource_proxy.objects.blobs import Stored
+
+__all__ = ["Pointer", "Preconditions", "Pointers", "SQLITE_TABLE", "PG_TABLE"]
+
+SQLITE_TABLE = "resource_proxy_objects"
+PG_TABLE = f'"{PG_SCHEMA}".objects'
+_COLUMNS = "bucket, key, version, blob, size, sha256, content_type, lock, fence, modified_ms"
+_ADVISORY_KEY = 0x5250_4F42_4A53  # "RPOBJS": concurrent first starts create the table once
+
+
+def _ddl(table: str) -> str:
+    return (f"CREATE TABLE IF NOT EXISTS {table} (bucket text NOT NULL, key text NOT NULL, "
+            "version bigint NOT NULL, blob text NOT NULL UNIQUE, size bigint NOT NULL, "
+            "sha256 text NOT NULL, content_type text NOT NULL, lock text NOT NULL, "
+            "fence bigint NOT NULL, modified_ms bigint NOT NULL, PRIMARY KEY (bucket, key))")
+
+
+@dataclass(frozen=True, slots=True)
+class Pointer:
+    """An object's current version."""
+
+    bucket: str
+    key: str
+    version: int
+    blob: str
+    size: int
+    sha256: str
+    content_type: str
+    lock: str
+    fence: int
+    modified_ms: int
+
+    @property
+    def etag(self) -> str:
+        """The strong ETag: the blob's name, unique per write (quoted)."""
+        return f'"{self.blob}"'
+
+    def json(self) -> dict[str, Any]:
+        modified = datetime.fromtimestamp(self.modified_ms / 1000, UTC)
+        return {"bucket": self.bucket, "key": self.key, "version": self.version,
+                "etag": self.etag, "size": self.size, "sha256": self.sha256,
+                "content_type": self.content_type, "lock": self.lock, "fence": self.fence,
+                "modified": modified.isoformat().replace("+00:00", "Z")}
+
+
+@dataclass(frozen=True, slots=True)
+class Preconditions:
+    """``If-Match`` (ETags, or ``*``: the object must exist) and ``If-None-Match: *`` (it must
+    not) of a write; judged inside the transaction (412 ``precondition_failed``)."""
+
+    if_match: tuple[str, ...] | None = None
+    if_none_match: bool = False
+
+    def judge(self, current: Pointer | None) -> None:
+        etag = current.etag if current is not None else None
+        if self.if_none_match and current is not None:
+            raise PreconditionFailed("If-None-Match: * and the object exists", etag=etag)
+        if self.if_match is not None:
+            if current is None:
+                raise PreconditionFailed("If-Match and the object does not exist", etag=None)
+            if "*" not in self.if_match and current.etag not in self.if_match:
+                raise PreconditionFailed(f"If-Match: the object's ETag is {current.etag}",
+                                         etag=etag)
+
+
+def _pointer(row: Sequence[Any] | None) -> Pointer | None:
+    return None if row is None else Pointer(*row)
+
+
+class Pointers:
+    """The pointer rows on the row store ``store`` (``PostgresStore`` or ``SqliteStore``: their
+    ``fenced``/``plain`` calls run these statements in their transactions and connections)."""
+
+    def __init__(self, store: Any, postgres: bool):
+        self.store = store
+        self.pg = postgres
+        table = PG_TABLE if postgres else SQLITE_TABLE
+        p = (lambda n: f"%({n})s") if postgres else (lambda n: f":{n}")
+        where = f"bucket = {p('bucket')} AND key = {p('key')}"
+        self._select = f"SELECT {_COLUMNS} FROM {table} WHERE {where}"
+        self._lock = self._select + (" FOR UPDATE" if postgres else "")
+        names = [c.strip() for c in _COLUMNS.split(",")]
+        self._upsert = (f"INSERT INTO {table} ({_COLUMNS}) VALUES "
+                        f"({', '.join(p(n) for n in names)}) ON CONFLICT (bucket, key) DO UPDATE "
+                        "SET " + ", ".join(f"{n} = excluded.{n}" for n in names[2:]))
+        self._delete = f"DELETE FROM {table} WHERE {where}"
+        order = 'key COLLATE "C"' if postgres else "key"
+        prefix = (f"left(key, {p('n')}) = {p('prefix')}" if postgres
+                  else f"substr(key, 1, {p('n')}) = {p('prefix')}")
+        self._list = (f"SELECT {_COLUMNS} FROM {table} WHERE bucket = {p('bucket')} AND "
+                      f"{order} > {p('after')} AND {prefix} ORDER BY {order} LIMIT {p('limit')}")
+        self._referenced = (f"SELECT blob FROM {table} WHERE blob = ANY(%(names)s)" if postgres
+                            else f"SELECT blob FROM {table} WHERE blob IN (SELECT value FROM "
+                                 "json_each(:names))")
+        self._ddl = _ddl(table)
+
+    async def create(self) -> None:
+        """The pointer table, if missing (safe when several proxies start at once)."""
+        if self.pg:
+            async def create(conn) -> None:
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
+                    await conn.execute(self._ddl)
+
+            await self.store.plain(create)
+        else:
+            await self.store.plain(lambda conn: conn.execute(self._ddl))
+
+    # -- one statement each, on the caller's connection -------------------------------------
+
+    async def _run(self, conn: Any, sql: str, params: dict[str, Any], rows: str = "one") -> Any:
+        if self.pg:
+            cur = await conn.execute(sql, params)
+            return await (cur.fetchone() if rows == "one" else cur.fetchall())
+        cur = conn.execute(sql, params)
+        return cur.fetchone() if rows == "one" else cur.fetchall()
+
+    # -- calls ------------------------------------------------------------------------------
+
+    async def put(self, fence: Fence, bucket: str, key: str, stored: Stored, content_type: str,
+                  conditions: Preconditions, once: Once | None,
+                  replaced: list[str]) -> tuple[bool, Pointer] | Reply:
+        """Move the object's pointer to ``stored`` in the fence's transaction: (created, the
+        new pointer), or with ``once`` the ``Reply``. The replaced version's blob name is
+        appended to ``replaced`` (the caller deletes it once this committed)."""
+
+        def row(current: Pointer | None) -> tuple[Pointer, dict[str, Any]]:
+            conditions.judge(current)
+            new = Pointer(bucket, key, (current.version + 1) if current else 1, stored.name,
+                          stored.size, stored.sha256, content_type, fence.lock, fence.fence,
+                          int(time.time() * 1000))
+            if current is not None:
+                replaced.append(current.blob)
+            return new, {n: getattr(new, n) for n in Pointer.__slots__}
+
+        where = {"bucket": bucket, "key": key}
+        if self.pg:
+            async def body(conn) -> tuple[bool, Pointer]:
+                current = _pointer(await self._run(conn, self._lock, where))
+                new, params = row(current)
+                await conn.execute(self._upsert, params)
+                return current is None, new
+        else:
+            def body(conn) -> tuple[bool, Pointer]:  # type: ignore[misc]
+                current = _pointer(conn.execute(self._lock, where).fetchone())
+                new, params = row(current)
+                conn.execute(self._upsert, params)
+                return current is None, new
+        return await self.store.fenced([fence], body, once)
+
+    async def delete(self, fence: Fence, bucket: str, key: str, conditions: Preconditions,
+                     once: Once | None, replaced: list[str]) -> Pointer | Reply:
+        """Remove the object's pointer in the fence's transaction (404 if absent: rolled back,
+        the fence not raised); its blob name appended to ``replaced``."""
+
+        def judge(current: Pointer | None) -> Pointer:
+            if current is None:
+                raise NotFound(f"no object {key!r} in bucket {bucket!r}", bucket=bucket)
+            conditions.judge(current)
+            replaced.append(current.blob)
+            return current
+
+        where = {"bucket": bucket, "key": key}
+        if self.pg:
+            async def body(conn) -> Pointer:
+                current = judge(_pointer(await self._run(conn, self._lock, where)))
+                await conn.execute(self._delete, where)
+                return current
+        else:
+            def body(conn) -> Pointer:  # type: ignore[misc]
+                current = judge(_pointer(conn.execute(self._lock, where).fetchone()))
+                conn.execute(self._delete, where)
+                return current
+        return await self.store.fenced([fence], body, once)
+
+    async def get(self, bucket: str, key: str, fence: Fence | None) -> Pointer | None:
+        """The object's pointer (None if absent); with ``fence``, a fenced read: the fence
+        claimed (for its purpose) in the transaction that reads it."""
+        where = {"bucket": bucket, "key": key}
+        if self.pg:
+            async def body(conn) -> Pointer | None:
+                return _pointer(await self._run(conn, self._select, where))
+        else:
+            def body(conn) -> Pointer | None:  # type: ignore[misc]
+                return _pointer(conn.execute(self._select, where).fetchone())
+        if fence is None:
+            return await self.store.plain(body)
+        return await self.store.fenced([fence], body)
+
+    async def list(self, bucket: str, prefix: str, after: str, limit: int) -> list[Pointer]:
+        params = {"bucket": bucket, "prefix": prefix, "n": len(prefix), "after": after,
+                  "limit": limit}
+        if self.pg:
+            async def body(conn) -> list[Pointer]:
+                return [Pointer(*r) for r in await self._run(conn, self._list, params, "all")]
+        else:
+            def body(conn) -> list[Pointer]:  # type: ignore[misc]
+                return [Pointer(*r) for r in conn.execute(self._list, params).fetchall()]
+        return await self.store.plain(body)
+
+    async def referenced(self, names: Sequence[str]) -> set[str]:
+        """Which of the blob ``names`` some pointer names."""
+        if not names:
+            return set()
+        if self.pg:
+            params: dict[str, Any] = {"names": list(names)}
+
+            async def body(conn) -> set[str]:
+                return {r[0] for r in await self._run(conn, self._referenced, params, "all")}
+        else:
+            params = {"names": json.dumps(list(names))}
+
+            def body(conn) -> set[str]:  # type: ignore[misc]
+                return {r[0] for r in conn.execute(self._referenced, params).fetchall()}
+        return await self.store.plain(body)
