@@ -77,7 +77,10 @@ def run(args: argparse.Namespace) -> None:
                 continue
             log("acquired", fence=lease.fence)
             try:
-                with FencedSession(args.proxy, lease, retries=0, timeout=5.0) as db:
+                # refuse_lost=False: the fence alone decides (what chaos tests), also for a
+                # worker that knows its lease lapsed while it was frozen
+                with FencedSession(args.proxy, lease, retries=0, timeout=5.0,
+                                   refuse_lost=False) as db:
                     for _ in range(rng.randint(1, 3)):
                         n += 1
                         tag = {"w": args.worker, "fence": lease.fence, "n": n}
