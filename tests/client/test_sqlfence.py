@@ -323,6 +323,8 @@ def test_keys_are_cached_and_fetched_again_for_an_unknown_kid(dsn, lockd_server,
         assert keys.loads == loads, "the same key: no second fetch"
         lockd_server.key_dir = lockd_server.workdir / "rotated"  # a new signing key
         lockd_server.restart()
+        while keys._clock() < keys._last_load + keys._min_interval:  # refetches are spaced
+            time.sleep(0.02)  # (a restart quicker than the spacing would find no new key yet)
         with lock_client.lock(name, ttl=10) as lease, fenced_transaction(conn, lease) as claims:
             assert claims.locks == {name: lease.fence}
     assert sqlfence._keys[lockd_server.url] is keys and keys.kids.isdisjoint(first)
