@@ -89,18 +89,31 @@ async def _direct_file(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]
     return cycle, close
 
 
+_S3_CLIENTS: dict[str, tuple[Any, contextlib.AsyncExitStack, list[int]]] = {}
+
+
 async def _direct_s3(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]],
                                                   Callable[[], Awaitable[None]]]:
-    """PUTs straight to the S3 server with aiobotocore (the library the proxy's S3 store uses;
-    one PUT made before the count, so credentials and connections are ready): client i writes
-    ``c{i}/{n % 8}`` of the bucket ``spec["bucket"]``."""
+    """PUTs straight to the S3 server with aiobotocore (the library the proxy's S3 store uses),
+    ONE client (one connection pool) shared by the generator process's clients, as the proxy
+    shares one; one PUT made before the count, so credentials and connections are ready.
+    Client i writes ``c{i}/{n % 8}`` of the bucket ``spec["bucket"]``."""
     from aiobotocore.session import get_session
     from botocore.config import Config
 
-    stack = contextlib.AsyncExitStack()
-    client = await stack.enter_async_context(get_session().create_client(
-        "s3", endpoint_url=spec["s3_url"], region_name="us-east-1", aws_access_key_id="test",
-        aws_secret_access_key="test", config=Config(s3={"addressing_style": "path"})))
+    url = spec["s3_url"]
+    if url not in _S3_CLIENTS:
+        stack = contextlib.AsyncExitStack()
+        _S3_CLIENTS[url] = (None, stack, [0])
+        client = await stack.enter_async_context(get_session().create_client(
+            "s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
+            aws_secret_access_key="test",
+            config=Config(s3={"addressing_style": "path"}, max_pool_connections=64)))
+        _S3_CLIENTS[url] = (client, stack, [0])
+    while _S3_CLIENTS[url][0] is None:  # another client of this process is making it
+        await asyncio.sleep(0.01)
+    client, stack, users = _S3_CLIENTS[url]
+    users[0] += 1
     body = os.urandom(spec["size"])
     n = 0
 
@@ -109,8 +122,14 @@ async def _direct_s3(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]],
         n += 1
         await client.put_object(Bucket=spec["bucket"], Key=f"c{i}/{n % _SLOTS}", Body=body)
 
+    async def close() -> None:
+        users[0] -= 1
+        if users[0] == 0:
+            _S3_CLIENTS.pop(url, None)
+            await stack.aclose()
+
     await cycle()
-    return cycle, stack.aclose
+    return cycle, close
 
 
 WORKLOADS = {"proxy_object_put": _proxy_put, "direct_file_write": _direct_file,
