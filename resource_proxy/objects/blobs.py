@@ -140,7 +140,11 @@ class DirectoryBlobs:
 
     async def put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
         staged = await self.stage(chunks, limit)
-        await staged.durable()
+        try:
+            await staged.durable()
+        except BaseException:
+            await staged.abandon()  # nothing kept
+            raise
         return staged.stored
 
     async def stage(self, chunks: AsyncIterator[bytes], limit: int) -> Staged:
