@@ -12,9 +12,13 @@ compare-and-swap of its own, and no key can name a path.
                               fsync'ed (the rename is durable before the pointer moves)
 
 Files are opened with ``O_NOFOLLOW``: a symlink planted in DIR is never followed. The body
-is streamed: at most ``chunk`` bytes (1 MiB) are buffered per request, written from a worker
-thread so the event loop never waits on the disk. ``S3Blobs`` (``objects.s3``) is the other
-backend, with the same calls.
+is streamed in batches of ``BATCH`` bytes (512 KiB), each hashed (sha256) and written by ONE
+worker-thread hop while the next is received, so at most ``CHUNK`` (1 MiB) plus one received
+piece is buffered per request and the event loop neither waits on the disk nor hashes; the
+file is opened by its first write, so a small body costs one hop. ``stage`` returns once the
+body is received (``Staged``): its fsync, rename and directory fsync run meanwhile, and the
+caller waits for them (``Staged.durable``) before any pointer may name the blob.
+``S3Blobs`` (``objects.s3``) is the other backend, with the same calls.
 """
 
 from __future__ import annotations
