@@ -18,6 +18,7 @@ them: what streaming keeps bounded (at most 1 MiB of a body is buffered per requ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -88,7 +89,51 @@ async def _direct_file(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]
     return cycle, close
 
 
-WORKLOADS = {"proxy_object_put": _proxy_put, "direct_file_write": _direct_file}
+_S3_CLIENTS: dict[str, tuple[Any, contextlib.AsyncExitStack, list[int]]] = {}
+
+
+async def _direct_s3(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]],
+                                                  Callable[[], Awaitable[None]]]:
+    """PUTs straight to the S3 server with aiobotocore (the library the proxy's S3 store uses),
+    ONE client (one connection pool) shared by the generator process's clients, as the proxy
+    shares one; one PUT made before the count, so credentials and connections are ready.
+    Client i writes ``c{i}/{n % 8}`` of the bucket ``spec["bucket"]``."""
+    from aiobotocore.session import get_session
+    from botocore.config import Config
+
+    url = spec["s3_url"]
+    if url not in _S3_CLIENTS:
+        stack = contextlib.AsyncExitStack()
+        _S3_CLIENTS[url] = (None, stack, [0])
+        client = await stack.enter_async_context(get_session().create_client(
+            "s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
+            aws_secret_access_key="test",
+            config=Config(s3={"addressing_style": "path"}, max_pool_connections=64)))
+        _S3_CLIENTS[url] = (client, stack, [0])
+    while _S3_CLIENTS[url][0] is None:  # another client of this process is making it
+        await asyncio.sleep(0.01)
+    client, stack, users = _S3_CLIENTS[url]
+    users[0] += 1
+    body = os.urandom(spec["size"])
+    n = 0
+
+    async def cycle() -> None:
+        nonlocal n
+        n += 1
+        await client.put_object(Bucket=spec["bucket"], Key=f"c{i}/{n % _SLOTS}", Body=body)
+
+    async def close() -> None:
+        users[0] -= 1
+        if users[0] == 0:
+            _S3_CLIENTS.pop(url, None)
+            await stack.aclose()
+
+    await cycle()
+    return cycle, close
+
+
+WORKLOADS = {"proxy_object_put": _proxy_put, "direct_file_write": _direct_file,
+             "direct_s3_put": _direct_s3}
 
 
 def _hwm_mb(pid: int) -> float:
@@ -134,7 +179,7 @@ def objects(bench: Any) -> Section:
     section = Section(
         "10", "Fenced objects: PUT through the proxy vs the same files written directly",
         "the same bytes written straight to a directory (write, fsync, rename, fsync dir), "
-        "same clients",
+        "same clients; for S3, PUTs straight to the same S3 server",
         [("path", "str"), ("size", "str"), ("clients", "int"), ("PUTs/s", "int"),
          ("MB/s", "int"), ("× direct", "x"), ("p50 ms", "ms"), ("p99 ms", "ms"),
          ("errors", "int")])
@@ -153,6 +198,7 @@ def objects(bench: Any) -> Section:
                     "bytes_per_s": [x["cycles"] * size / x["seconds"] for x in runs],
                     "first_error": next((x["first_error"] for x in runs if x["first_error"]),
                                         None)}
+    _s3_rows(bench, section, clients, dsn, ring, tokens)
     most = max(clients)
     section.data["proxy_rss_mb"] = {label: {"before": b, "peak": p}
                                     for label, (b, p) in memory.items()}
@@ -164,3 +210,74 @@ def objects(bench: Any) -> Section:
         "at most 1 MiB buffered each). Client i writes its own 8 keys of bucket bench{i} in "
         "turn (lock bench{i}, fence 1); the proxy's database is PostgreSQL.")
     return section
+
+
+S3_BASELINE = "PUT straight to the S3 server (moto, baseline)"
+S3_PROXIED = "fenced PUT through the proxy on S3"
+
+
+def _s3_rows(bench: Any, section: Section, clients: list[int], dsn: str, ring: Any,
+             tokens: list[str]) -> None:
+    """The same PUTs with an S3 server (moto in server mode, from the venv) as the blob store:
+    through the proxy (``--objects-s3-url``) against PUTs straight to the same server. Skipped,
+    with a note, when ``moto_server`` is not installed."""
+    from bench import loadgen
+    from tests.support import VENV_BIN, ServiceProcess, free_port
+
+    binary = VENV_BIN / "moto_server"
+    if not binary.exists():
+        section.notes.append("S3 rows skipped: moto_server is not installed "
+                             "(pip install 'moto[server]').")
+        return
+    s = bench.settings
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    moto = ServiceProcess([str(binary), "-H", "127.0.0.1", "-p", str(port)],
+                          ready_url=f"{url}/moto-api/", env=env,
+                          log_path=bench.ws.dir / "moto.log").start(timeout=60)
+    try:
+        import botocore.session
+
+        botocore.session.get_session().create_client(
+            "s3", endpoint_url=url, region_name="us-east-1", aws_access_key_id="test",
+            aws_secret_access_key="test").create_bucket(Bucket="bench-direct")
+        server = bench.ws.proxy(dsn, ring.jwks(), "tables: {}\n", name="proxy-objects-s3",
+                                env=env, args=("--objects-s3-url", url, "--objects-s3-bucket",
+                                               "bench-proxy", "--max-object-bytes",
+                                               str(4 << 20)))
+        res: dict[tuple[str, str, int], list[dict]] = {}
+        for label, size in SIZES:
+            for _ in range(s.rounds):
+                for c in clients:
+                    for name, spec in ((S3_BASELINE, {"workload": "direct_s3_put", "s3_url": url,
+                                                      "bucket": "bench-direct"}),
+                                       (S3_PROXIED, {"workload": "proxy_object_put",
+                                                     **server.addr(), "tokens": tokens})):
+                        out = loadgen.run_closed({**spec, "size": size, "warmup": s.warmup,
+                                                  "seconds": s.seconds}, c, s.procs)
+                        res.setdefault((name, label, c), []).append(out)
+        server.stop()
+    finally:
+        moto.stop()
+    for label, size in SIZES:
+        for c in clients:
+            base = median([x["cycles"] / x["seconds"] for x in res[(S3_BASELINE, label, c)]])
+            for name in (S3_BASELINE, S3_PROXIED):
+                runs = res[(name, label, c)]
+                rate = median([x["cycles"] / x["seconds"] for x in runs])
+                lat = [v for x in runs for v in x["lat_ms"]]
+                section.rows.append([name, label, c, rate, rate * size / 1e6, ratio(rate, base),
+                                     pct(lat, 50), pct(lat, 99),
+                                     sum(x["errors"] for x in runs)])
+                section.data[f"{name} · {label} @{c}"] = {
+                    "puts_per_s": [x["cycles"] / x["seconds"] for x in runs],
+                    "bytes_per_s": [x["cycles"] * size / x["seconds"] for x in runs],
+                    "first_error": next((x["first_error"] for x in runs if x["first_error"]),
+                                        None)}
+    section.notes.append(
+        "S3 rows: moto's server (Python, in-memory) on loopback as the S3 endpoint; the "
+        "baseline PUTs with aiobotocore (the proxy's own S3 library; moto closes every "
+        "connection), client i its 8 keys c{i}/*; through the proxy each PUT is one S3 PUT of a new blob, the fence's "
+        "transaction, then one S3 DELETE of the replaced blob.")

@@ -1,12 +1,12 @@
-"""The proxy's hot path: fenced ``PUT``/``PATCH`` of a row and ``POST /v1/batch`` served as
-raw ASGI in front of FastAPI's middleware stack.
+"""The proxy's hot path: fenced ``PUT``/``PATCH`` of a row, ``POST /v1/batch`` and an
+object's ``PUT`` served as raw ASGI in front of FastAPI's middleware stack.
 
-These three calls are nearly all of a fenced proxy's traffic. FastAPI/Starlette's layers
+These calls are nearly all of a fenced proxy's traffic. FastAPI/Starlette's layers
 (server-error and exception middlewares, FastAPI's own outer middlewares, the router's scan of
 every route) cost ~0.15 ms of CPU per request on top of uvicorn (bench/NOTES.md, "HTTP stack
 ceiling"), about a quarter of a fenced write's cost. Here the same endpoints of
 ``resource_proxy.api`` (``put_row``, ``patch_row``, ``batch``: the same body bound, token
-header, ``ProxyService`` call, fencing and metrics) run behind the same request middleware
+header, ``ProxyService`` call, fencing and metrics) and of ``objects.api`` (``put_object``) run behind the same request middleware
 (API keys, request ids, header bound) and access middleware, with the same problem mapping
 (``api.problem_response``). Matching uses the routes' own Starlette patterns, so a path is
 served here exactly when the router would have sent it to the same endpoint; every other
@@ -24,20 +24,21 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match, Route
 
 from resource_proxy.api import batch, patch_row, problem_response, put_row, routes
+from resource_proxy.objects.api import object_routes, put_object
 
 __all__ = ["HotPathMiddleware", "ProxyApp", "is_hot_path"]
 
 Scope = dict[str, Any]
 ASGIApp = Callable[[Scope, Any, Any], Awaitable[None]]
 
-_HOT_ENDPOINTS = (put_row, patch_row, batch)
+_HOT_ENDPOINTS = (put_row, patch_row, batch, put_object)
 
 
 def _hot_routes() -> dict[str, tuple[Route, ...]]:
     """method -> the hot routes for it: the routes' own objects, so the same patterns and
     convertors as the router's."""
     found: dict[str, tuple[Route, ...]] = {}
-    for route in routes:
+    for route in (*routes, *object_routes):
         if route.endpoint in _HOT_ENDPOINTS:
             for method in route.methods or ():
                 if method != "HEAD":
@@ -61,7 +62,8 @@ def _match(scope: Scope) -> dict[str, Any] | None:
 
 
 def is_hot_path(scope: Scope) -> bool:
-    """A fenced row ``PUT``/``PATCH`` or ``POST /v1/batch``: what ``HotPathMiddleware`` serves."""
+    """A fenced row ``PUT``/``PATCH``, ``POST /v1/batch`` or an object's ``PUT``: what
+    ``HotPathMiddleware`` serves."""
     return _match(scope) is not None
 
 

@@ -12,28 +12,36 @@ compare-and-swap of its own, and no key can name a path.
                               fsync'ed (the rename is durable before the pointer moves)
 
 Files are opened with ``O_NOFOLLOW``: a symlink planted in DIR is never followed. The body
-is streamed: at most ``chunk`` bytes (1 MiB) are buffered per request, written from a worker
-thread so the event loop never waits on the disk. ``S3Blobs`` (``objects.s3``) is the other
-backend, with the same calls.
+is streamed in batches of ``BATCH`` bytes (512 KiB), each hashed (sha256) and written by ONE
+worker-thread hop while the next is received, so at most ``CHUNK`` (1 MiB) plus one received
+piece is buffered per request and the event loop neither waits on the disk nor hashes; the
+file is opened by its first write, so a small body costs one hop. ``stage`` returns once the
+body is received (``Staged``): its fsync, rename and directory fsync run meanwhile, and the
+caller waits for them (``Staged.durable``) before any pointer may name the blob.
+``S3Blobs`` (``objects.s3``) is the other backend, with the same calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from resource_proxy.errors import BlobStoreUnavailable, PayloadTooLarge
 
-__all__ = ["Stored", "BlobMissing", "BlobStore", "DirectoryBlobs", "new_name", "CHUNK"]
+__all__ = ["Stored", "Staged", "BlobMissing", "BlobStore", "DirectoryBlobs", "new_name",
+           "CHUNK"]
 
-CHUNK = 1 << 20  # bytes buffered per request before a write
+CHUNK = 1 << 20  # the most of a body buffered per request (two batches in flight)
+BATCH = CHUNK // 2  # bytes gathered before one worker-thread hop hashes and writes them
+SMALL = 64 * 1024  # a last batch this small is hashed on the event loop (~0.1 ms at most)
 READ_CHUNK = 256 * 1024
 _NAME_CHARS = frozenset("0123456789abcdef")
 
@@ -49,6 +57,29 @@ class Stored:
     name: str
     size: int
     sha256: str
+
+
+class Staged:
+    """A body received in full (``stored``: name, size, sha256) whose durability may still be
+    under way: ``durable()`` waits for it (the blob written, fsync'ed, renamed, its directory
+    fsync'ed; ``BlobStoreUnavailable`` if that failed) and must return before any pointer names
+    the blob; ``abandon()`` waits for the work and deletes the blob (a write that did not
+    commit). Lets the fence's transaction run while the disk makes the body durable."""
+
+    def __init__(self, stored: Stored, work: Awaitable[None] | None,
+                 delete: Callable[[str], Awaitable[None]]):
+        self.stored = stored
+        self._work = asyncio.ensure_future(work) if work is not None else None
+        self._delete = delete
+
+    async def durable(self) -> None:
+        if self._work is not None:
+            await asyncio.shield(self._work)  # a cancelled request still lets the disk finish
+
+    async def abandon(self) -> None:
+        if self._work is not None:
+            await asyncio.gather(self._work, return_exceptions=True)
+        await self._delete(self.stored.name)
 
 
 def new_name() -> str:
@@ -70,6 +101,10 @@ class BlobStore(Protocol):
     async def put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
         """Store the stream under a new name, durably; ``PayloadTooLarge`` (nothing kept) past
         ``limit`` bytes."""
+
+    async def stage(self, chunks: AsyncIterator[bytes], limit: int) -> Staged:
+        """As ``put``, returning once the body is received in full, its durability perhaps
+        still under way (``Staged``)."""
 
     def read(self, name: str, start: int, end: int) -> AsyncIterator[bytes]:
         """Bytes ``start`` to ``end`` (exclusive) of a blob; ``BlobMissing`` if it is gone."""
@@ -108,53 +143,86 @@ class DirectoryBlobs:
         return self.blobs / name[:2] / name
 
     async def put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
+        staged = await self.stage(chunks, limit)
         try:
-            return await self._put(chunks, limit)
-        except OSError as exc:  # disk full, I/O error, a directory removed under us
-            raise BlobStoreUnavailable(f"the objects' directory failed: {exc.strerror or exc}; "
-                                       "nothing was stored (retry later)") from None
+            await staged.durable()
+        except BaseException:
+            await staged.abandon()  # nothing kept
+            raise
+        return staged.stored
 
-    async def _put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
+    async def stage(self, chunks: AsyncIterator[bytes], limit: int) -> Staged:
+        try:
+            return await self._stage(chunks, limit)
+        except OSError as exc:
+            raise _unavailable(exc) from None
+
+    async def _stage(self, chunks: AsyncIterator[bytes], limit: int) -> Staged:
         name = new_name()
-        temp = self.tmp / name
-        fd = await asyncio.to_thread(
-            os.open, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        digest = hashlib.sha256()
-        size = 0
-        buffer = bytearray()
+        file = _Receiving(self.tmp / name)
+        batch: list[bytes] = []
+        batched = size = 0
+        writing: asyncio.Future | None = None  # the previous batch, hashed and written meanwhile
         done = False
-        open_fd: int | None = fd
         try:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > limit:
                     raise PayloadTooLarge(f"the object exceeds the largest this proxy stores "
                                           f"({limit} bytes)", limit=limit)
-                digest.update(chunk)
-                buffer += chunk
-                if len(buffer) >= CHUNK:
-                    data, buffer = bytes(buffer), bytearray()
-                    await asyncio.to_thread(_write_all, fd, data)
-            open_fd = None  # _finish closes it, whatever happens
-            await asyncio.to_thread(self._finish, fd, bytes(buffer), temp, name)
+                batch.append(chunk)
+                batched += len(chunk)
+                if batched >= BATCH:
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.ensure_future(asyncio.to_thread(file.write, batch))
+                    batch, batched = [], 0
+            if writing is not None:
+                await writing
+                writing = None
+            if batched > SMALL:  # hashed in the worker, not on the event loop
+                await asyncio.to_thread(file.write, batch)
+                batch = []
+            else:
+                file.hash(batch)
             done = True
         finally:
             if not done:
-                await asyncio.to_thread(_discard, open_fd, temp)
-        return Stored(name, size, digest.hexdigest())
+                if writing is not None:  # never close the file under a running write
+                    await asyncio.gather(writing, return_exceptions=True)
+                await asyncio.to_thread(file.discard)
+        stored = Stored(name, size, file.digest.hexdigest())
+        return Staged(stored, self._durable(file, batch, name), self._abandon)
 
-    def _finish(self, fd: int, rest: bytes, temp: Path, name: str) -> None:
-        """Write the rest, fsync, close, rename into ``blobs/<ab>/``, fsync that directory."""
+    async def _durable(self, file: _Receiving, rest: list[bytes], name: str) -> None:
         try:
-            _write_all(fd, rest)
-            os.fsync(fd)
+            await asyncio.to_thread(self._finish, file, rest, name)
+        except OSError as exc:
+            raise _unavailable(exc) from None
+
+    async def _abandon(self, name: str) -> None:
+        """Delete a staged blob wherever its work left it (received or renamed); a directory
+        that fails here leaves it to the sweeper."""
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread(_unlink, self.tmp / name)
+            await self.delete(name)
+
+    def _finish(self, file: _Receiving, rest: list[bytes], name: str) -> None:
+        """Write the rest (already hashed), fsync, close, rename into ``blobs/<ab>/``, fsync
+        that directory: one worker-thread hop (a small body's only one)."""
+        try:
+            file.write(rest, hashed=True)
+            os.fsync(file.fd)  # type: ignore[arg-type]
         finally:
-            os.close(fd)
+            file.close()
         shard = self.blobs / name[:2]
-        if not shard.is_dir():
+        target = shard / name
+        try:
+            os.rename(file.path, target)
+        except FileNotFoundError:  # the shard's first blob: make it, durably
             shard.mkdir(mode=0o700, exist_ok=True)
             _fsync_dir(self.blobs)
-        os.rename(temp, shard / name)
+            os.rename(file.path, target)
         _fsync_dir(shard)
 
     async def read(self, name: str, start: int, end: int) -> AsyncIterator[bytes]:  # type: ignore[override]
@@ -203,17 +271,43 @@ class DirectoryBlobs:
         return await asyncio.to_thread(scan)
 
 
+class _Receiving:
+    """A body being received into ``path``: opened (``O_EXCL``, ``O_NOFOLLOW``) by its first
+    write, hashed (sha256) in the same worker thread that writes (hashlib lets go of the GIL)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+        self.digest = hashlib.sha256()
+
+    def hash(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self.digest.update(piece)
+
+    def write(self, pieces: list[bytes], hashed: bool = False) -> None:
+        if self.fd is None:
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                              0o600)
+        for piece in pieces:
+            if not hashed:
+                self.digest.update(piece)
+            _write_all(self.fd, piece)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def discard(self) -> None:
+        self.close()
+        _unlink(self.path)
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _discard(fd: int | None, temp: Path) -> None:
-    if fd is not None:
-        os.close(fd)
-    _unlink(temp)
 
 
 def _unlink(path: Path) -> None:
@@ -228,6 +322,12 @@ def _mtime(entry: os.DirEntry) -> float:
         return entry.stat(follow_symlinks=False).st_mtime
     except FileNotFoundError:
         return float("inf")
+
+
+def _unavailable(exc: OSError) -> BlobStoreUnavailable:
+    """Disk full, I/O error, a directory removed under us: 503, nothing stored."""
+    return BlobStoreUnavailable(f"the objects' directory failed: {exc.strerror or exc}; "
+                                "nothing was stored (retry later)")
 
 
 def _fsync_dir(path: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 
 from resource_proxy.errors import BlobStoreUnavailable, PayloadTooLarge, ProxyError
-from resource_proxy.objects.blobs import BlobMissing, Stored, is_blob_name, new_name
+from resource_proxy.objects.blobs import BlobMissing, Staged, Stored, is_blob_name, new_name
 
 __all__ = ["S3Blobs", "PART"]
 
@@ -83,6 +83,10 @@ class S3Blobs:
         except Exception as exc:  # botocore: the endpoint refused or did not answer
             raise BlobStoreUnavailable(f"the S3 endpoint failed: {type(exc).__name__}: "
                                        f"{str(exc)[:200]}; nothing was stored") from None
+
+    async def stage(self, chunks: AsyncIterator[bytes], limit: int) -> Staged:
+        """``put``: an S3 PUT (or a completed multipart upload) is durable when answered."""
+        return Staged(await self.put(chunks, limit), None, self.delete)
 
     async def _put(self, chunks: AsyncIterator[bytes], limit: int) -> Stored:
         name = new_name()

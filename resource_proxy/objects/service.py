@@ -6,7 +6,8 @@ the object's ONE lock (``names.Buckets``; 403 ``lock_not_allowed`` naming it) ex
 (``fencing.held``, the tables' one write rule: 403 ``shared_token`` for a shared hold), then the
 body is streamed to a new blob (413 past ``max_object_bytes``, nothing kept), then ONE
 transaction of the proxy's database checks and raises the lock's fence and moves the object's
-pointer (``store.Pointers``). If that transaction did not commit (409 ``stale_token``,
+pointer (``store.Pointers``). The transaction's statements run while the blob is being made
+durable (fsync, rename, fsync of its directory: ``blobs.Staged``); its COMMIT waits for that. If that transaction did not commit (409 ``stale_token``,
 412 ``precondition_failed``, 503, or an Idempotency-Key replay) the new blob is deleted at once;
 only when the outcome is unknown (502: the COMMIT may have happened) is it left to the sweeper,
 which deletes it unless a pointer names it. After a commit the replaced version's blob is
@@ -42,7 +43,7 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import held
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
-from resource_proxy.objects.blobs import BlobMissing, BlobStore, Stored
+from resource_proxy.objects.blobs import BlobMissing, BlobStore, Staged
 from resource_proxy.objects.names import Buckets, check_key, parse_bucket, parse_key
 from resource_proxy.objects.store import Pointer, Pointers, Preconditions
 from resource_proxy.values import dumps
@@ -164,9 +165,10 @@ class ObjectService:
         ctype = (content_type or "application/octet-stream").strip()
         if len(ctype) > 255 or not ctype.isprintable():
             raise InvalidRequest("Content-Type must be at most 255 printable characters")
-        stored = await self.blobs.put(chunks, self.max_object_bytes)
+        staged = await self.blobs.stage(chunks, self.max_object_bytes)
+        stored = staged.stored
         if length is not None and stored.size != length:  # the server bounds it; belt and braces
-            await self.blobs.delete(stored.name)
+            await staged.abandon()
             raise InvalidRequest("the body is shorter than its Content-Length")
         once = None
         if keyed is not None:
@@ -174,22 +176,22 @@ class ObjectService:
                           f"{stored.sha256}\n{ctype}".encode())
             once = keyed.once([fence], self.idempotency_ttl_ms, _render_put)
         replaced: list[str] = []
-        result = await self._commit(stored, self.pointers.put(
-            fence, bucket, key, stored, ctype, conditions, once, replaced))
+        result = await self._commit(staged, self.pointers.put(
+            fence, bucket, key, stored, ctype, conditions, once, replaced, staged.durable))
         if isinstance(result, Reply) and result.replayed:
-            await self.blobs.delete(stored.name)  # the recorded write's blob is the one kept
+            await staged.abandon()  # the recorded write's blob is the one kept
         for name in replaced:
             await self.blobs.delete(name)
         return result if isinstance(result, Reply) else _render_put(result)
 
-    async def _commit(self, stored: Stored, transaction: Any) -> Any:
+    async def _commit(self, staged: Staged, transaction: Any) -> Any:
         """Await the transaction; delete the new blob unless it committed or might have."""
         try:
             return await transaction
         except OutcomeUnknown:
             raise  # it may have committed: the sweeper decides, by the pointers
         except BaseException:
-            await self.blobs.delete(stored.name)
+            await staged.abandon()
             raise
 
     async def delete(self, raw_bucket: str, raw_key: str, token: str | None,

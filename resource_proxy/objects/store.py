@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -92,6 +92,10 @@ class Preconditions:
                                          etag=etag)
 
 
+async def _done() -> None:
+    return None
+
+
 def _pointer(row: Sequence[Any] | None) -> Pointer | None:
     return None if row is None else Pointer(*row)
 
@@ -147,11 +151,14 @@ class Pointers:
     # -- calls ------------------------------------------------------------------------------
 
     async def put(self, fence: Fence, bucket: str, key: str, stored: Stored, content_type: str,
-                  conditions: Preconditions, once: Once | None,
-                  replaced: list[str]) -> tuple[bool, Pointer] | Reply:
+                  conditions: Preconditions, once: Once | None, replaced: list[str],
+                  durable: Callable[[], Awaitable[None]] = _done) -> tuple[bool, Pointer] | Reply:
         """Move the object's pointer to ``stored`` in the fence's transaction: (created, the
         new pointer), or with ``once`` the ``Reply``. The replaced version's blob name is
-        appended to ``replaced`` (the caller deletes it once this committed)."""
+        appended to ``replaced`` (the caller deletes it once this committed). ``durable()``
+        returns once the blob is durable: awaited before COMMIT (PostgreSQL: after the
+        transaction's statements, which so overlap the disk's work; SQLite, whose transaction
+        runs in one worker-thread call: before it)."""
 
         def row(current: Pointer | None) -> tuple[Pointer, dict[str, Any]]:
             conditions.judge(current)
@@ -168,8 +175,11 @@ class Pointers:
                 current = _pointer(await self._run(conn, self._lock, where))
                 new, params = row(current)
                 await conn.execute(self._upsert, params)
+                await durable()  # the body before the pointer: COMMIT follows
                 return current is None, new
         else:
+            await durable()
+
             def body(conn) -> tuple[bool, Pointer]:  # type: ignore[misc]
                 current = _pointer(conn.execute(self._lock, where).fetchone())
                 new, params = row(current)

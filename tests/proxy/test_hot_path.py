@@ -1,4 +1,4 @@
-"""The hot path (``resource_proxy.hot``): fenced PUT, PATCH and batch served in front of
+"""The hot path (``resource_proxy.hot``): fenced PUT, PATCH, batch and object PUT served in front of
 FastAPI's stack answer exactly as the full stack does, and are really served there.
 
 In process, on a real SQLite file: the same sequence of requests (successes, stale and missing
@@ -72,6 +72,8 @@ def _requests(ring: KeyRing) -> list[tuple[str, str, dict[str, str], bytes]]:
         ("POST", "/v1/batch/", auth("pairs/1", 1), batch),  # not a route
         ("DELETE", "/v1/tables/items/rows/k1", auth("items/k1", 3), b""),  # not hot
         ("GET", "/v1/tables/items/rows/a%2Fb", key, b""),  # not hot
+        ("PUT", "/v1/objects/b/k/x", auth("b", 1), b"x"),  # hot (no objects served here: 404)
+        ("GET", "/v1/objects/b/k/x", key, b""),  # not hot
     ]
 
 
@@ -128,14 +130,17 @@ def test_hot_path_answers_as_the_full_stack_does(tmp_path: Path) -> None:
                if a[2] != 401)
 
 
-def test_is_hot_path_matches_only_the_three_routes() -> None:
+def test_is_hot_path_matches_only_the_hot_routes() -> None:
     def scope(method: str, path: str) -> dict[str, Any]:
         return {"type": "http", "method": method, "path": path, "root_path": ""}
 
     assert is_hot_path(scope("PUT", "/v1/tables/t/rows/k"))
     assert is_hot_path(scope("PATCH", "/v1/tables/t/rows/a/b"))
     assert is_hot_path(scope("POST", "/v1/batch"))
-    for method, path in (("GET", "/v1/tables/t/rows/k"), ("DELETE", "/v1/tables/t/rows/k"),
+    assert is_hot_path(scope("PUT", "/v1/objects/b/k/x"))
+    for method, path in (("GET", "/v1/objects/b/k"), ("HEAD", "/v1/objects/b/k"),
+                         ("DELETE", "/v1/objects/b/k"), ("PUT", "/v1/objects/b"),
+                         ("GET", "/v1/objects/b"),("GET", "/v1/tables/t/rows/k"), ("DELETE", "/v1/tables/t/rows/k"),
                          ("POST", "/v1/tables/t/rows"), ("PUT", "/v1/tables/t/rows"),
                          ("POST", "/v1/batch/"), ("GET", "/v1/batch"),
                          ("PUT", "/v1/tables/t/lock")):

@@ -1,0 +1,31 @@
+"""Keeps section 10 (fenced objects, ``bench/objects.py``) from rotting: one short run with
+2 clients; every row (directory and S3, through the proxy and straight) measured PUTs without
+errors, and the goals table has its four §10 rows (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_bench_section_10_objects_run_and_report(tmp_path: Path, pg_admin_dsn: str) -> None:
+    env = {**os.environ, "BENCH_ONLY": "10", "BENCH_PROXY_CLIENTS": "2", "BENCH_SECONDS": "0.5",
+           "BENCH_ROUNDS": "1", "BENCH_WARMUP": "0.2", "BENCH_OUT": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "bench"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    sections = {s["key"]: s for s in json.loads((tmp_path / "latest.json").read_text())["sections"]}
+    ten = sections["10"]
+    paths = {row[0] for row in ten["rows"]}
+    assert {"fenced PUT through the proxy", "fenced PUT through the proxy on S3",
+            "PUT straight to the S3 server (moto, baseline)"} <= paths, paths
+    for name, size, clients, rate, *_, errors in ten["rows"]:
+        assert clients in (1, 2) and rate > 0 and errors == 0, (name, size, ten["data"])
+    assert len(ten["rows"]) == 16
+    goals = [g for g in sections["G"]["data"] if g.startswith("§10")]
+    assert len(goals) == 4, goals
