@@ -1,5 +1,5 @@
 """``lockctl conformance`` as a real process against real services and a real lockd: it passes
-on the proxy's rows (the contract's own example), on both example services (the SQLite one
+on the proxy's rows (the contract's own example) and its objects, on both example services (the SQLite one
 across a real restart, ``--restart-cmd``) and so on the Redis functions; it fails on the
 deliberately unfenced service, naming the failed checks."""
 
@@ -61,6 +61,28 @@ def test_the_proxys_rows_pass_the_contracts_example(shared_lockd, proxy_on_table
     passed(r, CHECKS[:1] + ["read-current", "superseded-holder", "read-superseded"] + CHECKS[2:])
     with sqlite3.connect(db) as conn:
         assert conn.execute(f"SELECT id, v FROM {table}").fetchall() == [(1, 1)]
+
+
+def test_the_proxys_objects_pass(shared_lockd, tmp_path):
+    """Fenced objects: bucket B, no policy, so every object of B is written under lock B."""
+    bucket = f"b-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    proc = ServiceProcess(
+        [str(VENV_BIN / "resource-proxy"), "serve", "--database-url",
+         f"sqlite:///{tmp_path / 'objects.db'}", "--objects-dir", str(tmp_path / "blobs"),
+         "--lockd-url", shared_lockd.url, "--port", str(port)],
+        ready_url=f"http://127.0.0.1:{port}/healthz", log_path=tmp_path / "proxy.log").start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        r = conformance(shared_lockd.url, url, "--lock", bucket,
+                        "--write", f'PUT /v1/objects/{bucket}/reports/daily.json {{"v": 1}}',
+                        "--read", f"GET /v1/objects/{bucket}/reports/daily.json")
+        passed(r, CHECKS[:1] + ["read-current", "superseded-holder", "read-superseded"]
+               + CHECKS[2:])
+        got = httpx.get(f"{url}/v1/objects/{bucket}/reports/daily.json")
+        assert got.status_code == 200 and json.loads(got.content) == {"v": 1}
+    finally:
+        proc.stop()
 
 
 def test_json_output(shared_lockd, proxy_on_table):
