@@ -60,7 +60,10 @@ def test_a_stale_write_acknowledged_and_orphans_are_violations():
 
 
 def test_a_short_run_with_frozen_holders_and_a_crashing_proxy_passes():
-    report = run_objects(seconds=12, seed=11, workers=3, resource="sqlite")
+    # pauses and crashes only (no stalls), for long enough that a thawed holder's write meets a
+    # newer holder's on a loaded machine too: a run with no stale write proves nothing
+    report = run_objects(seconds=18, seed=11, workers=3, resource="sqlite",
+                         faults=("pause", "crash_proxy"))
     assert report["passed"], (report["violations"][:5], report["ops"], report["faults"])
     assert report["ops"]["stale"] > 0 and report["ops"]["acknowledged"] > 0
     assert report["faults"].get("pause", 0) > 0
