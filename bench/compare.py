@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import loadgen
 from bench.peers import Server, Workspace
-from tests.support import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
+from harness import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
 
 __all__ = ["main"]
 

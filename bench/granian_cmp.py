@@ -22,7 +22,7 @@ import sys
 from bench import loadgen
 from bench.compare import _cpu_seconds, _proxy_servers
 from bench.peers import Server, Workspace
-from tests.support import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
+from harness import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
 
 __all__ = ["main"]
 

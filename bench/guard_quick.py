@@ -30,8 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from harness import ServiceProcess, free_port
 from lockd.tokens import KeyRing
-from tests.support import ServiceProcess, free_port
 
 GOALS = {"service": 0.7, "redis": 0.8}
 

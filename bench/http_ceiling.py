@@ -20,7 +20,7 @@ from pathlib import Path
 from bench import loadgen
 from bench.compare import _cpu_seconds
 from bench.peers import PYTHON, Server, Workspace
-from tests.support import ServiceProcess, free_port
+from harness import ServiceProcess, free_port
 
 __all__ = ["main"]
 

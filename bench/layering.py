@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from bench.peers import Workspace
-    from tests.support import sqlalchemy_url
+    from harness import sqlalchemy_url
 
     ws = Workspace()
     missing = ws.missing()

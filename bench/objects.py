@@ -222,7 +222,7 @@ def _s3_rows(bench: Any, section: Section, clients: list[int], dsn: str, ring: A
     through the proxy (``--objects-s3-url``) against PUTs straight to the same server. Skipped,
     with a note, when ``moto_server`` is not installed."""
     from bench import loadgen
-    from tests.support import VENV_BIN, ServiceProcess, free_port
+    from harness import VENV_BIN, ServiceProcess, free_port
 
     binary = VENV_BIN / "moto_server"
     if not binary.exists():

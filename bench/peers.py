@@ -23,10 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lockd.common.tls import client_context
-from lockd.demo.certs import make_demo_tls
-from tests.etcd_support import EtcdCluster, etcd_available
-from tests.support import (
+from harness import (
     PG_ADMIN_DSN,
     VENV_BIN,
     ServiceProcess,
@@ -36,7 +33,10 @@ from tests.support import (
     pg_available,
     sqlalchemy_url,
 )
-from tests.system.tls.servers import TLSProcess
+from harness.etcd import EtcdCluster, etcd_available
+from harness.tls_servers import TLSProcess
+from lockd.common.tls import client_context
+from lockd.demo.certs import make_demo_tls
 
 __all__ = [
     "Server",

@@ -29,12 +29,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lockd.tokens import KeyRing  # noqa: E402
-from resource_proxy.fencing import Fence  # noqa: E402
-from resource_proxy.store.sql import POSTGRES, SqlBuilder  # noqa: E402
-from resource_proxy.tables import Column, Kind, Table  # noqa: E402
-from resource_proxy.writes import build_op, set_fence  # noqa: E402
-from tests.support import (  # noqa: E402
+from harness import (  # noqa: E402
     PG_ADMIN_DSN,
     VENV_BIN,
     ServiceProcess,
@@ -42,6 +37,11 @@ from tests.support import (  # noqa: E402
     drop_database,
     free_port,
 )
+from lockd.tokens import KeyRing  # noqa: E402
+from resource_proxy.fencing import Fence  # noqa: E402
+from resource_proxy.store.sql import POSTGRES, SqlBuilder  # noqa: E402
+from resource_proxy.tables import Column, Kind, Table  # noqa: E402
+from resource_proxy.writes import build_op, set_fence  # noqa: E402
 
 DDL = "CREATE TABLE bench_rows (id bigint PRIMARY KEY, v bigint NOT NULL, last_fence bigint)"
 

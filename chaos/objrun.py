@@ -40,7 +40,7 @@ import psycopg
 
 from chaos.objcheck import check_objects, load_log
 from chaos.objwork import tag_of
-from tests.support import (
+from harness import (
     PG_ADMIN_DSN,
     VENV_BIN,
     ServiceProcess,

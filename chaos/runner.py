@@ -41,8 +41,8 @@ from chaos.services import ACCOUNT_LOCKS, ELECTION, LOCK, SEMAPHORE, Services
 from chaos.sqlcheck import check_sql
 from chaos.transfers import check_transfers
 from chaos.workload import MODES, WORKLOADS
+from harness import ThrowawayPostgres
 from lockd.client.fenced import FencedSession
-from tests.support import ThrowawayPostgres
 
 __all__ = ["RunConfig", "run", "format_summary", "REPO_ROOT"]
 

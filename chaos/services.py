@@ -3,9 +3,9 @@
 - lockd (``lockd serve``) on its store: ``sqlite`` (a file in the run's directory), ``postgres``
   (a database in the run's throwaway PostgreSQL cluster, the same cluster as the protected
   database, so a PostgreSQL crash also crashes lockd's store) or ``etcd`` (a 3-member cluster of
-  its own, ``tests.etcd_support.EtcdCluster``).
+  its own, ``harness.etcd.EtcdCluster``).
 - the fencing proxy (``resource-proxy serve``) in front of the protected database: the
-  throwaway PostgreSQL cluster (``tests.support.ThrowawayPostgres``), or a SQLite file.
+  throwaway PostgreSQL cluster (``harness.ThrowawayPostgres``), or a SQLite file.
 
 lockd keeps its signing keys in the run's directory, so a restarted lockd signs with the same
 key and the proxy keeps verifying. Faults: ``kill_lockd``/``start_lockd`` (SIGKILL, restart on
@@ -42,8 +42,8 @@ from chaos.db import (
 from chaos.near import NEAR_SPACES, NEAR_TABLES
 from chaos.relay import Relay
 from chaos.sqldb import create_sql_schema, protect
-from tests.etcd_support import EtcdCluster
-from tests.support import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
+from harness import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
+from harness.etcd import EtcdCluster
 
 __all__ = ["STORES", "RESOURCES", "VIAS", "LOCK", "ACCOUNT_LOCKS", "ELECTION", "SEMAPHORE", "Services"]
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.support import (
+from harness import (
     PG_ADMIN_DSN,
     ThrowawayPostgres,
     create_database,
@@ -59,10 +59,10 @@ def throwaway_pg():
     cluster.destroy()
 
 
-# --- etcd (a 3-member cluster of real etcd processes; see tests/etcd_support.py) ---------------
+# --- etcd (a 3-member cluster of real etcd processes; see harness/etcd.py) ---------------
 import uuid  # noqa: E402
 
-from tests.etcd_support import EtcdCluster, etcd_available  # noqa: E402
+from harness.etcd import EtcdCluster, etcd_available  # noqa: E402
 
 
 @pytest.fixture(scope="session")

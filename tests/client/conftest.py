@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import VENV_BIN, ServiceProcess, free_port
 from tests.client.adapters import AsyncApi, AsyncLockApi, SyncApi, SyncLockApi
-from tests.support import VENV_BIN, ServiceProcess, free_port
 
 RESOURCE_SCHEMA = [
     "CREATE TABLE items (id INTEGER PRIMARY KEY, owner TEXT NOT NULL DEFAULT '', n INTEGER)",

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from harness import VENV_BIN
 from lockd import (
     AcquireTimeout,
     AsyncLockClient,
@@ -26,7 +27,6 @@ from lockd import (
 )
 from lockd.client.lockctl import EXIT_NOT_ACQUIRED
 from lockd.tokens import Verifier
-from tests.support import VENV_BIN
 
 
 def test_acquire_many_holds_every_lock_renews_and_releases_on_exit(shared_lockd, name):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from harness import free_port, wait_for
 from lockd import (
     AcquireTimeout,
     LeaseLostError,
@@ -19,7 +20,6 @@ from lockd import (
     ValidationError,
 )
 from tests.client.conftest import api_maker
-from tests.support import free_port, wait_for
 
 
 @pytest.fixture(params=["sync", "async", "sync-lock", "async-lock"])

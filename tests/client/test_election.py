@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from harness import wait_for
 from lockd import (
     AcquireTimeout,
     ElectionEvent,
@@ -23,7 +24,6 @@ from lockd import (
 from lockd.client.primitives import ObserveCursor
 from lockd.client.wire import SseEvent, SseParser
 from tests.client.both import Both
-from tests.support import wait_for
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import traceback
 
 import pytest
 
+from harness import free_port
 from lockd.client import AsyncLockClient, LockClient
 from lockd.client.errors import LockClientError, TransportError
 from lockd.client.fenced import FencedSession
 from lockd.client.wire import DEFAULT_CONNECT_TIMEOUT
-from tests.support import free_port
 
 BUDGET = 0.5  # seconds: a short connect budget keeps the tests fast
 SLACK = 2.0  # seconds of scheduling slack on a busy 2-core machine

@@ -9,12 +9,12 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from harness import create_database, drop_database, pg_available, sqlalchemy_url, wait_for
 from lockd import LeaseLostError, LeaseState, LockClient
 from lockd.client.fenced import FencedSession
 from lockd.client.sqlfence import fenced_transaction
 from resource_proxy.dbfence import install
 from resource_proxy.policy import Policy, TablePolicy, Template
-from tests.support import create_database, drop_database, pg_available, sqlalchemy_url, wait_for
 
 
 def _lost_lease(client: LockClient, name: str):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import VENV_BIN, free_port, wait_for
 from lockd import LockClient
 from lockd.client.lockctl import EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE, EXIT_USAGE
-from tests.support import VENV_BIN, free_port, wait_for
 
 LOCKCTL = str(VENV_BIN / "lockctl")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import VENV_BIN, wait_for
 from lockd import LockClient
 from lockd.client.lockctl import EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_USAGE
 from tests.client.conftest import LockdServer
-from tests.support import VENV_BIN, wait_for
 
 LOCKCTL = str(VENV_BIN / "lockctl")
 ADMIN_KEY = "admin-key-Elect0rHandover"

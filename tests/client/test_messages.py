@@ -16,6 +16,7 @@ from importlib.metadata import version
 import pytest
 
 import lockd
+from harness import VENV_BIN, free_port
 from lockd import LeaseState, LockClient
 from lockd.client.lockctl import (
     EXIT_ERROR,
@@ -24,7 +25,6 @@ from lockd.client.lockctl import (
     _parser,
 )
 from tests.client.conftest import LockdServer, _workdir
-from tests.support import VENV_BIN, free_port
 
 LOCKCTL = str(VENV_BIN / "lockctl")
 CLIENT_KEY = "client-key-Yb27Qm4LxwE"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from harness import ServiceProcess, free_port
 from lockd import AsyncLockClient, LockClient, StaleTokenError
 from lockd.client.errors import NotFoundError, PreconditionFailed
 from lockd.client.fenced import AsyncFencedSession, FencedSession
 from tests.client.conftest import _bin, _workdir
-from tests.support import ServiceProcess, free_port
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from harness import wait_for
 from lockd import (
     AcquireTimeout,
     LeaseLostError,
@@ -20,7 +21,6 @@ from lockd import (
 )
 from lockd.client.lease import AsyncLease
 from tests.client.both import Both
-from tests.support import wait_for
 
 
 @pytest.fixture

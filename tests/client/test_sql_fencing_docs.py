@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.support import create_database, drop_database, pg_available
+from harness import create_database, drop_database, pg_available
 
 pytestmark = pytest.mark.skipif(pg_available() is not None, reason="PostgreSQL not reachable")
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from harness import create_database, drop_database, pg_available, sqlalchemy_url
 from lockd import AsyncLockClient, InvalidToken, LeaseState, LockClient, StaleTokenError
 from lockd.client import sqlfence
 from lockd.client.sqlfence import (
@@ -29,7 +30,6 @@ from lockd.client.sqlfence import (
 from lockd.tokens import KeyRing
 from resource_proxy.dbfence import install
 from resource_proxy.policy import Policy, TablePolicy, Template
-from tests.support import create_database, drop_database, pg_available, sqlalchemy_url
 
 pytestmark = pytest.mark.skipif(pg_available() is not None, reason="PostgreSQL not reachable")
 

@@ -8,11 +8,11 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from harness import create_database, drop_database, pg_available, sqlalchemy_url
 from lockd import LockClient
 from lockd.client.sqlfence import LockNotClaimedError, TransactionStateError, fenced_transaction
 from resource_proxy.dbfence import install
 from resource_proxy.policy import Policy, TablePolicy, Template
-from tests.support import create_database, drop_database, pg_available, sqlalchemy_url
 
 pytestmark = pytest.mark.skipif(pg_available() is not None, reason="PostgreSQL not reachable")
 

@@ -11,13 +11,13 @@ import asyncio
 import psycopg
 import pytest
 
+from harness import pg_available, wait_for
 from lockd import InvalidToken, ServiceUnavailable
 from lockd.client import sqlfence
 from lockd.client.sqlfence import async_fenced_transaction, fenced_transaction
 from lockd.tokens import KeyRing
 from tests.client.test_sqlfence import dsn, fences  # noqa: F401
 from tests.proxy.test_jwks import JwksServer
-from tests.support import pg_available, wait_for
 
 pytestmark = pytest.mark.skipif(pg_available() is not None, reason="PostgreSQL not reachable")
 

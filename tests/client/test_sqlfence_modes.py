@@ -14,11 +14,11 @@ import asyncio
 import psycopg
 import pytest
 
+from harness import pg_available
 from lockd import SharedTokenError, StaleTokenError
 from lockd.client.sqlfence import async_fenced_transaction, fenced_transaction
 from lockd.tokens import KeyRing
 from tests.client.test_sqlfence import account_lock, client, dsn, fences  # noqa: F401
-from tests.support import pg_available
 
 pytestmark = pytest.mark.skipif(pg_available() is not None, reason="PostgreSQL not reachable")
 

@@ -9,10 +9,10 @@ import subprocess
 import httpx
 import pytest
 
+from harness import VENV_BIN
 from lockd import LockClient
 from lockd.client.errors import ProtocolError
 from lockd.client.fenced import FencedSession
-from tests.support import VENV_BIN
 
 LOCKCTL = str(VENV_BIN / "lockctl")
 

@@ -10,9 +10,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from harness import VENV_BIN
 from tests.client.conftest import LockdServer
 from tests.clients.conftest import GO_MODULE, go_env
-from tests.support import VENV_BIN
 
 
 def test_go_test_passes_against_real_servers(go, servers):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import subprocess
 
+from harness.certs import make_pki
+from harness.tls_servers import TLSServers
 from tests.clients.conftest import GO_MODULE, go_env
-from tests.system.tls.certs import make_pki
-from tests.system.tls.servers import TLSServers
 
 
 def test_go_client_over_mtls(go, tmp_path):

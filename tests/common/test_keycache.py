@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
+from harness import wait_for
 from lockd.common.keycache import AsyncKeyCache, KeyCache, KeysUnavailable
 from lockd.tokens import InvalidToken, KeyRing, UnknownKey
-from tests.support import wait_for
 
 
 class Source:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.support import ServiceProcess, free_port
+from harness import ServiceProcess, free_port
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -16,8 +16,8 @@ import uuid
 import httpx
 import pytest
 
+from harness import VENV_BIN, ServiceProcess, free_port, wait_for
 from tests.guard.services import ExampleService
-from tests.support import VENV_BIN, ServiceProcess, free_port, wait_for
 
 LOCKCTL = str(VENV_BIN / "lockctl")
 CHECKS = ["current-holder", "superseded-holder", "shared-token", "other-lock", "forged-token",

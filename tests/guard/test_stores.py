@@ -14,10 +14,10 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 
+from harness import sqlalchemy_url
 from lockd.guard import MemoryFences, PostgresFences, SqliteFences, StaleToken
 from lockd.guard.redis import RedisFences
 from resource_proxy.dbfence import install
-from tests.support import sqlalchemy_url
 
 WRITERS = 32
 

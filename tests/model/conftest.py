@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import create_database, drop_database, free_port
 from lockd.server.settings import Settings
 from tests.model.world import ADMIN_KEY, World, install_database, start_proxy
 from tests.server.conftest import FakeClock, InProcessLockd, LockdServer
-from tests.support import create_database, drop_database, free_port
 
 STORES = ["sqlite", "postgres", "etcd"]
 

@@ -22,11 +22,11 @@ from urllib.parse import quote
 import httpx
 import psycopg
 
+from harness import VENV_BIN, ServiceProcess, free_port, wait_for
 from lockd.client.errors import FencingError, LockClientError
 from lockd.client.sqlfence import fenced_transaction
 from lockd.tokens import Claims, InvalidToken, Verifier
 from tests.model.names import POLICY, SCHEMA, TABLES
-from tests.support import VENV_BIN, ServiceProcess, free_port, wait_for
 
 __all__ = ["ADMIN_KEY", "World", "install_database", "start_proxy"]
 

@@ -20,8 +20,8 @@ import httpx
 import psycopg
 import pytest
 
+from harness import VENV_BIN, ServiceProcess, create_database, drop_database, free_port
 from lockd.tokens import KeyRing
-from tests.support import VENV_BIN, ServiceProcess, create_database, drop_database, free_port
 
 PG_SCHEMA = """
 CREATE TABLE accounts (id bigint PRIMARY KEY, balance numeric(20,4) NOT NULL DEFAULT 0

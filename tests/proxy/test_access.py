@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness import free_port
 from lockd.common.access import AccessFileError, parse_access
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import (
@@ -22,7 +23,6 @@ from tests.proxy.conftest import (
     unique_id,
     write_jwks,
 )
-from tests.support import free_port
 
 BILLING, REPORTS, OPS, PLAIN = "billing-key-1234", "reports-key-5678", "ops-key-abcdefgh", "plain-key-0000"
 
@@ -43,7 +43,7 @@ admins:
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def scoped(request, tmp_path_factory):
     """A proxy with the access file ``ACCESS`` and one plain API key; yields (url, ring, db)."""
-    from tests.support import ServiceProcess, drop_database
+    from harness import ServiceProcess, drop_database
 
     backend = request.param
     admin = request.getfixturevalue("pg_admin_dsn") if backend == "postgres" else None

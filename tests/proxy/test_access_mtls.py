@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 
+from harness.certs import ADMIN_SUBJECT, CLIENT_SUBJECT
 from lockd import LockClient
-from tests.system.tls.certs import ADMIN_SUBJECT, CLIENT_SUBJECT
 from tests.system.tls.conftest import pki, servers  # noqa: F401  (fixtures)
 
 

@@ -19,9 +19,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from harness import ServiceProcess, create_database, drop_database, free_port
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import Database, assert_problem, make_database, proxy_argv, write_jwks
-from tests.support import ServiceProcess, create_database, drop_database, free_port
 
 SQLITE_KEYS = """
 CREATE TABLE k_int (id INTEGER PRIMARY KEY, v TEXT);

@@ -9,7 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from tests.support import VENV_BIN
+from harness import VENV_BIN
 
 
 def _db(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -15,6 +15,7 @@ import httpx
 import psycopg
 import pytest
 
+from harness import VENV_BIN, free_port
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import (
     PG_SCHEMA,
@@ -25,7 +26,6 @@ from tests.proxy.conftest import (
     unique_id,
     write_jwks,
 )
-from tests.support import VENV_BIN, free_port
 
 
 def _install(dsn: str, *args: str) -> None:

@@ -18,10 +18,10 @@ import httpx
 import psycopg
 import pytest
 
+from harness import free_port, sqlalchemy_url
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import assert_problem, proxy_argv, write_jwks
 from tests.proxy.test_db_command import _db, _run
-from tests.support import free_port, sqlalchemy_url
 
 
 def as_user(dsn: str, user: str) -> str:

@@ -1,7 +1,7 @@
 """``Idempotency-Key`` on writes and batches, and ``outcome_unknown`` vs ``database_unavailable``.
 
 The first tests run on SQLite and PostgreSQL (``deployment``). The relay tests put a real TCP
-relay (``tests.support.PgRelay``) between the proxy and PostgreSQL and cut the connection at a
+relay (``harness.PgRelay``) between the proxy and PostgreSQL and cut the connection at a
 chosen point: right after the COMMIT reached PostgreSQL (the write committed, the proxy never
 hears: 502 ``outcome_unknown``, and the retry with the same key returns the original 201 with
 one row in the table), or before anything is sent (503 ``database_unavailable``).
@@ -20,6 +20,7 @@ import httpx
 import psycopg
 import pytest
 
+from harness import PgRelay, drop_database, wait_for
 from lockd.client import AsyncLockClient, LockClient
 from lockd.client.errors import OutcomeUnknown, ServiceUnavailable
 from lockd.client.fenced import AsyncFencedSession, FencedSession
@@ -27,7 +28,6 @@ from lockd.client.lease import AsyncLease, Lease
 from lockd.tokens import KeyRing
 from resource_proxy.idempotency import digest
 from tests.proxy.conftest import Deployment, assert_problem, unique, write_jwks
-from tests.support import PgRelay, drop_database, wait_for
 
 # ``history`` has no policy entry, so every row of it is written under the ONE lock ``history``,
 # whose highest fence is shared by every test of the module's deployment (per backend). Each test

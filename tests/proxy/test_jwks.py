@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
+from harness import free_port, wait_for
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import assert_problem, make_database
-from tests.support import free_port, wait_for
 
 
 class JwksServer:

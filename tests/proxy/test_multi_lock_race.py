@@ -32,11 +32,11 @@ import httpx
 import psycopg
 import pytest
 
+from harness import sqlalchemy_url
 from lockd.client.errors import StaleTokenError
 from lockd.client.fenced import FencedSession
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import write_jwks
-from tests.support import sqlalchemy_url
 
 SCHEMA = """
 CREATE TABLE acct (id integer PRIMARY KEY, balance bigint NOT NULL CHECK (balance >= 0),

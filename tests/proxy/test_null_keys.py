@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from harness import ServiceProcess, drop_database, free_port
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import Database, assert_problem, make_database, proxy_argv, write_jwks
-from tests.support import ServiceProcess, drop_database, free_port
 
 SQLITE_TABLES = """
 CREATE TABLE tn (id TEXT PRIMARY KEY, v TEXT);

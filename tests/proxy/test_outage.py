@@ -15,9 +15,9 @@ import time
 import httpx
 import psycopg
 
+from harness import wait_for
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import assert_problem, write_jwks
-from tests.support import wait_for
 
 
 def test_database_outage_answers_503_then_recovers_without_losing_acknowledged_writes(

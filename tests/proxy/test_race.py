@@ -23,9 +23,9 @@ import httpx
 import psycopg
 import pytest
 
+from harness import sqlalchemy_url
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import unique, write_jwks
-from tests.support import sqlalchemy_url
 
 THREADS = 50
 WRITES_PER_THREAD = 4

@@ -9,6 +9,7 @@ import httpx
 import psycopg
 import pytest
 
+from harness import ServiceProcess, drop_database, free_port, wait_for
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import (
     PG_SCHEMA,
@@ -18,7 +19,6 @@ from tests.proxy.conftest import (
     proxy_argv,
     write_jwks,
 )
-from tests.support import ServiceProcess, drop_database, free_port, wait_for
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

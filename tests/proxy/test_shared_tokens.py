@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness import drop_database
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import (
     Deployment,
@@ -24,7 +25,6 @@ from tests.proxy.conftest import (
     unique,
     write_jwks,
 )
-from tests.support import drop_database
 
 
 def _shared(d: Deployment, lock: str, fence: int) -> dict[str, str]:

@@ -19,11 +19,11 @@ import psycopg
 import pytest
 import uvloop
 
+from harness import wait_for
 from lockd.tokens import KeyRing
 from resource_proxy.store.postgres import PostgresStore
 from resource_proxy.store.watched import WatchedConnection
 from tests.proxy.conftest import write_jwks
-from tests.support import wait_for
 
 
 def _epoll_watched() -> set[int]:

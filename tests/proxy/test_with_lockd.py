@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import httpx
 
+from harness import VENV_BIN, ServiceProcess, free_port
 from tests.proxy.conftest import assert_problem, make_database, unique
-from tests.support import VENV_BIN, ServiceProcess, free_port
 
 
 def test_lockd_tokens_fence_the_proxy(tmp_path, start_proxy):

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from harness import ServiceProcess, free_port, wait_for
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import PG_SCHEMA, SQLITE_SCHEMA, assert_problem, proxy_argv, write_jwks
-from tests.support import ServiceProcess, free_port, wait_for
 
 
 def _children(pid: int) -> list[int]:

@@ -2,7 +2,7 @@
 
 - ``store_url`` is parametrized over ``STORE_KINDS``: every test that takes it (directly or via
   ``lockd``) runs once per store. To add a store, append its kind and add a branch below.
-- ``lockd`` is a real ``lockd serve`` process on that store (``tests.support.ServiceProcess``).
+- ``lockd`` is a real ``lockd serve`` process on that store (``harness.ServiceProcess``).
 - ``inproc_lockd`` runs ``create_app(settings, clock=fake_clock)`` under uvicorn in a thread on
   a real port, for expiry tests that move the clock instead of sleeping (SQLite: the only store
   whose expiry clock is lockd's own).
@@ -21,9 +21,9 @@ import httpx
 import pytest
 import uvicorn
 
+from harness import ServiceProcess, free_port
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
-from tests.support import ServiceProcess, free_port
 
 STORE_KINDS = ["sqlite", "postgres", "etcd"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import subprocess
 
+from harness import ServiceProcess, free_port
 from tests.server.calls import acquire
 from tests.server.conftest import LOCKD
-from tests.support import ServiceProcess, free_port
 
 
 def test_environment_configures_lockd_and_flags_override_it(tmp_path, http):
@@ -115,7 +115,7 @@ def test_port_in_use_is_one_line_and_exit_1_for_both_servers(tmp_path):
     """Before any start-up, one line naming the address; the same status for both."""
     import socket
 
-    from tests.support import VENV_BIN
+    from harness import VENV_BIN
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -150,7 +150,7 @@ def test_lockd_sends_each_response_in_one_write(tmp_path):
 
 
 def test_help_names_the_status_page_docs_and_metrics():
-    from tests.support import VENV_BIN
+    from harness import VENV_BIN
 
     for argv in ([LOCKD, "--help"], [LOCKD, "serve", "--help"],
                  [str(VENV_BIN / "resource-proxy"), "--help"],

@@ -13,11 +13,11 @@ import time
 
 import httpx
 
+from harness import VENV_BIN, ServiceProcess, drop_database, free_port
 from lockd import FencedSession, LockClient
 from lockd.server.keydir import list_keys, retire, rotate
 from lockd.tokens import KeyRing
 from tests.proxy.conftest import assert_problem, make_database
-from tests.support import VENV_BIN, ServiceProcess, drop_database, free_port
 
 CLIENTS = 20
 MAX_TTL_MS = 3000

@@ -15,9 +15,9 @@ import threading
 
 import pytest
 
+from harness import wait_for
 from tests.server.calls import acquire, release, renew, state
 from tests.server.election_calls import call, campaign
-from tests.support import wait_for
 
 ADMIN_KEY = "admin-key-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

@@ -23,11 +23,11 @@ import httpx
 import pytest
 import uvicorn
 
+from harness import free_port
 from lockd.common.serving.server import install_http_protocol
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
 from tests.server.calls import acquire, release, state, wait_until
-from tests.support import free_port
 
 
 class _Served:

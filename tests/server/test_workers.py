@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support import ServiceProcess, free_port, wait_for
+from harness import ServiceProcess, free_port, wait_for
 
 LOCKD = str(Path(sys.executable).parent / "lockd")
 

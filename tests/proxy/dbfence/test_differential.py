@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness import create_database, drop_database, sqlalchemy_url
 from resource_proxy.canonical import key_part
 from resource_proxy.dbfence import install
 from resource_proxy.errors import InvalidRequest
@@ -29,7 +30,6 @@ from resource_proxy.store.sql import POSTGRES
 from resource_proxy.tables import reflect
 from resource_proxy.values import coerce
 from tests.proxy.dbfence.conftest import policy
-from tests.support import create_database, drop_database, sqlalchemy_url
 
 # table -> (key type, spellings a client may send)
 _OFFSETS = st.integers(-14 * 60, 14 * 60).map(lambda m: timezone(timedelta(minutes=m)))

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from harness import VENV_BIN, ServiceProcess, drop_database, free_port
 from lockd.tokens import KeyRing
 from tests.conftest import require
 from tests.proxy.conftest import Database, make_database, proxy_argv, write_jwks
-from tests.support import VENV_BIN, ServiceProcess, drop_database, free_port
 
 # reports/2026/q4.pdf is written under lock reports/2026; models under one lock per object
 POLICY = """

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import wait_for
 from tests.proxy.objects.conftest import (
     COMBINATIONS,
     Objects,
@@ -19,7 +20,6 @@ from tests.proxy.objects.conftest import (
     start_objects_proxy,
     stop_objects_proxy,
 )
-from tests.support import wait_for
 
 
 def _plant(root: Path, where: str, age_s: float) -> Path:

@@ -9,7 +9,7 @@ import pytest
 
 from chaos.mutants import MUTANTS, run_mutant
 from chaos.runner import RunConfig, run
-from tests.support import ThrowawayPostgres
+from harness import ThrowawayPostgres
 
 pytestmark = pytest.mark.slow
 

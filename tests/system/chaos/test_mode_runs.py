@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from chaos.runner import RunConfig, run
-from tests.support import ThrowawayPostgres
+from harness import ThrowawayPostgres
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import pytest
 
 from chaos.pool import faketime_lib
 from chaos.runner import RunConfig, run
+from harness import ThrowawayPostgres
 from tests.conftest import require
-from tests.support import ThrowawayPostgres
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import pytest
 from chaos.checker import HistoryRow, Violation
 from chaos.rowlocks import check_row_locks
 from chaos.runner import RunConfig, run
-from tests.support import ThrowawayPostgres
+from harness import ThrowawayPostgres
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,8 @@ import pytest
 import yaml
 from setuptools import find_packages
 
+from harness import VENV_BIN, ServiceProcess, free_port
 from tests.conftest import require
-from tests.support import VENV_BIN, ServiceProcess, free_port
 from tests.system.demo.demo_support import assert_story, marked_processes, run_demo
 
 ROOT = Path(__file__).resolve().parents[3]

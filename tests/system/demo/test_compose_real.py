@@ -30,8 +30,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness import wait_for
 from tests.conftest import IN_CI
-from tests.support import wait_for
 from tests.system.demo import docker_support
 from tests.system.demo.docker_support import (
     Dockerd,

@@ -10,11 +10,7 @@ import time
 
 import pytest
 
-from lockd.demo.__main__ import INTRO, _print_scene
-from lockd.demo.scenes import SceneResult
-from lockd.demo.table import create_table
-from lockd.demo.timeline import Event, Timeline
-from tests.support import (
+from harness import (
     VENV_BIN,
     ServiceProcess,
     create_database,
@@ -22,6 +18,10 @@ from tests.support import (
     free_port,
     sqlalchemy_url,
 )
+from lockd.demo.__main__ import INTRO, _print_scene
+from lockd.demo.scenes import SceneResult
+from lockd.demo.table import create_table
+from lockd.demo.timeline import Event, Timeline
 from tests.system.demo.demo_support import assert_story, marked_processes, run_demo, start_demo
 
 

@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.support import wait_for
+from harness import wait_for
 
 
 def _half_body_then_close(url: str, path: str) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
+from harness import free_port, wait_for
 from tests.server.calls import assert_problem
 from tests.server.conftest import LockdServer
-from tests.support import free_port, wait_for
 from tests.system.ops.conftest import scrape
 
 SUBSCRIBERS = 300

@@ -9,9 +9,9 @@ import time
 
 import httpx
 
+from harness import free_port
 from tests.server.calls import acquire
 from tests.server.conftest import LockdServer
-from tests.support import free_port
 
 
 def test_waiting_is_not_arriving_and_pipelining_is_no_loophole(tmp_path, http):

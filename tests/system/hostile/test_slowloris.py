@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 
+from harness import free_port
 from lockd.client import LockClient
 from tests.server.conftest import LockdServer
-from tests.support import free_port
 
 NOFILE = 200
 REQUEST_TIMEOUT_MS = 1000

@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support import free_port
+from harness import free_port
 
 __all__ = ["Browser", "Page", "chromium_path", "spki_hash"]
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import VENV_BIN, ServiceProcess, free_port
+from harness import VENV_BIN, ServiceProcess, free_port
 
 ITEMS_SQLITE = "CREATE TABLE items (id TEXT PRIMARY KEY, v TEXT, n INTEGER)"
 ITEMS_PG = "CREATE TABLE items (id text PRIMARY KEY, v text, n integer)"

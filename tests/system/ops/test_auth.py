@@ -11,12 +11,12 @@ import time
 import httpx
 import pytest
 
+from harness import VENV_BIN
 from lockd.client import LockClient
 from lockd.client.errors import PermissionDenied
 from lockd.client.fenced import FencedSession
 from lockd.common.keys import KeySet
 from lockd.common.logs import redact
-from tests.support import VENV_BIN
 from tests.system.ops.conftest import scrape
 
 CLIENT_KEY = "client-key-Zq81xk2PmuT"

@@ -14,8 +14,8 @@ import time
 import httpx
 import pytest
 
+from harness import VENV_BIN, wait_for
 from lockd.server.events import EventHub
-from tests.support import VENV_BIN, wait_for
 
 
 class StreamReader(threading.Thread):

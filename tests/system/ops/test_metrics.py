@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import wait_for
+from harness import wait_for
 from tests.system.ops.conftest import scrape
 
 HOLDER = """

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.certs import make_pki
+from harness.tls_servers import TLSServers
 from tests.conftest import IN_CI
 from tests.system.ops.browser import Browser, Page, chromium_path
-from tests.system.tls.certs import make_pki
-from tests.system.tls.servers import TLSServers
 
 
 @dataclass

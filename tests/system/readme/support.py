@@ -36,7 +36,7 @@ from sybil.evaluators.python import PythonEvaluator, pad
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 
-from tests.support import (
+from harness import (
     PG_ADMIN_DSN,
     VENV_BIN,
     ServiceProcess,

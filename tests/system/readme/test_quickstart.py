@@ -26,7 +26,7 @@ from pathlib import Path
 from sybil import Document
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
-from tests.support import free_port
+from harness import free_port
 from tests.system.readme.support import LOCKD_ADDRESS, PROXY_ADDRESS, README, ROOT, ported
 
 GETTING_STARTED = ROOT / "docs" / "getting-started.md"

@@ -1,4 +1,4 @@
-"""Fixtures of the TLS suite: a test PKI (``tests.system.tls.certs``) and https server processes."""
+"""Fixtures of the TLS suite: a test PKI (``harness.certs``) and https server processes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.tls.certs import Pki, make_pki
-from tests.system.tls.servers import TLSServers
+from harness.certs import Pki, make_pki
+from harness.tls_servers import TLSServers
 
 
 @pytest.fixture(scope="session")

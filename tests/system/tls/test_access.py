@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import httpx
 
+from harness.certs import ADMIN_SUBJECT, CLIENT_SUBJECT
 from lockd import FencedSession, LockClient
-from tests.system.tls.certs import ADMIN_SUBJECT, CLIENT_SUBJECT
 
 KEY, ADMIN = "client-key-0123456789", "admin-key-0123456789"
 

@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 
+from harness import VENV_BIN
 from lockd import AsyncFencedSession, AsyncLockClient
-from tests.support import VENV_BIN
 
 
 def test_async_client_and_session_over_mtls(servers, pki, name):

@@ -8,10 +8,10 @@ import stat
 import subprocess
 from pathlib import Path
 
+from harness import VENV_BIN, free_port
+from harness.tls_servers import TLSProcess
 from lockd import LockClient
 from lockd.common.tls import client_context
-from tests.support import VENV_BIN, free_port
-from tests.system.tls.servers import TLSProcess
 
 
 def _lockd(*args: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """lockd on a 3-member etcd cluster that speaks only TLS and requires client certificates.
 
 Every member serves its client and peer ports over TLS (``--client-cert-auth``,
-``--peer-client-cert-auth``; ``tests.etcd_support.EtcdCluster(tls=pki)``); lockd reaches it with
+``--peer-client-cert-auth``; ``harness.etcd.EtcdCluster(tls=pki)``); lockd reaches it with
 ``etcd://…?ca=…&cert=…&key=…`` (the store URL's query, see docs/stores/etcd.md). The
 contract suite's core cases run unchanged against that lockd; two more tests show the TLS is
 real: without a client certificate, or over plain http, lockd cannot start on this cluster.
@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.certs import make_pki
+from harness.etcd import EtcdCluster, etcd_available
 from tests.conftest import require
-from tests.etcd_support import EtcdCluster, etcd_available
 from tests.server import test_contract as contract
 from tests.server.conftest import LockdServer
-from tests.system.tls.certs import make_pki
 
 
 @pytest.fixture(scope="module")

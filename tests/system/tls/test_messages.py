@@ -9,9 +9,9 @@ import subprocess
 
 import pytest
 
+from harness import VENV_BIN, ServiceProcess, free_port
 from lockd import LockClient
 from lockd.client.errors import TransportError
-from tests.support import VENV_BIN, ServiceProcess, free_port
 
 
 def _lockctl(*args: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""https and mTLS on both servers, with real certificates (``tests.system.tls.certs``).
+"""https and mTLS on both servers, with real certificates (``harness.certs``).
 
 Server TLS: a client that trusts the test CA is served; plain http to the same port is not.
 mTLS: a client without a certificate, or with one from another CA (same subject), is refused at

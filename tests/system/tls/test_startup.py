@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.support import VENV_BIN, free_port
+from harness import VENV_BIN, free_port
 
 
 def _serve(kind: str, tmp_path, cert, key, *extra: str) -> subprocess.CompletedProcess:

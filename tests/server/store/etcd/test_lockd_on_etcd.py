@@ -23,9 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.etcd_support import EtcdCluster
+from harness import wait_for
+from harness.etcd import EtcdCluster
 from tests.server.conftest import LockdServer
-from tests.support import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
+from harness.etcd import EtcdCluster
 from lockd.server.errors import LeaseLost, LimitMismatch
 from lockd.server.store.values import SemFull, SemGrant, sem_key
-from tests.etcd_support import EtcdCluster
 from tests.server.store.etcd.helpers import lease_id, name, opened, watching
 
 

@@ -13,12 +13,12 @@ import uuid
 import httpx
 import pytest
 
+from harness import free_port
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Store
 from lockd.server.store.etcd import EtcdStore, parse_etcd_url
 from lockd.server.store.values import Grant, Holder
 from tests.server.store.etcd.helpers import acquire, lease_id, name, opened, watching
-from tests.support import free_port
 
 # -- URL -------------------------------------------------------------------------------------
 

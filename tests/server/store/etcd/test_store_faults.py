@@ -13,9 +13,9 @@ import uuid
 import httpx
 import pytest
 
+from harness.etcd import EtcdCluster
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.values import Grant, Holder
-from tests.etcd_support import EtcdCluster
 from tests.server.store.etcd.helpers import acquire, opened, watching
 
 pytestmark = pytest.mark.slow

@@ -14,10 +14,10 @@ import time
 import psycopg
 import pytest
 
+from harness import sqlalchemy_url
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.postgres import PostgresStore
 from lockd.server.store.values import Grant, Holder
-from tests.support import sqlalchemy_url
 
 LISTEN_QUERIES = ("LISTEN lockd_release", "SELECT now()")
 

@@ -15,12 +15,12 @@ import time
 import psycopg
 import pytest
 
+from harness import free_port
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store import open_store
 from lockd.server.store.base import Store
 from lockd.server.store.postgres import PostgresStore, libpq_url
 from lockd.server.store.values import Grant, Holder, HolderView, LockState
-from tests.support import free_port
 
 
 def lease_id() -> str:

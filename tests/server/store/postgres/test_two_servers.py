@@ -18,8 +18,8 @@ import httpx
 import psycopg
 import pytest
 
+from harness import VENV_BIN, ServiceProcess, free_port, wait_for
 from lockd.tokens import KeyRing
-from tests.support import VENV_BIN, ServiceProcess, free_port, wait_for
 
 THREADS = 20
 ROUNDS = 3

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
+from harness import free_port
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store import open_store, redact_url
 from lockd.server.store.sqlite import SqliteStore
 from lockd.server.store.values import Grant, Holder
 from tests.server.calls import acquire, release, state
 from tests.server.conftest import LOCKD
-from tests.support import free_port
 
 
 def test_second_lockd_on_the_same_file_fails_fast_with_a_clear_message(lockd_factory, tmp_path,

@@ -5,7 +5,7 @@ the cluster answers a linearizable read. Members can be killed (SIGKILL), paused
 stopped and restarted on their data directories, and the current leader is looked up through
 ``/v3/maintenance/status`` (a member is the leader when ``leader == header.member_id``).
 
-``EtcdCluster(3, tls=pki)`` (``tests.system.tls.certs.make_pki``) runs every member with TLS on both
+``EtcdCluster(3, tls=pki)`` (``harness.certs.make_pki``) runs every member with TLS on both
 its client and peer ports, client certificates required on both (``--client-cert-auth``,
 ``--peer-client-cert-auth``, trusting ``pki.ca``); ``cluster.url()`` then carries
 ``?ca=&cert=&key=`` for lockd, and the helpers here talk to it with the client certificate.
@@ -31,11 +31,11 @@ from urllib.parse import urlencode
 
 import httpx
 
+from harness.processes import free_port, wait_for
 from lockd.common.tls import client_context
-from tests.support import free_port, wait_for
 
 if TYPE_CHECKING:
-    from tests.system.tls.certs import Pki
+    from harness.certs import Pki
 
 __all__ = ["ETCD_BIN", "etcd_available", "EtcdMember", "EtcdCluster"]
 

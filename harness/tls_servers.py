@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
+from harness.certs import Pair, Pki
+from harness.processes import VENV_BIN, ServiceProcess, free_port
 from lockd.common.tls import client_context
-from tests.support import VENV_BIN, ServiceProcess, free_port
-from tests.system.tls.certs import Pair, Pki
 
 __all__ = ["TLSProcess", "TLSServer", "TLSServers"]
 

@@ -1,0 +1,120 @@
+"""Real server processes for tests, benchmarks and chaos runs: free ports, readiness, signals.
+
+``ServiceProcess`` starts a server as a real process and stops it with real signals;
+``wait_for`` polls a condition with a deadline (tests wait on conditions, not on time).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+__all__ = ["VENV_BIN", "free_port", "wait_for", "ServiceProcess"]
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+    """Poll ``predicate`` until truthy (returns its value) or raise ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class ServiceProcess:
+    """A server started as a real process, ready once ``ready_url`` answers 200.
+
+    Output goes to a log file (``log_path``) so a failing test can show it. ``stop()`` sends
+    SIGTERM and waits; ``kill()`` sends SIGKILL; ``pause()``/``resume()`` SIGSTOP/SIGCONT.
+    """
+
+    def __init__(self, argv: list[str], *, ready_url: str, env: dict[str, str] | None = None,
+                 cwd: str | os.PathLike[str] | None = None, log_path: str | os.PathLike[str] | None = None):
+        self.argv = argv
+        self.ready_url = ready_url
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.log_path = Path(log_path or tempfile.mkstemp(prefix="svc-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20.0) -> ServiceProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
+                    return self
+            time.sleep(0.05)
+        self.kill()
+        raise TimeoutError(f"{self.argv} not ready at {self.ready_url}:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def pause(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (after SIGCONT, in case it is paused) and wait; SIGKILL if it does not stop."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def __enter__(self) -> ServiceProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
