@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import VENV_BIN, ServiceProcess, free_port
+from harness import servers
 from tests.client.adapters import AsyncApi, AsyncLockApi, SyncApi, SyncLockApi
 
 RESOURCE_SCHEMA = [
@@ -29,90 +29,42 @@ RESOURCE_SCHEMA = [
 ]
 
 
-def _bin(name: str) -> str:
-    path = VENV_BIN / name
-    return str(path) if path.exists() else (shutil.which(name) or name)
-
-
-class LockdServer:
+class LockdServer(servers.LockdServer):
     """``lockd serve`` on a SQLite file in ``workdir``; ``restart()`` keeps port, keys, store."""
 
     def __init__(self, workdir: Path, port: int | None = None, env: dict[str, str] | None = None):
         self.workdir = workdir
-        self.env = env
-        self.port = port or free_port()
-        self.key_dir = workdir / "keys"
-        self.db = workdir / "lockd.db"
-        self.proc: ServiceProcess | None = None
-        self.starts = 0
+        super().__init__(f"sqlite:///{workdir / 'lockd.db'}", log_dir=workdir,
+                         key_dir=workdir / "keys", port=port, env=env)
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def db(self) -> Path:
+        return Path(self.store_url.removeprefix("sqlite:///"))
 
     @property
     def store(self) -> str:
-        return f"sqlite:///{self.db}"
-
-    def start(self) -> LockdServer:
-        self.starts += 1
-        self.proc = ServiceProcess(
-            [_bin("lockd"), "serve", "--store", self.store, "--port", str(self.port),
-             "--key-dir", str(self.key_dir)],
-            ready_url=self.url + "/healthz", env=self.env,
-            log_path=self.workdir / f"lockd-{self.starts}.log",
-        ).start()
-        return self
-
-    def stop(self) -> None:
-        if self.proc:
-            self.proc.stop()
-
-    def kill(self) -> None:
-        if self.proc:
-            self.proc.kill()
-
-    def pause(self) -> None:
-        assert self.proc
-        self.proc.pause()
-
-    def resume(self) -> None:
-        assert self.proc
-        self.proc.resume()
+        return self.store_url
 
     def restart(self, *, fresh_store: bool = False) -> LockdServer:
         """Stop and start again; ``fresh_store`` points it at a new, empty SQLite file."""
         self.stop()
         if fresh_store:
-            self.db = self.workdir / f"lockd-{uuid.uuid4().hex[:8]}.db"
+            self.store_url = f"sqlite:///{self.workdir / f'lockd-{uuid.uuid4().hex[:8]}.db'}"
         return self.start()
 
-    def log(self) -> str:
-        return "\n".join(p.read_text(errors="replace") for p in sorted(self.workdir.glob("lockd-*.log")))
 
-
-class ProxyServer:
+class ProxyServer(servers.ProxyServer):
     """``resource-proxy serve`` on a SQLite resource DB with the tables of ``RESOURCE_SCHEMA``."""
 
     def __init__(self, workdir: Path, lockd_url: str):
         self.workdir = workdir
-        self.port = free_port()
         self.db = workdir / "res.db"
         with sqlite3.connect(self.db) as conn:
             for stmt in RESOURCE_SCHEMA:
                 conn.execute(stmt)
         policy = workdir / "policy.yaml"  # one lock per item; one per pairs.a (for batches)
         policy.write_text("tables: {items: 'items/{key}', pairs: 'pairs/{a}'}\n")
-        self.proc = ServiceProcess(
-            [_bin("resource-proxy"), "serve", "--database-url", f"sqlite:///{self.db}",
-             "--lockd-url", lockd_url, "--port", str(self.port), "--policy", str(policy)],
-            ready_url=self.url + "/healthz",
-            log_path=workdir / "proxy.log",
-        )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(f"sqlite:///{self.db}", lockd_url, log_dir=workdir, policy=policy)
 
     def rows(self, table: str) -> list[tuple]:
         """Read the resource DB directly (the ground truth, bypassing the proxy)."""
@@ -147,9 +99,9 @@ def shared_lockd():
 def proxy(shared_lockd: LockdServer):
     """A proxy over a fresh SQLite resource DB, trusting ``shared_lockd``'s keys."""
     server = ProxyServer(_workdir("proxy-client-"), shared_lockd.url)
-    server.proc.start()
+    server.start()
     yield server
-    server.proc.stop()
+    server.stop()
     shutil.rmtree(server.workdir, ignore_errors=True)
 
 

@@ -58,9 +58,9 @@ def servers():
     """(lockd, proxy): one lockd and one proxy for the module's tests, each its own lock names."""
     lockd = LockdServer(Path(tempfile.mkdtemp(prefix="lockd-clients-"))).start()
     proxy = ProxyServer(Path(tempfile.mkdtemp(prefix="proxy-clients-")), lockd.url)
-    proxy.proc.start()
+    proxy.start()
     yield lockd, proxy
-    proxy.proc.stop()
+    proxy.stop()
     lockd.stop()
     shutil.rmtree(lockd.workdir, ignore_errors=True)
     shutil.rmtree(proxy.workdir, ignore_errors=True)

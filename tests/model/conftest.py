@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from harness import create_database, drop_database, free_port
+from harness.servers import LockdServer
 from lockd.server.settings import Settings
 from tests.model.world import ADMIN_KEY, World, install_database, start_proxy
-from tests.server.conftest import FakeClock, InProcessLockd, LockdServer
+from tests.server.conftest import FakeClock, InProcessLockd
 
 STORES = ["sqlite", "postgres", "etcd"]
 
@@ -38,7 +39,7 @@ def world(request: pytest.FixtureRequest, tmp_path: Path, pg_admin_dsn: str) -> 
             lockd_url, advance = lockd.url, clock.advance
         else:
             store = request.getfixturevalue("pg_url" if kind == "postgres" else "etcd_url")
-            server = LockdServer(store, tmp_path / "keys", tmp_path,
+            server = LockdServer(store, key_dir=tmp_path / "keys", log_dir=tmp_path,
                                  env={"LOCKD_ADMIN_KEYS": ADMIN_KEY, "LOCKD_LOG_LEVEL": "warning"})
             stack.callback(server.stop)
             lockd_url = server.start().url

@@ -2,7 +2,7 @@
 
 - ``store_url`` is parametrized over ``STORE_KINDS``: every test that takes it (directly or via
   ``lockd``) runs once per store. To add a store, append its kind and add a branch below.
-- ``lockd`` is a real ``lockd serve`` process on that store (``harness.ServiceProcess``).
+- ``lockd`` is a real ``lockd serve`` process on that store (``harness.servers.LockdServer``).
 - ``inproc_lockd`` runs ``create_app(settings, clock=fake_clock)`` under uvicorn in a thread on
   a real port, for expiry tests that move the clock instead of sleeping (SQLite: the only store
   whose expiry clock is lockd's own).
@@ -21,7 +21,8 @@ import httpx
 import pytest
 import uvicorn
 
-from harness import ServiceProcess, free_port
+from harness import free_port
+from harness.servers import LockdServer
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
 
@@ -43,44 +44,6 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     raise AssertionError(f"unknown store kind {kind!r}")
 
 
-class LockdServer:
-    """A ``lockd serve`` process on ``store_url`` with its own key directory and port.
-
-    ``restart()`` starts it again on the same store, key directory and port.
-    """
-
-    def __init__(self, store_url: str, key_dir: Path, log_dir: Path, port: int | None = None,
-                 env: dict[str, str] | None = None):
-        self.store_url = store_url
-        self.key_dir = key_dir
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._env = env
-        self._log = log_dir / f"lockd-{self.port}.log"
-        self.proc: ServiceProcess | None = None
-
-    def argv(self) -> list[str]:
-        return [LOCKD, "serve", "--store", self.store_url, "--port", str(self.port),
-                "--key-dir", str(self.key_dir)]
-
-    def start(self) -> LockdServer:
-        self.proc = ServiceProcess(self.argv(), ready_url=self.url + "/healthz", env=self._env,
-                                   log_path=self._log).start()
-        return self
-
-    restart = start
-
-    def stop(self) -> int | None:
-        return self.proc.stop() if self.proc else None
-
-    def kill(self) -> None:
-        if self.proc:
-            self.proc.kill()
-
-    def log(self) -> str:
-        return self._log.read_text(errors="replace") if self._log.exists() else ""
-
-
 @pytest.fixture
 def lockd_factory(tmp_path: Path):
     """``start(store_url, **kw) -> LockdServer``; every server is stopped after the test."""
@@ -88,8 +51,8 @@ def lockd_factory(tmp_path: Path):
 
     def start(store_url: str, *, key_dir: Path | None = None, port: int | None = None,
               env: dict[str, str] | None = None) -> LockdServer:
-        server = LockdServer(store_url, key_dir or tmp_path / f"keys-{len(servers)}", tmp_path,
-                             port=port, env=env)
+        server = LockdServer(store_url, key_dir=key_dir or tmp_path / f"keys-{len(servers)}",
+                             log_dir=tmp_path, port=port, env=env)
         servers.append(server)
         return server.start()
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 
 from harness import free_port, wait_for
+from harness.servers import LockdServer
 from tests.server.calls import assert_problem
-from tests.server.conftest import LockdServer
 from tests.system.ops.conftest import scrape
 
 SUBSCRIBERS = 300
@@ -63,7 +63,7 @@ def _closed_by_server(s: socket.socket) -> bool:
 
 
 def test_idle_subscribers_are_capped_dropped_and_cheap(tmp_path: Path, capsys):
-    lockd = LockdServer(f"sqlite:///{tmp_path}/e.db", tmp_path / "keys", tmp_path,
+    lockd = LockdServer(f"sqlite:///{tmp_path}/e.db", key_dir=tmp_path / "keys", log_dir=tmp_path,
                         port=free_port(),
                         env={"LOCKD_MAX_EVENT_STREAMS": str(SUBSCRIBERS),
                              "LOCKD_WRITE_TIMEOUT_MS": "2000"}).start()

@@ -10,12 +10,12 @@ import time
 import httpx
 
 from harness import free_port
+from harness.servers import LockdServer
 from tests.server.calls import acquire
-from tests.server.conftest import LockdServer
 
 
 def test_waiting_is_not_arriving_and_pipelining_is_no_loophole(tmp_path, http):
-    lockd = LockdServer(f"sqlite:///{tmp_path}/r.db", tmp_path / "keys", tmp_path,
+    lockd = LockdServer(f"sqlite:///{tmp_path}/r.db", key_dir=tmp_path / "keys", log_dir=tmp_path,
                         port=free_port(), env={"LOCKD_REQUEST_TIMEOUT_MS": "300"}).start()
     try:
         holder = acquire(http, lockd.url, "deadline/a", 1_000).json()

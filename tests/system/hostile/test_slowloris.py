@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 
 from harness import free_port
+from harness.servers import LockdServer
 from lockd.client import LockClient
-from tests.server.conftest import LockdServer
 
 NOFILE = 200
 REQUEST_TIMEOUT_MS = 1000
@@ -32,11 +32,10 @@ FLOOD = 200
 WAVES = 3
 
 
-class _LimitedLockd(LockdServer):
+def _limited_lockd(store_url: str, tmp_path: Path, **kwargs) -> LockdServer:
     """``lockd serve`` with at most ``NOFILE`` open descriptors."""
-
-    def argv(self) -> list[str]:
-        return ["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--", *super().argv()]
+    return LockdServer(store_url, log_dir=tmp_path, key_dir=tmp_path / "keys",
+                       wrapper=["prlimit", f"--nofile={NOFILE}:{NOFILE}", "--"], **kwargs)
 
 
 def _half_open(port: int, kind: int) -> socket.socket | None:
@@ -107,7 +106,7 @@ class _Flood:
 
 
 def test_half_open_flood_never_costs_a_live_holder_its_lease(tmp_path: Path, capsys):
-    lockd = _LimitedLockd(f"sqlite:///{tmp_path}/s.db", tmp_path / "keys", tmp_path,
+    lockd = _limited_lockd(f"sqlite:///{tmp_path}/s.db", tmp_path,
                           port=free_port(),
                           env={"LOCKD_REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
                                "LOCKD_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}).start()
@@ -169,7 +168,7 @@ def test_half_open_flood_never_costs_a_live_holder_its_lease(tmp_path: Path, cap
 
 def test_a_cap_above_the_descriptor_limit_is_warned_at_start(tmp_path: Path):
     """A ``max_connections`` the descriptor limit cannot honour is named in the start log."""
-    lockd = _LimitedLockd(f"sqlite:///{tmp_path}/w.db", tmp_path / "keys", tmp_path,
+    lockd = _limited_lockd(f"sqlite:///{tmp_path}/w.db", tmp_path,
                           port=free_port(), env={"LOCKD_MAX_CONNECTIONS": "1000"}).start()
     lockd.stop()
     assert "max_connections (1000) leaves fewer than 64 of the 200 file descriptors" in lockd.log()

@@ -10,31 +10,16 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import VENV_BIN, ServiceProcess, free_port
+from harness.servers import LockdServer, ProxyServer
 
 ITEMS_SQLITE = "CREATE TABLE items (id TEXT PRIMARY KEY, v TEXT, n INTEGER)"
 ITEMS_PG = "CREATE TABLE items (id text PRIMARY KEY, v text, n integer)"
-
-
-@dataclass
-class Server:
-    """A started service process."""
-
-    url: str
-    proc: ServiceProcess
-
-    def log(self) -> str:
-        return self.proc.log()
-
-    def stop(self) -> int | None:
-        return self.proc.stop()
 
 
 class Metrics:
@@ -88,26 +73,19 @@ def name() -> str:
 
 @pytest.fixture
 def start_lockd(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
-    servers: list[Server] = []
+    servers: list[LockdServer] = []
 
     def start(store: str = "sqlite", *, env: dict[str, str] | None = None,
-              args: tuple[str, ...] = (), wrapper: tuple[str, ...] = ()) -> Server:
+              args: tuple[str, ...] = (), wrapper: tuple[str, ...] = ()) -> LockdServer:
         if store == "sqlite":
             url = f"sqlite:///{tmp_path}/lockd-{len(servers)}.db"
         elif store == "postgres":
             url = request.getfixturevalue("pg_url")
         else:
             url = store
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        argv = [*wrapper, str(VENV_BIN / "lockd"), "serve", "--store", url, "--port", str(port),
-                "--key-dir", str(tmp_path / "keys"), *args]
-        proc = ServiceProcess(argv, ready_url=base + "/healthz", env=env,
-                              log_path=tmp_path / f"lockd-{port}.log")
-        server = Server(base, proc)
+        server = LockdServer(url, log_dir=tmp_path, env=env, args=args, wrapper=wrapper)
         servers.append(server)
-        proc.start()
-        return server
+        return server.start()
 
     yield start
     for server in servers:
@@ -116,10 +94,10 @@ def start_lockd(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
 
 @pytest.fixture
 def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
-    servers: list[Server] = []
+    servers: list[ProxyServer] = []
 
-    def start(lockd: Server, *, db: str = "sqlite", env: dict[str, str] | None = None,
-              args: tuple[str, ...] = ()) -> Server:
+    def start(lockd: LockdServer, *, db: str = "sqlite", env: dict[str, str] | None = None,
+              args: tuple[str, ...] = ()) -> ProxyServer:
         if db == "sqlite":
             path = tmp_path / f"resource-{len(servers)}.db"
             with sqlite3.connect(path) as conn:
@@ -132,19 +110,12 @@ def start_proxy(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 conn.execute(ITEMS_PG)
             db_url = dsn
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        policy = tmp_path / f"policy-{port}.yaml"  # one row, one lock: row r1 is lock items/r1
+        policy = tmp_path / f"policy-{len(servers)}.yaml"  # one row, one lock: row r1 is lock items/r1
         policy.write_text("tables: {items: 'items/{key}'}\n")
-        argv = [str(VENV_BIN / "resource-proxy"), "serve", "--database-url", db_url,
-                "--lockd-url", lockd.url, "--tables", "items", "--port", str(port),
-                "--policy", str(policy), *args]
-        proc = ServiceProcess(argv, ready_url=base + "/healthz", env=env,
-                              log_path=tmp_path / f"proxy-{port}.log")
-        server = Server(base, proc)
+        server = ProxyServer(db_url, lockd.url, log_dir=tmp_path, tables=["items"], policy=policy,
+                             env=env, args=args)
         servers.append(server)
-        proc.start()
-        return server
+        return server.start()
 
     yield start
     for server in servers:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import httpx
 import pytest
 
-from harness import VENV_BIN
+from harness import VENV_BIN, wait_for
 from lockd.client import LockClient
 from lockd.client.errors import PermissionDenied
 from lockd.client.fenced import FencedSession
@@ -170,7 +169,7 @@ def test_no_lease_id_or_token_in_logs(secured):
             secrets.extend((lease["lease_id"], lease["token"]))
             return lease
 
-        old = acquire(name, 300, owner="first", client_id="c-1-Xo4TqQ8pLmW2vZr9aBcD")
+        old = acquire(name, 30_000, owner="first", client_id="c-1-Xo4TqQ8pLmW2vZr9aBcD")
         row = f"{proxy.url}/v1/tables/items/rows/r"
         proxied = {**_auth(PROXY_KEY)}
         assert httpx.put(row, json={"id": "r", "v": 1},
@@ -179,8 +178,9 @@ def test_no_lease_id_or_token_in_logs(secured):
                          headers={**proxied, "Fencing-Token": old["token"]}).status_code == 200
         renewed = http.post(f"{lockd.url}/v1/locks/{name}/renew",
                             json={"lease_id": old["lease_id"], "ttl_ms": 300})
-        assert renewed.status_code == 200
-        time.sleep(0.6)
+        assert renewed.status_code == 200  # now 300 ms from the renewal: let it expire
+        wait_for(lambda: not http.get(f"{lockd.url}/v1/locks/{name}").json()["held"],
+                 what="the renewed 300 ms lease to expire")
         assert http.post(f"{lockd.url}/v1/locks/{name}/renew",
                          json={"lease_id": old["lease_id"]}).status_code == 410
         assert http.post(f"{lockd.url}/v1/locks/{name}/release",

@@ -184,7 +184,7 @@ def test_store_clock_skew(start_lockd):
     fast = {"LOCKD_SKEW_INTERVAL_MS": "200", "LD_PRELOAD": str(FAKETIME_LIB),
             "FAKETIME": "+30s", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     skewed = start_lockd("postgres", env=fast)
-    honest = start_lockd(skewed.proc.argv[3], env={"LOCKD_SKEW_INTERVAL_MS": "200"})
+    honest = start_lockd(skewed.store_url, env={"LOCKD_SKEW_INTERVAL_MS": "200"})
     sqlite = start_lockd("sqlite", env={"LOCKD_SKEW_INTERVAL_MS": "200"})
     time.sleep(0.5)
     assert -31 < scrape(skewed.url).value("lockd_store_clock_skew_seconds") < -29

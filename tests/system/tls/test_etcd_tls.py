@@ -17,9 +17,9 @@ import pytest
 
 from harness.certs import make_pki
 from harness.etcd import EtcdCluster, etcd_available
+from harness.servers import LockdServer
 from tests.conftest import require
 from tests.server import test_contract as contract
-from tests.server.conftest import LockdServer
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,7 @@ def tls_etcd(tmp_path_factory):
 
 @pytest.fixture
 def lockd(tls_etcd: EtcdCluster, tmp_path: Path):
-    server = LockdServer(tls_etcd.url(f"t-{uuid.uuid4().hex[:12]}"), tmp_path / "keys",
-                         tmp_path).start()
+    server = LockdServer(tls_etcd.url(f"t-{uuid.uuid4().hex[:12]}"), key_dir=tmp_path / "keys", log_dir=tmp_path).start()
     yield server
     server.stop()
 
@@ -67,7 +66,7 @@ test_tokens_verify_against_jwks_and_the_key_survives_restart = \
 
 def _start_fails(store_url: str, tmp_path: Path) -> str:
     """Start ``lockd serve`` on ``store_url``; it must exit 1; return its log."""
-    server = LockdServer(store_url, tmp_path / "keys", tmp_path)
+    server = LockdServer(store_url, key_dir=tmp_path / "keys", log_dir=tmp_path)
     with pytest.raises(RuntimeError, match="exited with 1") as failure:
         server.start()
     return str(failure.value)

@@ -25,7 +25,7 @@ import pytest
 
 from harness import wait_for
 from harness.etcd import EtcdCluster
-from tests.server.conftest import LockdServer
+from harness.servers import LockdServer
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def lockds(tmp_path: Path):
     servers: list[LockdServer] = []
 
     def start(store_url: str) -> str:
-        server = LockdServer(store_url, tmp_path / "keys", tmp_path)
+        server = LockdServer(store_url, key_dir=tmp_path / "keys", log_dir=tmp_path)
         servers.append(server)
         return server.start().url
 
