@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test run lint clean system-deps node-deps
+.PHONY: install test check durations pg-capacity run lint clean system-deps node-deps
 
 install: $(STAMP)
 
@@ -106,8 +106,34 @@ docs: install
 docs-serve: install
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
-test: install node-deps
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+## The whole suite on TEST_WORKERS pytest-xdist workers (default: twice the cores, at most 4:
+## most of a test's time is spent waiting on the servers, databases and clusters it started, so
+## two workers per core keep both cores busy; more only adds contention). Longest files first, the
+## machine-wide tests in their groups (tests/parallel.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= $(shell n=$$(( $$(nproc) * 2 )); [ $$n -gt 4 ] && n=4; echo $$n)
+test: install node-deps pg-capacity
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --junitxml=.pytest-junit.xml $(PYTEST_ARGS)
+
+## The inner loop (a few minutes): lint, then the tests marked check, which start no etcd
+## cluster, container or chaos run: unit and contract tests, the layout rules, the docs' examples.
+check: install
+	$(BIN)/ruff check lockd resource_proxy tests chaos examples harness bench
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m check $(PYTEST_ARGS)
+
+## Refresh tests/durations.json (the order make test hands files out in) from a run's JUnit file.
+durations:
+	$(BIN)/python -m tests.durations $(or $(JUNIT),.pytest-junit.xml)
+
+## The machine's PostgreSQL takes a parallel suite's connections: at least 300 of them
+## (ALTER SYSTEM, then one restart; nothing when it already does).
+pg-capacity:
+	@have=$$(psql -h 127.0.0.1 -U postgres -d test -Atc "show max_connections" 2>/dev/null || echo 0); \
+	if [ "$$have" -lt 300 ]; then \
+	  echo "make pg-capacity: max_connections $$have -> 300 (restarting PostgreSQL)"; \
+	  psql -h 127.0.0.1 -U postgres -d test -qc "ALTER SYSTEM SET max_connections = 300" && \
+	  pg_ctlcluster --skip-systemctl-redirect "$$(ls /etc/postgresql)" main restart && \
+	  for i in $$(seq 30); do pg_isready -h 127.0.0.1 -q && break; sleep 1; done; \
+	fi
 
 ## Redocly's OpenAPI linter (pinned, from the npm registry; Node 20+), for tests/system/ops/test_openapi_lint.py.
 REDOCLY_VERSION := 2.77.0
@@ -123,7 +149,7 @@ run: install
 	$(BIN)/lockd serve
 
 lint: install
-	$(BIN)/ruff check lockd resource_proxy tests chaos examples
+	$(BIN)/ruff check lockd resource_proxy tests chaos examples harness bench
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

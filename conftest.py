@@ -11,6 +11,7 @@ import pytest
 from sybil import Sybil
 
 from harness import VENV_BIN
+from tests.parallel import arrange
 from tests.system.readme.support import needs_servers, parsers, readme_servers
 
 
@@ -33,3 +34,8 @@ def readme_env(request):
 
 pytest_collect_file = Sybil(parsers=parsers(), patterns=["README.md", "docs/*.md", "docs/*/*.md"],
                             fixtures=["readme_env"]).pytest()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest test files first, the machine's groups marked (tests/parallel.py)."""
+    arrange(items)

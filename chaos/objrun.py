@@ -48,6 +48,7 @@ from harness import (
     drop_database,
     free_port,
 )
+from harness.servers import LockdServer
 
 __all__ = ["run_objects"]
 
@@ -66,10 +67,8 @@ class _Cluster:
         self.db_url = (self.pg.replace("postgresql://", "postgresql+psycopg://", 1) if self.pg
                        else f"sqlite:///{workdir / 'resource.db'}")
         self.root = workdir / "objects"
-        self.lockd = ServiceProcess(
-            [str(VENV_BIN / "lockd"), "serve", "--store", f"sqlite:///{workdir / 'lockd.db'}",
-             "--key-dir", str(workdir / "keys"), "--port", str(self.lockd_port)],
-            ready_url=f"{self.lockd_url}/healthz", log_path=workdir / "lockd.log")
+        self.lockd = LockdServer(f"sqlite:///{workdir / 'lockd.db'}", log_dir=workdir,
+                                 key_dir=workdir / "keys", port=self.lockd_port)
         self.proxy: ServiceProcess | None = None
 
     def start_proxy(self, grace_ms: int = GRACE_MS) -> None:

@@ -44,6 +44,7 @@ from chaos.relay import Relay
 from chaos.sqldb import create_sql_schema, protect
 from harness import VENV_BIN, ServiceProcess, ThrowawayPostgres, free_port
 from harness.etcd import EtcdCluster
+from harness.servers import LockdServer
 
 __all__ = ["STORES", "RESOURCES", "VIAS", "LOCK", "ACCOUNT_LOCKS", "ELECTION", "SEMAPHORE", "Services"]
 
@@ -94,7 +95,7 @@ class Services:
         self._own_pg = pg is None and self.needs_pg
         self.pg_up = pg is not None
         self.etcd: EtcdCluster | None = None
-        self.lockd: ServiceProcess | None = None
+        self.lockd: LockdServer | None = None
         self.proxy: ServiceProcess | None = None
         self.guard: ServiceProcess | None = None
         """``via == "guard"``: the guarded service (``chaos.guarded``) the workers write through."""
@@ -166,11 +167,8 @@ class Services:
         else:
             self.etcd = EtcdCluster(3).start()
             self.lockd_store = self.etcd.url(f"chaos-{uuid.uuid4().hex[:8]}")
-        self.lockd = ServiceProcess(
-            [str(VENV_BIN / "lockd"), "serve", "--store", self.lockd_store,
-             "--port", str(self.lockd_port), "--key-dir", str(self.dir / "lockd-keys"),
-             "--log-level", "warning"],
-            ready_url=self.lockd_url + "/healthz", log_path=self.dir / "lockd.log")
+        self.lockd = LockdServer(self.lockd_store, log_dir=self.dir, key_dir=self.dir / "lockd-keys",
+                                 port=self.lockd_port, args=["--log-level", "warning"])
         self.lockd.start(timeout=30)
         policy = self.dir / "policy.yaml"  # one lock writes the counter AND the marks
         policy.write_text(f"tables: {{counter: {LOCK}, {MARKS_TABLE}: {LOCK}, "

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -23,11 +25,46 @@ __all__ = ["VENV_BIN", "free_port", "wait_for", "ServiceProcess"]
 VENV_BIN = Path(sys.executable).parent
 
 
+PORT_BLOCK = 1500
+"""Ports per test worker: worker N (``PYTEST_XDIST_WORKER=gwN``) takes its ports from
+``[20000 + N * PORT_BLOCK, 20000 + (N + 1) * PORT_BLOCK)``, below the kernel's ephemeral range
+(32768 and up), so a port one worker was given is never another worker's nor a client socket's."""
+
+_next_port: dict[int, int] = {}
+_port_lock = threading.Lock()
+
+
+def _worker_index() -> int | None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else None
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Outside a parallel run, the kernel picks it. Under pytest-xdist, each worker takes the next
+    free port of its own block (``PORT_BLOCK``), round-robin, so two workers never race for one.
+    """
+    index = _worker_index()
+    if index is None or index >= (32768 - 20000) // PORT_BLOCK:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    base = 20000 + index * PORT_BLOCK
+    with _port_lock:
+        for _ in range(PORT_BLOCK):
+            offset = _next_port.get(index)
+            if offset is None:  # a child process of a test starts elsewhere in the block
+                offset = random.randrange(PORT_BLOCK)
+            _next_port[index] = (offset + 1) % PORT_BLOCK
+            port = base + offset
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    raise OSError(f"no free port left in worker {index}'s block from {base}")
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):

@@ -12,25 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from harness import ServiceProcess, free_port
+from harness import VENV_BIN
+from harness.servers import ProxyServer
 from lockd import AsyncLockClient, LockClient, StaleTokenError
 from lockd.client.errors import NotFoundError, PreconditionFailed
 from lockd.client.fenced import AsyncFencedSession, FencedSession
-from tests.client.conftest import _bin, _workdir
+from tests.client.conftest import _workdir
 
 
 @pytest.fixture(scope="module")
 def objects_proxy(shared_lockd):
     workdir = _workdir("proxy-objects-")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = ServiceProcess([_bin("resource-proxy"), "serve", "--database-url",
-                           f"sqlite:///{workdir / 'res.db'}", "--lockd-url", shared_lockd.url,
-                           "--port", str(port), "--objects-dir", str(workdir / "objects")],
-                          ready_url=url + "/healthz", log_path=workdir / "proxy.log")
-    proc.start()
-    yield url
-    assert proc.stop() == 0, proc.log()
+    proxy = ProxyServer(f"sqlite:///{workdir / 'res.db'}", shared_lockd.url, log_dir=workdir,
+                        objects_dir=workdir / "objects").start()
+    yield proxy.url
+    assert proxy.stop() == 0, proxy.log()
 
 
 def _bucket() -> str:
@@ -127,7 +123,7 @@ def test_async_object_calls(shared_lockd, objects_proxy, tmp_path: Path):
 def _lockctl(lockd_url: str, *args: str, stdin: bytes | None = None):
     import subprocess
 
-    return subprocess.run([_bin("lockctl"), "--url", lockd_url, *args], input=stdin,
+    return subprocess.run([str(VENV_BIN / "lockctl"), "--url", lockd_url, *args], input=stdin,
                           capture_output=True, timeout=60)
 
 

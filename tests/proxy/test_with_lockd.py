@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import httpx
 
-from harness import VENV_BIN, ServiceProcess, free_port
+from harness.servers import LockdServer
 from tests.proxy.conftest import assert_problem, make_database, unique
 
 
 def test_lockd_tokens_fence_the_proxy(tmp_path, start_proxy):
-    port = free_port()
-    lockd_url = f"http://127.0.0.1:{port}"
-    lockd = ServiceProcess(
-        [str(VENV_BIN / "lockd"), "serve", "--store", f"sqlite:///{tmp_path / 'lockd.db'}",
-         "--port", str(port), "--key-dir", str(tmp_path / "keys")],
-        ready_url=f"{lockd_url}/healthz", log_path=tmp_path / "lockd.log",
-    )
+    lockd = LockdServer(f"sqlite:///{tmp_path / 'lockd.db'}", log_dir=tmp_path)
+    lockd_url = lockd.url
     db = make_database("sqlite", tmp_path, None)
     with lockd:
         proxy_url, _ = start_proxy(db.url, "--lockd-url", lockd_url)

@@ -18,7 +18,8 @@ import httpx
 import psycopg
 import pytest
 
-from harness import VENV_BIN, ServiceProcess, free_port, wait_for
+from harness import wait_for
+from harness.servers import LockdServer
 from lockd.tokens import KeyRing
 
 THREADS = 20
@@ -33,17 +34,13 @@ def two_lockds(pg_url, tmp_path):
     key_dir = tmp_path / "keys"
     KeyRing.load_or_create(key_dir)
     servers = []
-    for i in range(2):
-        port = free_port()
-        servers.append(ServiceProcess(
-            [str(VENV_BIN / "lockd"), "serve", "--store", pg_url, "--port", str(port),
-             "--key-dir", str(key_dir), "--log-level", "warning"],
-            ready_url=f"http://127.0.0.1:{port}/healthz", log_path=tmp_path / f"lockd{i}.log",
-        ))
+    for _ in range(2):
+        servers.append(LockdServer(pg_url, log_dir=tmp_path, key_dir=key_dir,
+                                   args=["--log-level", "warning"]))
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda s: s.start(), servers))
-        yield [s.ready_url.removesuffix("/healthz") for s in servers]
+        yield [s.url for s in servers]
     finally:
         for s in servers:
             assert s.stop() == 0, s.log()

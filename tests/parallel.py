@@ -1,0 +1,109 @@
+"""How the suite runs on several pytest-xdist workers (``make test``; docs/development.md).
+
+- **Longest first.** Test files are handed out longest first, by the seconds each took in a
+  recorded run (``tests/durations.json``, refreshed with ``make durations``), so the long poles
+  start at once and no worker is left alone with one at the end. A file not in the record counts
+  as short; tests keep their order within a file.
+- **The machine's groups.** Tests that load the whole machine for a while (compose builds images
+  and runs containers; chaos runs drive several servers for a fixed span and must meet their
+  faults; the bench smokes measure) are put in ``xdist_group``s, so each group runs on one
+  worker, one test at a time, never beside another of its group.
+- **Tiers.** ``make check`` runs the tests marked ``check`` (``CHECK_TIER``: no cluster, no
+  container, no chaos run) for the inner loop; ``make test`` runs everything.
+
+Everything else already runs beside anything: each test gets its own database (``pg_dsn``), its
+own temporary directory, its own lock names, and ports from its worker's own block
+(``harness.processes.free_port``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DURATIONS = ROOT / "tests" / "durations.json"
+
+MACHINE_GROUPS: dict[str, str] = {
+    "tests/system/demo/test_compose_real.py": "containers",
+    "tests/system/demo/test_compose.py": "containers",
+    "tests/system/chaos/test_runs.py": "chaos",
+    "tests/system/chaos/test_mode_runs.py": "chaos",
+    "tests/system/chaos/test_guard_runs.py": "chaos",
+    "tests/system/chaos/test_sql.py": "chaos",
+    "tests/system/chaos/test_mutants.py": "chaos",
+    "tests/system/chaos/test_objects.py": "chaos",
+    "tests/system/chaos/test_redis_guarded.py": "chaos",
+    "tests/system/chaos/test_transfers.py": "chaos",
+    "tests/system/bench/": "bench",
+}
+"""Path (a file, or a folder ending in ``/``) → its group on the machine."""
+
+CHECK_TIER: tuple[str, ...] = (
+    "README.md", "docs/",
+    "tests/common/", "tests/test_layout.py", "tests/test_support.py",
+    "tests/client/test_core.py", "tests/client/test_known_loss.py",
+    "tests/client/test_public_api.py", "tests/client/test_sqlfence_hints.py",
+    "tests/client/test_sqlfence_keys.py",
+    "tests/guard/test_guard.py", "tests/guard/test_stores.py",
+    "tests/proxy/dbfence/test_read_claims.py", "tests/proxy/objects/test_blobs.py",
+    "tests/proxy/test_contract.py", "tests/proxy/test_hostile_values.py",
+    "tests/proxy/test_hot_path.py", "tests/proxy/test_jwks.py", "tests/proxy/test_policy.py",
+    "tests/proxy/test_sqlite_numerics.py", "tests/proxy/test_with_lockd.py",
+    "tests/server/store/sqlite/", "tests/server/test_clock.py", "tests/server/test_deadlines.py",
+    "tests/server/test_durations.py", "tests/server/test_lease_ids.py",
+    "tests/server/test_multi_tokens.py",
+    "tests/system/chaos/test_checker.py", "tests/system/chaos/test_election_checker.py",
+    "tests/system/chaos/test_near.py", "tests/system/chaos/test_progress.py",
+    "tests/system/chaos/test_rw_checker.py",
+    "tests/system/hostile/test_event_inputs.py", "tests/system/hostile/test_proxy_bounds.py",
+    "tests/system/readme/test_paste.py",
+)
+"""``make check``'s tier (marked ``check``): unit and contract tests that start no etcd
+cluster, no container and no chaos run; a path ending in ``/`` takes its folder."""
+
+
+def relative(item: pytest.Item) -> str:
+    try:
+        return Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return str(item.path)
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or (prefix.endswith("/") and path.startswith(prefix))
+
+
+def group_of(path: str) -> str | None:
+    for prefix, group in MACHINE_GROUPS.items():
+        if _under(path, prefix):
+            return group
+    return None
+
+
+def recorded() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def arrange(items: list[pytest.Item]) -> None:
+    """Mark the machine's groups and order ``items`` longest file (or group) first, in place."""
+    seconds: dict[str, float] = {}
+    for path, spent in recorded().items():
+        key = group_of(path) or path
+        seconds[key] = seconds.get(key, 0.0) + spent
+    unit = {}
+    for item in items:
+        path = relative(item)
+        group = group_of(path)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if any(_under(path, prefix) for prefix in CHECK_TIER):
+            item.add_marker(pytest.mark.check)
+        unit[id(item)] = group or path
+    position = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds.get(unit[id(item)], 0.0), position[id(item)]))
