@@ -112,13 +112,13 @@ docs-serve: install
 ## machine-wide tests in their groups (tests/parallel.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= $(shell n=$$(( $$(nproc) * 2 )); [ $$n -gt 4 ] && n=4; echo $$n)
 test: install node-deps pg-capacity
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --junitxml=.pytest-junit.xml $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --junitxml=.pytest-junit.xml $(PYTEST_ARGS)
 
 ## The inner loop (a few minutes): lint, then the tests marked check, which start no etcd
 ## cluster, container or chaos run: unit and contract tests, the layout rules, the docs' examples.
 check: install
 	$(BIN)/ruff check lockd resource_proxy tests chaos examples harness bench
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m check $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m check $(PYTEST_ARGS)
 
 ## Refresh tests/durations.json (the order make test hands files out in) from a run's JUnit file.
 durations:

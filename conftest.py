@@ -11,7 +11,7 @@ import pytest
 from sybil import Sybil
 
 from harness import VENV_BIN
-from tests.parallel import arrange
+from tests.parallel import arrange, make_scheduler, mark
 from tests.system.readme.support import needs_servers, parsers, readme_servers
 
 
@@ -36,6 +36,16 @@ pytest_collect_file = Sybil(parsers=parsers(), patterns=["README.md", "docs/*.md
                             fixtures=["readme_env"]).pytest()
 
 
+def pytest_itemcollected(item):
+    """The check tier's mark (tests/parallel.py)."""
+    mark(item)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """A test file (or a machine group) runs on one worker whole (tests/parallel.py)."""
+    return make_scheduler(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Longest test files first, the machine's groups marked (tests/parallel.py)."""
+    """Longest test files first (tests/parallel.py)."""
     arrange(items)

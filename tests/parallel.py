@@ -1,13 +1,16 @@
 """How the suite runs on several pytest-xdist workers (``make test``; docs/development.md).
 
+- **A file is one unit.** Every test runs on the worker that runs the rest of its file
+  (``make_scheduler``, xdist's scope scheduling by file): a module's fixtures start once, and a
+  document's examples (Sybil) run in order in one namespace.
 - **Longest first.** Test files are handed out longest first, by the seconds each took in a
   recorded run (``tests/durations.json``, refreshed with ``make durations``), so the long poles
   start at once and no worker is left alone with one at the end. A file not in the record counts
   as short; tests keep their order within a file.
 - **The machine's groups.** Tests that load the whole machine for a while (compose builds images
   and runs containers; chaos runs drive several servers for a fixed span and must meet their
-  faults; the bench smokes measure) are put in ``xdist_group``s, so each group runs on one
-  worker, one test at a time, never beside another of its group.
+  faults; the bench smokes measure) are scheduled in groups (``MACHINE_GROUPS``), so each group
+  runs on one worker, one test at a time, never beside another of its group.
 - **Tiers.** ``make check`` runs the tests marked ``check`` (``CHECK_TIER``: no cluster, no
   container, no chaos run) for the inner loop; ``make test`` runs everything.
 
@@ -90,20 +93,36 @@ def recorded() -> dict[str, float]:
         return {}
 
 
+def mark(item: pytest.Item) -> None:
+    """The ``check`` mark for an item of the check tier."""
+    if any(_under(relative(item), prefix) for prefix in CHECK_TIER):
+        item.add_marker(pytest.mark.check)
+
+
+def unit_of(nodeid: str) -> str:
+    """The unit a test is scheduled in: its machine group, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return group_of(path) or path
+
+
+def make_scheduler(config: pytest.Config, log):
+    """xdist's scope scheduling with ``unit_of`` as the scope: a file (or a machine group) goes
+    to one worker whole, in collection order (``arrange``: longest first)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def arrange(items: list[pytest.Item]) -> None:
-    """Mark the machine's groups and order ``items`` longest file (or group) first, in place."""
+    """Order ``items`` longest file (or machine group) first, keeping each file's order."""
     seconds: dict[str, float] = {}
     for path, spent in recorded().items():
         key = group_of(path) or path
         seconds[key] = seconds.get(key, 0.0) + spent
-    unit = {}
-    for item in items:
-        path = relative(item)
-        group = group_of(path)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
-        if any(_under(path, prefix) for prefix in CHECK_TIER):
-            item.add_marker(pytest.mark.check)
-        unit[id(item)] = group or path
+    unit = {id(item): group_of(relative(item)) or relative(item) for item in items}
     position = {id(item): n for n, item in enumerate(items)}
     items.sort(key=lambda item: (-seconds.get(unit[id(item)], 0.0), position[id(item)]))
