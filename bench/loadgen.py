@@ -676,6 +676,14 @@ async def renewals(spec: dict) -> dict:
 
     batch = spec.get("batch", 1000)
     groups = [range(lo, min(n, lo + batch)) for lo in range(0, n, batch)]
+    if peer == "lockd-each":  # keep the connections the ticks use: lockd closes idle ones
+        keep = min(len(conns), 2 * len(groups))
+        for c in conns[keep:]:
+            await c.close()
+        del conns[keep:]
+        pool = asyncio.Queue()
+        for c in conns:
+            pool.put_nowait(c)
 
     async def renew_group(g: int, due: float) -> None:
         items = ",".join(f'{{"lock":"{prefix}/{i}","lease_id":"{held[i]}",{renew_ttl[1:-1]}}}'

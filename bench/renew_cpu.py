@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label:38s} {counts[1]:6d}/{out['expected']} renewals, misses {out['misses']}, "
                   f"errors {out['errors']}; server CPU {cpu_per_renewal * 1e6:6.1f} µs per "
                   f"renewal; p99 {p99:6.1f} ms; ~{per_cpu:8.0f} leases per "
-                  f"CPU-second ({per_cpu / base:.2f}× etcd)")
+                  f"CPU-second ({per_cpu / base:.2f}× etcd)"
+                  + (f"; first error: {out['first_error']}" if out['errors'] else ""))
     finally:
         ws.close()
     return 0
