@@ -79,7 +79,7 @@ class AsyncLockClient(PrimitivesCore):
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
         self._renewals: dict[AsyncLease, tuple[asyncio.Task[None], asyncio.Event]] = {}
-        self._batcher = AsyncRenewalBatcher(self._request)  # background renewals, batched
+        self._batcher = AsyncRenewalBatcher(self._run)  # background renewals, batched
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: Any = None,
                        timeout: float | None = None) -> Any:

@@ -18,9 +18,10 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from lockd.client.core import Send
+from lockd.client.core import Send, Steps
 from lockd.client.errors import LockClientError, ProtocolError, error_from_problem
 
 __all__ = ["MAX_ITEMS", "RENEW_EACH", "AsyncRenewalBatcher", "RenewalBatcher"]
@@ -88,21 +89,55 @@ def _unsupported(exc: LockClientError) -> bool:
     return getattr(exc, "status", None) in (404, 405)
 
 
-class RenewalBatcher:
-    """Batches a ``LockClient``'s background renewals (threads). ``request(method, path,
-    json=, timeout=)`` is the client's own request function (errors typed)."""
+def _single(step: Send) -> Steps[Any]:
+    """``step`` sent on its own (a client's ``_run`` must not batch it again)."""
+    return (yield replace(step, batch=None))
 
-    def __init__(self, request: Callable[..., Any]) -> None:
-        self._request = request
+
+class _Batching:
+    """What both batchers share: the steps of sending one batch (run by the client's own
+    ``_run``, so the sync and async clients do the I/O their way)."""
+
+    unsupported = False
+    """Set once lockd answered 404/405 to ``renew-each``: every renewal goes alone from then on."""
+
+    def _send_steps(self, batch: Sequence[_Pending]) -> Steps[None]:
+        body, timeout = _request_of(batch)
+        try:
+            answer = yield Send("POST", RENEW_EACH, json=body, timeout=timeout)
+        except LockClientError as exc:
+            if not _unsupported(exc):
+                for item in batch:
+                    item.error = exc
+                return
+            self.unsupported = True
+            for item in batch:
+                try:
+                    item.value = yield from _single(item.step)
+                except LockClientError as one:
+                    item.error = one
+            return
+        except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
+            for item in batch:
+                item.error = exc
+            return
+        _settle(batch, answer)
+
+
+class RenewalBatcher(_Batching):
+    """Batches a ``LockClient``'s background renewals (threads). ``run`` is the client's
+    ``_run`` (sends a rule's steps, errors typed)."""
+
+    def __init__(self, run: Callable[[Steps[Any]], Any]) -> None:
+        self._run = run
         self._mutex = threading.Lock()
         self._open: list[_Pending] | None = None
-        self.unsupported = False
 
     def renew(self, step: Send) -> Any:
         """The answer to ``step`` (a ``Send`` with ``batch``), sent with whatever else falls
         due within its window; raises its error as the single renew would."""
         if self.unsupported:
-            return self._single(step)
+            return self._run(_single(step))
         item = _Pending(step, threading.Event())
         with self._mutex:
             leader = self._open is None
@@ -118,54 +153,28 @@ class RenewalBatcher:
             batch, self._open = self._open or [], None
         try:
             for start in range(0, len(batch), MAX_ITEMS):
-                self._send(batch[start:start + MAX_ITEMS])
+                self._run(self._send_steps(batch[start:start + MAX_ITEMS]))
         finally:
             for other in batch:
                 _unanswered(other)
                 other.done.set()
         return item.result()
 
-    def _single(self, step: Send) -> Any:
-        return self._request(step.method, step.path, json=step.json, timeout=step.timeout)
 
-    def _send(self, batch: Sequence[_Pending]) -> None:
-        body, timeout = _request_of(batch)
-        try:
-            answer = self._request("POST", RENEW_EACH, json=body, timeout=timeout)
-        except LockClientError as exc:
-            if not _unsupported(exc):
-                for item in batch:
-                    item.error = exc
-                return
-            self.unsupported = True
-            for item in batch:
-                try:
-                    item.value = self._single(item.step)
-                except LockClientError as one:
-                    item.error = one
-            return
-        except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
-            for item in batch:
-                item.error = exc
-            return
-        _settle(batch, answer)
-
-
-class AsyncRenewalBatcher:
+class AsyncRenewalBatcher(_Batching):
     """``RenewalBatcher`` for an ``AsyncLockClient`` (one event loop). A batch is sent by a task
     of its own, so a lease whose renewal is stopped meanwhile (its task cancelled) takes no
     other lease's answer with it."""
 
-    def __init__(self, request: Callable[..., Awaitable[Any]]) -> None:
-        self._request = request
+    def __init__(self, run: Callable[[Steps[Any]], Awaitable[Any]]) -> None:
+        self._run = run
         self._open: list[_Pending] | None = None
         self._sending: set[asyncio.Task[None]] = set()
-        self.unsupported = False
 
     async def renew(self, step: Send) -> Any:
         """As ``RenewalBatcher.renew``."""
         if self.unsupported:
-            return await self._single(step)
+            return await self._run(_single(step))
         loop = asyncio.get_running_loop()
         item = _Pending(step, loop.create_future())
         if self._open is None:
@@ -184,35 +193,9 @@ class AsyncRenewalBatcher:
     async def _flush(self, batch: list[_Pending]) -> None:
         try:
             for start in range(0, len(batch), MAX_ITEMS):
-                await self._send(batch[start:start + MAX_ITEMS])
+                await self._run(self._send_steps(batch[start:start + MAX_ITEMS]))
         finally:
             for item in batch:
                 _unanswered(item)
                 if not item.done.done():  # (cancelled: that lease's renewal was stopped)
                     item.done.set_result(None)
-
-    async def _single(self, step: Send) -> Any:
-        return await self._request(step.method, step.path, json=step.json,
-                                   timeout=step.timeout)
-
-    async def _send(self, batch: Sequence[_Pending]) -> None:
-        body, timeout = _request_of(batch)
-        try:
-            answer = await self._request("POST", RENEW_EACH, json=body, timeout=timeout)
-        except LockClientError as exc:
-            if not _unsupported(exc):
-                for item in batch:
-                    item.error = exc
-                return
-            self.unsupported = True
-            for item in batch:
-                try:
-                    item.value = await self._single(item.step)
-                except LockClientError as one:
-                    item.error = one
-            return
-        except Exception as exc:  # noqa: BLE001 - every waiter must hear of it
-            for item in batch:
-                item.error = exc
-            return
-        _settle(batch, answer)

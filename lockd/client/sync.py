@@ -90,7 +90,7 @@ class LockClient(PrimitivesCore):
                                                 verify=client_context(verify, cert))
         self._renewals: dict[Lease, _Renewal] = {}
         self._renewals_mutex = threading.Lock()
-        self._batcher = RenewalBatcher(self._request)  # background renewals, one request a tick
+        self._batcher = RenewalBatcher(self._run)  # background renewals, one request a tick
 
     # -- plumbing
 

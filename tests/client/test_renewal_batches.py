@@ -9,9 +9,9 @@ import asyncio
 import threading
 
 import httpx
-from tests.support import wait_for
 
 from lockd import AsyncLockClient, LeaseRef, LeaseState, LockClient
+from tests.support import wait_for
 
 LEASES = 12
 TTL = 1.5  # renewals every 0.5 s
