@@ -604,8 +604,11 @@ async def renewals(spec: dict) -> dict:
     Open loop: renewals are due on a fixed schedule (phases spread evenly) and go out over a
     pool of ``connections`` keep-alive connections; a renewal's latency runs from when it was
     DUE to its answer, so queueing anywhere (server or generator) counts. ``peer``: ``lockd``
-    (acquire ``leases`` locks, then ``/renew``) or ``etcd`` (grant etcd leases, then
-    ``/v3/lease/keepalive``). Returns latencies, misses (not live any more) and errors.
+    (acquire ``leases`` locks, then ``/renew``), ``lockd-each`` (the same leases held by
+    clients of ``batch`` leases each, default 1000, every client renewing all of its leases
+    in one ``POST /v1/leases/renew-each`` per tick, as the Python client does) or ``etcd``
+    (grant etcd leases, then ``/v3/lease/keepalive``). Returns latencies (one per lease
+    renewed), misses (not live any more) and errors.
     """
     peer = spec["peer"]
     n, period = spec["leases"], spec["period_ms"] / 1000
@@ -628,7 +631,7 @@ async def renewals(spec: dict) -> dict:
     held: list[Any] = [None] * n
 
     async def setup(i: int) -> None:
-        if peer == "lockd":
+        if peer.startswith("lockd"):
             doc = await with_conn(lambda c: c.json("POST", f"/v1/locks/{prefix}/{i}/acquire",
                                                    {"ttl_ms": ttl_ms}))
             held[i] = doc["lease_id"]
@@ -671,22 +674,53 @@ async def renewals(spec: dict) -> dict:
             return
         lat.append((loop.time() - due) * 1000)
 
+    batch = spec.get("batch", 1000)
+    groups = [range(lo, min(n, lo + batch)) for lo in range(0, n, batch)]
+    if peer == "lockd-each":  # keep the connections the ticks use: lockd closes idle ones
+        keep = min(len(conns), 2 * len(groups))
+        for c in conns[keep:]:
+            await c.close()
+        del conns[keep:]
+        pool = asyncio.Queue()
+        for c in conns:
+            pool.put_nowait(c)
+
+    async def renew_group(g: int, due: float) -> None:
+        items = ",".join(f'{{"lock":"{prefix}/{i}","lease_id":"{held[i]}",{renew_ttl[1:-1]}}}'
+                         for i in groups[g])
+
+        async def call(c: Http) -> None:
+            status, data = await c.request("POST", "/v1/leases/renew-each",
+                                           f'{{"leases":[{items}]}}'.encode())
+            if status != 200:
+                raise HttpError(status, data)
+            misses[0] += sum(1 for r in json.loads(data)["results"] if r["status"] != 200)
+
+        try:
+            await with_conn(call)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        lat.extend([(loop.time() - due) * 1000] * len(groups[g]))
+
     async def schedule(i: int) -> None:
-        due = start + period * i / n
+        each = peer == "lockd-each"
+        due = start + period * i / (len(groups) if each else n)
         tasks = []
         while due < end:
             delay = due - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.ensure_future(renew(i, due)))
+            tasks.append(asyncio.ensure_future(renew_group(i, due) if each else renew(i, due)))
             due += period
         await asyncio.gather(*tasks)
 
-    await asyncio.gather(*(schedule(i) for i in range(n)))
+    await asyncio.gather(*(schedule(i) for i in range(len(groups) if peer == "lockd-each"
+                                                        else n)))
     # clean up: release / revoke everything
     async def cleanup(i: int) -> None:
         try:
-            if peer == "lockd":
+            if peer.startswith("lockd"):
                 await with_conn(lambda c: c.request(
                     "POST", f"/v1/locks/{prefix}/{i}/release",
                     json.dumps({"lease_id": held[i]}).encode()))

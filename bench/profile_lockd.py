@@ -3,10 +3,15 @@
 Starts one lockd on ``--store`` (``postgres``: a fresh database; ``etcd``; ``sqlite``), drives
 closed-loop acquire+release cycles at it (``bench.loadgen``'s ``lockd`` workload, each client
 its own lock) and records lockd (and its workers) with ``py-spy record --format raw`` for
-``--seconds``; prints the top functions by own and cumulative share of samples::
+``--seconds``; prints the top functions by own and cumulative share of samples, then the
+samples by layer (``bench.layers``; with lockd's CPU per cycle measured meanwhile, from
+``/proc``, in µs per cycle)::
 
     python -m bench.profile_lockd [--store postgres] [--clients 32] [--seconds 8]
-                                  [--args "--workers 2"]
+                                  [--args "--workers 2"] [--raw PATH] [--tree DIR]
+
+``--raw PATH`` keeps py-spy's raw output; ``--tree DIR`` profiles lockd from another source
+tree (``PYTHONPATH``), e.g. the "before" tree of ``bench.compare``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import threading
 from pathlib import Path
 
 from bench import loadgen
-from bench.compare import lockd_server
+from bench.compare import _cpu_seconds, lockd_server
+from bench.layers import format_layers
 from bench.peers import Workspace
 from bench.profile_proxy import _top
 
@@ -32,12 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--args", default="", help="more flags for lockd serve")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--raw", default=None, help="keep py-spy's raw output here")
+    parser.add_argument("--tree", default=None, help="source tree of lockd (default: this)")
     args = parser.parse_args(argv)
     ws = Workspace()
     try:
         store = ws.etcd().extra["url"] if args.store == "etcd" else args.store
-        server = lockd_server(ws, store, "lockd-profile", args=tuple(args.args.split()))
-        raw = ws.dir / "profile.txt"
+        env = {"PYTHONPATH": str(Path(args.tree).resolve())} if args.tree else None
+        server = lockd_server(ws, store, "lockd-profile", env=env, args=tuple(args.args.split()))
+        raw = Path(args.raw).resolve() if args.raw else ws.dir / "profile.txt"
         spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
                                 str(server.pid), "--subprocesses", "--format", "raw",
                                 "--duration", str(int(args.seconds)), "--rate", "250",
@@ -47,13 +56,17 @@ def main(argv: list[str] | None = None) -> int:
         load = threading.Thread(target=lambda: result.update(loadgen.run_closed(
             {"workload": "lockd", **server.addr(), "warmup": 0.0, "seconds": args.seconds + 1,
              "prefix": "profile"}, args.clients)))
+        cpu0 = _cpu_seconds(server.pid)
         load.start()
         spy.wait()
         load.join()
+        cpu_ms = (_cpu_seconds(server.pid) - cpu0) * 1000 / max(1, result["cycles"])
         print(f"{result['cycles'] / (args.seconds + 1):.0f} cycles/s while profiling "
               f"({result['errors']} errors, {args.clients} clients, store {args.store}"
-              f"{', ' + args.args if args.args else ''})")
+              f"{', ' + args.args if args.args else ''}); lockd CPU {cpu_ms:.2f} ms/cycle "
+              "(py-spy's sampling included)")
         print(_top(raw, args.top))
+        print(format_layers(raw, cpu_ms))
     finally:
         ws.close()
     return 0

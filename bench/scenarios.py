@@ -353,6 +353,8 @@ RENEW_PEERS = {
     "lockd · SQLite": ("lockd", "lockd-sqlite"),
     "lockd · PostgreSQL": ("lockd", "lockd-postgres"),
     "lockd · etcd": ("lockd", "lockd-etcd"),
+    "lockd · SQLite, renew-each": ("lockd-each", "lockd-sqlite"),
+    "lockd · PostgreSQL, renew-each": ("lockd-each", "lockd-postgres"),
 }
 RENEW_STEPS = (250, 500, 1000, 1500, 2000, 3000, 4000, 6000, 8000, 12000, 16000)
 
@@ -407,6 +409,10 @@ def renewal_capacity(bench: Bench) -> Section:
         "largest step with p99 within the limit, no errors and no lost lease.")
     section.notes.append("Capacity scales with the TTL: at ttl = 30 s the same renewals/s "
                          "keep 10× the leases.")
+    section.notes.append("renew-each rows: the same leases held by clients of 1,000 leases "
+                         "each, every client renewing all of its leases in one POST "
+                         "/v1/leases/renew-each per tick (the Python client's background "
+                         "renewal); each lease's latency is its request's.")
     return section
 
 

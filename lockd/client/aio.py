@@ -32,6 +32,7 @@ from lockd.client.lease import AsyncLease, AsyncMultiLease, LeaseRef, LockStatus
 from lockd.client.lock import AsyncLock
 from lockd.client.permits import AsyncPermitLease, SemaphoreStatus
 from lockd.client.primitives import ObserveCursor, PrimitivesCore
+from lockd.client.renewals import AsyncRenewalBatcher
 from lockd.client.semaphore import AsyncSemaphore
 from lockd.client.wire import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -78,6 +79,7 @@ class AsyncLockClient(PrimitivesCore):
         self._http = http_client or httpx.AsyncClient(timeout=timeout,
                                                 verify=client_context(verify, cert))
         self._renewals: dict[AsyncLease, tuple[asyncio.Task[None], asyncio.Event]] = {}
+        self._batcher = AsyncRenewalBatcher(self._run)  # background renewals, batched
 
     async def _request(self, method: str, path: str, *, json: Any = None, params: Any = None,
                        timeout: float | None = None) -> Any:
@@ -97,6 +99,8 @@ class AsyncLockClient(PrimitivesCore):
             try:
                 if isinstance(step, Sleep):
                     await sleep(step.seconds)
+                elif step.batch is not None:
+                    run.answer(await self._batcher.renew(step))
                 else:
                     run.answer(await self._request(step.method, step.path, json=step.json,
                                                    params=step.params, timeout=step.timeout))

@@ -72,6 +72,10 @@ class Send:
     params: Any = None
     timeout: float | None = None
     """Seconds for this request; ``None``: the client's ``timeout``."""
+    batch: tuple[str, str, int, float] | None = None
+    """A lock lease's background renewal: (lock, lease id, ttl_ms, window seconds). The client
+    may hold it up to ``window`` to send it with others in one ``POST /v1/leases/renew-each``
+    (``lockd.client.renewals``); the answer is the same as the single renew's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,13 +360,19 @@ class ClientCore:
     # -- renew / release
 
     def _renew_send(self, path: str, lease_id: str, ttl: float | None, *,
-                    cap: float | None = None) -> Send:
-        """The renew request; its timeout is the client's, or ``cap`` seconds if shorter."""
+                    cap: float | None = None, lock: str | None = None,
+                    interval: float = 0.0) -> Send:
+        """The renew request; its timeout is the client's, or ``cap`` seconds if shorter.
+        ``lock``: a lock lease's background renewal every ``interval`` seconds, which may wait
+        a tenth of that (1 s at most) for others to batch with (``Send.batch``)."""
         body: dict[str, Any] = {"lease_id": lease_id}
         if ttl is not None:
             body["ttl_ms"] = ms(ttl, "ttl")
         timeout = self.timeout if cap is None else min(self.timeout, cap)
-        return Send("POST", path, json=body, timeout=timeout)
+        batch = ((lock, lease_id, body["ttl_ms"], min(interval / 10, 1.0))
+                 if lock is not None and ttl is not None and path == lock_path(lock) + "/renew"
+                 else None)
+        return Send("POST", path, json=body, timeout=timeout, batch=batch)
 
     def _renew_steps(self, lease: Any, ttl: float | None) -> Steps[tuple[float, Any]]:
         """Renew now for ``ttl`` seconds (``None``: the lease's TTL): ``(sent, body)``.
@@ -441,7 +451,8 @@ class ClientCore:
             sent = clock()
             try:
                 body = yield self._renew_send(lease._path("renew"), lease.lease_id, lease.ttl,
-                                              cap=max(0.01, lease.deadline - sent))
+                                              cap=max(0.01, lease.deadline - sent),
+                                              lock=lease.lock, interval=interval)
             except LeaseLostError as exc:
                 lease._mark_lost(exc)
                 return

@@ -77,6 +77,7 @@ __all__ = [
     "ProtocolError",
     "LockError",
     "LockValueError",
+    "error_from_problem",
     "error_from_response",
     "body_or_raise",
     "translate_transport_errors",
@@ -461,14 +462,21 @@ def error_from_response(response: httpx.Response) -> LockClientError:
     Matching is by problem ``code`` first, then by status; an unmapped status becomes
     ``ProtocolError`` (4xx) or ``ServiceUnavailable`` (5xx: the server failed, retrying may help).
     """
-    status = response.status_code
     problem: dict[str, Any] = {}
     with contextlib.suppress(ValueError):
         body = response.json()
         if isinstance(body, dict):
             problem = body
+    return error_from_problem(response.status_code, problem, response.reason_phrase,
+                              _retry_after(response))
+
+
+def error_from_problem(status: int, problem: dict[str, Any], reason: str = "",
+                       retry_after: float | None = None) -> LockClientError:
+    """``error_from_response`` of an answer's ``status`` and ``problem`` body (``{}``: none)
+    without the response itself: one lease's answer within ``POST /v1/leases/renew-each``."""
     code = problem.get("code") if isinstance(problem.get("code"), str) else None
-    detail = problem.get("detail") or problem.get("title") or response.reason_phrase or "error"
+    detail = problem.get("detail") or problem.get("title") or reason or "error"
     detail = f"{status} {detail}"
     cls = _BY_CODE.get(code or "") or _BY_STATUS.get(status)
     if cls is None:
@@ -479,9 +487,9 @@ def error_from_response(response: httpx.Response) -> LockClientError:
     if cls is LockNotAcquired:
         return LockNotAcquired(detail, lock=problem.get("lock"), owner=problem.get("owner"),
                                ttl_ms=_int_or_none(problem.get("ttl_ms")),
-                               retry_after=_retry_after(response), **kw)
+                               retry_after=retry_after, **kw)
     if cls is LimitExceeded:
-        return LimitExceeded(detail, retry_after=_retry_after(response), **kw)
+        return LimitExceeded(detail, retry_after=retry_after, **kw)
     if cls is LeaseLostError:
         return LeaseLostError(detail, lock=problem.get("lock"), **kw)
     if cls is LimitMismatch:

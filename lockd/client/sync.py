@@ -33,6 +33,7 @@ from lockd.client.lease import Lease, LeaseRef, LockStatus, MultiLease
 from lockd.client.lock import Lock
 from lockd.client.permits import PermitLease, SemaphoreStatus
 from lockd.client.primitives import ObserveCursor, PrimitivesCore
+from lockd.client.renewals import RenewalBatcher
 from lockd.client.semaphore import Semaphore
 from lockd.client.wire import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -89,6 +90,7 @@ class LockClient(PrimitivesCore):
                                                 verify=client_context(verify, cert))
         self._renewals: dict[Lease, _Renewal] = {}
         self._renewals_mutex = threading.Lock()
+        self._batcher = RenewalBatcher(self._run)  # background renewals, one request a tick
 
     # -- plumbing
 
@@ -111,6 +113,8 @@ class LockClient(PrimitivesCore):
             try:
                 if isinstance(step, Sleep):
                     sleep(step.seconds)
+                elif step.batch is not None:
+                    run.answer(self._batcher.renew(step))
                 else:
                     run.answer(self._request(step.method, step.path, json=step.json,
                                              params=step.params, timeout=step.timeout))

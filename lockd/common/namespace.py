@@ -85,9 +85,31 @@ def mints(primitive: Primitive, lock: str) -> bool:
     return owner is primitive if primitive.reserves else owner is None
 
 
+_ACCEPTED: dict[tuple[int, str, int], None] = {}
+"""Recently accepted (id of the primitive, name, slots): a hot lock's name is checked on each of
+its requests (twice: by the route and by its service); the check is a pure function of these.
+By id, and only for ``PRIMITIVES`` (constants, so an id is never reused): hashing the frozen
+dataclass costs more than the cache saves."""
+_ACCEPTED_MAX = 4096
+_CACHED = frozenset(id(p) for p in PRIMITIVES)  # alive for good: no other object has their id
+
+
 def check(primitive: Primitive, name: object, slots: int = 1) -> str:
     """``name``, once ``primitive`` may use it: a lock name whose token locks (a semaphore's:
     up to slot ``slots - 1``) are lock names that ``primitive`` mints. Raises ``NameRefused``."""
+    pid = id(primitive)
+    key = (pid, name, slots) if type(name) is str and pid in _CACHED else None
+    if key is not None and key in _ACCEPTED:
+        return name  # type: ignore[return-value]
+    _check(primitive, name, slots)
+    if key is not None:
+        if len(_ACCEPTED) >= _ACCEPTED_MAX:
+            _ACCEPTED.clear()
+        _ACCEPTED[key] = None
+    return name  # type: ignore[return-value]
+
+
+def _check(primitive: Primitive, name: object, slots: int) -> None:
     if not is_lock_name(name):
         prefix = "" if primitive is LOCK else f"{primitive.kind} names follow the lock-name rule: "
         raise NameRefused(prefix + LOCK_NAME_RULE, name=str(name)[:300])
@@ -105,4 +127,3 @@ def check(primitive: Primitive, name: object, slots: int = 1) -> str:
             f"{owner.token}), so {name!r} cannot name a{'n' if primitive.kind[0] in 'ae' else ''}"
             f" {primitive.kind}: {owner.take}", name=name, owner=owner.kind,
             reserved=owner.reserves)
-    return name

@@ -44,10 +44,14 @@ from lockd.common.namespace import token_name
 
 __all__ = ["Event", "EventHub"]
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One lock event; ``data()`` is what a stream client sees, ``wire`` its SSE bytes (made once,
-    shared by every stream)."""
+    """One lock event; ``data()`` is what a stream client sees, ``sse()`` its SSE bytes, made
+    when a stream first sends it and then shared by every stream (most events are never
+    streamed: encoding each on publish cost a JSON encode per grant and per release)."""
 
     id: int
     type: str
@@ -60,10 +64,6 @@ class Event:
     audit: dict[str, Any] | None = field(default=None, compare=False)
     mode: str | None = None
     wire: bytes = field(default=b"", repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.wire:
-            object.__setattr__(self, "wire", self._encode())
 
     def data(self) -> dict[str, Any]:
         if self.audit is not None:
@@ -80,11 +80,15 @@ class Event:
         return doc
 
     def _encode(self) -> bytes:
-        payload = json.dumps(self.data(), separators=(",", ":"), ensure_ascii=False)
+        payload = _COMPACT(self.data())
         return f"id: {self.id}\nevent: {self.type}\ndata: {payload}\n\n".encode()
 
     def sse(self) -> bytes:
-        return self.wire
+        wire = self.wire
+        if not wire:
+            wire = self._encode()
+            object.__setattr__(self, "wire", wire)
+        return wire
 
 
 @dataclass(eq=False, slots=True)
@@ -210,7 +214,7 @@ class EventHub:
             if gap:
                 yield _overflow(0)
             if replay:
-                yield b"".join(event.wire for event in replay)
+                yield b"".join(event.sse() for event in replay)
             while not sub.closed:
                 if not sub.pending and not sub.dropped:
                     try:
@@ -222,7 +226,7 @@ class EventHub:
                     if self._flush_s > 0 and not sub.closed and not sub.dropped:
                         await asyncio.sleep(self._flush_s)  # let a burst pile up: one write
                 sub.wake.clear()
-                batch = [e.wire for e in sub.pending if e.id > seen]
+                batch = [e.sse() for e in sub.pending if e.id > seen]
                 if sub.pending:
                     seen = max(seen, sub.pending[-1].id)
                 sub.pending.clear()

@@ -4,7 +4,9 @@ against both.
 ``AsyncApi`` runs an asyncio event loop in a thread of its own; every call is submitted to it with
 ``run_coroutine_threadsafe`` and waited for, so renewal tasks, ``asyncio.Event``\\ s and
 callbacks all live on that loop exactly as they would in an asyncio program. Both facades count
-the HTTP requests their client sends (real ``httpx`` event hooks), keyed by method and path.
+the HTTP requests their client sends (real ``httpx`` event hooks), keyed by method and path; a
+background renewal sent within ``POST /v1/leases/renew-each`` counts as the lease's own
+``POST /v1/locks/{name}/renew`` too (``renew_count``: renewals, batched or not).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import threading
 from collections import Counter
 from typing import Any
@@ -21,6 +24,13 @@ import httpx
 from lockd import AsyncFencedSession, AsyncLockClient, FencedSession, LockClient
 
 __all__ = ["SyncApi", "AsyncApi", "SyncLockApi", "AsyncLockApi"]
+
+
+def _count_request(requests: Counter[tuple[str, str]], request: httpx.Request) -> None:
+    requests[(request.method, request.url.path)] += 1
+    if request.url.path == "/v1/leases/renew-each":
+        for item in json.loads(request.content)["leases"]:
+            requests[("POST", f"/v1/locks/{item['lock']}/renew")] += 1
 
 
 class SyncApi:
@@ -33,7 +43,7 @@ class SyncApi:
         self._sessions: list[FencedSession] = []
 
     def _count(self, request: httpx.Request) -> None:
-        self.requests[(request.method, request.url.path)] += 1
+        _count_request(self.requests, request)
 
     def renew_count(self, name: str) -> int:
         return self.requests[("POST", f"/v1/locks/{name}/renew")]
@@ -115,7 +125,7 @@ class AsyncApi:
         self._http, self.client = self.run(make())
 
     async def _count(self, request: httpx.Request) -> None:
-        self.requests[(request.method, request.url.path)] += 1
+        _count_request(self.requests, request)
 
     def renew_count(self, name: str) -> int:
         return self.requests[("POST", f"/v1/locks/{name}/renew")]

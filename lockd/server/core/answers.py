@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Coroutine, Sequence
 from typing import Any
 
 from fastapi import Request, Response
-from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
+from lockd.common.responses import JsonReply
 from lockd.common.serving.connections import DISCONNECT_WATCH, parker
 from lockd.server.core.disconnects import ClientGone, until_disconnect
 from lockd.server.core.http import internal_at, problem_of
@@ -64,7 +64,7 @@ async def lease_answer(request: Request, call: Coroutine[Any, Any, Any], wait_ms
     finally:
         if not parked:
             reservation.cancel()  # not granted (a no-op once it was)
-    return JSONResponse(lease.body())
+    return JsonReply(lease.body())
 
 
 def _went_away(locks: str | Sequence[str]) -> None:
@@ -138,7 +138,7 @@ class ParkedWait:
         elif (exc := task.exception()) is None:
             lease = task.result()
             self.reservation.granted(lease.lease_id, lease.ttl_ms)
-            response = JSONResponse(lease.body())
+            response = JsonReply(lease.body())
         elif isinstance(exc, LockdError):
             response = problem_of(exc)
         else:

@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from lockd.common.middleware import REQUEST_ID_KEY
+from lockd.common.responses import JsonReply
 from lockd.server.access import identity_name, visible_prefixes
 from lockd.server.audit import AuditTrail
 from lockd.server.core.answers import HotRequest, lease_answer
@@ -37,7 +38,9 @@ from lockd.server.core.http import (
 )
 from lockd.server.core.schemas import ReleasedBody
 from lockd.server.errors import LockdError
+from lockd.server.locks import renewals
 from lockd.server.locks.schemas import (
+    RENEW_EACH_BODY_BYTES,
     AcquireManyRequest,
     AcquireRequest,
     ForceReleasedBody,
@@ -47,6 +50,8 @@ from lockd.server.locks.schemas import (
     MultiLeaseBody,
     ReleaseManyRequest,
     ReleaseRequest,
+    RenewEachBody,
+    RenewEachRequest,
     RenewManyRequest,
     RenewRequest,
 )
@@ -54,6 +59,9 @@ from lockd.server.locks.service import LockService
 from lockd.server.store.values import LockState
 
 __all__ = ["HOT_ROUTES", "HotPathMiddleware", "HotRoute", "create_router", "is_hot_path"]
+
+_RELEASED = b'{"released":true}'
+"""The body of every release's answer, encoded once."""
 
 
 def _service(request: Request) -> LockService:
@@ -87,7 +95,7 @@ async def _renew(request: Request, name: str) -> Response:
     body = await read_body(request, RenewRequest)
     lease = await service.renew(name, body.lease_id, body.ttl_ms)
     limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
-    return JSONResponse(lease.body())
+    return JsonReply(lease.body())
 
 
 async def _release(request: Request, name: str) -> Response:
@@ -97,7 +105,7 @@ async def _release(request: Request, name: str) -> Response:
     body = await read_body(request, ReleaseRequest)
     await service.release(name, body.lease_id)
     limits(request).released(identity_name(request.scope), body.lease_id)
-    return JSONResponse({"released": True})
+    return JsonReply(_RELEASED)
 
 
 async def _acquire_many(request: Request) -> Response:
@@ -120,14 +128,30 @@ async def _renew_many(request: Request) -> Response:
     body = await read_body(request, RenewManyRequest)
     lease = await _service(request).renew_many(body.lease_id, body.ttl_ms)
     limits(request).held(identity_name(request.scope), lease.lease_id, lease.ttl_ms)
-    return JSONResponse(lease.body())
+    return JsonReply(lease.body())
+
+
+async def _renew_each(request: Request) -> Response:
+    """Every item checked (422) and in scope (403) before any is renewed; then each on its own
+    (``lockd.server.locks.renewals``)."""
+    service = _service(request)
+    body = await read_body(request, RenewEachRequest, RENEW_EACH_BODY_BYTES)
+    items = [(item.lock, item.lease_id, item.ttl_ms) for item in body.leases]
+    renewals.check_items(service, items)
+    in_scope(request, [lock for lock, _, _ in items])
+    results = await renewals.renew_each(service, items)
+    held, who = limits(request).held, identity_name(request.scope)
+    for result in results:
+        if not isinstance(result, LockdError):
+            held(who, result.lease_id, result.ttl_ms)
+    return JsonReply(renewals.answer_body(items, results))
 
 
 async def _release_many(request: Request) -> Response:
     body = await read_body(request, ReleaseManyRequest)
     await _service(request).release_many(body.lease_id)
     limits(request).released(identity_name(request.scope), body.lease_id)
-    return JSONResponse({"released": True})
+    return JsonReply(_RELEASED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +257,15 @@ def create_router() -> APIRouter:
     async def renew_many(request: Request) -> Response:
         """Extend every lock of a live multi-lock lease (same fences); 410 if it is not live."""
         return await _renew_many(request)
+
+    @router.post("/v1/leases/renew-each", response_model=RenewEachBody, operation_id="renewEach",
+                 openapi_extra=body_doc(RenewEachRequest),
+                 responses=problems(403, 413, 422))
+    async def renew_each(request: Request) -> Response:
+        """Renew many single-lock leases in one request (1-1000), each answered on its own in
+        ``results`` (200 and the lease, or the problem a single renew would answer: 410
+        ``lease_lost``, 503). A malformed item: 422 for the whole request, nothing renewed."""
+        return await _renew_each(request)
 
     @router.post("/v1/leases/release", response_model=ReleasedBody, operation_id="releaseMany",
                  openapi_extra=body_doc(ReleaseManyRequest),

@@ -3,15 +3,24 @@ the shared field types and strictness: ``lockd.server.core.schemas``."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from lockd.server.core.schemas import AcquireFields, ReleaseFields, RenewFields
+from lockd.server.core.schemas import AcquireFields, ReleaseFields, RenewFields, StrictRequest
 
 __all__ = ["AcquireManyRequest", "AcquireRequest", "ForceReleasedBody", "HolderBody", "LeaseBody", "LockFence",
            "LockPage", "LockStateBody", "Mode", "MultiLeaseBody", "ReleaseManyRequest",
-           "ReleaseRequest", "RenewManyRequest", "RenewRequest"]
+           "RENEW_EACH_BODY_BYTES", "RENEW_EACH_MAX", "ReleaseRequest", "RenewEachBody", "RenewEachItem", "RenewEachRequest",
+           "RenewEachResult", "RenewManyRequest", "RenewRequest"]
+
+RENEW_EACH_MAX = 1000
+"""The most leases one ``POST /v1/leases/renew-each`` renews (a client holding more sends
+several)."""
+RENEW_EACH_BODY_BYTES = 1 << 20
+"""The body ``POST /v1/leases/renew-each`` may send even below a smaller
+``settings.max_body_bytes``: ``RENEW_EACH_MAX`` items of the longest lock names and lease ids
+fit (about 600 bytes each)."""
 
 Mode = Literal["exclusive", "shared"]
 """A lock mode: any number of ``shared`` leases coexist; an ``exclusive`` one excludes all."""
@@ -48,6 +57,36 @@ class RenewManyRequest(RenewRequest):
 
 class ReleaseManyRequest(ReleaseRequest):
     """``POST /v1/leases/release``: every lock of the set."""
+
+
+class RenewEachItem(RenewFields):
+    """One lease of ``POST /v1/leases/renew-each``: its ``lock``, then what
+    ``POST /v1/locks/{name}/renew`` takes."""
+
+    lock: str
+
+
+class RenewEachRequest(StrictRequest):
+    """``POST /v1/leases/renew-each``: 1-1000 single-lock leases, each renewed on its own."""
+
+    leases: list[RenewEachItem] = Field(min_length=1, max_length=RENEW_EACH_MAX)
+
+
+class RenewEachResult(BaseModel):
+    """One lease's answer, in request order: ``status`` 200 and the renewed ``lease``, or the
+    status and ``problem`` details ``POST /v1/locks/{name}/renew`` would have answered (410
+    ``lease_lost``, 503 ``store_unavailable``)."""
+
+    lock: str
+    status: int
+    lease: LeaseBody | None = None
+    problem: dict[str, Any] | None = None
+
+
+class RenewEachBody(BaseModel):
+    """The answer of ``POST /v1/leases/renew-each``: one result per lease asked, in order."""
+
+    results: list[RenewEachResult]
 
 
 class LockFence(BaseModel):

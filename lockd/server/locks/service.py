@@ -260,10 +260,15 @@ class LockService:
         Same fence (and token). Raises ``LeaseLost`` if the lease is not live.
         """
         self.check_name(name)
+        self.check_renewal(lease_id, ttl_ms)
+        return self._lease(await self.store.renew(name, lease_id, ttl_ms))
+
+    def check_renewal(self, lease_id: str, ttl_ms: int | None) -> None:
+        """What ``renew`` checks of its arguments: ``InvalidRequest`` for a multi-lock lease's
+        id or a TTL out of bounds."""
         self._check_single(lease_id)
         if ttl_ms is not None:
             self._check_ttl(ttl_ms)
-        return self._lease(await self.store.renew(name, lease_id, ttl_ms))
 
     async def release(self, name: str, lease_id: str) -> None:
         """End a live lease and hand the lock to the head waiter at once. Raises ``LeaseLost``.

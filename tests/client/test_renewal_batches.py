@@ -1,0 +1,97 @@
+"""Background renewals batched per client (``lockd.client.renewals``): a client holding many
+lock leases keeps them alive with ``POST /v1/leases/renew-each`` requests, not one request per
+lease, and a lease lockd has lost is answered (and marked lost) on its own. Real lockd; the
+requests are read off httpx's own event hook."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import httpx
+
+from lockd import AsyncLockClient, LeaseRef, LeaseState, LockClient
+from tests.support import wait_for
+
+LEASES = 12
+TTL = 1.5  # renewals every 0.5 s
+
+
+class _Paths:
+    """The path of every request the client sent (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._mutex = threading.Lock()
+
+    def __call__(self, request: httpx.Request) -> None:
+        with self._mutex:
+            self.paths.append(request.url.path)
+
+    def count(self, predicate) -> int:
+        with self._mutex:
+            return sum(1 for p in self.paths if predicate(p))
+
+
+def _check_batched(paths: _Paths, leases: list, lost: object) -> None:
+    batched = paths.count(lambda p: p == "/v1/leases/renew-each")
+    single = paths.count(lambda p: p.endswith("/renew") and p.startswith("/v1/locks/"))
+    assert batched >= 2, paths.paths
+    # Every lease renewed (the live ones at least once, the lost one asked), with fewer
+    # requests than one tick of single renewals would take: one request per tick, or a few.
+    assert single == 0 and batched < LEASES, paths.paths
+    for lease in leases:
+        if lease is lost:
+            assert lease.state is LeaseState.LOST and lease.lost.is_set()
+        else:
+            assert lease.state is LeaseState.RENEWED, (lease.lock, lease.state)
+
+
+def test_sync_client_renews_its_leases_in_one_request_per_tick(shared_lockd, name):
+    paths = _Paths()
+    http = httpx.Client(event_hooks={"request": [paths]})
+    with LockClient(shared_lockd.url, http_client=http) as client, LockClient(
+            shared_lockd.url) as other:
+        leases = [client.acquire(f"{name}/{i}", TTL) for i in range(LEASES)]
+        # Another party ends one lease at lockd: only that lease is lost, at its next renewal.
+        lost = leases[3]
+        other.release(LeaseRef(lost.lock, lost.lease_id))
+        wait_for(lambda: lost.state is LeaseState.LOST, timeout=10, what="the released lease lost")
+        wait_for(lambda: all(lease.state is LeaseState.RENEWED for lease in leases
+                             if lease is not lost), timeout=10, what="the others renewed")
+        wait_for(lambda: paths.count(lambda p: p == "/v1/leases/renew-each") >= 2, timeout=10,
+                 what="a second batched tick")
+        _check_batched(paths, leases, lost)
+        for lease in leases:
+            if lease is not lost:
+                lease.release()
+    http.close()
+
+
+def test_async_client_renews_its_leases_in_one_request_per_tick(shared_lockd, name):
+    paths = _Paths()
+
+    async def record(request: httpx.Request) -> None:
+        paths(request)
+
+    async def main() -> None:
+        http = httpx.AsyncClient(event_hooks={"request": [record]})
+        async with AsyncLockClient(shared_lockd.url, http_client=http) as client, \
+                AsyncLockClient(shared_lockd.url) as other:
+            leases = [await client.acquire(f"{name}/{i}", TTL) for i in range(LEASES)]
+            lost = leases[5]
+            await other.release(LeaseRef(lost.lock, lost.lease_id))
+            for _ in range(400):
+                if (lost.state is LeaseState.LOST
+                        and all(lease.state is LeaseState.RENEWED
+                                for lease in leases if lease is not lost)
+                        and paths.count(lambda p: p == "/v1/leases/renew-each") >= 2):
+                    break
+                await asyncio.sleep(0.025)
+            _check_batched(paths, leases, lost)
+            for lease in leases:
+                if lease is not lost:
+                    await lease.release()
+        await http.aclose()
+
+    asyncio.run(main())
