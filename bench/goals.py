@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.report import Section, median
+from bench.objects import CEILING
 
 __all__ = ["goals"]
 
@@ -119,9 +120,15 @@ def goals(sections: list[Section]) -> Section | None:
                 base = ten.data.get(f"{direct} · {label} @{c}")
                 if base is None:
                     continue
-                rows.append(_ratio_row(f"§10 fenced PUT {label} vs direct file writes "
-                                       f"({unit}), {c} clients", median(ten.data[key][field]),
-                                       median(base[field]), target))
+                row = _ratio_row(f"§10 fenced PUT {label} vs direct file writes "
+                                 f"({unit}), {c} clients", median(ten.data[key][field]),
+                                 median(base[field]), target)
+                ceiling = ten.data.get(f"{CEILING} · {label} @{c}")
+                if row is not None and ceiling is not None and median(base[field]):
+                    # the limit of this HTTP stack: a body received and dropped, nothing more
+                    row[1] += (f" (HTTP ceiling "
+                               f"{median(ceiling[field]) / median(base[field]):.2f}×)")
+                rows.append(row)
     kept = [r for r in rows if r is not None]
     if not kept:
         return None

@@ -1,7 +1,8 @@
 """The HTTP stack's own cost per request on this machine (not a test; prints figures).
 
 Starts two do-nothing servers on the same uvicorn (uvloop, httptools, access log off, one
-process): a raw ASGI callable answering ``{}``, and a FastAPI app whose route answers ``{}``
+process): a raw ASGI callable answering ``{}`` (any request body received and dropped: also
+section 10's ceiling of receiving an object), and a FastAPI app whose route answers ``{}``
 (``bench.peers``' ``fastapi`` noop), then alternates closed-loop rounds of ``GET /noop`` between
 them (ABBA, ``bench.loadgen``'s ``noop`` workload) and prints each one's median requests/s and
 CPU per request (read from ``/proc``). The raw-ASGI figure is the floor of any proxy request
@@ -22,13 +23,15 @@ from bench.compare import _cpu_seconds
 from bench.peers import PYTHON, Server, Workspace
 from harness import ServiceProcess, free_port
 
-__all__ = ["main"]
+__all__ = ["main", "raw_asgi"]
 
 _RAW_ASGI = """
 import sys, uvicorn
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return
+    while (await receive()).get("more_body"):  # the request's body, received and dropped
+        pass
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": b"{}"})
@@ -37,7 +40,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning",
 """
 
 
-def _raw_asgi(ws: Workspace) -> Server:
+def raw_asgi(ws: Workspace) -> Server:
     port = free_port()
     proc = ServiceProcess([PYTHON, "-c", _RAW_ASGI, str(port)],
                           ready_url=f"http://127.0.0.1:{port}/healthz",
@@ -56,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ws = Workspace()
     try:
-        servers = {"raw ASGI": _raw_asgi(ws), "FastAPI": ws.noop("fastapi")}
+        servers = {"raw ASGI": raw_asgi(ws), "FastAPI": ws.noop("fastapi")}
         rates: dict[str, list[float]] = {k: [] for k in servers}
         cpu: dict[str, list[float]] = {k: [] for k in servers}
         keys = list(servers)

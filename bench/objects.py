@@ -9,7 +9,12 @@ Rows (PUTs/s and MB/s at 4 KiB and 1 MiB, 1 and ``BENCH_PROXY_CLIENTS`` clients)
   transaction that checks the fence and moves the pointer, then the replaced blob deleted;
 - the same files written straight to a directory (the baseline): a temporary file written,
   fsync'ed, renamed over ``c{i}/{n % 8}``, the directory fsync'ed: the same durability, no
-  fence, no pointer, no HTTP.
+  fence, no pointer, no HTTP;
+- at 4 KiB, the same proxy setup with ``--objects-inline-max 0`` (every body a blob: what a
+  small PUT cost before small bodies were kept in the pointer row, in the same run);
+- the HTTP ceiling: the same PUTs to a do-nothing ASGI app on the same uvicorn that receives
+  the body and drops it (``bench.http_ceiling``): the most any one-process Python proxy on this
+  HTTP stack could do, before any hashing, writing or transaction.
 
 The proxy's memory: its resident set before the rows of a size and its peak (``VmHWM``) after
 them: what streaming keeps bounded (at most 1 MiB of a body is buffered per request).
@@ -29,6 +34,9 @@ from bench.report import Section, median, pct, ratio
 __all__ = ["WORKLOADS", "objects"]
 
 SIZES = (("4 KiB", 4096), ("1 MiB", 1 << 20))
+INLINE_DEFAULT = 16 * 1024  # the proxy's --objects-inline-max default
+BLOB_ONLY = "fenced PUT through the proxy, every body a blob (--objects-inline-max 0)"
+CEILING = "received by a do-nothing ASGI app on the same uvicorn (the HTTP ceiling)"
 _SLOTS = 8  # keys per client, written in turn
 
 
@@ -146,6 +154,7 @@ def _hwm_mb(pid: int) -> float:
 def objects(bench: Any) -> Section:
     """Fenced PUTs/s through the proxy beside the same files written straight to a directory."""
     from bench import loadgen
+    from bench.http_ceiling import raw_asgi
     from bench.peers import rss_mb
     from lockd.tokens import KeyRing
 
@@ -157,6 +166,12 @@ def objects(bench: Any) -> Section:
     server = bench.ws.proxy(dsn, ring.jwks(), "tables: {}\n", name="proxy-objects",
                             args=("--objects-dir", str(blobs), "--max-object-bytes",
                                   str(4 << 20)))
+    every_blob = bench.ws.proxy(bench.ws.database(), ring.jwks(), "tables: {}\n",
+                                name="proxy-objects-blobs",
+                                args=("--objects-dir", str(bench.ws.dir / "bench-objects-blobs"),
+                                      "--max-object-bytes", str(4 << 20),
+                                      "--objects-inline-max", "0"))
+    ceiling = raw_asgi(bench.ws)
     tokens = [ring.sign(f"bench{i}", 1) for i in range(max(clients))]
     direct = bench.ws.dir / "bench-direct"
     baseline = "the same files written to a directory (baseline)"
@@ -166,12 +181,16 @@ def objects(bench: Any) -> Section:
     pid = server.proc.pid
     for label, size in SIZES:
         before = rss_mb(pid)
+        paths = [(baseline, {"workload": "direct_file_write", "dir": str(direct)}),
+                 (proxied, {"workload": "proxy_object_put", **server.addr(), "tokens": tokens})]
+        if size <= INLINE_DEFAULT:
+            paths.append((BLOB_ONLY, {"workload": "proxy_object_put", **every_blob.addr(),
+                                      "tokens": tokens}))
+        paths.append((CEILING, {"workload": "proxy_object_put", **ceiling.addr(),
+                                "tokens": tokens}))
         for _ in range(s.rounds):
             for c in clients:
-                for name, spec in ((baseline, {"workload": "direct_file_write",
-                                               "dir": str(direct)}),
-                                   (proxied, {"workload": "proxy_object_put", **server.addr(),
-                                              "tokens": tokens})):
+                for name, spec in paths:
                     out = loadgen.run_closed({**spec, "size": size, "warmup": s.warmup,
                                               "seconds": s.seconds}, c, s.procs)
                     res.setdefault((name, label, c), []).append(out)
@@ -186,7 +205,9 @@ def objects(bench: Any) -> Section:
     for label, size in SIZES:
         for c in clients:
             base = median([x["cycles"] / x["seconds"] for x in res[(baseline, label, c)]])
-            for name in (baseline, proxied):
+            for name in (baseline, proxied, BLOB_ONLY, CEILING):
+                if (name, label, c) not in res:
+                    continue
                 runs = res[(name, label, c)]
                 rate = median([x["cycles"] / x["seconds"] for x in runs])
                 lat = [v for x in runs for v in x["lat_ms"]]
@@ -208,7 +229,10 @@ def objects(bench: Any) -> Section:
         f"{b1:.0f} MiB before the 1 MiB rows, peak {p1:.0f} MiB with {most} concurrent 1 MiB "
         "PUTs ((peak - before) / clients bounds the memory of one request: bodies are streamed, "
         "at most 1 MiB buffered each). Client i writes its own 8 keys of bucket bench{i} in "
-        "turn (lock bench{i}, fence 1); the proxy's database is PostgreSQL.")
+        "turn (lock bench{i}, fence 1); the proxy's database is PostgreSQL. A 4 KiB body is "
+        f"kept in its pointer row (at most {INLINE_DEFAULT // 1024} KiB by default: one flush, "
+        "the transaction's); a 1 MiB body is a blob (file fsync, directory fsync, then the "
+        "transaction).")
     return section
 
 

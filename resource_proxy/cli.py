@@ -133,6 +133,9 @@ def _parser() -> argparse.ArgumentParser:
                        "PROXY_OBJECTS_S3_PREFIX; default lockd-objects/)")
     serve.add_argument("--max-object-bytes", type=int, help="largest object body, 413 above "
                        "(env PROXY_MAX_OBJECT_BYTES; default 1 GiB)")
+    serve.add_argument("--objects-inline-max", type=int, help="bodies of at most this many "
+                       "bytes are kept in the proxy's database, in the fence's transaction "
+                       "(env PROXY_OBJECTS_INLINE_MAX; default 16384; 0: every body is a blob)")
     serve.add_argument("--objects-grace-ms", type=int, help="orphan blobs older than this are "
                        "swept (env PROXY_OBJECTS_GRACE_MS; default 600000)")
     serve.add_argument("--objects-sweep-interval-ms", type=int, help="how often the orphan "

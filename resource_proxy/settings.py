@@ -75,6 +75,10 @@ class Settings(BaseSettings):
     objects_s3_prefix: str = "lockd-objects/"
     # The largest object body (413 above it); bodies are streamed, never held whole.
     max_object_bytes: int = Field(1 << 30, ge=1)
+    # A body of at most this many bytes is kept in its pointer row, in the fence's one
+    # transaction (one flush instead of the blob's file and directory fsyncs and the WAL's);
+    # 0: every body is a blob. At most 1 MiB (a row, held in memory while it is written).
+    objects_inline_max: int = Field(16 * 1024, ge=0, le=1 << 20)
     # The orphan sweeper: blobs last written more than objects_grace_ms ago that no pointer
     # names are deleted, at start and every objects_sweep_interval_ms.
     objects_grace_ms: int = Field(600_000, ge=0)

@@ -298,12 +298,14 @@ _OBJ_PUT = ("                conn.execute(self._upsert, params)\n"
             "                return current is None, new\n"
             "        return await self.store.fenced([fence], body, once)\n")
 """The object write's ONE transaction (both databases): fence check, then the pointer moved."""
-_OBJ_STORED = ("        staged = await self.blobs.stage(chunks, self.max_object_bytes)\n"
+_OBJ_STORED = ("        staged = (await self.blobs.stage(rest, self.max_object_bytes) if body is None\n"
+               "                  else _inline(body))\n"
                "        stored = staged.stored\n")
 _OBJ_EARLY = (_OBJ_STORED +
               "        await staged.durable()\n"
               "        early = await self.pointers.get(bucket, key, None)\n"
-              "        if early is not None:  # the new bytes over the visible blob, before the check\n"
+              "        if early is not None and early.body is None and body is None:  # both blobs:\n"
+              "            # the new bytes over the visible blob, before the check\n"
               "            import shutil\n"
               "            shutil.copyfile(self.blobs.path_of(stored.name),\n"
               "                            self.blobs.path_of(early.blob))\n")

@@ -4,7 +4,8 @@ Order of checks for a write (the first failure answers, and nothing is stored be
 is judged): bucket and key valid (422), token present (428) and genuine (401), the token holds
 the object's ONE lock (``names.Buckets``; 403 ``lock_not_allowed`` naming it) exclusively
 (``fencing.held``, the tables' one write rule: 403 ``shared_token`` for a shared hold), then the
-body is streamed to a new blob (413 past ``max_object_bytes``, nothing kept), then ONE
+body is streamed to a new blob (413 past ``max_object_bytes``, nothing kept) -- or, if it is
+at most ``inline_max`` bytes, kept in memory to be stored in the pointer row itself -- then ONE
 transaction of the proxy's database checks and raises the lock's fence and moves the object's
 pointer (``store.Pointers``). The transaction's statements run while the blob is being made
 durable (fsync, rename, fsync of its directory: ``blobs.Staged``); its COMMIT waits for that. If that transaction did not commit (409 ``stale_token``,
@@ -12,6 +13,12 @@ durable (fsync, rename, fsync of its directory: ``blobs.Staged``); its COMMIT wa
 only when the outcome is unknown (502: the COMMIT may have happened) is it left to the sweeper,
 which deletes it unless a pointer names it. After a commit the replaced version's blob is
 deleted (a crash before that leaves an orphan for the sweeper too).
+
+A small body kept inline (``inline_max``, default 16 KiB; 0: never) costs one flush, the
+transaction's own, where a blob costs three on one disk (the file's fsync, its directory's, the
+WAL's): the database still decides, in the same transaction, and the answers (ETag, digest,
+Range, conditional GET, listing) are those of a blob-backed object. An inline object has no
+blob, so there is nothing to make durable first, to abandon or for the sweeper to find.
 
 A read needs no token; with one it is fenced as a row read is (the fence claimed for ``READ``
 before the pointer is read: 409 if stale). A read whose blob was replaced (and deleted) between
@@ -26,6 +33,7 @@ A blob is written, renamed and committed within one request, so a blob older tha
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -43,16 +51,17 @@ from resource_proxy.errors import (
 )
 from resource_proxy.fencing import held
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
-from resource_proxy.objects.blobs import BlobMissing, BlobStore, Staged
+from resource_proxy.objects.blobs import BlobMissing, BlobStore, Staged, Stored, new_name
 from resource_proxy.objects.names import Buckets, check_key, parse_bucket, parse_key
 from resource_proxy.objects.store import Pointer, Pointers, Preconditions
 from resource_proxy.values import dumps
 
-__all__ = ["ObjectService", "Opened", "DEFAULT_MAX_OBJECT_BYTES"]
+__all__ = ["ObjectService", "Opened", "DEFAULT_MAX_OBJECT_BYTES", "DEFAULT_INLINE_MAX"]
 
 log = logging.getLogger("resource_proxy.objects")
 
 DEFAULT_MAX_OBJECT_BYTES = 1 << 30
+DEFAULT_INLINE_MAX = 16 * 1024
 DEFAULT_LIMIT, MAX_LIMIT = 100, 1000
 _READ_ATTEMPTS = 3
 _SWEEP_BATCH = 1000
@@ -120,16 +129,19 @@ def not_modified(pointer: Pointer, if_none_match: str | None, if_modified_since:
 class ObjectService:
     """The object calls. ``keys``: the proxy's ``KeySource``; ``pointers`` on the row store;
     ``blobs`` the backend; ``buckets`` their locks; ``max_object_bytes`` the largest body (413
-    above); ``grace_s`` the sweeper's grace."""
+    above); ``inline_max`` the largest body kept in its pointer row (bytes; 0: none);
+    ``grace_s`` the sweeper's grace."""
 
     def __init__(self, keys: Any, pointers: Pointers, blobs: BlobStore, buckets: Buckets, *,
                  max_object_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
-                 idempotency_ttl_ms: int = DEFAULT_TTL_MS, grace_s: float = 600.0):
+                 idempotency_ttl_ms: int = DEFAULT_TTL_MS, grace_s: float = 600.0,
+                 inline_max: int = DEFAULT_INLINE_MAX):
         self.keys = keys
         self.pointers = pointers
         self.blobs = blobs
         self.buckets = buckets
         self.max_object_bytes = max_object_bytes
+        self.inline_max = min(inline_max, max_object_bytes)
         self.idempotency_ttl_ms = idempotency_ttl_ms
         self.grace_s = grace_s
 
@@ -165,7 +177,9 @@ class ObjectService:
         ctype = (content_type or "application/octet-stream").strip()
         if len(ctype) > 255 or not ctype.isprintable():
             raise InvalidRequest("Content-Type must be at most 255 printable characters")
-        staged = await self.blobs.stage(chunks, self.max_object_bytes)
+        body, rest = await self._small(chunks, length)
+        staged = (await self.blobs.stage(rest, self.max_object_bytes) if body is None
+                  else _inline(body))
         stored = staged.stored
         if length is not None and stored.size != length:  # the server bounds it; belt and braces
             await staged.abandon()
@@ -177,12 +191,29 @@ class ObjectService:
             once = keyed.once([fence], self.idempotency_ttl_ms, _render_put)
         replaced: list[str] = []
         result = await self._commit(staged, self.pointers.put(
-            fence, bucket, key, stored, ctype, conditions, once, replaced, staged.durable))
+            fence, bucket, key, stored, ctype, conditions, once, replaced, staged.durable, body))
         if isinstance(result, Reply) and result.replayed:
             await staged.abandon()  # the recorded write's blob is the one kept
         for name in replaced:
             await self.blobs.delete(name)
         return result if isinstance(result, Reply) else _render_put(result)
+
+    async def _small(self, chunks: AsyncIterator[bytes], length: int | None
+                     ) -> tuple[bytes | None, AsyncIterator[bytes]]:
+        """(the body, if it ends within ``inline_max`` bytes, else None; the stream to store
+        as a blob: what was read of it first, then the rest). A ``Content-Length`` above the
+        threshold goes straight to the blob store."""
+        if self.inline_max <= 0 or (length is not None and length > self.inline_max):
+            return None, chunks
+        stream = chunks.__aiter__()
+        pieces: list[bytes] = []
+        size = 0
+        async for chunk in stream:
+            pieces.append(chunk)
+            size += len(chunk)
+            if size > self.inline_max:
+                return None, _prepend(pieces, stream)
+        return b"".join(pieces), stream
 
     async def _commit(self, staged: Staged, transaction: Any) -> Any:
         """Await the transaction; delete the new blob unless it committed or might have."""
@@ -226,6 +257,9 @@ class ObjectService:
             if if_range is not None and if_range.strip() != pointer.etag:
                 span = None
             start, end = span if span is not None else (0, pointer.size)
+            if pointer.body is not None:  # inline: read with its pointer, nothing can go
+                return Opened(pointer, start, end, span is not None,
+                              _prepend([pointer.body[start:end]], _nothing()))
             chunks = self.blobs.read(pointer.blob, start, end).__aiter__()
             try:
                 first = await anext(chunks)
@@ -234,7 +268,7 @@ class ObjectService:
             except BlobMissing:  # replaced meanwhile: read the pointer again
                 pointer = await self.head(raw_bucket, raw_key, None)
                 continue
-            return Opened(pointer, start, end, span is not None, _prepend(first, chunks))
+            return Opened(pointer, start, end, span is not None, _prepend([first], chunks))
         raise NotFound("the object changed while it was being read; try again")
 
     async def list(self, raw_bucket: str, query: dict[str, str]) -> dict[str, Any]:
@@ -280,9 +314,26 @@ def _render_put(result: tuple[bool, Pointer]) -> Reply:
     return Reply(201 if created else 200, dumps(pointer.json()))
 
 
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    if first:
-        yield first
+def _inline(body: bytes) -> Staged:
+    """A body kept in its pointer row, as a ``Staged`` with no blob behind it: nothing to wait
+    for, nothing to delete (its name is the ETag's only)."""
+    return Staged(Stored(new_name(), len(body), hashlib.sha256(body).hexdigest()), None,
+                  _keep)
+
+
+async def _keep(name: str) -> None:
+    return None
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
+
+
+async def _prepend(first: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for piece in first:
+        if piece:
+            yield piece
     async for chunk in rest:
         yield chunk
 

@@ -38,7 +38,8 @@ async def start_objects(settings: Any, policy: Any, keys: Any, store: Any) -> Ob
     return ObjectService(keys, pointers, blobs, policy.buckets,
                          max_object_bytes=settings.max_object_bytes,
                          idempotency_ttl_ms=settings.idempotency_ttl_ms,
-                         grace_s=settings.objects_grace_ms / 1000)
+                         grace_s=settings.objects_grace_ms / 1000,
+                         inline_max=settings.objects_inline_max)
 
 
 async def sweep_forever(service: ObjectService, interval_s: float) -> None:

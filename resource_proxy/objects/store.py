@@ -2,7 +2,9 @@
 
 One row per object: ``(bucket, key)`` -> ``version`` (1, 2, ... per object), ``blob`` (the
 generated name of its body), ``size``, ``sha256``, ``content_type``, ``lock`` and ``fence``
-(of the write that made it), ``modified_ms`` (the proxy's clock, unix ms). PostgreSQL:
+(of the write that made it), ``modified_ms`` (the proxy's clock, unix ms) and ``body``: NULL,
+or the body itself when it is small enough to be kept inline (``--objects-inline-max``; its
+``blob`` is then a generated name all the same, the ETag's, that no blob store holds). PostgreSQL:
 ``resource_proxy.objects`` (next to the Idempotency-Key records); SQLite:
 ``resource_proxy_objects``. Created at start if missing.
 
@@ -33,20 +35,24 @@ __all__ = ["Pointer", "Preconditions", "Pointers", "SQLITE_TABLE", "PG_TABLE"]
 
 SQLITE_TABLE = "resource_proxy_objects"
 PG_TABLE = f'"{PG_SCHEMA}".objects'
-_COLUMNS = "bucket, key, version, blob, size, sha256, content_type, lock, fence, modified_ms"
+_COLUMNS = ("bucket, key, version, blob, size, sha256, content_type, lock, fence, modified_ms, "
+            "body")
+_LISTED = _COLUMNS.replace(", body", ", NULL")  # a listing never carries bodies
 _ADVISORY_KEY = 0x5250_4F42_4A53  # "RPOBJS": concurrent first starts create the table once
 
 
-def _ddl(table: str) -> str:
+def _ddl(table: str, binary: str) -> str:
     return (f"CREATE TABLE IF NOT EXISTS {table} (bucket text NOT NULL, key text NOT NULL, "
             "version bigint NOT NULL, blob text NOT NULL UNIQUE, size bigint NOT NULL, "
             "sha256 text NOT NULL, content_type text NOT NULL, lock text NOT NULL, "
-            "fence bigint NOT NULL, modified_ms bigint NOT NULL, PRIMARY KEY (bucket, key))")
+            f"fence bigint NOT NULL, modified_ms bigint NOT NULL, body {binary}, "
+            "PRIMARY KEY (bucket, key))")
 
 
 @dataclass(frozen=True, slots=True)
 class Pointer:
-    """An object's current version."""
+    """An object's current version; ``body`` is its bytes when kept inline (None: in the blob
+    store under ``blob``; also None in a listing)."""
 
     bucket: str
     key: str
@@ -58,6 +64,12 @@ class Pointer:
     lock: str
     fence: int
     modified_ms: int
+    body: bytes | None = None
+
+    @property
+    def stored_blob(self) -> str | None:
+        """The blob store's name of the body (None: the body is inline, no blob to delete)."""
+        return self.blob if self.body is None else None
 
     @property
     def etag(self) -> str:
@@ -120,12 +132,16 @@ class Pointers:
         order = 'key COLLATE "C"' if postgres else "key"
         prefix = (f"left(key, {p('n')}) = {p('prefix')}" if postgres
                   else f"substr(key, 1, {p('n')}) = {p('prefix')}")
-        self._list = (f"SELECT {_COLUMNS} FROM {table} WHERE bucket = {p('bucket')} AND "
+        self._list = (f"SELECT {_LISTED} FROM {table} WHERE bucket = {p('bucket')} AND "
                       f"{order} > {p('after')} AND {prefix} ORDER BY {order} LIMIT {p('limit')}")
         self._referenced = (f"SELECT blob FROM {table} WHERE blob = ANY(%(names)s)" if postgres
                             else f"SELECT blob FROM {table} WHERE blob IN (SELECT value FROM "
                                  "json_each(:names))")
-        self._ddl = _ddl(table)
+        self._ddl = _ddl(table, "bytea" if postgres else "blob")
+        # a table made before bodies were kept inline gains the column (NULL: blob-backed)
+        self._add_body = (f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS body bytea" if postgres
+                          else f"ALTER TABLE {table} ADD COLUMN body blob")
+        self._table = table
 
     async def create(self) -> None:
         """The pointer table, if missing (safe when several proxies start at once)."""
@@ -134,10 +150,17 @@ class Pointers:
                 async with conn.transaction():
                     await conn.execute("SELECT pg_advisory_xact_lock(%(k)s)", {"k": _ADVISORY_KEY})
                     await conn.execute(self._ddl)
+                    await conn.execute(self._add_body)
 
             await self.store.plain(create)
         else:
-            await self.store.plain(lambda conn: conn.execute(self._ddl))
+            def create_sqlite(conn) -> None:  # type: ignore[misc]
+                conn.execute(self._ddl)
+                columns = {r[1] for r in conn.execute(f"PRAGMA table_info({self._table})")}
+                if "body" not in columns:
+                    conn.execute(self._add_body)
+
+            await self.store.plain(create_sqlite)
 
     # -- one statement each, on the caller's connection -------------------------------------
 
@@ -152,10 +175,13 @@ class Pointers:
 
     async def put(self, fence: Fence, bucket: str, key: str, stored: Stored, content_type: str,
                   conditions: Preconditions, once: Once | None, replaced: list[str],
-                  durable: Callable[[], Awaitable[None]] = _done) -> tuple[bool, Pointer] | Reply:
+                  durable: Callable[[], Awaitable[None]] = _done,
+                  inline: bytes | None = None) -> tuple[bool, Pointer] | Reply:
         """Move the object's pointer to ``stored`` in the fence's transaction: (created, the
-        new pointer), or with ``once`` the ``Reply``. The replaced version's blob name is
-        appended to ``replaced`` (the caller deletes it once this committed). ``durable()``
+        new pointer), or with ``once`` the ``Reply``; ``inline``: the bytes themselves, kept in
+        the row (inline: no blob, so nothing to make durable but this transaction). The
+        replaced version's blob name, if it had one, is appended to ``replaced`` (the caller
+        deletes it once this committed). ``durable()``
         returns once the blob is durable: awaited before COMMIT (PostgreSQL: after the
         transaction's statements, which so overlap the disk's work; SQLite, whose transaction
         runs in one worker-thread call: before it)."""
@@ -164,9 +190,9 @@ class Pointers:
             conditions.judge(current)
             new = Pointer(bucket, key, (current.version + 1) if current else 1, stored.name,
                           stored.size, stored.sha256, content_type, fence.lock, fence.fence,
-                          int(time.time() * 1000))
-            if current is not None:
-                replaced.append(current.blob)
+                          int(time.time() * 1000), inline)
+            if current is not None and current.stored_blob is not None:
+                replaced.append(current.stored_blob)
             return new, {n: getattr(new, n) for n in Pointer.__slots__}
 
         where = {"bucket": bucket, "key": key}
@@ -196,7 +222,8 @@ class Pointers:
             if current is None:
                 raise NotFound(f"no object {key!r} in bucket {bucket!r}", bucket=bucket)
             conditions.judge(current)
-            replaced.append(current.blob)
+            if current.stored_blob is not None:
+                replaced.append(current.stored_blob)
             return current
 
         where = {"bucket": bucket, "key": key}

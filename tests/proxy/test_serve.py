@@ -69,6 +69,10 @@ def test_bad_configuration_refuses_to_start(tmp_path):
         "(--jwks-file)\n")  # the validator's words, without pydantic's "Value error, "
     bad_url = _run(*proxy_argv("mysql://x/y", port, "--jwks-file", jwks))
     assert bad_url.returncode == 2 and "database_url" in bad_url.stderr
+    for inline in ("-1", str((1 << 20) + 1)):  # an object's body kept in a row: 0 to 1 MiB
+        refused = _run(*proxy_argv(url, port, "--jwks-file", jwks, "--objects-dir",
+                                   str(tmp_path / "o"), "--objects-inline-max", inline))
+        assert refused.returncode == 2 and "objects_inline_max" in refused.stderr, inline
 
     policy = tmp_path / "p.yaml"
     policy.write_text("tables: {items: {fence_column: 3}}\n")

@@ -102,8 +102,12 @@ def bucket() -> str:
 
 
 def start_objects_proxy(backend: str, directory: Path, admin: str | None, *extra: str,
-                        s3: S3Server | None = None) -> Objects:
+                        s3: S3Server | None = None, inline_max: int | None = 0) -> Objects:
+    """A proxy serving objects; ``inline_max`` its ``--objects-inline-max`` (default 0: every
+    body a blob, which these suites inspect; None: the proxy's default)."""
     db = make_database(backend, directory, admin)
+    if inline_max is not None:
+        extra = ("--objects-inline-max", str(inline_max), *extra)
     ring = KeyRing.generate()
     jwks = write_jwks(directory, ring)
     policy = directory / "policy.yaml"
@@ -137,7 +141,8 @@ def stop_objects_proxy(served: Objects, admin: str | None) -> None:
 @pytest.fixture(scope="module", params=COMBINATIONS, ids=["-".join(c) for c in COMBINATIONS])
 def objects(request: pytest.FixtureRequest,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Objects]:
-    """A proxy serving objects (max object 1 MiB) for each database and blob store."""
+    """A proxy serving objects (max object 1 MiB, every body a blob) for each database and
+    blob store."""
     backend, blobs = request.param
     admin = request.getfixturevalue("pg_admin_dsn") if backend == "postgres" else None
     s3 = request.getfixturevalue("s3_server") if blobs == "s3" else None

@@ -1,7 +1,8 @@
 """The orphan sweeper: a blob left by a crash between the blob and the commit (planted here
 exactly as such a crash leaves it: complete under ``blobs/``, or half-written under ``tmp/``;
 on S3 a key under ``blobs/``) is deleted once older than the grace period; a blob a pointer
-names, and (directory) an orphan younger than the grace, stay."""
+names, an object kept inline (no blob), and (directory) an orphan younger than the grace,
+stay."""
 
 from __future__ import annotations
 
@@ -58,12 +59,17 @@ def test_orphans_are_swept_and_referenced_blobs_kept(backend: str, blobs: str, t
     s3 = request.getfixturevalue("s3_server") if blobs == "s3" else None
     grace = "1500" if s3 is not None else "5000"  # S3 keys cannot be back-dated: wait it out
     o = start_objects_proxy(backend, tmp_path, admin, "--objects-grace-ms", grace,
-                            "--objects-sweep-interval-ms", "200", s3=s3)
+                            "--objects-sweep-interval-ms", "200", s3=s3, inline_max=None)
     try:
         b = bucket()
-        assert o.client.put(f"/v1/objects/{b}/kept", content=b"kept",
+        kept = b"kept" * 5000  # over the inline threshold: a blob
+        assert o.client.put(f"/v1/objects/{b}/kept", content=kept,
+                            headers=o.auth(b, 1)).status_code == 201
+        # a body kept inline has no blob: the sweeper neither sees nor touches it
+        assert o.client.put(f"/v1/objects/{b}/inline", content=b"inline",
                             headers=o.auth(b, 1)).status_code == 201
         (_s3 if s3 is not None else _directory)(o, b)
-        assert o.client.get(f"/v1/objects/{b}/kept").content == b"kept"
+        assert o.client.get(f"/v1/objects/{b}/kept").content == kept
+        assert o.client.get(f"/v1/objects/{b}/inline").content == b"inline"
     finally:
         stop_objects_proxy(o, admin)

@@ -1,6 +1,7 @@
 """Keeps section 10 (fenced objects, ``bench/objects.py``) from rotting: one short run with
 2 clients; every row (directory and S3, through the proxy and straight) measured PUTs without
-errors, and the goals table has its four §10 rows (no timing asserted)."""
+errors, and the goals table has its four §10 rows, the 1 MiB ones with the HTTP ceiling (no
+timing asserted)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from bench.objects import BLOB_ONLY, CEILING
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -23,9 +26,11 @@ def test_bench_section_10_objects_run_and_report(tmp_path: Path, pg_admin_dsn: s
     ten = sections["10"]
     paths = {row[0] for row in ten["rows"]}
     assert {"fenced PUT through the proxy", "fenced PUT through the proxy on S3",
-            "PUT straight to the S3 server (moto, baseline)"} <= paths, paths
+            "PUT straight to the S3 server (moto, baseline)", BLOB_ONLY, CEILING} <= paths, paths
     for name, size, clients, rate, *_, errors in ten["rows"]:
         assert clients in (1, 2) and rate > 0 and errors == 0, (name, size, ten["data"])
-    assert len(ten["rows"]) == 16
+    # 16 directory and S3 rows, the 4 KiB blob-only proxy at 1 and 2 clients, the ceiling's 4
+    assert len(ten["rows"]) == 22
     goals = [g for g in sections["G"]["data"] if g.startswith("§10")]
     assert len(goals) == 4, goals
+    assert all("HTTP ceiling" in sections["G"]["data"][g]["measured"] for g in goals), goals
