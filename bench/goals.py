@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.report import Section, median
 from bench.objects import CEILING
+from bench.report import Section, median
 
 __all__ = ["goals"]
 

@@ -10,8 +10,8 @@ import threading
 
 import httpx
 
+from harness import wait_for
 from lockd import AsyncLockClient, LeaseRef, LeaseState, LockClient
-from tests.support import wait_for
 
 LEASES = 12
 TTL = 1.5  # renewals every 0.5 s
