@@ -78,6 +78,8 @@ WALLS = [
      ("lockd.server", "lockd.client", "resource_proxy"), ()),
     ("5 common imports no service", "lockd/common",
      ("lockd.server", "lockd.client", "resource_proxy"), ()),
+    *[("6 the harness, bench and chaos import nothing from tests", top, ("tests",), ())
+      for top in ("harness", "bench", "chaos")],
 ]
 
 
@@ -121,13 +123,17 @@ PLANTED = [
     ("lockd/server/core/signer.py", "from starlette.requests import Request\n", "4 services"),
     ("lockd/tokens.py", "from lockd.client.errors import InvalidToken\n", "5 tokens"),
     ("lockd/common/middleware.py", "from resource_proxy.errors import ProxyError\n", "5 common"),
+    ("bench/compare.py", "from tests.server.conftest import LockdServer\n", "6 the harness"),
+    ("chaos/services.py", "    from tests import parallel\n", "6 the harness"),
+    ("harness/servers.py", "import tests.support\n", "6 the harness"),
 ]
 
 
 @pytest.mark.parametrize(("rel", "line", "wall"), PLANTED, ids=[p[0] for p in PLANTED])
 def test_a_planted_forbidden_import_breaks_its_wall(tmp_path, rel, line, wall):
-    for top in ("lockd", "resource_proxy"):
-        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    for top in ("lockd", "resource_proxy", "harness", "bench", "chaos"):
+        shutil.copytree(ROOT / top, tmp_path / top,
+                        ignore=shutil.ignore_patterns("__pycache__", "results"))
     target = tmp_path / rel
     if line.startswith("    "):  # inside a function, where lazy imports hide
         line = "def _lazy():\n" + line
@@ -358,8 +364,9 @@ def test_no_import_cycle():
     ("resource_proxy/tables.py", "def _lazy():\n    from resource_proxy import policy\n"),
 ])
 def test_a_planted_cycle_is_found(tmp_path, rel, line):
-    for top in ("lockd", "resource_proxy"):
-        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    for top in ("lockd", "resource_proxy", "harness", "bench", "chaos"):
+        shutil.copytree(ROOT / top, tmp_path / top,
+                        ignore=shutil.ignore_patterns("__pycache__", "results"))
     target = tmp_path / rel
     target.write_text(target.read_text() + "\n" + line)
     cycles = import_cycles(tmp_path)
@@ -422,8 +429,9 @@ def test_only_the_rule_reads_a_tokens_shared_claim():
                        "    return c.shared\n"),
 ])
 def test_a_planted_shared_claim_read_is_found(tmp_path, rel, line):
-    for top in ("lockd", "resource_proxy"):
-        shutil.copytree(ROOT / top, tmp_path / top, ignore=shutil.ignore_patterns("__pycache__"))
+    for top in ("lockd", "resource_proxy", "harness", "bench", "chaos"):
+        shutil.copytree(ROOT / top, tmp_path / top,
+                        ignore=shutil.ignore_patterns("__pycache__", "results"))
     target = tmp_path / rel
     target.write_text((target.read_text() if target.exists() else "") + "\n" + line)
     found = shared_claim_readers(tmp_path)
