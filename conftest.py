@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sybil import Sybil
 
-from tests.support import VENV_BIN
+from harness import VENV_BIN
 from tests.system.readme.support import needs_servers, parsers, readme_servers
 
 
