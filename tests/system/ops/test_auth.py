@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import httpx
 import pytest
 
-from harness import VENV_BIN
+from harness import VENV_BIN, wait_for
 from lockd.client import LockClient
 from lockd.client.errors import PermissionDenied
 from lockd.client.fenced import FencedSession
@@ -170,7 +169,8 @@ def test_no_lease_id_or_token_in_logs(secured):
             secrets.extend((lease["lease_id"], lease["token"]))
             return lease
 
-        old = acquire(name, 300, owner="first", client_id="c-1-Xo4TqQ8pLmW2vZr9aBcD")
+        # 5 s: outlives the two writes on a loaded machine; the renewal below shortens it
+        old = acquire(name, 5000, owner="first", client_id="c-1-Xo4TqQ8pLmW2vZr9aBcD")
         row = f"{proxy.url}/v1/tables/items/rows/r"
         proxied = {**_auth(PROXY_KEY)}
         assert httpx.put(row, json={"id": "r", "v": 1},
@@ -180,7 +180,8 @@ def test_no_lease_id_or_token_in_logs(secured):
         renewed = http.post(f"{lockd.url}/v1/locks/{name}/renew",
                             json={"lease_id": old["lease_id"], "ttl_ms": 300})
         assert renewed.status_code == 200
-        time.sleep(0.6)
+        wait_for(lambda: not http.get(f"{lockd.url}/v1/locks/{name}").json()["held"], timeout=5,
+                 what="the 300 ms renewal to lapse")
         assert http.post(f"{lockd.url}/v1/locks/{name}/renew",
                          json={"lease_id": old["lease_id"]}).status_code == 410
         assert http.post(f"{lockd.url}/v1/locks/{name}/release",
