@@ -16,7 +16,14 @@ from harness.postgres import (
     pg_available,
     sqlalchemy_url,
 )
-from harness.processes import VENV_BIN, ServiceProcess, free_port, wait_for
+from harness.processes import (
+    TIMING_SLACK,
+    VENV_BIN,
+    ServiceProcess,
+    free_port,
+    wait_for,
+    wait_for_async,
+)
 
 __all__ = [
     "PG_ADMIN_DSN",
@@ -24,6 +31,8 @@ __all__ = [
     "VENV_BIN",
     "free_port",
     "wait_for",
+    "wait_for_async",
+    "TIMING_SLACK",
     "ServiceProcess",
     "create_database",
     "drop_database",

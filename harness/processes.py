@@ -1,11 +1,13 @@
 """Real server processes for tests, benchmarks and chaos runs: free ports, readiness, signals.
 
 ``ServiceProcess`` starts a server as a real process and stops it with real signals;
-``wait_for`` polls a condition with a deadline (tests wait on conditions, not on time).
+``wait_for`` (and ``wait_for_async``) poll a condition with a deadline (tests wait on conditions,
+not on time); ``TIMING_SLACK`` scales the duration bounds tests assert.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -20,9 +22,13 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["VENV_BIN", "free_port", "wait_for", "ServiceProcess"]
+__all__ = ["VENV_BIN", "TIMING_SLACK", "free_port", "wait_for", "wait_for_async", "ServiceProcess"]
 
 VENV_BIN = Path(sys.executable).parent
+
+TIMING_SLACK = float(os.environ.get("TEST_TIMING_SLACK", "1.0"))
+"""Multiplier for the duration bounds tests assert (``elapsed < 2.0 * TIMING_SLACK``); default
+1.0, from ``TEST_TIMING_SLACK`` (e.g. 3 on a loaded machine). Scales margins, never what is proved."""
 
 
 PORT_BLOCK = 1500
@@ -77,6 +83,22 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+async def wait_for_async(predicate, timeout: float = 10.0, interval: float = 0.02,
+                         what: str = "condition"):
+    """``wait_for`` for event loops: ``predicate`` may be sync or return an awaitable; polls
+    without blocking the loop and raises ``TimeoutError`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 class ServiceProcess:

@@ -59,10 +59,12 @@ class Both:
 
         return self.api.run(wait(), timeout + 10)
 
-    def collect(self, iterator: Any, count: int, timeout: float = 20.0) -> list[Any]:
-        """The first ``count`` items of a (sync or async) iterator, then close it."""
+    def collect(self, iterator: Any, count: int, timeout: float = 20.0,
+                into: list[Any] | None = None) -> list[Any]:
+        """The first ``count`` items of a (sync or async) iterator, then close it. ``into``:
+        a list to append to as items arrive (another thread can wait on the first one)."""
         if not self.is_async:
-            out = []
+            out = [] if into is None else into
             for item in iterator:
                 out.append(item)
                 if len(out) >= count:
@@ -71,7 +73,7 @@ class Both:
             return out
 
         async def take() -> list[Any]:
-            out = []
+            out = [] if into is None else into
             async for item in iterator:
                 out.append(item)
                 if len(out) >= count:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness import VENV_BIN
+from harness import VENV_BIN, wait_for
 from lockd import (
     AcquireTimeout,
     AsyncLockClient,
@@ -32,13 +32,15 @@ from lockd.tokens import Verifier
 def test_acquire_many_holds_every_lock_renews_and_releases_on_exit(shared_lockd, name):
     a, b = f"{name}/a", f"{name}/b"
     with LockClient(shared_lockd.url, owner="mover") as client:
-        with client.acquire_many([b, a], ttl=0.6, wait=5) as lease:
+        ttl = 0.6
+        with client.acquire_many([b, a], ttl=ttl, wait=5) as lease:
             assert isinstance(lease, MultiLease)
             assert lease.locks == (a, b) and set(lease.fences) == {a, b}
             assert lease.lease_id.startswith("m.")
             claims = Verifier(client._request("GET", "/v1/keys")).verify(lease.token)
             assert dict(claims.locks) == lease.fences
-            time.sleep(1.0)  # past the TTL: the renewal monitor keeps the whole set
+            # proves: past the TTL (5/3 of it) the renewal monitor keeps the whole set
+            time.sleep(ttl * 5 / 3)
             assert lease.state is LeaseState.RENEWED
             for lock in (a, b):
                 status = client.status(lock)
@@ -59,7 +61,8 @@ def test_lost_signal_and_held_errors(shared_lockd, name):
     lost: list = []
     with LockClient(shared_lockd.url) as client:
         lease = client.acquire_many([a, b], ttl=0.3, auto_renew=False, on_lost=lost.append)
-        time.sleep(0.5)
+        wait_for(lambda: not client.status(a).held and not client.status(b).held, timeout=5,
+                 what="the unrenewed 0.3 s set to lapse")
         with pytest.raises(LeaseLostError):
             lease.renew()
         assert lease.lost.is_set() and lost == [lease] and lease.state is LeaseState.LOST
@@ -82,9 +85,11 @@ def test_async_acquire_many(shared_lockd, name):
 
     async def main() -> None:
         async with AsyncLockClient(shared_lockd.url, owner="async") as client:
-            async with await client.acquire_many([a, b], ttl=0.6, wait=5) as lease:
+            ttl = 0.6
+            async with await client.acquire_many([a, b], ttl=ttl, wait=5) as lease:
                 assert isinstance(lease, AsyncMultiLease) and lease.locks == (a, b)
-                await asyncio.sleep(1.0)
+                # proves: past the TTL (5/3 of it) the renewal monitor keeps the whole set
+                await asyncio.sleep(ttl * 5 / 3)
                 assert lease.state is LeaseState.RENEWED
                 assert (await client.status(b)).fence == lease.fences[b]
                 assert await client.try_acquire_many([b], ttl=5) is None

@@ -153,8 +153,9 @@ def test_normal_exit_releases_the_lock(api, name):
 
 def test_renewal_every_third_of_ttl_keeps_the_lease_over_several_ttls(api, other, name):
     lost = []
-    lease = api.acquire(name, 0.6, on_lost=lost.append)
-    time.sleep(2.4)  # four TTLs
+    ttl = 0.6
+    lease = api.acquire(name, ttl, on_lost=lost.append)
+    time.sleep(4 * ttl)  # proves: renewals alone keep the lease over four TTLs
     status = api.status(name)
     assert status.held and status.fence == lease.fence
     assert lease.state is LeaseState.RENEWED and not lease.lost.is_set() and lost == []
@@ -167,9 +168,9 @@ def test_renewal_every_third_of_ttl_keeps_the_lease_over_several_ttls(api, other
 
 def test_renewal_period_is_configurable(api, name):
     lease = api.acquire(name, 1.5, renew_every=0.1)
-    time.sleep(1.0)
+    # within 1.2 s: ttl/3 would have renewed twice
+    wait_for(lambda: api.renew_count(name) >= 7, timeout=1.2, what="7 renewals 0.1 s apart")
     api.release(lease)
-    assert api.renew_count(name) >= 7  # ttl/3 would have renewed twice
     with pytest.raises(ValueError):
         api.acquire(name, 1.0, renew_every=1.0)
 
@@ -177,7 +178,6 @@ def test_renewal_period_is_configurable(api, name):
 def test_manual_renew_keeps_the_fence_and_extends(api, name):
     lease = api.acquire(name, 1.0, auto_renew=False)
     before = lease.deadline
-    time.sleep(0.3)
     assert api.renew(lease, ttl=3.0) is lease
     assert lease.fence == api.status(name).fence and lease.ttl == 3.0
     assert lease.state is LeaseState.RENEWED and lease.deadline > before + 2
@@ -277,7 +277,8 @@ def test_lockd_restart_before_the_deadline_renewals_resume(make_api, lockd_serve
 def test_lockd_back_after_the_deadline_lost_fires_once(make_api, lockd_server, name):
     api = make_api(lockd_server.url)
     lost = []
-    lease = api.acquire(name, 1.5, on_lost=lost.append)
+    ttl = 1.5
+    lease = api.acquire(name, ttl, on_lost=lost.append)
     _wait_state(lease, LeaseState.RENEWED, 2.0)
     lockd_server.stop()
     _wait_state(lease, LeaseState.UNKNOWN, 2.0)
@@ -287,7 +288,7 @@ def test_lockd_back_after_the_deadline_lost_fires_once(make_api, lockd_server, n
     assert deadline - 0.01 <= lost_at <= deadline + 0.5  # at the local deadline, not later
     assert lease.lost_reason.code == "local_deadline"
     lockd_server.start()
-    time.sleep(0.5)
+    time.sleep(ttl / 3)  # proves: lockd back does not revive the lease nor fire lost again
     assert lease.state is LeaseState.LOST and lost == [lease]
     with pytest.raises(LeaseLostError):
         api.release(lease)
@@ -301,7 +302,8 @@ def test_hung_lockd_lease_lost_at_the_local_deadline(make_api, lockd_server, nam
     """lockd frozen (SIGSTOP): renew requests hang, yet lost fires on time (request timeouts
     are capped by the deadline) and a late answer never revives the lease."""
     api = make_api(lockd_server.url)
-    lease = api.acquire(name, 1.2)
+    ttl = 1.2
+    lease = api.acquire(name, ttl)
     _wait_state(lease, LeaseState.RENEWED, 2.0)
     lockd_server.pause()
     try:
@@ -312,5 +314,5 @@ def test_hung_lockd_lease_lost_at_the_local_deadline(make_api, lockd_server, nam
         assert lease.deadline <= deadline_then + 0.45  # at most one renewal was in flight
     finally:
         lockd_server.resume()
-    time.sleep(0.3)
+    time.sleep(ttl / 4)  # proves: the late answers of the resumed lockd do not revive it
     assert lease.state is LeaseState.LOST

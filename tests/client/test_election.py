@@ -141,7 +141,7 @@ def test_a_handover_callback_that_hangs_is_cut_short_by_the_grace(both, name):
     def slow(lease, target):
         if both.is_async:
             async def forever():
-                await __import__("asyncio").sleep(60)
+                await __import__("asyncio").Event().wait()  # hangs until cancelled
             return forever()
         gate.wait(60)
         return None
@@ -171,9 +171,10 @@ def test_observe_replays_the_log_in_order_from_a_seq(both, name):
 def test_observe_starts_with_the_state_then_streams_changes(both, shared_lockd, name):
     actor = LockClient(shared_lockd.url)
     first = actor.campaign(name, "one", 10, owner="p")
+    events: list = []
 
     def act() -> None:
-        time.sleep(0.5)
+        wait_for(lambda: events, timeout=20, what="the observer's first (state) event")
         actor.proclaim(first, "two")
         actor.resign(first)
         second = actor.campaign(name, "three", 10, owner="q")
@@ -181,7 +182,7 @@ def test_observe_starts_with_the_state_then_streams_changes(both, shared_lockd, 
 
     acting = threading.Thread(target=act)
     acting.start()
-    events = both.collect(both.make("election", name).observe(), 5)
+    both.collect(both.make("election", name).observe(), 5, into=events)
     acting.join(20)
     actor.close()
     assert [(e.kind, e.owner, e.value) for e in events] == [
@@ -201,12 +202,11 @@ def test_observe_resumes_after_lockd_restarts_without_gaps_or_repeats(make_api, 
     done = threading.Event()
 
     def observe() -> None:
-        got.extend(both.collect(both.api.client.observe(name), 4, timeout=60))
+        both.collect(both.api.client.observe(name), 4, timeout=60, into=got)
         done.set()
 
     threading.Thread(target=observe).start()
-    wait_for(lambda: got or len(both.api.requests) > 0, what="the stream opened")
-    time.sleep(0.5)
+    wait_for(lambda: got, what="the stream's first (state) event")
     lockd_server.restart()                           # the same store: the log survives
     actor.proclaim(lease, "after")
     actor.resign(lease)

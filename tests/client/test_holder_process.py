@@ -37,7 +37,6 @@ def test_frozen_holder_reports_lost_and_its_late_write_is_stale(shared_lockd, pr
             assert time.monotonic() - frozen_at < ttl + 1.0
             with FencedSession(proxy.url, b) as db:
                 db.upsert("items", 1, {"id": 1, "owner": "B", "n": b.fence})
-            time.sleep(0.2)
             holder.send_signal(signal.SIGCONT)
             out, err = holder.communicate(timeout=20)
             b_client.release(b)

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from harness import wait_for
 from lockd import (
     LeaseLostError,
     LeaseRef,
@@ -141,10 +142,11 @@ def test_extend_refuses_a_bad_additional_time(api, name, bad):
 
 
 def test_extend_adds_to_what_is_left_same_fence(api, name):
-    lk = api.lock_object(name, 1.0, auto_renew=False)
+    ttl = 1.0
+    lk = api.lock_object(name, ttl, auto_renew=False)
     assert lk.acquire()
     fence, before = lk.fence, lk.lease.deadline
-    time.sleep(0.3)
+    time.sleep(ttl * 0.3)  # proves: extend adds to what is left (0.3 TTL used), not to the TTL
     assert lk.extend(4.0) is True
     # the local deadline moved by the added time (the client's own view of what was left)
     assert before + 4.0 <= lk.lease.deadline < before + 4.0 + 0.3
@@ -168,12 +170,15 @@ def test_later_renewals_keep_the_extended_ttl_and_reacquire_goes_back(api, name)
     assert lk.acquire()
     assert lk.extend(2.0)
     renewals = api.renew_count(name)
-    time.sleep(0.5)  # background renewals, each for the lease's (extended) TTL
-    assert api.renew_count(name) > renewals and lk.lease.ttl > 2.0
+    # background renewals, each for the lease's (extended) TTL
+    wait_for(lambda: api.renew_count(name) > renewals + 1, timeout=5, what="background renewals")
+    assert lk.lease.ttl > 2.0
     assert api.status(name).ttl > 2.0
     assert lk.reacquire() is True
     assert lk.lease.ttl == 1.0 and api.status(name).ttl <= 1.0
-    time.sleep(0.3)
+    renewals = api.renew_count(name)
+    wait_for(lambda: api.renew_count(name) > renewals + 1, timeout=5,
+             what="renewals after the reacquire")
     assert lk.lease.ttl == 1.0 and lk.owned()
     lk.release()
 

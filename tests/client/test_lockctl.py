@@ -144,7 +144,7 @@ def test_run_forwards_sigterm_to_the_command_and_releases(shared_lockd, name, tm
 
 def _child_script(path: Path, ignore_term: bool) -> list[str]:
     code = f"""
-import signal, sys, time, pathlib
+import signal, sys, threading, pathlib
 log = pathlib.Path({str(path)!r})
 def on_term(*_):
     log.write_text(log.read_text() + "TERM\\n")
@@ -152,7 +152,7 @@ def on_term(*_):
         sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 log.write_text("started\\n")
-time.sleep(60)
+threading.Event().wait(60)  # runs until stopped (at most a minute)
 """
     return [sys.executable, "-c", code]
 

@@ -21,6 +21,7 @@ from lockd import (
 )
 from lockd.client.lease import AsyncLease
 from tests.client.both import Both
+from tests.jitter import hold_sync
 
 
 @pytest.fixture
@@ -68,8 +69,9 @@ def test_a_shared_request_waits_while_an_exclusive_one_holds(both, name):
 
 
 def test_a_shared_lease_is_renewed_in_the_background(both, name):
-    lease = both("acquire", name, 0.6, shared=True)
-    time.sleep(1.2)                                  # two TTLs: renewed meanwhile
+    ttl = 0.6
+    lease = both("acquire", name, ttl, shared=True)
+    time.sleep(2 * ttl)  # proves: renewed in the background across two TTLs
     assert not both.is_set(lease.lost)
     assert both("status", name).mode == "shared"
     both("release", lease)
@@ -170,8 +172,9 @@ def test_a_waiting_permit_is_granted_when_one_is_released(both, name):
 
 
 def test_a_permit_is_renewed_and_lost_when_lockd_ends_it(both, name):
-    permit = both("acquire_permit", name, 3, 0.6)
-    time.sleep(1.2)
+    ttl = 0.6
+    permit = both("acquire_permit", name, 3, ttl)
+    time.sleep(2 * ttl)  # proves: renewed in the background across two TTLs
     assert not both.is_set(permit.lost)
     assert ("POST", f"/v1/semaphores/{name}/renew") in both.api.requests
     both("release", LeaseRef(name, permit.lease_id, kind="semaphore"))
@@ -243,7 +246,7 @@ def test_never_more_than_limit_permits_among_racing_holders(make_api, shared_loc
                     inside += 1
                     most = max(most, inside)
                     slots_seen.add(permit.slot)
-                time.sleep(0.02)
+                hold_sync(None, 0.02)
                 with mutex:
                     inside -= 1
                 b("release", permit)

@@ -9,7 +9,6 @@ from one lockd per module (``shared_lockd``) or from a lockd of the test's own.
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import psycopg
@@ -18,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from harness import create_database, drop_database, pg_available, sqlalchemy_url
+from harness import create_database, drop_database, pg_available, sqlalchemy_url, wait_for
 from lockd import AsyncLockClient, InvalidToken, LeaseState, LockClient, StaleTokenError
 from lockd.client import sqlfence
 from lockd.client.sqlfence import (
@@ -192,7 +191,7 @@ def frozen(shared_lockd):
 def _revived_and_newer(frozen: LockClient, client: LockClient, name: str):
     """Lease A expires unrenewed (A froze); B is granted the lock with a higher fence."""
     stale = frozen.acquire(name, ttl=0.3, auto_renew=False)
-    time.sleep(0.4)
+    wait_for(lambda: not client.status(name).held, timeout=5, what="the 0.3 s lease to expire")
     newer = client.acquire(name, ttl=10, wait=5)
     assert newer.fence > stale.fence
     return stale, newer
@@ -323,8 +322,9 @@ def test_keys_are_cached_and_fetched_again_for_an_unknown_kid(dsn, lockd_server,
         assert keys.loads == loads, "the same key: no second fetch"
         lockd_server.key_dir = lockd_server.workdir / "rotated"  # a new signing key
         lockd_server.restart()
-        while keys._clock() < keys._last_load + keys._min_interval:  # refetches are spaced
-            time.sleep(0.02)  # (a restart quicker than the spacing would find no new key yet)
+        # refetches are spaced (a restart quicker than the spacing would find no new key yet)
+        wait_for(lambda: keys._clock() >= keys._last_load + keys._min_interval, timeout=30,
+                 what="the refetch spacing to pass")
         with lock_client.lock(name, ttl=10) as lease, fenced_transaction(conn, lease) as claims:
             assert claims.locks == {name: lease.fence}
     assert sqlfence._keys[lockd_server.url] is keys and keys.kids.isdisjoint(first)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from harness import wait_for
 from lockd.client import LockClient
 from lockd.client.errors import (
     InvalidToken,
@@ -199,15 +200,16 @@ class Runner:
             leases[step["lease"]].release()
             return None
         if op in ("sleep", "freeze"):
-            time.sleep(step["ms"] / 1000)
+            time.sleep(step["ms"] / 1000)  # proves: the scenario's own span (its "ms")
             return None
         if op == "wait_lost":
             lease = leases[step["lease"]]
-            deadline = time.monotonic() + step["within_ms"] / 1000
-            while not lease.is_lost():
-                if time.monotonic() > deadline:
-                    raise Failed(f"lease {step['lease']} not lost within {step['within_ms']} ms")
-                time.sleep(0.01)
+            try:
+                wait_for(lease.is_lost, timeout=step["within_ms"] / 1000, interval=0.01,
+                         what=f"lease {step['lease']} lost")
+            except TimeoutError:
+                raise Failed(f"lease {step['lease']} not lost within {step['within_ms']} ms"
+                             ) from None
             return {"lost": True}
         if op == "expect_live":
             leases[step["lease"]].check()

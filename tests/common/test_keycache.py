@@ -67,6 +67,7 @@ class Flavour:
     def settle(self) -> None:
         """Let background work run (the async flavour's tasks run while its loop does)."""
         if self.kind == "async":
+            # pump: runs the loop 50 ms so its tasks progress; callers poll with wait_for
             self.loop.run_until_complete(asyncio.sleep(0.05))
 
     def close(self) -> None:
@@ -139,8 +140,8 @@ def test_a_failing_source_keeps_the_set_and_is_retried_in_the_background(make):
     source.gate, fetches = threading.Event(), source.fetches
     clock.now += 1
     assert keys.verify(ring.sign("a", 4)).fence == 4
-    keys.settle()
-    wait_for(lambda: source.fetches == fetches + 1, what="a background refetch")
+    wait_for(lambda: (keys.settle(), source.fetches == fetches + 1)[1],
+             what="a background refetch")
     source.down = False
     source.jwks = {"keys": ring.jwks()["keys"] + other.jwks()["keys"]}
     source.gate.set()

@@ -124,9 +124,11 @@ def test_proxy_started_before_lockd_says_so(jwks_server, tmp_path, start_proxy, 
         assert client.get("/v1/tables/items/rows/k").status_code == 404, "nothing was written"
         jwks_server.jwks = ring.jwks()
         jwks_server.start()
-        time.sleep(0.15)  # past the refetch interval
-        put = client.put("/v1/tables/items/rows/k", json={"v": "x"},
-                         headers={"Fencing-Token": ring.sign("items", 1)})
+        # once past the refetch interval the keys are fetched again and the write goes through
+        put = wait_for(lambda: (r := client.put(
+            "/v1/tables/items/rows/k", json={"v": "x"},
+            headers={"Fencing-Token": ring.sign("items", 1)})).status_code == 200 and r,
+            timeout=5, what="a write verified by the refetched keys")
         assert put.status_code == 200, put.text
         assert client.get("/healthz").json() == {"status": "ok", "jwks": "ok", "server": "resource-proxy"}
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-import time
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
@@ -36,6 +35,7 @@ from harness import sqlalchemy_url
 from lockd.client.errors import StaleTokenError
 from lockd.client.fenced import FencedSession
 from lockd.tokens import KeyRing
+from tests.jitter import hold_sync
 from tests.proxy.conftest import write_jwks
 
 SCHEMA = """
@@ -178,7 +178,7 @@ def test_concurrent_transfers_through_fenced_sessions_conserve_the_total(pg_dsn,
                             for lock in granted:
                                 lock.release()
                             granted = []
-                            time.sleep(0.03)
+                            hold_sync(None, 0.03)
                         db.batch(ops)
                     except StaleTokenError as exc:
                         assert exc.problem["stale"] and lease.lost

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 import uvloop
 
-from harness import wait_for
+from harness import wait_for, wait_for_async
 from lockd.tokens import KeyRing
 from resource_proxy.store.postgres import PostgresStore
 from resource_proxy.store.watched import WatchedConnection
@@ -110,11 +110,9 @@ def test_a_backend_killed_while_idle_leaves_no_stale_registration_and_no_leaked_
         assert _open_on(link) == {conn.pgconn.socket, watch.fd}
 
         await asyncio.to_thread(_terminate, pg_admin_dsn, conn.info.backend_pid)
-        for _ in range(100):  # the EOF arrives while nobody waits: the watch steps aside
-            if not watch.registered:
-                break
-            await asyncio.sleep(0.01)
-        assert not watch.registered
+        # the EOF arrives while nobody waits: the watch steps aside
+        await wait_for_async(lambda: not watch.registered, timeout=1, interval=0.01,
+                             what="the watch to unregister")
         with pytest.raises(psycopg.OperationalError):
             await conn.execute("SELECT 1")
         assert conn.broken

@@ -8,7 +8,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -120,10 +119,8 @@ def test_a_worker_that_dies_stops_the_proxy(pg_dsn, tmp_path):
         assert proxy.proc.wait(15) == 1, proxy.log()
     finally:
         proxy.stop()
-    deadline = time.monotonic() + 5
-    while _alive(workers[1]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(workers[1]), "the other worker is stopped too"
+    wait_for(lambda: not _alive(workers[1]), timeout=5, interval=0.05,
+             what="the other worker to be stopped too")
     assert "exited" in proxy.log()
 
 
@@ -134,10 +131,8 @@ def test_workers_do_not_outlive_a_killed_parent(pg_dsn, tmp_path):
     workers = _children(proxy.pid)
     assert len(workers) == 2
     proxy.kill()  # SIGKILL: the parent gets no chance to stop them
-    deadline = time.monotonic() + 10
-    while any(map(_alive, workers)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(map(_alive, workers)), "orphaned workers would keep serving the port"
+    wait_for(lambda: not any(map(_alive, workers)), timeout=10, interval=0.05,
+             what="every worker to stop (orphans would keep serving the port)")
 
 
 def test_sqlite_serves_from_one_process(tmp_path):

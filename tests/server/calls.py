@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
+
+from harness import wait_for
 
 __all__ = ["acquire", "renew", "release", "state", "assert_problem", "wait_until"]
 
@@ -42,11 +43,9 @@ def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
 
 
 def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> Any:
-    """Poll ``predicate`` every 5 ms until truthy; ``AssertionError`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.005)
+    """Poll ``predicate`` every 5 ms until truthy (``harness.wait_for``); ``AssertionError``
+    after ``timeout``, so a wait that never ends fails the test like an assertion."""
+    try:
+        return wait_for(predicate, timeout=timeout, interval=0.005, what=what)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None

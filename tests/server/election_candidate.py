@@ -31,7 +31,7 @@ def main() -> None:
         print(json.dumps({"event": "elected", "fence": lease["fence"], "at": time.monotonic()}),
               flush=True)
         while True:
-            time.sleep(ttl_ms / 4000)
+            time.sleep(ttl_ms / 4000)  # renewal pacing: every quarter of the TTL (a leader's rhythm)
             sent = time.monotonic()
             r = http.post(f"{url}/v1/elections/{name}/renew", json={"lease_id": lease["lease_id"]})
             print(json.dumps({"event": "renew", "sent": sent, "status": r.status_code}),

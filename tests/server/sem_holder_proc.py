@@ -28,7 +28,7 @@ def main() -> None:
         permit = r.json()
         print(json.dumps({"slot": permit["slot"], "fence": permit["fence"]}), flush=True)
         while True:
-            time.sleep(ttl_ms / 5000)
+            time.sleep(ttl_ms / 5000)  # renewal pacing: every fifth of the TTL (a holder's rhythm)
             r = http.post(f"{url}/v1/semaphores/{name}/renew",
                           json={"lease_id": permit["lease_id"]})
             if r.status_code != 200:

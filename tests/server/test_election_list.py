@@ -7,11 +7,13 @@ here, the leader's lease run out), so listing again costs no store reads."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 
 import httpx
 
+from harness import wait_for_async
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
 from tests.server.election_calls import campaign, read_events
@@ -84,15 +86,23 @@ def test_listing_again_reads_only_what_changed(tmp_path):
         assert all(0 < e["leader"]["ttl_ms"] <= 30_000 for e in again)
         await elections.proclaim("e/07", leases[7].lease_id, "changed")
         await elections.resign("e/11", leases[11].lease_id)
-        await asyncio.sleep(0)
+        await wait_for_async(lambda: elections._known["e/07"].changed
+                             and elections._known["e/11"].changed, timeout=5,
+                             what="both writes marked as changes")
         after = {e["election"]: e for e in await elections.known()}
         assert reads.take() == 2  # the two that changed
         assert after["e/07"]["value"] == "changed" and after["e/11"]["leader"] is None
         short = await elections.campaign("e/short", value="s", ttl_ms=200, owner="s")
         assert short.ttl_ms == 200
         await elections.known()
+
+        async def lapsed_in_store() -> bool:  # and past the time its listing stays fresh
+            return time.monotonic() >= elections._known["e/short"].fresh_until and \
+                (await elections.store.elect_get("e/short")).leader is None
+
+        # its leader's lease runs out, unrenewed (by the store's word): read it again
+        await wait_for_async(lapsed_in_store, timeout=5, what="the 200 ms leader lease to lapse")
         reads.take()
-        await asyncio.sleep(0.3)  # its leader's lease runs out, unrenewed: read it again
         lapsed = {e["election"]: e for e in await elections.known()}
         assert reads.take() == 1 and lapsed["e/short"]["leader"] is None
 

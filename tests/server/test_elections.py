@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.jitter import hold_sync
 from tests.server.calls import assert_problem, wait_until
 from tests.server.election_calls import (
     Observer,
@@ -138,7 +139,7 @@ def test_a_candidate_that_goes_away_leaves_the_queue(lockd, http, name):
                    json={"ttl_ms": 10_000, "wait_ms": 20_000, "owner": "gone"})
     wait_until(lambda: election(http, url, name)["waiters"] == 0, what="the candidate gone")
     assert call(http, url, name, "resign", lease_id=a["lease_id"]).status_code == 200
-    time.sleep(0.2)
+    time.sleep(0.2)  # proves: nobody is elected in the departed candidate's place (200 ms)
     assert election(http, url, name)["leader"] is None  # nobody was elected in its place
     log = read_events(url, name, 2, last_id="0")
     assert [(k, d["owner"]) for _, k, d in log] == [("leader", "A"), ("resign", "A")]
@@ -354,7 +355,8 @@ def test_one_leader_at_a_time_under_16_candidates_with_kill_and_stop(store_url, 
                     lead_until = got + (0 if stop.is_set() else rng.uniform(0.05, 0.3))
                     abandon = rng.random() < 0.08 and not stop.is_set()
                     while time.monotonic() < lead_until or abandon:
-                        time.sleep(0.1 if not abandon else ttl_ms / 1000 + 0.5)
+                        # renewal pacing, or an abandoned lease left past its TTL
+                        hold_sync(None, 0.1 if not abandon else ttl_ms / 1000 + 0.5)
                         sent = time.monotonic()
                         status = call(c, url, name, "renew", lease_id=lease["lease_id"]
                                       ).status_code

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from harness import wait_for_async
 from lockd.server.core.base import Core
 from lockd.server.locks.service import LockService
 from lockd.server.settings import Settings
@@ -43,8 +44,10 @@ def test_the_head_acquire_is_queued_behind_the_release_before_it_completes(tmp_p
             held = await service.acquire("h/1", ttl_ms=10_000)
             waiting = asyncio.ensure_future(service.acquire("h/1", ttl_ms=10_000,
                                                             wait_ms=10_000, owner="next"))
-            while service.waiters("h/1") != 1 or ("done", "_acquire") not in calls[2:]:
-                await asyncio.sleep(0.001)  # queued, and its first try was refused
+            # queued, and its first try was refused
+            await wait_for_async(lambda: service.waiters("h/1") == 1
+                                 and ("done", "_acquire") in calls[2:],
+                                 interval=0.001, what="the waiter queued after a refused try")
             del calls[:]
             await service.release("h/1", held.lease_id)
             granted = await waiting
@@ -67,8 +70,8 @@ def test_a_failed_release_does_not_hand_the_lock_over(tmp_path):
             held = await service.acquire("h/2", ttl_ms=10_000, owner="holder")
             waiting = asyncio.ensure_future(service.acquire("h/2", ttl_ms=10_000,
                                                             wait_ms=300, owner="next"))
-            while service.waiters("h/2") != 1:
-                await asyncio.sleep(0.001)
+            await wait_for_async(lambda: service.waiters("h/2") == 1, interval=0.001,
+                                 what="the waiter queued")
             try:
                 await service.release("h/2", "not-the-lease-id-000000000000000")
             except Exception as exc:  # LeaseLost: 410

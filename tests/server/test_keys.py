@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from harness import wait_for, wait_for_async
 from lockd.server.keydir import KeyDirError, list_keys, retire, rotate
 from lockd.tokens import KeyRing, Verifier
 from tests.server.calls import acquire
@@ -114,21 +115,19 @@ def test_a_running_lockd_picks_up_rotation_and_retirement(tmp_path, lockd_factor
     first = acquire(http, server.url, "rot/a", 60_000).json()
     assert Verifier(http.get(server.url + "/v1/keys").json()).verify(first["token"]).kid == old
     new = rotate(keys, publish_delay_s=1.0).kid
-    deadline = time.monotonic() + 10
-    while new not in _published(http, server.url):
-        assert time.monotonic() < deadline, "the new key was never published"
-        time.sleep(0.05)
-    time.sleep(1.2)  # past signs_from: the new key signs grants and renewals
+    wait_for(lambda: new in _published(http, server.url), timeout=10, interval=0.05,
+             what="the new key to be published")
+    signs_from = next(k.signs_from for k in list_keys(keys) if k.kid == new)
+    # past signs_from (plus two reload periods): the new key signs grants and renewals
+    wait_for(lambda: time.time() > signs_from + 0.2, timeout=10, what="the new key's signs_from")
     renewed = http.post(server.url + "/v1/locks/rot/a/renew",
                         json={"lease_id": first["lease_id"]}).json()
     jwks = http.get(server.url + "/v1/keys").json()
     assert Verifier(jwks).verify(renewed["token"]).kid == new
     assert renewed["fence"] == first["fence"]
     retire(keys, old, max_ttl_ms=1, force=True)
-    deadline = time.monotonic() + 10
-    while old in _published(http, server.url):
-        assert time.monotonic() < deadline, "the retired key is still published"
-        time.sleep(0.05)
+    wait_for(lambda: old not in _published(http, server.url), timeout=10, interval=0.05,
+             what="the retired key to leave the published set")
     changes = [json.loads(line.split("audit ", 1)[1]) for line in server.log().splitlines()
                if '"keys_changed"' in line]  # each pick-up is in the running lockd's trail
     assert changes and changes[-1]["target"] == new and old not in changes[-1]["detail"]["published"]
@@ -156,7 +155,7 @@ def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
         if lockd[0] == "refusing":
             raise OSError("connection refused")
         if lockd[0] == "hanging":
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never answers (until cancelled)
         return served
 
     async def run() -> None:
@@ -181,8 +180,8 @@ def test_a_proxy_drops_a_retired_key_within_the_jwks_max_age():
         now[0] += 2
         claims = await asyncio.wait_for(keys.verify(fresh), timeout=1)  # nobody waits
         assert claims.kid == new.kid
-        await asyncio.sleep(0)
-        assert keys.loads == 4  # the retry runs in the background
+        # the retry runs in the background
+        await wait_for_async(lambda: keys.loads == 4, timeout=5, what="the background reload")
         keys._background.cancel()
 
     asyncio.run(run())

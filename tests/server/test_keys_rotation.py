@@ -13,10 +13,11 @@ import time
 
 import httpx
 
-from harness import VENV_BIN, ServiceProcess, drop_database, free_port
+from harness import TIMING_SLACK, VENV_BIN, ServiceProcess, drop_database, free_port, wait_for
 from lockd import FencedSession, LockClient
 from lockd.server.keydir import list_keys, retire, rotate
 from lockd.tokens import KeyRing
+from tests.jitter import hold_sync
 from tests.proxy.conftest import assert_problem, make_database
 
 CLIENTS = 20
@@ -53,7 +54,7 @@ class Writer(threading.Thread):
                     n += 1
                     db.upsert("items", self.key, {"v": str(n)})
                     self.writes.append(time.monotonic())
-                    time.sleep(0.02)
+                    hold_sync(None, 0.02)  # write pacing
         except Exception as exc:  # every failure is one, whatever its kind
             kid = _kid(self.lease.token) if self.lease is not None else "-"
             self.errors.append(f"{self.key}: {type(exc).__name__}: {exc} (token of key {kid} "
@@ -85,33 +86,46 @@ def test_rotate_and_retire_while_clients_hold_renew_and_write(tmp_path, pg_url, 
                    for i in range(CLIENTS)]
         for writer in writers:
             writer.start()
-        deadline = time.monotonic() + 20
-        while not all(w.writes for w in writers):
-            assert time.monotonic() < deadline and not any(w.errors for w in writers), \
-                [e for w in writers for e in w.errors]
-            time.sleep(0.05)
+
+        def all_writing() -> bool:
+            assert not any(w.errors for w in writers), [e for w in writers for e in w.errors]
+            return all(w.writes for w in writers)
+
+        wait_for(all_writing, timeout=20, interval=0.05, what="every client's first write")
 
         # published for longer than a replica's reload plus a proxy's refetch interval (1 s):
         # a proxy that loaded the set just before a replica published the key may refetch
         # again on the new kid only after that interval (2 s more for a loaded test machine)
         new = rotate(keys, publish_delay_s=(RELOAD_MS + 1000) / 1000 + 2.0).kid
         signs_from = next(k.signs_from for k in list_keys(keys) if k.kid == new)
-        time.sleep(max(0.0, signs_from + MAX_TTL_MS / 1000 - time.time()) + 0.3)
+        # every token of the old key has expired (its signing ended plus the longest TTL)
+        wait_for(lambda: time.time() > signs_from + MAX_TTL_MS / 1000 + 0.3,
+                 timeout=MAX_TTL_MS / 1000 + 15, what="the old key's last token to expire")
         assert retire(keys, old, max_ttl_ms=MAX_TTL_MS) == f"retired {old}"  # no --force needed
         retired_at = time.monotonic()
-        time.sleep((RELOAD_MS + JWKS_MAX_AGE_MS) / 1000 + 0.8)  # the bounded refresh
+        bound = (RELOAD_MS + JWKS_MAX_AGE_MS) / 1000 + 0.8  # the bounded refresh
 
         old_token = writers[0].first_token
         assert _kid(old_token) == old
         with httpx.Client(timeout=10) as http:
-            for url in proxy_urls:
-                refused = http.put(f"{url}/v1/tables/items/rows/{writers[0].key}",
-                                   json={"v": "old key"}, headers={"Fencing-Token": old_token})
-                assert_problem(refused, 401, "invalid_token")
-            for replica in replicas:
-                published = {k["kid"] for k in http.get(replica.url + "/v1/keys").json()["keys"]}
-                assert published == {new}
-        time.sleep(0.3)
+
+            def old_key_gone() -> bool:
+                published = [{k["kid"] for k in http.get(r.url + "/v1/keys").json()["keys"]}
+                             for r in replicas]
+                refused = [http.put(f"{url}/v1/tables/items/rows/{writers[0].key}",
+                                    json={"v": "old key"}, headers={"Fencing-Token": old_token})
+                           for url in proxy_urls]
+                return all(p == {new} for p in published) and \
+                    all(r.status_code == 401 for r in refused) and refused
+
+            refused = wait_for(old_key_gone, timeout=bound * 3 * TIMING_SLACK, interval=0.05,
+                               what="the retired key dropped by every replica and proxy")
+            assert time.monotonic() - retired_at < bound * TIMING_SLACK
+            for r in refused:
+                assert_problem(r, 401, "invalid_token")
+        # every client went on writing after the retirement
+        wait_for(lambda: all(w.writes[-1] > retired_at + 1 for w in writers), timeout=15,
+                 what="every client's write a second after the retirement")
         stop.set()
         for writer in writers:
             writer.join(15)

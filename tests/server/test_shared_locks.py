@@ -84,7 +84,7 @@ def test_a_writer_waiting_behind_readers_is_granted_before_a_later_reader(lockd,
     assert state(http, url, name)["waiting_owners"] == ["writer", "r2"]
     # The lock is only read-held, yet the later reader waits (no writer starvation), and a
     # reader that does not wait is refused at once rather than barging ahead of the writer.
-    time.sleep(0.2)
+    time.sleep(0.2)  # proves: the later reader stays queued behind the writer (200 ms)
     assert not got_r
     assert_problem(acquire(http, url, name, mode="shared", owner="r3"), 409, "held")
 
@@ -92,7 +92,8 @@ def test_a_writer_waiting_behind_readers_is_granted_before_a_later_reader(lockd,
     t_w.join(10)
     (w, _), = got_w
     assert w.status_code == 200 and w.json()["mode"] == "exclusive", w.text
-    time.sleep(0.2)
+    now = state(http, url, name)  # the store's word: the writer holds it, the reader queues
+    assert (now["mode"], now["owner"], now["waiting_owners"]) == ("exclusive", "writer", ["r2"])
     assert not got_r  # the writer holds it now
     release(http, url, name, w.json()["lease_id"])
     t_r.join(10)
@@ -122,7 +123,8 @@ def test_readers_queued_together_are_granted_together(lockd, http, name):
 
     for r in leases[:3]:
         release(http, url, name, r.json()["lease_id"])
-    time.sleep(0.2)
+    now = state(http, url, name)  # the store's word: one reader holds, w2 queues
+    assert (len(now["holders"]), now["waiting_owners"]) == (1, ["w2"]), now
     assert not got_w2  # one reader still holds
     release(http, url, name, leases[3].json()["lease_id"])
     t_w2.join(10)

@@ -15,7 +15,6 @@ import logging
 import re
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from harness import free_port
+from harness import free_port, wait_for
 from lockd.common.serving.server import install_http_protocol
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
@@ -47,10 +46,12 @@ class _Served:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "did not start"
-            time.sleep(0.01)
+
+        def started() -> bool:
+            assert self.thread.is_alive(), "the server thread ended before it started"
+            return self.server.started
+
+        wait_for(started, timeout=20, interval=0.01, what="the in-process server to start")
 
     def tasks(self) -> int:
         """How many asyncio tasks the server's loop has now."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from harness import wait_for_async
 from lockd.server.core.base import Core
 from lockd.server.locks.service import LockService
 from lockd.server.settings import Settings
@@ -31,8 +32,8 @@ def test_the_preference_moves_only_a_waiter_for_that_lock_alone(tmp_path):
             tasks[owner] = asyncio.ensure_future(
                 service.acquire_many(locks, ttl_ms=10_000, wait_ms=10_000, owner=owner) if more
                 else service.acquire("p/1", ttl_ms=10_000, wait_ms=10_000, owner=owner))
-            while owner not in owners():
-                await asyncio.sleep(0.005)
+            await wait_for_async(lambda: owner in owners(), interval=0.005,
+                                 what=f"{owner} queued")
 
         try:
             for owner, more in (("a", ()), ("set", ("p/2",)), ("b", ())):

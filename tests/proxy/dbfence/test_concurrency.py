@@ -6,11 +6,11 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-import time
 
 import psycopg
 
 from resource_proxy.dbfence import install
+from tests.jitter import hold_sync
 from tests.proxy.dbfence.conftest import policy
 
 
@@ -29,7 +29,7 @@ def test_concurrent_claimers_cannot_commit_a_lower_fence_after_a_higher_one(db):
                 for _ in range(25):
                     with lock:
                         fence = next(counter)
-                    time.sleep(rng.random() * 0.003)  # let later fences overtake this one
+                    hold_sync(rng, 0.003)  # let later fences overtake this one
                     try:
                         conn.execute("SELECT fencing.claim('race', %s)", (fence,))
                     except psycopg.Error as exc:
@@ -41,7 +41,7 @@ def test_concurrent_claimers_cannot_commit_a_lower_fence_after_a_higher_one(db):
                     seen = conn.execute("SELECT coalesce(max(fence), 0) FROM log").fetchone()[0]
                     assert seen <= fence, f"fence {fence} claimed after {seen} committed"
                     conn.execute("INSERT INTO log (fence) VALUES (%s)", (fence,))
-                    time.sleep(rng.random() * 0.002)  # hold the fence row lock a while
+                    hold_sync(rng, 0.002)  # hold the fence row lock a while
                     conn.commit()
                     with lock:
                         outcomes["committed"] += 1

@@ -20,9 +20,10 @@ import shlex
 import shutil
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness import wait_for
 
 DEFAULT_DOCKERD_ARGS = "--iptables=false"
 
@@ -89,12 +90,14 @@ def ensure_dockerd(log_path: Path, timeout: float = 60.0) -> Dockerd:
         proc = subprocess.Popen([dockerd, *args], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     engine = Dockerd(docker, compose, proc, log_path)
-    deadline = time.monotonic() + timeout
-    while not daemon_answers(docker):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            engine.stop()
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise DockerUnavailable(f"dockerd {' '.join(args)} did not start "
-                                    f"(exit {proc.returncode}):\n{tail}")
-        time.sleep(0.5)
+    try:
+        wait_for(lambda: proc.poll() is not None or daemon_answers(docker), timeout=timeout,
+                 interval=0.5, what="dockerd to answer")
+    except TimeoutError:
+        pass
+    if proc.poll() is not None or not daemon_answers(docker):
+        engine.stop()
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise DockerUnavailable(f"dockerd {' '.join(args)} did not start "
+                                f"(exit {proc.returncode}):\n{tail}")
     return engine

@@ -17,7 +17,8 @@ def _half_body_then_close(url: str, path: str) -> None:
         s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Type: application/json\r\nContent-Length: 400\r\n\r\n"
                   b'{"ttl_ms": 1000, "owner": "')
-        time.sleep(0.2)  # lockd is now reading the body
+        # settles: lockd starts reading the body (the disconnect line awaited below needs it)
+        time.sleep(0.2)
 
 
 def test_a_client_gone_mid_body_is_one_debug_line(lockd_factory, tmp_path, name):

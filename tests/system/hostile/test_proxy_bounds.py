@@ -35,7 +35,7 @@ def test_the_proxy_closes_half_open_connections_and_caps_them(start_proxy, tmp_p
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(4)]
     held[1].sendall(b"GET /healthz HTTP/1.1\r\nHo")  # half the headers
     held[2].sendall(b"POST /v1/batch HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
-    time.sleep(0.1)
+    time.sleep(0.1)  # settles: the proxy has taken the four half-open connections
     extra = socket.create_connection(("127.0.0.1", port))
     extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     answer, _ = _read_all(extra, 5)

@@ -24,6 +24,7 @@ import httpx
 from harness import free_port
 from harness.servers import LockdServer
 from lockd.client import LockClient
+from tests.jitter import hold_sync
 
 NOFILE = 200
 REQUEST_TIMEOUT_MS = 1000
@@ -79,7 +80,7 @@ class _Flood:
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             if not self.opened:
-                time.sleep(0.05)
+                hold_sync(None, 0.05)  # an idle tick of the attack's pump
                 continue
             for key, _ in self.sel.select(timeout=0.05):
                 s, buf = key.fileobj, key.data

@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from websockets.sync.client import ClientConnection, connect
 
-from harness import free_port
+from harness import free_port, wait_for
 
 __all__ = ["Browser", "Page", "chromium_path", "spki_hash"]
 
@@ -75,14 +75,8 @@ class Page:
 
     def wait_for(self, expression: str, timeout: float = 10.0, what: str = "") -> bool:
         """Poll until ``expression`` is truthy in the page (``TimeoutError`` after ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = self.evaluate(f"Boolean({expression})")
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"page never satisfied {what or expression!r}")
-            time.sleep(0.05)
+        return wait_for(lambda: self.evaluate(f"Boolean({expression})"), timeout=timeout,
+                        interval=0.05, what=f"the page to satisfy {what or expression!r}")
 
     def navigate(self, url: str) -> None:
         self.call("Page.navigate", {"url": url})
@@ -120,16 +114,21 @@ class Browser:
              f"--window-size={width},{height}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         browser = cls(proc, port)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"http://127.0.0.1:{port}/json/version", timeout=1).status_code == 200:
-                    return browser
+                    return True
             if proc.poll() is not None:
                 raise RuntimeError(f"chromium exited with {proc.returncode}")
-            time.sleep(0.1)
-        browser.close()
-        raise TimeoutError("chromium did not open its debugging port")
+            return False
+
+        try:
+            wait_for(answers, timeout=30, interval=0.1, what="chromium's debugging port")
+        except TimeoutError:
+            browser.close()
+            raise
+        return browser
 
     def page(self) -> Page:
         target = httpx.put(f"http://127.0.0.1:{self.port}/json/new?about:blank", timeout=10).json()

@@ -5,9 +5,9 @@ lockd's keys), and a "stopping" line from each on SIGTERM."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
+
+from harness import wait_for
 
 
 def _acquire(url: str, name: str, ttl_ms: int, owner: str) -> dict:
@@ -29,7 +29,8 @@ def test_default_level_logs_stale_writes_expiries_and_stops(start_lockd, start_p
     old = _acquire(lockd.url, name, 300, "worker-old")
     assert httpx.put(row, json={"id": "k1", "v": "old"},
                      headers={"Fencing-Token": old["token"]}).status_code == 200
-    time.sleep(0.6)  # the old lease expires unrenewed
+    wait_for(lambda: not httpx.get(f"{lockd.url}/v1/locks/{name}").json()["held"], timeout=5,
+             what="the old lease to expire unrenewed")
     new = _acquire(lockd.url, name, 5000, "worker-new")
     assert httpx.put(row, json={"id": "k1", "v": "new"},
                      headers={"Fencing-Token": new["token"]}).status_code == 200
@@ -37,9 +38,7 @@ def test_default_level_logs_stale_writes_expiries_and_stops(start_lockd, start_p
                       headers={"Fencing-Token": old["token"]})
     assert stale.status_code == 409
 
-    deadline = time.monotonic() + 5
-    while not _lines(lockd.log(), "lease expired") and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: _lines(lockd.log(), "lease expired"), timeout=5, what="the expiry logged")
     expired = _lines(lockd.log(), "lease expired")
     assert len(expired) == 1, lockd.log()
     assert expired[0].endswith(f"lease expired: lock 'items/k1', fence {old['fence']}, owner "

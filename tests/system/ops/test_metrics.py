@@ -17,16 +17,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness import wait_for
+from harness import TIMING_SLACK, wait_for
 from tests.system.ops.conftest import scrape
 
-HOLDER = """
-import sys, time
+HOLDER_TTL_S = 0.6
+HOLDER = f"""
+import sys, threading
 from lockd.client import LockClient
 client = LockClient(sys.argv[1])
-lease = client.acquire(sys.argv[2], 0.6, renew_every=0.15, owner="doomed holder")
+lease = client.acquire(sys.argv[2], {HOLDER_TTL_S}, renew_every=0.15, owner="doomed holder")
 print("fence", lease.fence, flush=True)
-time.sleep(60)
+threading.Event().wait()  # holds (renewing) until killed
 """
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 
@@ -61,7 +62,7 @@ def test_crash_path_expiry_moves_expirations_and_hold_time(store, start_lockd, n
              == before.value("lockd_lease_expirations_total") + 1, timeout=5,
              what="the expiry to be counted")
     detected_after = time.monotonic() - killed_at
-    time.sleep(0.5)  # counted once, not again by a later sweep
+    time.sleep(HOLDER_TTL_S)  # proves: counted once, not again by a later sweep (one TTL)
     after = scrape(lockd.url)
     assert after.value("lockd_lease_expirations_total") == before.value(
         "lockd_lease_expirations_total") + 1
@@ -71,15 +72,16 @@ def test_crash_path_expiry_moves_expirations_and_hold_time(store, start_lockd, n
     assert after.value("lockd_releases_total", kind="released") == 0
     assert after.value("lockd_lease_ttl_seconds_count") == 1
     assert 0.3 <= after.value("lockd_lease_ttl_seconds_sum") <= 0.6
-    assert detected_after < 2.0  # TTL 0.6 s + sweep, not minutes
+    assert detected_after < 2.0 * TIMING_SLACK  # TTL 0.6 s + sweep, not minutes
 
 
 def test_renewal_failure_and_margin(start_lockd, name):
     lockd = start_lockd("sqlite")
     with httpx.Client(timeout=10) as http:
         before = scrape(lockd.url)
-        lease = _acquire(http, lockd.url, name, 1000)
-        time.sleep(0.2)
+        ttl_ms = 1000
+        lease = _acquire(http, lockd.url, name, ttl_ms)
+        time.sleep(ttl_ms / 5000)  # proves: the margin counts the time used (a fifth of the TTL)
         ok = http.post(f"{lockd.url}/v1/locks/{name}/renew",
                        json={"lease_id": lease["lease_id"], "ttl_ms": 300})
         assert ok.status_code == 200
@@ -88,13 +90,17 @@ def test_renewal_failure_and_margin(start_lockd, name):
             "lockd_renewal_margin_seconds_sum")
         ratio = mid.value("lockd_renewal_margin_ratio_sum") - before.value(
             "lockd_renewal_margin_ratio_sum")
-        assert 0.5 <= margin <= 0.81, margin  # ~0.8 s of the 1 s lease was left
+        assert 0.5 <= margin <= 0.81, margin  # ~0.8 s of the 1 s lease was left (4/5 of it)
         assert 0.5 <= ratio <= 0.81, ratio
-        time.sleep(0.6)  # the 300 ms renewal lapses
+        wait_for(lambda: not http.get(f"{lockd.url}/v1/locks/{name}").json()["held"],
+                 timeout=5, what="the 300 ms renewal to lapse")
         lost = http.post(f"{lockd.url}/v1/locks/{name}/renew",
                          json={"lease_id": lease["lease_id"]})
         assert lost.status_code == 410
-        time.sleep(0.3)
+        wait_for(lambda: scrape(lockd.url).value("lockd_renewal_failures_total",
+                                                 reason="lease_lost") >= 1
+                 and scrape(lockd.url).value("lockd_lease_expirations_total") >= 1,
+                 timeout=5, what="the failure and the expiry counted")
         after = scrape(lockd.url)
     assert after.value("lockd_renewal_failures_total", reason="lease_lost") == 1
     assert after.value("lockd_renewal_failures_total", reason="store_unavailable") == 0
@@ -105,6 +111,7 @@ def test_renewal_failure_and_margin(start_lockd, name):
 
 
 def test_handoff_wait_time_and_waiting_gauge(start_lockd, name):
+    queued_s = 0.3  # how long the waiter is kept queued
     lockd = start_lockd("sqlite")
     with httpx.Client(timeout=10) as http:
         holder = _acquire(http, lockd.url, name, 10_000, owner="first")
@@ -117,7 +124,7 @@ def test_handoff_wait_time_and_waiting_gauge(start_lockd, name):
         waiter.start()
         wait_for(lambda: scrape(lockd.url).value("lockd_acquires_waiting") == 1, timeout=5,
                  what="one queued waiter")
-        time.sleep(0.3)
+        time.sleep(queued_s)  # proves: the wait histogram counts the queued span
         assert http.post(f"{lockd.url}/v1/locks/{name}/release",
                          json={"lease_id": holder["lease_id"]}).status_code == 200
         waiter.join(10)
@@ -128,7 +135,7 @@ def test_handoff_wait_time_and_waiting_gauge(start_lockd, name):
     assert after.value("lockd_acquires_total", outcome="granted") == 2
     assert after.value("lockd_acquires_total", outcome="held") == 1
     assert after.value("lockd_acquire_wait_seconds_count", outcome="granted") == 2
-    assert after.value("lockd_acquire_wait_seconds_sum", outcome="granted") >= 0.3
+    assert after.value("lockd_acquire_wait_seconds_sum", outcome="granted") >= queued_s
     assert after.value("lockd_lease_hold_seconds_count", outcome="released") == 1
     assert after.value("lockd_releases_total", kind="released") == 1
     assert after.value("lockd_leases_active") == 1
@@ -144,7 +151,8 @@ def test_stale_write_moves_proxy_series(start_lockd, start_proxy):
         row = f"{proxy.url}/v1/tables/items/rows/k1"
         assert http.put(row, json={"id": "k1", "v": "old"},
                         headers={"Fencing-Token": old["token"]}).status_code == 200
-        time.sleep(0.5)
+        wait_for(lambda: not http.get(f"{lockd.url}/v1/locks/{name}").json()["held"],
+                 timeout=5, what="the 300 ms lease to expire")
         new = _acquire(http, lockd.url, name, 5000)
         assert new["fence"] == old["fence"] + 1
         assert http.put(row, json={"id": "k1", "v": "new"},
@@ -186,8 +194,8 @@ def test_store_clock_skew(start_lockd):
     skewed = start_lockd("postgres", env=fast)
     honest = start_lockd(skewed.store_url, env={"LOCKD_SKEW_INTERVAL_MS": "200"})
     sqlite = start_lockd("sqlite", env={"LOCKD_SKEW_INTERVAL_MS": "200"})
-    time.sleep(0.5)
-    assert -31 < scrape(skewed.url).value("lockd_store_clock_skew_seconds") < -29
+    wait_for(lambda: -31 < scrape(skewed.url).value("lockd_store_clock_skew_seconds") < -29,
+             timeout=10, what="the skewed lockd's measured store clock skew")
     assert abs(scrape(honest.url).value("lockd_store_clock_skew_seconds")) < 0.5
     assert scrape(sqlite.url).value("lockd_store_clock_skew_seconds") == 0
     for server in (skewed, honest, sqlite):

@@ -81,7 +81,8 @@ def test_lockd_status_page_draws_live_charts(browser, start_lockd, name, tmp_pat
     waiter = threading.Thread(target=lambda: _release(lockd.url, _acquire(
         lockd.url, f"{name}/a", 10_000, wait_ms=8_000)))
     waiter.start()
-    time.sleep(2.5)  # the waiter is queued across at least one sample
+    sample_s = 2.0  # the status page samples /metrics every 2 s
+    time.sleep(sample_s * 1.25)  # proves: the waiter is queued across at least one sample
     _release(lockd.url, held)
     waiter.join(timeout=20)
     for i in range(3):

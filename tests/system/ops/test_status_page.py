@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from harness import wait_for
 from harness.certs import make_pki
 from harness.tls_servers import TLSServers
 from tests.conftest import IN_CI
@@ -202,7 +203,8 @@ def test_proxy_status_page_shows_fences_and_rejections(browser, stack, tmp_path)
     row = f"{proxy.url}/v1/tables/items/rows/r1"
     assert httpx.put(row, json={"id": "r1", "v": "a"},
                      headers={"Fencing-Token": old["token"]}, verify=stack.verify).status_code == 200
-    time.sleep(0.5)
+    wait_for(lambda: not httpx.get(f"{lockd.url}/v1/locks/{name}", verify=stack.verify
+                                   ).json()["held"], timeout=5, what="the 300 ms lease to expire")
     new = _acquire(lockd.url, name, 30_000, "b", verify=stack.verify)
     assert httpx.put(row, json={"id": "r1", "v": "b"},
                      headers={"Fencing-Token": new["token"]}, verify=stack.verify).status_code == 200

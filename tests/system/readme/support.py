@@ -43,6 +43,7 @@ from harness import (
     create_database,
     drop_database,
     free_port,
+    wait_for,
 )
 
 LOCKD_PORT, PROXY_PORT = 7070, 7071  # what the examples name; the tests' servers run elsewhere
@@ -72,19 +73,19 @@ def readme_ports(timeout: float = 120.0) -> Iterator[None]:
     """
     with open(PORT_LOCK, "w") as handle:
         deadline = time.monotonic() + timeout
-        while True:
+
+        def locked() -> bool:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"another run holds {PORT_LOCK} for {timeout}s") from None
-                time.sleep(0.2)
+                return False
+            return True
+
+        wait_for(locked, timeout=timeout, interval=0.2, what=f"{PORT_LOCK} (another run holds it)")
         for port in (LOCKD_PORT, PROXY_PORT):
-            while not _port_free(port):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"127.0.0.1:{port} stays in use: the README's examples need it")
-                time.sleep(0.2)
+            wait_for(lambda port=port: _port_free(port),
+                     timeout=max(0.0, deadline - time.monotonic()), interval=0.2,
+                     what=f"127.0.0.1:{port} to be free: the README's examples need it")
         try:
             yield
         finally:

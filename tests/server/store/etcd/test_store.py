@@ -13,11 +13,12 @@ import uuid
 import httpx
 import pytest
 
-from harness import free_port
+from harness import TIMING_SLACK, free_port, wait_for_async
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.base import Store
 from lockd.server.store.etcd import EtcdStore, parse_etcd_url
 from lockd.server.store.values import Grant, Holder
+from tests.jitter import hold
 from tests.server.store.etcd.helpers import acquire, lease_id, name, opened, watching
 
 # -- URL -------------------------------------------------------------------------------------
@@ -113,10 +114,12 @@ def test_renew_keeps_fence_and_extends(etcd_url):
     async def body():
         async with opened(etcd_url) as s:
             lock = name()
-            g = await acquire(s, lock, ttl_ms=1000)
-            for _ in range(3):  # 3 × 0.7 s > the 1 s TTL: only renewals keep it
-                await asyncio.sleep(0.7)
-                r = await s.renew(lock, g.lease_id, 1000)
+            ttl_ms = 1000
+            g = await acquire(s, lock, ttl_ms=ttl_ms)
+            for _ in range(3):
+                # proves: across 3 × 0.7 TTL (> the TTL) only renewals keep it
+                await asyncio.sleep(ttl_ms / 1000 * 0.7)
+                r = await s.renew(lock, g.lease_id, ttl_ms)
                 assert (r.lease_id, r.fence, r.ttl_ms) == (g.lease_id, g.fence, 1000)
             assert (await s.get(lock)).held
 
@@ -127,10 +130,12 @@ def test_renew_with_a_new_ttl_moves_to_a_new_etcd_lease(etcd_url):
     async def body():
         async with opened(etcd_url) as s:
             lock = name()
-            g = await acquire(s, lock, ttl_ms=1000)
+            old_ttl_ms = 1000
+            g = await acquire(s, lock, ttl_ms=old_ttl_ms)
             longer = await s.renew(lock, g.lease_id, 4000)
             assert (longer.fence, longer.ttl_ms) == (g.fence, 4000)
-            await asyncio.sleep(2.2)  # the old 1 s lease would have expired by now
+            # proves: the old lease (2.2 × its TTL, past etcd's reaping) no longer decides
+            await asyncio.sleep(old_ttl_ms / 1000 * 2.2)
             st = await s.get(lock)
             assert st.held and st.fence == g.fence and st.ttl_ms <= 4000
             again = await s.renew(lock, g.lease_id, 4000)  # same TTL now: a keep-alive
@@ -138,10 +143,14 @@ def test_renew_with_a_new_ttl_moves_to_a_new_etcd_lease(etcd_url):
             shorter = await s.renew(lock, g.lease_id, 1000)
             assert shorter.ttl_ms == 1000
             t0 = time.monotonic()
-            while (await s.get(lock)).held:
-                assert time.monotonic() - t0 < 3.0, "shortened lease did not expire"
-                await asyncio.sleep(0.1)
-            assert time.monotonic() - t0 < 2.0  # 1 s + etcd's ~0.5 s expiry check
+
+            async def freed() -> bool:
+                return not (await s.get(lock)).held
+
+            await wait_for_async(freed, timeout=3.0 * TIMING_SLACK, interval=0.1,
+                                 what="the shortened lease to expire")
+            # 1 s + etcd's ~0.5 s expiry check
+            assert time.monotonic() - t0 < 2.0 * TIMING_SLACK
             g2 = await acquire(s, lock)
             assert g2.fence > g.fence
 
@@ -154,10 +163,15 @@ def test_expired_lease_is_gone(etcd_url):
             lock = name()
             g = await acquire(s, lock, ttl_ms=1000)
             t0 = time.monotonic()
-            while (await s.get(lock)).held:
-                await asyncio.sleep(0.05)
+
+            async def freed() -> bool:
+                return not (await s.get(lock)).held
+
+            await wait_for_async(freed, timeout=5.0 * TIMING_SLACK, interval=0.05,
+                                 what="the 1 s lease to expire")
             waited = time.monotonic() - t0
-            assert 0.9 <= waited < 2.5, waited  # etcd's clock: 1 s TTL, reaped every ~0.5 s
+            # etcd's clock: 1 s TTL, reaped every ~0.5 s
+            assert 0.9 <= waited < 2.5 * TIMING_SLACK, waited
             with pytest.raises(LeaseLost):
                 await s.renew(lock, g.lease_id, 1000)
             with pytest.raises(LeaseLost):
@@ -257,13 +271,13 @@ def test_mutual_exclusion_and_fences_under_contention(etcd_url):
                 while done < 4:
                     g = await acquire(store, lock, owner=wid)
                     if not isinstance(g, Grant):
-                        await asyncio.sleep(0.01)
+                        await hold(None, 0.01)
                         continue
                     inside.append(wid)
                     if len(inside) > 1:
                         overlaps += 1
                     fences.append(g.fence)
-                    await asyncio.sleep(0.01)
+                    await hold(None, 0.01)
                     inside.remove(wid)
                     await store.release(lock, g.lease_id)
                     done += 1

@@ -13,6 +13,7 @@ import time
 import psycopg
 import pytest
 
+from harness import wait_for_async
 from lockd.server.errors import ClientIdConflict, LeaseLost
 from lockd.server.store.postgres import PostgresStore
 from lockd.server.store.values import (
@@ -25,7 +26,8 @@ from lockd.server.store.values import (
     LockState,
     MultiGrant,
 )
-from tests.server.store.postgres.support import lease_id, opened
+from tests.jitter import hold
+from tests.server.store.postgres.support import lease_id, opened, waiting_on_a_row_lock
 
 
 async def take(store: PostgresStore, lock: str, mode: str, owner: str = "o", ttl_ms: int = 5000,
@@ -89,7 +91,11 @@ def test_one_shared_holder_expires_by_the_database_clock(pg_url, pg_dsn):
         async with opened(pg_url) as store:
             short = await take(store, "x", SHARED, "short", ttl_ms=200)
             long = await take(store, "x", SHARED, "long", ttl_ms=5000)
-            await asyncio.sleep(0.35)
+
+            async def short_gone() -> bool:
+                return [h.owner for h in (await store.get("x")).holders] == ["long"]
+
+            await wait_for_async(short_gone, timeout=4.0, what="the 200 ms shared lease to expire")
             state = await store.get("x")
             assert [h.owner for h in state.holders] == ["long"] and state.owner == "long"
             with pytest.raises(LeaseLost):
@@ -112,11 +118,13 @@ def test_one_shared_holder_expires_by_the_database_clock(pg_url, pg_dsn):
 def test_shared_renew_release_and_a_release_frees_the_lock_at_once(pg_url):
     async def main():
         async with opened(pg_url) as store:
-            s = await take(store, "r", SHARED, ttl_ms=300)
+            first_ttl_ms = 300
+            s = await take(store, "r", SHARED, ttl_ms=first_ttl_ms)
             renewed = await store.renew("r", s.lease_id, 60_000)
             assert (renewed.lease_id, renewed.mode, renewed.fence, renewed.ttl_ms) == (
                 s.lease_id, SHARED, 0, 60_000)
-            await asyncio.sleep(0.4)  # past the first TTL: the renewal keeps it
+            # proves: the renewal keeps the lease past its first TTL (4/3 of it)
+            await asyncio.sleep(first_ttl_ms / 1000 * 4 / 3)
             again = await store.renew("r", s.lease_id, None)  # its own TTL now: 60 s
             assert again.ttl_ms > 59_000
             assert isinstance(await take(store, "r", EXCLUSIVE), Holder)
@@ -236,7 +244,7 @@ def test_shared_release_notifies_another_instance(pg_url):
         async with opened(pg_url) as a, opened(pg_url) as b:
             b.subscribe(listener)
             s = await take(a, "n/1", SHARED)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # proves: no release notice for a grant (within 100 ms)
             assert got == []
             await a.release("n/1", s.lease_id)
             await asyncio.wait_for(arrived.wait(), 5)
@@ -355,18 +363,18 @@ def test_two_instances_never_grant_exclusive_alongside_any_other_lease(pg_url):
                 while time.monotonic() < stop:
                     mode = SHARED if rnd.random() < 0.6 else EXCLUSIVE
                     if mode == SHARED and quiet():
-                        await asyncio.sleep(0.01)
+                        await hold(None, 0.01)
                         continue
                     got = await take(store, "hot", mode, f"w{i}")
                     if isinstance(got, Holder):
-                        await asyncio.sleep(rnd.random() * 0.01)
+                        await hold(rnd, 0.01)
                         continue
                     start = time.monotonic()
-                    await asyncio.sleep(rnd.random() * 0.01)
+                    await hold(rnd, 0.01)
                     end = time.monotonic()
                     await store.release("hot", got.lease_id)
                     spans.append((start, end, got.mode, got.fence))
-                    await asyncio.sleep(rnd.random() * 0.02)  # readers pause: writers get in
+                    await hold(rnd, 0.02)  # readers pause: writers get in
 
             await asyncio.gather(*(worker(i) for i in range(12)))
         kinds = {m for _, _, m, _ in spans}
@@ -471,7 +479,7 @@ def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
                 while time.monotonic() < stop:
                     pick = {n: (SHARED if rnd.random() < 0.6 else EXCLUSIVE) for n in "ab"}
                     if SHARED in pick.values() and quiet():
-                        await asyncio.sleep(0.01)
+                        await hold(None, 0.01)
                         continue
                     if rnd.random() < 0.5:
                         got = await store.acquire_many(("a", "b"), lease_id=lease_id(),
@@ -483,10 +491,10 @@ def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
                         got = await take(store, name, pick[name], f"w{i}")
                         held = {name: pick[name]} if isinstance(got, Grant) else None
                     if held is None:
-                        await asyncio.sleep(rnd.random() * 0.01)
+                        await hold(rnd, 0.01)
                         continue
                     start = time.monotonic()
-                    await asyncio.sleep(rnd.random() * 0.01)
+                    await hold(rnd, 0.01)
                     end = time.monotonic()
                     if isinstance(got, MultiGrant):
                         sets += 1
@@ -495,7 +503,7 @@ def test_mixed_sets_and_single_leases_on_two_instances_never_conflict(pg_url):
                         await store.release(got.lock, got.lease_id)
                     for name, mode in held.items():
                         spans[name].append((start, end, mode))
-                    await asyncio.sleep(rnd.random() * 0.02)  # readers pause: writers get in
+                    await hold(rnd, 0.02)  # readers pause: writers get in
 
             await asyncio.gather(*(worker(i) for i in range(12)))
         assert sets > 10
@@ -522,14 +530,15 @@ def test_a_shared_renewal_judged_by_an_earlier_now_loses_to_an_exclusive_grant(p
             with psycopg.connect(pg_dsn) as conn:  # one transaction holding the lock row
                 conn.execute("SELECT 1 FROM lockd.locks WHERE name = 'race' FOR UPDATE")
                 renewal = asyncio.create_task(store.renew("race", s.lease_id, 60_000))
-                await asyncio.sleep(0.3)  # the renewal's transaction began; it waits
+                # the renewal's transaction began; it waits
+                await wait_for_async(lambda: waiting_on_a_row_lock(pg_dsn), timeout=10.0,
+                                     what="the renewal to wait on the locked row")
                 assert not renewal.done()
                 # the shared lease ends after the renewal's now(), then an exclusive grant
                 conn.execute("UPDATE lockd.shared SET expires_at = clock_timestamp()"
                              " WHERE name = 'race'")
                 conn.execute("UPDATE lockd.locks SET shared_until = clock_timestamp()"
                              " WHERE name = 'race'")
-                time.sleep(0.01)
                 conn.execute("UPDATE lockd.locks SET fence = fence + 1, lease_id = 'x',"
                              " owner = 'writer', expires_at = clock_timestamp() + interval '1 h'"
                              " WHERE name = 'race'")

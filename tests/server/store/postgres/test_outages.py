@@ -14,27 +14,17 @@ import time
 import psycopg
 import pytest
 
-from harness import sqlalchemy_url
+from harness import sqlalchemy_url, wait_for, wait_for_async
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.postgres import PostgresStore
 from lockd.server.store.values import Grant, Holder
+from tests.jitter import hold
 
 LISTEN_QUERIES = ("LISTEN lockd_release", "SELECT now()")
 
 
 def lease_id() -> str:
     return secrets.token_urlsafe(24)
-
-
-async def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def listen_backends(dsn: str) -> list[int]:
@@ -73,12 +63,12 @@ def test_postgres_crash_unavailable_then_recovers_with_higher_fences(throwaway_p
                             acked.append(got.fence)
                             await a.release("hot", got.lease_id)
                         else:
-                            await asyncio.sleep(0.02)
+                            await hold(None, 0.02)
                     except (StoreUnavailable, LeaseLost):
-                        await asyncio.sleep(0.02)
+                        await hold(None, 0.02)
 
             task = asyncio.create_task(hammer())
-            await wait_until(lambda: _true(len(acked) >= 20), 10, "grants before the crash")
+            await wait_for_async(lambda: len(acked) >= 20, timeout=10, what="grants before the crash")
             await asyncio.to_thread(throwaway_pg.stop, "immediate")
             before_crash = max(acked)
 
@@ -93,11 +83,11 @@ def test_postgres_crash_unavailable_then_recovers_with_higher_fences(throwaway_p
 
             await asyncio.to_thread(throwaway_pg.start)
             t0 = time.monotonic()
-            await wait_until(lambda: _answers(a), 15, "store a back")
-            await wait_until(lambda: _answers(b), 15, "store b back")
+            await wait_for_async(lambda: _answers(a), timeout=15, what="store a back")
+            await wait_for_async(lambda: _answers(b), timeout=15, what="store b back")
             recovered_in = time.monotonic() - t0
-            await wait_until(lambda: _true(len(acked) and acked[-1] > before_crash), 10,
-                             "a grant after recovery")
+            await wait_for_async(lambda: len(acked) and acked[-1] > before_crash, timeout=10,
+                             what="a grant after recovery")
             stop.set()
             await task
 
@@ -115,7 +105,7 @@ def test_postgres_crash_unavailable_then_recovers_with_higher_fences(throwaway_p
 
             # b's LISTEN connection came back by itself: a release on a reaches b's listener.
             await a.release("held", held.lease_id)
-            await wait_until(lambda: _true("held" in released), 10, "notification after restart")
+            await wait_for_async(lambda: "held" in released, timeout=10, what="notification after restart")
             again = await a.acquire("held", lease_id=lease_id(), ttl_ms=1000, owner="",
                                     client_id=None)
             assert isinstance(again, Grant) and again.fence == 2
@@ -145,22 +135,18 @@ def test_killed_listen_connection_reconnects_and_still_delivers(pg_url, pg_dsn):
                     conn.execute("SELECT pg_terminate_backend(%s)", [pid])
             # Released while b may still be reconnecting: the LISTEN catch-up covers the gap.
             await a.release("k", lease.lease_id)
-            await wait_until(lambda: _true(got.count("k") >= 5), 10, "notification of k")
-            await wait_until(lambda: _true(len(listen_backends(pg_dsn)) == 2), 10,
-                             "LISTEN connections back")
+            await wait_for_async(lambda: got.count("k") >= 5, timeout=10, what="notification of k")
+            await wait_for_async(lambda: len(listen_backends(pg_dsn)) == 2, timeout=10,
+                             what="LISTEN connections back")
             second = await a.acquire("k2", lease_id=lease_id(), ttl_ms=30_000, owner="",
                                      client_id=None)
             await a.release("k2", second.lease_id)
-            await wait_until(lambda: _true(got.count("k2") == 5), 10, "notification of k2")
+            await wait_for_async(lambda: got.count("k2") == 5, timeout=10, what="notification of k2")
         finally:
             await a.close()
             await b.close()
 
     asyncio.run(main())
-
-
-async def _true(value) -> bool:
-    return bool(value)
 
 
 async def _answers(store: PostgresStore) -> bool:
@@ -175,11 +161,9 @@ def _wal_syncs(dsn: str) -> int:
     """WAL flushes (``pg_stat_wal.wal_sync``) of the whole cluster, once no lockd backend is left
     (a backend reports its WAL statistics when it exits)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        deadline = time.monotonic() + 20
-        while conn.execute("SELECT count(*) FROM pg_stat_activity"
-                           " WHERE application_name = 'lockd'").fetchone()[0]:
-            assert time.monotonic() < deadline, "lockd backends did not exit"
-            time.sleep(0.05)
+        wait_for(lambda: not conn.execute("SELECT count(*) FROM pg_stat_activity"
+                                          " WHERE application_name = 'lockd'").fetchone()[0],
+                 timeout=20, what="lockd backends to exit")
         conn.execute("SELECT pg_stat_clear_snapshot()")
         return conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
 
@@ -251,14 +235,14 @@ def test_release_commits_without_waiting_for_its_flush_and_a_crash_keeps_fences(
                 assert state.owner == "b" and state.ttl_ms <= 500
             with pytest.raises(LeaseLost):
                 await store.renew(locks[0], first.lease_id, None)  # released for good
-            deadline = time.monotonic() + 10
-            while True:
+
+            async def granted() -> Grant | None:
                 got = await store.acquire(locks[0], lease_id=lease_id(), ttl_ms=5000, owner="c",
                                           client_id=None)
-                if isinstance(got, Grant):
-                    return got
-                assert time.monotonic() < deadline, got
-                await asyncio.sleep(0.1)
+                return got if isinstance(got, Grant) else None
+
+            return await wait_for_async(granted, timeout=10, interval=0.1,
+                                        what="a grant once the lost release's lease expires")
         finally:
             await store.close()
 

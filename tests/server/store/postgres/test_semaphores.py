@@ -10,10 +10,12 @@ import time
 import psycopg
 import pytest
 
+from harness import wait_for_async
 from lockd.server.errors import LeaseLost, LimitMismatch
 from lockd.server.store.postgres import PostgresStore
 from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
-from tests.server.store.postgres.support import lease_id, opened
+from tests.jitter import hold
+from tests.server.store.postgres.support import lease_id, opened, waiting_on_a_row_lock
 
 
 async def permit(store: PostgresStore, name: str, limit: int, owner: str = "o",
@@ -53,12 +55,14 @@ def test_permits_up_to_the_limit_lowest_free_slot_and_rising_fences(pg_url):
 def test_renew_expiry_by_the_database_clock_and_release(pg_url, pg_dsn):
     async def main():
         async with opened(pg_url) as store:
-            g = await permit(store, "s", 1, ttl_ms=300)
+            first_ttl_ms = 300
+            g = await permit(store, "s", 1, ttl_ms=first_ttl_ms)
             assert isinstance(g, SemGrant)
             r = await store.sem_renew("s", g.lease_id, 60_000)
             assert (r.lease_id, r.fence, r.slot, r.limit, r.ttl_ms) == (
                 g.lease_id, g.fence, 0, 1, 60_000)
-            await asyncio.sleep(0.4)
+            # proves: the renewal keeps the permit past its first TTL (4/3 of it)
+            await asyncio.sleep(first_ttl_ms / 1000 * 4 / 3)
             assert (await store.sem_renew("s", g.lease_id, None)).ttl_ms > 59_000  # own TTL
             assert isinstance(await permit(store, "s", 1), SemFull)
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -67,8 +71,11 @@ def test_renew_expiry_by_the_database_clock_and_release(pg_url, pg_dsn):
                 await store.sem_renew("s", g.lease_id, 1000)
             nxt = await permit(store, "s", 1, ttl_ms=200)
             assert isinstance(nxt, SemGrant) and nxt.fence == 2
-            await asyncio.sleep(0.3)  # expiry, not release
-            assert (await store.sem_get("s")).permits == ()
+
+            async def expired() -> bool:  # expiry, not release
+                return (await store.sem_get("s")).permits == ()
+
+            await wait_for_async(expired, timeout=3.0, what="the 200 ms permit to expire")
             last = await permit(store, "s", 1)
             assert isinstance(last, SemGrant) and last.fence == 3
 
@@ -152,7 +159,7 @@ def test_release_notifies_sem_key_on_another_instance(pg_url):
         async with opened(pg_url) as a, opened(pg_url) as b:
             b.subscribe(listener)
             g = await permit(a, "jobs/x", 2)
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # proves: a grant sends no notice (within 100 ms)
             assert got == []
             await a.sem_release("jobs/x", g.lease_id)
             await asyncio.wait_for(arrived.wait(), 5)
@@ -178,11 +185,11 @@ def test_two_instances_never_exceed_the_limit_and_slots_are_unique(pg_url):
                 while time.monotonic() < stop:
                     got = await permit(store, "hot", 3, f"w{i}")
                     if isinstance(got, SemFull):
-                        await asyncio.sleep(rnd.random() * 0.005)
+                        await hold(rnd, 0.005)
                         continue
                     fences.append(got.fence)
                     start = time.monotonic()
-                    await asyncio.sleep(0.02 + rnd.random() * 0.03)
+                    await hold(rnd, 0.03, min_s=0.02)
                     end = time.monotonic()
                     await store.sem_release("hot", got.lease_id)
                     spans.append((start, end, got.slot, got.fence))
@@ -218,10 +225,11 @@ def test_a_renewal_judged_by_an_earlier_now_loses_to_a_new_limit(pg_url, pg_dsn)
             with psycopg.connect(pg_dsn) as conn:  # one transaction holding the semaphore row
                 conn.execute("SELECT 1 FROM lockd.semaphores WHERE name = 'race' FOR UPDATE")
                 renewal = asyncio.create_task(store.sem_renew("race", gs[1].lease_id, 60_000))
-                await asyncio.sleep(0.3)
+                # the renewal's transaction began; it waits
+                await wait_for_async(lambda: waiting_on_a_row_lock(pg_dsn), timeout=10.0,
+                                     what="the renewal to wait on the locked row")
                 assert not renewal.done()
                 conn.execute("UPDATE lockd.sem_permits SET expires_at = clock_timestamp()")
-                time.sleep(0.01)
                 conn.execute("UPDATE lockd.semaphores SET lim = 1")
                 conn.commit()
             with pytest.raises(LeaseLost):

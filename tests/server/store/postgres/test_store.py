@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from harness import free_port
+from harness import TIMING_SLACK, free_port, wait_for_async
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store import open_store
 from lockd.server.store.base import Store
@@ -87,10 +87,12 @@ def test_grant_holder_release_and_fence_kept(pg_url):
 def test_renew_keeps_fence_pushes_expiry_and_rejects_strangers(pg_url):
     async def main():
         async with opened(pg_url) as store:
-            lease = await grant(store, "r", ttl_ms=300)
+            first_ttl_ms = 300
+            lease = await grant(store, "r", ttl_ms=first_ttl_ms)
             renewed = await store.renew("r", lease.lease_id, 60_000)
             assert (renewed.lease_id, renewed.fence, renewed.ttl_ms) == (lease.lease_id, 1, 60_000)
-            await asyncio.sleep(0.5)  # past the first TTL: the renewal is what keeps it
+            # proves: past the first TTL (5/3 of it) the renewal is what keeps it
+            await asyncio.sleep(first_ttl_ms / 1000 * 5 / 3)
             assert (await store.get("r")).held
             with pytest.raises(LeaseLost):
                 await store.renew("r", lease_id(), 1000)
@@ -147,7 +149,11 @@ def test_expiry_by_server_clock_and_fence_increases(pg_url, pg_dsn):
     async def main():
         async with opened(pg_url) as store:
             lease = await grant(store, "e", ttl_ms=200)
-            await asyncio.sleep(0.35)
+
+            async def freed() -> bool:
+                return not (await store.get("e")).held
+
+            await wait_for_async(freed, timeout=4.0, what="the 200 ms lease to expire")
             state = await store.get("e")
             assert state == LockState("e", False, 1, None, 0)
             with pytest.raises(LeaseLost):
@@ -163,7 +169,8 @@ def test_expiry_by_server_clock_and_fence_increases(pg_url, pg_dsn):
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute("UPDATE lockd.locks SET expires_at = now() + interval '1 hour'"
                              " WHERE name = 'e'")
-                await asyncio.sleep(0.35)
+                # proves: the database's expiry, not lockd's 200 ms, decides (past 7/4 of it)
+                await asyncio.sleep(nxt.ttl_ms / 1000 * 7 / 4)
                 state = await store.get("e")
                 assert state.held and 3_500_000 < state.ttl_ms <= 3_600_000
                 refused = await store.acquire("e", lease_id=lease_id(), ttl_ms=200, owner="",
@@ -189,7 +196,11 @@ def test_fence_survives_store_reopen_and_second_instance(pg_url):
         async with opened(pg_url) as b:  # a new process would see the same
             lease = await grant(b, "f", ttl_ms=150)
             fences.append(lease.fence)
-            await asyncio.sleep(0.25)  # expiry, not release
+
+            async def expired() -> bool:  # expiry, not release
+                return not (await b.get("f")).held
+
+            await wait_for_async(expired, timeout=3.0, what="the 150 ms lease to expire")
             fences.append((await grant(b, "f")).fence)
             assert (await b.get("f")).fence == fences[-1]
         assert fences == [1, 2, 3, 4, 5]
@@ -268,20 +279,25 @@ def test_release_notifies_listener_on_another_instance(pg_url):
         async with opened(pg_url) as a, opened(pg_url) as b:
             b.subscribe(listener)
             lease = await grant(a, "n/1")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # proves: a grant sends no notice (within 100 ms)
             assert got == []  # a grant does not notify
             t0 = time.monotonic()
             await a.release("n/1", lease.lease_id)
             await asyncio.wait_for(arrived.wait(), 5)
             latency = time.monotonic() - t0
             assert got == [("n/1", True)]
-            assert latency < 1.0, latency
+            assert latency < 1.0 * TIMING_SLACK, latency
             # A lapsed lease is not "released": nothing is sent, and its release fails.
             short = await grant(a, "n/2", ttl_ms=100)
-            await asyncio.sleep(0.2)
+
+            async def lapsed() -> bool:
+                return not (await a.get("n/2")).held
+
+            await wait_for_async(lapsed, timeout=3.0, what="the 100 ms lease to lapse")
             with pytest.raises(LeaseLost):
                 await a.release("n/2", short.lease_id)
-            await asyncio.sleep(0.2)
+            # proves: a lapse sends no notice (within twice the TTL, after it lapsed)
+            await asyncio.sleep(short.ttl_ms / 1000 * 2)
             assert got == [("n/1", True)]
 
     asyncio.run(main())
@@ -354,10 +370,9 @@ def test_default_pool_serves_32_concurrent_calls_without_queueing(pg_url, pg_dsn
             calls = [asyncio.create_task(store._run(hold, retry=False)) for _ in range(32)]
             stats = store._pool.get_stats
             # every call got a connection of its own: none is left waiting in the pool's queue
-            for _ in range(500):
-                if stats().get("pool_size", 0) == 32 and stats().get("requests_waiting") == 0:
-                    break
-                await asyncio.sleep(0.02)
+            await wait_for_async(
+                lambda: stats().get("pool_size", 0) == 32 and stats().get("requests_waiting") == 0,
+                timeout=10.0, what="32 pool connections and no waiting request")
             assert stats().get("pool_size") == 32, stats()
             assert stats().get("requests_waiting", 0) == 0, stats()
             release.set()

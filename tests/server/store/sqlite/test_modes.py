@@ -15,6 +15,7 @@ from lockd.server.store.values import (
     LockState,
     MultiGrant,
 )
+from tests.jitter import hold
 from tests.server.store.sqlite.support import run_with_store
 
 
@@ -245,7 +246,7 @@ def test_many_concurrent_acquirers_of_both_modes_never_overlap_wrongly(tmp_path)
                 while not isinstance(got := await _acq(store, "k", lease, mode, ttl=60_000),
                                      Grant):
                     assert got.mode == (SHARED if exclusive == set() else EXCLUSIVE)
-                    await asyncio.sleep(0)
+                    await hold(None, 0)
                 if mode == EXCLUSIVE:
                     assert not exclusive and not shared, (exclusive, shared)
                     assert got.fence == last_fence[0] + 1  # raised by exactly one
@@ -258,7 +259,7 @@ def test_many_concurrent_acquirers_of_both_modes_never_overlap_wrongly(tmp_path)
                     shared.add(lease)
                 seen[mode] += 1
                 for _ in range(rng.randrange(3)):
-                    await asyncio.sleep(0)
+                    await hold(None, 0)
                 await store.release("k", lease)
                 (exclusive if mode == EXCLUSIVE else shared).discard(lease)
 

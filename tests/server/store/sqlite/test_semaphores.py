@@ -10,6 +10,7 @@ import pytest
 from lockd.server.errors import LeaseLost, LimitMismatch
 from lockd.server.store.sqlite import SqliteStore
 from lockd.server.store.values import Permit, SemFull, SemGrant, SemState, sem_key
+from tests.jitter import hold
 from tests.server.store.sqlite.support import run_with_store
 
 
@@ -110,7 +111,7 @@ def test_many_concurrent_acquirers_never_exceed_the_limit(tmp_path):
                     if isinstance(got, SemGrant):
                         break
                     assert len(got.owners) == limit
-                    await asyncio.sleep(0)
+                    await hold(None, 0)
                 assert got.slot not in held, (got.slot, held)
                 assert 0 <= got.slot < limit
                 held[got.slot] = lease
@@ -118,7 +119,7 @@ def test_many_concurrent_acquirers_never_exceed_the_limit(tmp_path):
                 fences.append(got.fence)
                 assert len(held) <= limit
                 for _ in range(rng.randrange(3)):
-                    await asyncio.sleep(0)
+                    await hold(None, 0)
                 await store.sem_release("c", lease)
                 del held[got.slot]
 
