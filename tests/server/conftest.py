@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
-from harness import free_port
+from harness import free_port, wait_for
 from harness.servers import LockdServer
 from lockd.server.app import create_app
 from lockd.server.settings import Settings
@@ -106,11 +105,10 @@ class InProcessLockd:
 
     def start(self) -> InProcessLockd:
         self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("in-process lockd did not start")
-            time.sleep(0.01)
+        wait_for(lambda: self.server.started or not self.thread.is_alive(), timeout=20,
+                 interval=0.01, what="the in-process lockd to start")
+        if not self.server.started:
+            raise RuntimeError("in-process lockd did not start")
         return self
 
     def stop(self) -> None:
