@@ -253,7 +253,7 @@ class Services:
                     self.etcd.restart_member(i)
             with contextlib.suppress(TimeoutError):
                 self.etcd.wait_healthy(20)
-        if self.lockd is not None and (self.lockd.proc is None or self.lockd.proc.poll() is not None):
+        if self.lockd is not None and not self.lockd.running:
             self.start_lockd()
 
     def close(self) -> None:

@@ -144,6 +144,11 @@ class ServiceProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def running(self) -> bool:
+        """Started and not exited (a paused process is running)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, sig)

@@ -81,6 +81,11 @@ class Server:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def running(self) -> bool:
+        """Started and not exited (a paused server is running)."""
+        return self.proc is not None and self.proc.running
+
     def log(self) -> str:
         """Every start's log, oldest first."""
         logs = sorted(self.log_dir.glob(f"{self.kind}-{self.port}-*.log"),

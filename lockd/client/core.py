@@ -72,7 +72,7 @@ class Send:
     params: Any = None
     timeout: float | None = None
     """Seconds for this request; ``None``: the client's ``timeout``."""
-    batch: tuple[str, str, int, float] | None = None
+    batch: tuple[str, str, int | Callable[[], int], float] | None = None
     """A lock lease's background renewal: (lock, lease id, ttl_ms, window seconds). The client
     may hold it up to ``window`` to send it with others in one ``POST /v1/leases/renew-each``
     (``lockd.client.renewals``); the answer is the same as the single renew's."""
@@ -361,15 +361,18 @@ class ClientCore:
 
     def _renew_send(self, path: str, lease_id: str, ttl: float | None, *,
                     cap: float | None = None, lock: str | None = None,
-                    interval: float = 0.0) -> Send:
+                    interval: float = 0.0, ttl_now: Callable[[], float] | None = None) -> Send:
         """The renew request; its timeout is the client's, or ``cap`` seconds if shorter.
         ``lock``: a lock lease's background renewal every ``interval`` seconds, which may wait
-        a tenth of that (1 s at most) for others to batch with (``Send.batch``)."""
+        a tenth of that (1 s at most) for others to batch with (``Send.batch``); ``ttl_now``
+        gives the TTL when the batch is sent, so an explicit renewal made while it waited
+        (``extend``, ``reacquire``) is not undone by it."""
         body: dict[str, Any] = {"lease_id": lease_id}
         if ttl is not None:
             body["ttl_ms"] = ms(ttl, "ttl")
         timeout = self.timeout if cap is None else min(self.timeout, cap)
-        batch = ((lock, lease_id, body["ttl_ms"], min(interval / 10, 1.0))
+        ttl_ms = (lambda: ms(ttl_now(), "ttl")) if ttl_now is not None else body.get("ttl_ms")
+        batch = ((lock, lease_id, ttl_ms, min(interval / 10, 1.0))
                  if lock is not None and ttl is not None and path == lock_path(lock) + "/renew"
                  else None)
         return Send("POST", path, json=body, timeout=timeout, batch=batch)
@@ -452,7 +455,8 @@ class ClientCore:
             try:
                 body = yield self._renew_send(lease._path("renew"), lease.lease_id, lease.ttl,
                                               cap=max(0.01, lease.deadline - sent),
-                                              lock=lease.lock, interval=interval)
+                                              lock=lease.lock, interval=interval,
+                                              ttl_now=lambda: lease.ttl)
             except LeaseLostError as exc:
                 lease._mark_lost(exc)
                 return

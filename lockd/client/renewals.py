@@ -54,7 +54,8 @@ def _request_of(batch: Sequence[_Pending]) -> tuple[dict[str, Any], float | None
     for item in batch:
         assert item.step.batch is not None
         lock, lease_id, ttl_ms, _ = item.step.batch
-        leases.append({"lock": lock, "lease_id": lease_id, "ttl_ms": ttl_ms})
+        leases.append({"lock": lock, "lease_id": lease_id,
+                       "ttl_ms": ttl_ms() if callable(ttl_ms) else ttl_ms})
     timeouts = [item.step.timeout for item in batch if item.step.timeout is not None]
     return {"leases": leases}, min(timeouts) if timeouts else None
 

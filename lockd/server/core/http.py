@@ -187,9 +187,23 @@ async def read_body(request: Request, model: type[_M], min_limit: int = 0) -> _M
 
 
 def body_doc(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI ``requestBody`` of a route that reads ``model`` with ``read_body``."""
+    """The OpenAPI ``requestBody`` of a route that reads ``model`` with ``read_body``; a nested
+    model's schema is written in place (pydantic's ``$defs`` would be refs nothing resolves)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(value) for value in node]
+        return node
+
     return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": model.model_json_schema()}}}}
+        "application/json": {"schema": inline(schema)}}}}
 
 
 def problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
