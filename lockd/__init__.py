@@ -23,57 +23,75 @@ try:
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
-from lockd.client import (
-    DEFAULT_URL,
-    MAX_WAIT,
-    AsyncElection,
-    AsyncLeaderLease,
-    AsyncLease,
-    AsyncLockClient,
-    AsyncMultiLease,
-    AsyncPermitLease,
-    AsyncSemaphore,
-    Election,
-    ElectionEvent,
-    ElectionStatus,
-    LeaderLease,
-    Lease,
-    LeaseRef,
-    LeaseState,
-    LockClient,
-    LockStatus,
-    MultiLease,
-    PermitLease,
-    Semaphore,
-    SemaphoreStatus,
-)
-from lockd.client.errors import (
-    AcquireTimeout,
-    FencingError,
-    InvalidToken,
-    LeaseLostError,
-    LimitExceeded,
-    LimitMismatch,
-    LockClientError,
-    LockError,
-    LockNotAcquired,
-    LockNotAllowed,
-    LockNotClaimedError,
-    LockValueError,
-    NoLeader,
-    NotFoundError,
-    PermissionDenied,
-    ProtocolError,
-    ServiceUnavailable,
-    SharedTokenError,
-    StaleTokenError,
-    TokenRequired,
-    TransactionStateError,
-    TransportError,
-    ValidationError,
-)
-from lockd.client.fenced import AsyncFencedSession, FencedSession
-from lockd.client.sqlfence import async_fenced_transaction, fenced_transaction
+# The client API is imported on first use (PEP 562), so a server process that imports
+# ``lockd.server`` or ``lockd.tokens`` does not load the client and httpx at start.
+_LAZY = {
+    "DEFAULT_URL": "lockd.client",
+    "MAX_WAIT": "lockd.client",
+    "AsyncElection": "lockd.client",
+    "AsyncLeaderLease": "lockd.client",
+    "AsyncLease": "lockd.client",
+    "AsyncLockClient": "lockd.client",
+    "AsyncMultiLease": "lockd.client",
+    "AsyncPermitLease": "lockd.client",
+    "AsyncSemaphore": "lockd.client",
+    "Election": "lockd.client",
+    "ElectionEvent": "lockd.client",
+    "ElectionStatus": "lockd.client",
+    "LeaderLease": "lockd.client",
+    "Lease": "lockd.client",
+    "LeaseRef": "lockd.client",
+    "LeaseState": "lockd.client",
+    "LockClient": "lockd.client",
+    "LockStatus": "lockd.client",
+    "MultiLease": "lockd.client",
+    "PermitLease": "lockd.client",
+    "Semaphore": "lockd.client",
+    "SemaphoreStatus": "lockd.client",
+    "AcquireTimeout": "lockd.client.errors",
+    "FencingError": "lockd.client.errors",
+    "InvalidToken": "lockd.client.errors",
+    "LeaseLostError": "lockd.client.errors",
+    "LimitExceeded": "lockd.client.errors",
+    "LimitMismatch": "lockd.client.errors",
+    "LockClientError": "lockd.client.errors",
+    "LockError": "lockd.client.errors",
+    "LockNotAcquired": "lockd.client.errors",
+    "LockNotAllowed": "lockd.client.errors",
+    "LockNotClaimedError": "lockd.client.errors",
+    "LockValueError": "lockd.client.errors",
+    "NoLeader": "lockd.client.errors",
+    "NotFoundError": "lockd.client.errors",
+    "PermissionDenied": "lockd.client.errors",
+    "ProtocolError": "lockd.client.errors",
+    "ServiceUnavailable": "lockd.client.errors",
+    "SharedTokenError": "lockd.client.errors",
+    "StaleTokenError": "lockd.client.errors",
+    "TokenRequired": "lockd.client.errors",
+    "TransactionStateError": "lockd.client.errors",
+    "TransportError": "lockd.client.errors",
+    "ValidationError": "lockd.client.errors",
+    "AsyncFencedSession": "lockd.client.fenced",
+    "FencedSession": "lockd.client.fenced",
+    "async_fenced_transaction": "lockd.client.sqlfence",
+    "fenced_transaction": "lockd.client.sqlfence",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lockd' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     # clients and leases
