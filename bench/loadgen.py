@@ -404,15 +404,23 @@ WORKLOADS.update(_OBJECT_WORKLOADS)
 # --- the closed loop ----------------------------------------------------------------------------
 
 
-async def closed_loop(spec: dict, client_ids: list[int], start_at: float | None = None) -> dict:
+async def make_clients(spec: dict, client_ids: list[int]) -> list:
+    """Set up one client of ``spec["workload"]`` per id: ``[(cycle, close), ...]``."""
+    make = WORKLOADS[spec["workload"]]
+    return list(await asyncio.gather(*(make(spec, i) for i in client_ids)))
+
+
+async def closed_loop(spec: dict, client_ids: list[int], start_at: float | None = None,
+                      made: list | None = None) -> dict:
     """Run ``spec["workload"]`` with one coroutine per id in ``client_ids``.
 
     ``spec``: ``warmup`` and ``seconds`` (floats). Counting starts at ``start_at`` (monotonic;
-    default: now + warmup) so several generator processes count the same window. Returns
+    default: now + warmup) so several generator processes count the same window; ``made``:
+    clients already set up (``make_clients``), so the setup never eats the window. Returns
     ``{"cycles", "seconds", "lat_ms": [...], "errors", "first_error"}``.
     """
-    make = WORKLOADS[spec["workload"]]
-    made = await asyncio.gather(*(make(spec, i) for i in client_ids))
+    if made is None:
+        made = await make_clients(spec, client_ids)
     loop = asyncio.get_running_loop()
     begin = start_at if start_at is not None else loop.time() + spec.get("warmup", 1.0)
     end = begin + spec["seconds"]
@@ -910,11 +918,12 @@ def _closed_entry(spec: dict, ids: list[int], ready, go, start_at, out) -> None:
 
     async def main() -> dict:
         # connect first, then wait for every process to be connected
+        made = await make_clients(spec, ids)
         ready.put(os.getpid())
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         mono_start = start_at.value
         loop_start = asyncio.get_running_loop().time() + (mono_start - time.monotonic())
-        return await closed_loop(spec, ids, loop_start)
+        return await closed_loop(spec, ids, loop_start, made=made)
 
     try:
         out.put(_run_loop(main))

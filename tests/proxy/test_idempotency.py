@@ -311,7 +311,9 @@ def test_records_expire_after_the_configured_time_and_are_purged(backend, tmp_pa
     admin = request.getfixturevalue("pg_admin_dsn") if backend == "postgres" else None
     db = make_database(backend, tmp_path, admin)
     ring = KeyRing.generate()
-    monkeypatch.setenv("PROXY_IDEMPOTENCY_TTL_MS", "1000")
+    # 3 s: the purge that follows the rewrite must find `old`'s fresh record still live, even
+    # when a loaded machine runs it a second or two late
+    monkeypatch.setenv("PROXY_IDEMPOTENCY_TTL_MS", "3000")
     try:
         # no policy: every row of items is written under the one lock named ``items``
         url, proc = start_proxy(db.url, "--jwks-file", str(write_jwks(tmp_path, ring)))
@@ -328,14 +330,14 @@ def test_records_expire_after_the_configured_time_and_are_purged(backend, tmp_pa
                            422, "idempotency_key_reused")
             assert sorted(db.query(records)) == sorted([(old,), (new,)])
 
-            def after_expiry():  # refused as a reuse until the 1 s record expires
+            def after_expiry():  # refused as a reuse until the 3 s record expires
                 r = client.put("/v1/tables/items/rows/a", json={"v": "2"}, headers=headers)
                 assert r.status_code in (200, 422), r.text
                 return r if r.status_code == 200 else None
 
             # the expired record of `old` is replaced in the write's own transaction ...
-            later = wait_for(after_expiry, timeout=10, interval=0.1,
-                             what="the 1 s idempotency record to expire")
+            later = wait_for(after_expiry, timeout=15, interval=0.1,
+                             what="the 3 s idempotency record to expire")
             assert "idempotency-replayed" not in later.headers
             # ... and the purge that follows deletes the expired `new`, keeping the fresh `old`
             wait_for(lambda: db.query(records) == [(old,)], timeout=5,
