@@ -109,9 +109,11 @@ class ServiceProcess:
     """
 
     def __init__(self, argv: list[str], *, ready_url: str, env: dict[str, str] | None = None,
-                 cwd: str | os.PathLike[str] | None = None, log_path: str | os.PathLike[str] | None = None):
+                 cwd: str | os.PathLike[str] | None = None, log_path: str | os.PathLike[str] | None = None,
+                 http_options: dict | None = None):
         self.argv = argv
         self.ready_url = ready_url
+        self.http_options = http_options or {}  # for the readiness check: TLS ``verify=``
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="svc-", suffix=".log")[1])
@@ -127,7 +129,7 @@ class ServiceProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}:\n{self.log()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.ready_url, timeout=1.0).status_code == 200:
+                if httpx.get(self.ready_url, timeout=1.0, **self.http_options).status_code == 200:
                     return self
             time.sleep(0.05)
         self.kill()

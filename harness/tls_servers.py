@@ -7,14 +7,10 @@ server that came up without TLS, or with the wrong certificate, never counts as 
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from harness.certs import Pair, Pki
 from harness.processes import VENV_BIN, ServiceProcess, free_port
@@ -28,26 +24,7 @@ class TLSProcess(ServiceProcess):
 
     def __init__(self, argv: list[str], *, ready_url: str, http_options: dict[str, Any],
                  **kw: Any):
-        super().__init__(argv, ready_url=ready_url, **kw)
-        self.http_options = http_options
-
-    def start(self, timeout: float = 20.0) -> TLSProcess:
-        import subprocess
-
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.ready_url, timeout=1.0, **self.http_options).status_code == 200:
-                    return self
-            time.sleep(0.05)
-        self.kill()
-        raise TimeoutError(f"{self.argv} not ready at {self.ready_url}:\n{self.log()}")
+        super().__init__(argv, ready_url=ready_url, http_options=http_options, **kw)
 
 
 @dataclass
