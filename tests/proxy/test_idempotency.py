@@ -339,8 +339,15 @@ def test_records_expire_after_the_configured_time_and_are_purged(backend, tmp_pa
             later = wait_for(after_expiry, timeout=15, interval=0.1,
                              what="the 3 s idempotency record to expire")
             assert "idempotency-replayed" not in later.headers
-            # ... and the purge that follows deletes the expired `new`, keeping the fresh `old`
-            wait_for(lambda: db.query(records) == [(old,)], timeout=5,
+            # ... and a purge (started by a keyed write, at most every half TTL) deletes the
+            # expired `new`, keeping the fresh `old`; the writes under fresh keys start it
+            def purged() -> bool:
+                assert client.put("/v1/tables/items/rows/c", json={"v": "3"},
+                                  headers={**headers, "Idempotency-Key": _key()}).status_code == 200
+                keys = {key for (key,) in db.query(records)}
+                return old in keys and new not in keys
+
+            wait_for(purged, timeout=10, interval=0.2,
                      what="the expired record purged, the fresh one kept")
         assert db.query("SELECT v FROM items WHERE id = 'a'") == [("2",)]
         proc.stop()
