@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from sybil import Sybil
 
-from harness import VENV_BIN
+# Servers the suite starts are forked from one preloaded process per test process
+# (harness/zygote.py): the same programs, without their imports paid on every start.
+# HARNESS_ZYGOTE=0 starts each with a plain exec.
+os.environ.setdefault("HARNESS_ZYGOTE", "1")
+
+from harness import VENV_BIN  # noqa: E402
 from tests.parallel import arrange, make_scheduler, mark
 from tests.system.readme.support import needs_servers, parsers, readme_servers
 

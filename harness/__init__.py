@@ -24,6 +24,7 @@ from harness.processes import (
     wait_for,
     wait_for_async,
 )
+from harness.zygote import run_program
 
 __all__ = [
     "PG_ADMIN_DSN",
@@ -34,6 +35,7 @@ __all__ = [
     "wait_for_async",
     "TIMING_SLACK",
     "ServiceProcess",
+    "run_program",
     "create_database",
     "drop_database",
     "sqlalchemy_url",

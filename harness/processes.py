@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from harness import zygote
+
 __all__ = ["VENV_BIN", "TIMING_SLACK", "free_port", "wait_for", "wait_for_async", "ServiceProcess"]
 
 VENV_BIN = Path(sys.executable).parent
@@ -117,13 +119,16 @@ class ServiceProcess:
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
         self.log_path = Path(log_path or tempfile.mkstemp(prefix="svc-", suffix=".log")[1])
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | zygote.ZygoteChild | None = None
 
     def start(self, timeout: float = 20.0) -> ServiceProcess:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        if zygote.enabled() and zygote.supports(self.argv, self.env):
+            self.proc = zygote.spawn(self.argv, env=self.env, cwd=self.cwd, log_path=self.log_path)
+        else:
+            log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+            log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -46,7 +46,7 @@ MACHINE_GROUPS: dict[str, str] = {
 
 CHECK_TIER: tuple[str, ...] = (
     "README.md", "docs/",
-    "tests/common/", "tests/test_layout.py", "tests/test_support.py",
+    "tests/common/", "tests/test_layout.py", "tests/test_support.py", "tests/test_zygote.py",
     "tests/client/test_core.py", "tests/client/test_known_loss.py",
     "tests/client/test_public_api.py", "tests/client/test_sqlfence_hints.py",
     "tests/client/test_sqlfence_keys.py",

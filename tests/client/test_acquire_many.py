@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from harness import VENV_BIN, wait_for
+from harness import VENV_BIN, run_program, wait_for
 from lockd import (
     AcquireTimeout,
     AsyncLockClient,
@@ -160,9 +160,8 @@ def test_lockctl_run_holds_several_locks_for_the_command(shared_lockd, name, tmp
               "'LOCKD_TOKEN', 'LOCKD_LOCK')}, 'state': st}, open(sys.argv[1], 'w')); sys.exit(3)")
 
     def lockctl(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(VENV_BIN / "lockctl"), "--url", url, *args],
-                              capture_output=True, text=True, timeout=30,
-                              env={**os.environ, "LOCKD_LOCK": "inherited"})
+        return run_program([str(VENV_BIN / "lockctl"), "--url", url, *args], text=True,
+                           timeout=30, env={**os.environ, "LOCKD_LOCK": "inherited"})
 
     r = lockctl("run", "--lock", b, "--lock", a, "--ttl", "5s", "--owner", "job", "--",
                 sys.executable, "-c", script, str(out), url)

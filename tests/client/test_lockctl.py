@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import VENV_BIN, free_port, wait_for
+from harness import VENV_BIN, free_port, run_program, wait_for
 from lockd import LockClient
 from lockd.client.lockctl import EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_UNAVAILABLE, EXIT_USAGE
 
@@ -22,8 +22,8 @@ LOCKCTL = str(VENV_BIN / "lockctl")
 
 
 def lockctl(url: str, *args: str, timeout: float = 30, env: dict | None = None):
-    return subprocess.run([LOCKCTL, "--url", url, *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return run_program([LOCKCTL, "--url", url, *args], text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
 
 
 def test_documented_exit_codes():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import VENV_BIN, wait_for
+from harness import VENV_BIN, run_program, wait_for
 from lockd import LockClient
 from lockd.client.lockctl import EXIT_LEASE_LOST, EXIT_NOT_ACQUIRED, EXIT_USAGE
 from tests.client.conftest import LockdServer
@@ -25,8 +25,8 @@ ADMIN_KEY = "admin-key-Elect0rHandover"
 
 def lockctl(url: str, *args: str, timeout: float = 60, stdin: str | None = None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKD_")}
-    return subprocess.run([LOCKCTL, "--url", url, *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, input=stdin)
+    return run_program([LOCKCTL, "--url", url, *args], text=True, timeout=timeout, env=env,
+                       input=stdin)
 
 
 def _env_dump(path: Path, *names: str) -> list[str]:

@@ -16,7 +16,7 @@ from importlib.metadata import version
 import pytest
 
 import lockd
-from harness import VENV_BIN, free_port
+from harness import VENV_BIN, free_port, run_program
 from lockd import LeaseState, LockClient
 from lockd.client.lockctl import (
     EXIT_ERROR,
@@ -33,8 +33,7 @@ ADMIN_KEY = "admin-key-Pw91Zr6TcsK"
 
 def run(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LOCKD_")}
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30,
-                          env={**clean, **(env or {})})
+    return run_program(list(argv), text=True, timeout=30, env={**clean, **(env or {})})
 
 
 def lockctl(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import VENV_BIN
+from harness import VENV_BIN, run_program
 from harness.servers import ProxyServer
 from lockd import AsyncLockClient, LockClient, StaleTokenError
 from lockd.client.errors import NotFoundError, PreconditionFailed
@@ -121,10 +121,8 @@ def test_async_object_calls(shared_lockd, objects_proxy, tmp_path: Path):
 
 
 def _lockctl(lockd_url: str, *args: str, stdin: bytes | None = None):
-    import subprocess
-
-    return subprocess.run([str(VENV_BIN / "lockctl"), "--url", lockd_url, *args], input=stdin,
-                          capture_output=True, timeout=60)
+    return run_program([str(VENV_BIN / "lockctl"), "--url", lockd_url, *args], input=stdin,
+                       timeout=60)
 
 
 def test_lockctl_object_put_get_ls(shared_lockd, objects_proxy, tmp_path: Path):

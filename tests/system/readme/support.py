@@ -8,7 +8,8 @@ run with ``127.0.0.1:7070``/``:7071`` replaced by them (``ported``); ``lockctl``
 
 Conventions (also in docs/development.md), the same for README.md and every page under docs/:
 
-- ```python blocks run in order in one namespace per document;
+- ```python blocks run in order in one namespace per document, in the document's temporary
+  directory (the console blocks' too), so a file an example writes never lands in the checkout;
 - ```console blocks: every line starting with ``$ `` runs in ``bash`` (cwd: a temporary
   directory) and must exit 0; the other lines show output and are not compared;
 - ```yaml blocks are proxy policy files: the proxy's loader must accept them;
@@ -252,12 +253,14 @@ class PortedPythonEvaluator(PythonEvaluator):
 
     def __call__(self, example: Example) -> None:
         __tracebackhide__ = True
-        env = example.namespace["readme_env"][0]
-        if LOCKD_ADDRESS not in env:
-            return super().__call__(example)
-        source = pad(ported(str(example.parsed), env), example.line + example.parsed.line_offset)
-        exec(compile(source, example.path, "exec", dont_inherit=True), example.namespace)
-        example.namespace.pop("__builtins__", None)
+        env, cwd = example.namespace["readme_env"]
+        with contextlib.chdir(cwd):  # files an example writes land in its temporary directory
+            if LOCKD_ADDRESS not in env:
+                return super().__call__(example)
+            source = pad(ported(str(example.parsed), env),
+                         example.line + example.parsed.line_offset)
+            exec(compile(source, example.path, "exec", dont_inherit=True), example.namespace)
+            example.namespace.pop("__builtins__", None)
         return None
 
 

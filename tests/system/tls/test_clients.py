@@ -8,7 +8,7 @@ import json
 import os
 import subprocess
 
-from harness import VENV_BIN
+from harness import VENV_BIN, run_program
 from lockd import AsyncFencedSession, AsyncLockClient
 
 
@@ -33,8 +33,8 @@ def test_async_client_and_session_over_mtls(servers, pki, name):
 
 def _lockctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("LOCKD_")}
-    return subprocess.run([str(VENV_BIN / "lockctl"), *args], capture_output=True, text=True,
-                          timeout=60, env={**base, **(env or {})})
+    return run_program([str(VENV_BIN / "lockctl"), *args], text=True, timeout=60,
+                       env={**base, **(env or {})})
 
 
 def test_lockctl_over_mtls_with_flags_and_environment(servers, pki, name):

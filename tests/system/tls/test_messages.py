@@ -9,15 +9,14 @@ import subprocess
 
 import pytest
 
-from harness import VENV_BIN, ServiceProcess, free_port
+from harness import VENV_BIN, ServiceProcess, free_port, run_program
 from lockd import LockClient
 from lockd.client.errors import TransportError
 
 
 def _lockctl(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOCKD_")}
-    return subprocess.run([str(VENV_BIN / "lockctl"), *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+    return run_program([str(VENV_BIN / "lockctl"), *args], text=True, timeout=60, env=env)
 
 
 def _error(url: str, **kw) -> TransportError:
