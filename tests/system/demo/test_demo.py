@@ -76,7 +76,9 @@ def test_demo_on_postgresql(tmp_path, pg_admin_dsn, pg_url):
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_interrupted_demo_stops_everything(tmp_path, sig, status):
     """Ctrl-C (SIGINT to the job) or SIGTERM mid-scene: every child is reaped, the temp dir gone."""
-    proc, marker, scratch, report = start_demo([], tmp_path)
+    # a 5 s TTL: scenes 2 and 3 wait on expiries, so they run ~20 s, and the signal sent below
+    # lands mid-scene however slow the machine (at the default 1 s a loaded run had finished)
+    proc, marker, scratch, report = start_demo(["--ttl", "5"], tmp_path)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # scene 1 printed: scene 2's workers are running now
