@@ -110,6 +110,7 @@ def test_lockd_forked_by_the_zygote_serves_pauses_and_stops_cleanly(tmp_path: Pa
     server = LockdServer(f"sqlite:///{tmp_path}/z.db", log_dir=tmp_path).start()
     try:
         assert isinstance(server.proc.proc, zygote.ZygoteChild)
+        assert Path(f"/proc/{server.pid}/comm").read_text().strip() == "lockd"
         got = httpx.post(f"{server.url}/v1/locks/z/acquire", json={"ttl_ms": 5000})
         assert got.status_code == 200, got.text
         server.pause()
