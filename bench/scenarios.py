@@ -30,6 +30,13 @@ LOCKD_WORKERS = 2  # ``lockd serve --workers`` of the "--workers" rows (PostgreS
 # Each PostgreSQL worker's pool_max in those rows: the single-process lockd keeps its default
 # 32, the limit rows open 32 more, and PostgreSQL here allows 100 connections in all.
 WORKERS_POOL_MAX = 8
+# The replicas row: that many ``lockd serve`` processes on one PostgreSQL store, each with
+# pool_max = 32 / LOCKD_REPLICAS, so the pair holds the single lockd's 32 connections in all.
+LOCKD_REPLICAS = 2
+REPLICAS_ROW = f"lockd · PostgreSQL · {LOCKD_REPLICAS} replicas"
+# Limit rows that run whatever BENCH_PEERS says, like the baselines: the goals table puts them
+# beside each goal (bench/goals.py).
+CEILING_ROWS = ("do-nothing HTTP (generator ceiling)", "do-nothing FastAPI (HTTP stack ceiling)")
 
 
 @dataclass
@@ -90,6 +97,17 @@ class Bench:
                 raise KeyError(name)
             self.servers[name] = server
         return self.servers[name]
+
+    def replicas(self) -> list[Server]:
+        """The replicas row's lockd processes on one fresh PostgreSQL database (started once)."""
+        names = [f"lockd-postgres-replica-{k}" for k in range(LOCKD_REPLICAS)]
+        if names[0] not in self.servers:
+            url = (sqlalchemy_url(self.ws.database())
+                   + f"?pool_max={32 // LOCKD_REPLICAS}")
+            for name, server in zip(names, self.ws.lockd_replicas(
+                    url, "lockd-postgres-replica", LOCKD_REPLICAS), strict=True):
+                self.servers[name] = server
+        return [self.servers[n] for n in names]
 
     def retire(self, prefix: str) -> None:
         """Stop the servers whose name starts with ``prefix`` (``server()`` starts them again if
@@ -161,6 +179,11 @@ def lock_cycles(bench: Bench) -> Section:
             "reconnect": True}),
         f"lockd · PostgreSQL · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
             **bench.server("lockd-postgres-workers").addr(), "prefix": "bench1w"}),
+        # Replicas of one lockd service: separate processes on one store, the clients split
+        # between them round-robin (measured beside the single lockd, same clients).
+        REPLICAS_ROW: lambda: ("lockd", {
+            **bench.replicas()[0].addr(), "prefix": "bench1p",
+            "replicas": [[r.host, r.port] for r in bench.replicas()]}),
         f"lockd · etcd · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
             **bench.server("lockd-etcd-workers").addr(), "prefix": "bench1w"}),
         # The physical limit: lockd's own grant + release statements sent by psycopg
@@ -175,7 +198,8 @@ def lock_cycles(bench: Bench) -> Section:
             **bench.server("noop-fastapi").addr()}),
     }
     chosen = {name: make for name, make in peers.items()
-              if (bench.wanted(name) or "baseline" in name) and bench.has(_needs(name) or "")}
+              if (bench.wanted(name) or "baseline" in name or name in CEILING_ROWS)
+              and bench.has(_needs(name) or "")}
     specs = {name: make() for name, make in chosen.items()}
     results: dict[tuple[str, int], list[dict]] = {}
     names = list(specs)
@@ -189,6 +213,7 @@ def lock_cycles(bench: Bench) -> Section:
                 results.setdefault((name, c), []).append(res)
     bench.retire("lockd-postgres-workers")
     bench.retire("lockd-etcd-workers")
+    bench.retire("lockd-postgres-replica-")
     section = Section(
         "1", "Lock cycles: acquire + release, each client its own lock",
         "etcd's lock API through its JSON gateway (lease grant + lock + unlock + revoke), same "
@@ -226,6 +251,12 @@ def lock_cycles(bench: Bench) -> Section:
         "with the single process's 32 and the limit rows' 32, PostgreSQL's 100 are near); the 'PostgreSQL limit' row sends lockd's own "
         "grant and release statements straight from the generator with psycopg (2 autocommit "
         "statements a cycle, no HTTP): the database's own rate for one lock cycle here.")
+    section.notes.append(
+        f"'{REPLICAS_ROW}': {LOCKD_REPLICAS} `lockd serve` processes (harness LockdServer) on "
+        "one PostgreSQL database and one key directory, each with pool_max="
+        f"{32 // LOCKD_REPLICAS} (the single lockd's 32 connections in all); client i talks to "
+        f"replica i mod {LOCKD_REPLICAS}. The ceiling rows (do-nothing servers) run whatever "
+        "BENCH_PEERS says: the goals table puts them beside each goal.")
     section.notes.append(
         "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
         "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")
