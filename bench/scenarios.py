@@ -27,11 +27,11 @@ __all__ = ["Bench", "Settings", "SCENARIOS"]
 LOCKD_STORES = {"lockd · SQLite": "sqlite", "lockd · PostgreSQL": "postgres",
                 "lockd · etcd": "etcd"}
 LOCKD_WORKERS = 2  # ``lockd serve --workers`` of the "--workers" rows (PostgreSQL and etcd stores)
-# Each PostgreSQL worker's pool_max in those rows: the single-process lockd keeps its default
-# 32, the limit rows open 32 more, and PostgreSQL here allows 100 connections in all.
+# Each PostgreSQL worker's pool_max in those rows and the replicas row: the single-process lockd
+# keeps its default 32, the limit rows open 32 more, and PostgreSQL here allows 100 in all.
 WORKERS_POOL_MAX = 8
 # The replicas row: that many ``lockd serve`` processes on one PostgreSQL store, each with
-# pool_max = 32 / LOCKD_REPLICAS, so the pair holds the single lockd's 32 connections in all.
+# pool_max = WORKERS_POOL_MAX like a --workers worker (PostgreSQL's 100 connections: see above).
 LOCKD_REPLICAS = 2
 REPLICAS_ROW = f"lockd · PostgreSQL · {LOCKD_REPLICAS} replicas"
 # Limit rows that run whatever BENCH_PEERS says, like the baselines: the goals table puts them
@@ -102,8 +102,7 @@ class Bench:
         """The replicas row's lockd processes on one fresh PostgreSQL database (started once)."""
         names = [f"lockd-postgres-replica-{k}" for k in range(LOCKD_REPLICAS)]
         if names[0] not in self.servers:
-            url = (sqlalchemy_url(self.ws.database())
-                   + f"?pool_max={32 // LOCKD_REPLICAS}")
+            url = sqlalchemy_url(self.ws.database()) + f"?pool_max={WORKERS_POOL_MAX}"
             for name, server in zip(names, self.ws.lockd_replicas(
                     url, "lockd-postgres-replica", LOCKD_REPLICAS), strict=True):
                 self.servers[name] = server
@@ -248,14 +247,16 @@ def lock_cycles(bench: Bench) -> Section:
         f"'--workers {LOCKD_WORKERS}' rows: `lockd serve --workers {LOCKD_WORKERS}`, that many "
         "processes on one port (SO_REUSEPORT); on PostgreSQL each worker has "
         f"pool_max={WORKERS_POOL_MAX} ({LOCKD_WORKERS * WORKERS_POOL_MAX} connections in all: "
-        "with the single process's 32 and the limit rows' 32, PostgreSQL's 100 are near); the 'PostgreSQL limit' row sends lockd's own "
+        f"with the single process's 32, the replicas' {LOCKD_REPLICAS * WORKERS_POOL_MAX} and "
+        "the limit rows' 32, PostgreSQL's 100 are near); the 'PostgreSQL limit' row sends lockd's own "
         "grant and release statements straight from the generator with psycopg (2 autocommit "
         "statements a cycle, no HTTP): the database's own rate for one lock cycle here.")
     section.notes.append(
         f"'{REPLICAS_ROW}': {LOCKD_REPLICAS} `lockd serve` processes (harness LockdServer) on "
-        "one PostgreSQL database and one key directory, each with pool_max="
-        f"{32 // LOCKD_REPLICAS} (the single lockd's 32 connections in all); client i talks to "
-        f"replica i mod {LOCKD_REPLICAS}. The ceiling rows (do-nothing servers) run whatever "
+        f"one PostgreSQL database and one key directory, each with pool_max={WORKERS_POOL_MAX} "
+        "like a --workers worker (half the single lockd's 32 connections in all: PostgreSQL's "
+        f"100 are shared by every row); client i talks to replica i mod {LOCKD_REPLICAS}. The "
+        "ceiling rows (do-nothing servers) run whatever "
         "BENCH_PEERS says: the goals table puts them beside each goal.")
     section.notes.append(
         "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
