@@ -35,6 +35,7 @@ _MULTI = ("--workers", "replicas")  # rows of several server processes
 COLUMNS = [("goal", "str"), ("measured", "str"), ("target", "str"),
            ("limit (this run)", "str"), ("", "str")]
 _LIMIT, _MARK = 3, 4
+_ABOVE = ": target above "  # in a limit cell: the target is above the limit named after it
 
 Limits = list[tuple[str, float | None]]  # (what, its raw figure, in the goal's base's unit)
 
@@ -75,7 +76,7 @@ def _ratio_row(goal: str, value: float | None, base: float | None, target: float
         if measured:
             what, lowest = min(measured, key=lambda x: x[1])
             if lowest < target:  # not even the ceiling reaches the target here
-                row[_LIMIT] += f": target beyond the {what}"
+                row[_LIMIT] += f"{_ABOVE}{what}"
     return row
 
 
@@ -203,7 +204,7 @@ def goals(sections: list[Section]) -> Section | None:
     section = Section("G", "Goals, from this run", "each goal's own peer or limit, "
                       "measured in this run (see its section)", list(COLUMNS), rows=kept)
     met = sum(r[_MARK] == "met" for r in kept)
-    beyond = [r for r in kept if "target beyond" in r[_LIMIT]]
+    beyond = [r for r in kept if _ABOVE in r[_LIMIT]]
     section.notes.append(f"{met} of {len(kept)} goal rows met; {len(beyond)} have a target "
                          "beyond a limit measured in this run. Ratios > 1 mean more throughput "
                          "(or capacity) than the peer; KB = 1,000 bytes of lockd RSS per "
@@ -216,10 +217,12 @@ def goals(sections: list[Section]) -> Section | None:
         "ceiling = the load generator against a do-nothing server (for rows of several server "
         "processes).")
     for r in beyond:
-        notes.append(f"{r[0]}: target {r[2]} is beyond what this run measured as its limit "
-                     f"({r[_LIMIT].split(': target')[0]}); measured {r[1]}.")
+        cell, what = r[_LIMIT].split(_ABOVE)
+        value = cell.split(f"{what} ", 1)[1].split(",")[0]
+        notes.append(f"{r[0]}: the target {r[2]} is above the limit this run measured, "
+                     f"{what} {value}; measured {r[1]}.")
     section.notes += notes
     section.data = {r[0]: {"measured": r[1], "target": r[2], "limit": r[_LIMIT],
-                           "beyond_limit": "target beyond" in r[_LIMIT],
+                           "beyond_limit": _ABOVE in r[_LIMIT],
                            "met": r[_MARK] == "met"} for r in kept}
     return section
