@@ -1,10 +1,17 @@
-"""Goals, read off the sections of the same run: one row per goal with the measured
-figure, the target and whether it is met.
+"""Goals, read off the sections of the same run: one row per goal with the measured figure, the
+target, the limit rows of that run beside it, and whether it is met.
 
 Every goal is a ratio to a peer measured side by side in the same run, or a latency/memory
 figure of that run, never a figure carried over from another run. A goal whose section did not
-run (``BENCH_ONLY``) or whose peer is missing is left out. ``--workers`` rows are listed beside the
-single-process goal rows (marked "(--workers N)") so the table shows both.
+run (``BENCH_ONLY``) or whose peer is missing is left out. ``--workers`` and replicas rows are
+listed beside the single-process goal rows so the table shows both.
+
+The limit column: each goal's ceilings measured in the same run, as the same ratio as the goal
+(to the same peer). For one lockd or one proxy process, the ceiling of its HTTP stack (one
+Python process answering the same requests with no work behind them) and PostgreSQL's own rate
+for the same statements; for several processes (``--workers``, replicas), the generator's own
+ceiling and PostgreSQL's. Where the target is above the lowest of them the cell says so, and the
+section's notes give the measurement: no code in that process can reach the goal on this machine.
 """
 
 from __future__ import annotations
@@ -14,14 +21,26 @@ from typing import Any
 from bench.objects import CEILING
 from bench.report import Section, median
 
-__all__ = ["goals"]
+__all__ = ["goals", "COLUMNS"]
 
 _ETCD_LOCK = "etcd lock API (baseline)"
 _DIRECT = "direct fenced statement, psycopg (baseline)"
 _PG_LIMIT = "PostgreSQL limit: lockd's grant + release statements, psycopg"
+_HTTP_CEILING = "do-nothing FastAPI (HTTP stack ceiling)"
+_GEN_CEILING = "do-nothing HTTP (generator ceiling)"
+_PROXY_CEILING = "do-nothing FastAPI, one process (HTTP stack ceiling)"
+_PG5_LIMIT = "PostgreSQL limit: fenced statement, psycopg"
+_MULTI = ("--workers", "replicas")  # rows of several server processes
+# The table's columns; ``mark`` (last) is "met", "NOT met" or "NOT measured".
+COLUMNS = [("goal", "str"), ("measured", "str"), ("target", "str"),
+           ("limit (this run)", "str"), ("", "str")]
+_LIMIT, _MARK = 3, 4
+_ABOVE = ": target above "  # in a limit cell: the target is above the limit named after it
+
+Limits = list[tuple[str, float | None]]  # (what, its raw figure, in the goal's base's unit)
 
 
-def _rate(section: Section, name: str, clients: int) -> float | None:
+def _rate(section: Section, name: str, clients: int | str) -> float | None:
     entry = section.data.get(f"{name} @{clients}")
     return median(entry["rates"]) if entry else None
 
@@ -34,72 +53,142 @@ def _row(goal: str, value: float | None, target: float, kind: str, more_is_bette
     unit = {"x": "×", "ms": " ms", "kb": " KB"}[kind]
     shown = f"{value:.2f}{unit}" if kind != "kb" else f"{value:.1f}{unit}"
     want = ("≥ " if more_is_better else "≤ ") + (f"{target:g}{unit}")
-    return [goal, shown, want, "met" if met else "NOT met"]
+    return [goal, shown, want, "–", "met" if met else "NOT met"]
 
 
-def _ratio_row(goal: str, value: float | None, base: float | None, target: float
-               ) -> list[Any] | None:
+def _ratio_row(goal: str, value: float | None, base: float | None, target: float,
+               limits: Limits = ()) -> list[Any] | None:
     """A ratio goal: left out if either row did not run (None); marked "NOT measured" if either
     ran and measured nothing (every cycle failed: its section shows the errors), so a broken
-    peer or limit row cannot drop its goal from the table unseen."""
+    peer or limit row cannot drop its goal from the table unseen. ``limits``: the run's ceilings
+    for this goal, each as a raw figure divided by ``base`` like ``value``."""
     if value is None or base is None:
         return None
     if not value or not base:
-        return [goal, "– (a row failed)", f"≥ {target:g}×", "NOT measured"]
-    return _row(goal, value / base, target, "x")
+        return [goal, "– (a row failed)", f"≥ {target:g}×", "–", "NOT measured"]
+    row = _row(goal, value / base, target, "x")
+    assert row is not None
+    shown = [(what, raw / base) for what, raw in limits if raw is not None]
+    if shown:
+        row[_LIMIT] = ", ".join(f"{what} {r:.2f}×" if r else f"{what} – (row failed)"
+                                for what, r in shown)
+        measured = [(what, r) for what, r in shown if r]
+        if measured:
+            what, lowest = min(measured, key=lambda x: x[1])
+            if lowest < target:  # not even the ceiling reaches the target here
+                row[_LIMIT] += f"{_ABOVE}{what}"
+    return row
+
+
+def _lock_cycle_rows(one: Section) -> tuple[list[list[Any] | None], list[str]]:
+    """Section 1's goals: each lockd variant vs etcd's lock API and, on PostgreSQL, vs
+    PostgreSQL's own rate for lockd's statements; plus how the replicas rows grow."""
+    rows: list[list[Any] | None] = []
+    growth: list[str] = []
+    clients = sorted({int(k.rsplit("@", 1)[1]) for k in one.data})
+    for name, target, wanted in (("lockd · PostgreSQL", 2.0, None), ("lockd · SQLite", 3.0, None),
+                                 ("lockd · etcd", 1.0, (8, 32))):
+        variants = [name] + [k.rsplit(" @", 1)[0] for k in one.data
+                             if k.startswith(f"{name} · ") and any(m in k for m in _MULTI)]
+        for variant in dict.fromkeys(variants):
+            multi = any(m in variant for m in _MULTI)
+            for c in clients:
+                if wanted and c not in wanted:
+                    continue
+                limits: Limits = [("generator ceiling", _rate(one, _GEN_CEILING, c)) if multi
+                                  else ("one-process HTTP ceiling", _rate(one, _HTTP_CEILING, c))]
+                if name == "lockd · PostgreSQL":
+                    limits.append(("PostgreSQL's rate", _rate(one, _PG_LIMIT, c)))
+                value = _rate(one, variant, c)
+                rows.append(_ratio_row(f"§1 {variant} vs etcd's lock API, {c} clients", value,
+                                       _rate(one, _ETCD_LOCK, c), target, limits))
+                if name != "lockd · PostgreSQL":
+                    continue
+                # How much of PostgreSQL's own rate for lockd's very statements lockd delivers:
+                # what lockd itself costs, whatever the peer.
+                ceiling = limits[0]
+                rows.append(_ratio_row(f"§1 {variant} vs PostgreSQL's rate for its statements, "
+                                       f"{c} clients", value, _rate(one, _PG_LIMIT, c), 0.6,
+                                       [ceiling]))
+                single = _rate(one, name, c)
+                if "replicas" in variant and value and single:
+                    growth.append(f"{c} clients {value / single:.2f}×")
+                    for row in rows[-2:]:
+                        if row is not None and row[_MARK] != "NOT measured":
+                            row[1] += f" ({value / single:.2f}× one lockd)"
+    notes = []
+    if growth:
+        notes.append("§1 lockd · PostgreSQL with replicas, cycles/s over one lockd's in the same "
+                     "run: " + "; ".join(growth) + ".")
+    return rows, notes
+
+
+def _proxy_rows(five: Section) -> list[list[Any] | None]:
+    rows: list[list[Any] | None] = []
+    pg_limit = next((median(v["rows_per_s"]) for k, v in five.data.items()
+                     if k.startswith(_PG5_LIMIT)), None)
+    for key in five.data:
+        name, _, c = key.rpartition(" @")
+        base = five.data.get(f"{_DIRECT} @{c}")
+        if base is None or "batches" in name:
+            continue
+        if name.startswith("through the proxy"):
+            target = 0.5 if "new token" in name else 0.6
+        elif name.startswith("fenced_transaction"):  # the SQL path's own cost of fencing
+            target = 0.8
+        else:
+            continue
+        limits: Limits = []
+        ceiling = five.data.get(f"{_PROXY_CEILING} @{c}")
+        if name.startswith("through the proxy") and "--workers" not in name and ceiling:
+            limits.append(("one-process HTTP ceiling", median(ceiling["rows_per_s"])))
+        limits.append(("PostgreSQL's rate", pg_limit))
+        rows.append(_ratio_row(f"§5 {name} vs direct fenced, {c} clients",
+                               median(five.data[key]["rows_per_s"]),
+                               median(base["rows_per_s"]), target, limits))
+    return rows
+
+
+def _object_rows(ten: Section) -> list[list[Any] | None]:
+    """Fenced objects vs the same files written directly, beside the HTTP stack's ceiling (a
+    body received and dropped, nothing more)."""
+    rows: list[list[Any] | None] = []
+    direct = "the same files written to a directory (baseline)"
+    proxied = "fenced PUT through the proxy"
+    for label, target, unit in (("4 KiB", 0.5, "PUTs/s"), ("1 MiB", 0.8, "bytes/s")):
+        field = "puts_per_s" if unit == "PUTs/s" else "bytes_per_s"
+        for key in ten.data:
+            if not key.startswith(f"{proxied} · {label} @"):
+                continue
+            c = key.rsplit("@", 1)[1]
+            base = ten.data.get(f"{direct} · {label} @{c}")
+            if base is None:
+                continue
+            ceiling = ten.data.get(f"{CEILING} · {label} @{c}")
+            limits: Limits = [("HTTP ceiling", median(ceiling[field]))] if ceiling else []
+            rows.append(_ratio_row(f"§10 fenced PUT {label} vs direct file writes ({unit}), "
+                                   f"{c} clients", median(ten.data[key][field]),
+                                   median(base[field]), target, limits))
+    return rows
 
 
 def goals(sections: list[Section]) -> Section | None:
     """The goals table (section key ``G``), or None if no goal's section ran."""
     by_key = {s.key: s for s in sections}
     rows: list[list[Any] | None] = []
-    one = by_key.get("1")
-    if one is not None:
-        clients = sorted({int(k.rsplit("@", 1)[1]) for k in one.data})
-        lockd_rows = [(name, target, wanted) for name, target, wanted in (
-            ("lockd · PostgreSQL", 2.0, None), ("lockd · SQLite", 3.0, None),
-            ("lockd · etcd", 1.0, (8, 32)))]
-        for name, target, wanted in lockd_rows:
-            variants = [name] + [k.rsplit(" @", 1)[0] for k in one.data
-                                 if k.startswith(f"{name} · --workers")]
-            for variant in dict.fromkeys(variants):
-                for c in clients:
-                    if wanted and c not in wanted:
-                        continue
-                    rows.append(_ratio_row(f"§1 {variant} vs etcd's lock API, {c} clients",
-                                           _rate(one, variant, c), _rate(one, _ETCD_LOCK, c),
-                                           target))
-        # How much of PostgreSQL's own rate for lockd's very statements lockd delivers: what
-        # lockd itself costs, whatever the peer.
-        for c in clients:
-            rows.append(_ratio_row(f"§1 lockd · PostgreSQL vs PostgreSQL's rate for its "
-                                   f"statements, {c} clients", _rate(one, "lockd · PostgreSQL", c),
-                                   _rate(one, _PG_LIMIT, c), 0.6))
-    four = by_key.get("4")
-    if four is not None:
+    notes: list[str] = []
+    if (one := by_key.get("1")) is not None:
+        more, notes = _lock_cycle_rows(one)
+        rows += more
+    if (four := by_key.get("4")) is not None:
         base = four.data.get("etcd lease keep-alive (baseline)", {}).get("capacity")
         for name, target in (("lockd · PostgreSQL", 1.0), ("lockd · etcd", 0.5)):
             cap = four.data.get(name, {}).get("capacity")
             rows.append(_row(f"§4 renewal capacity, {name} vs etcd's keep-alive",
                              cap / base if cap is not None and base else None, target, "x"))
-    five = by_key.get("5")
-    if five is not None:
-        for key in five.data:
-            name, _, c = key.rpartition(" @")
-            base = five.data.get(f"{_DIRECT} @{c}")
-            if base is None or "batches" in name:
-                continue
-            if name.startswith("through the proxy"):
-                target = 0.5 if "new token" in name else 0.6
-            elif name.startswith("fenced_transaction"):  # the SQL path's own cost of fencing
-                target = 0.8
-            else:
-                continue
-            rows.append(_ratio_row(f"§5 {name} vs direct fenced, {c} clients",
-                                   median(five.data[key]["rows_per_s"]),
-                                   median(base["rows_per_s"]), target))
-    two = by_key.get("2")
-    if two is not None:
+    if (five := by_key.get("5")) is not None:
+        rows += _proxy_rows(five)
+    if (two := by_key.get("2")) is not None:
         for name, target in (("lockd · SQLite", 3.0), ("lockd · PostgreSQL", 5.0)):
             rows.append(_row(f"§2 handoff p99, 16 waiters, {name}",
                              two.data.get(name, {}).get("p99_ms"), target, "ms", False))
@@ -107,39 +196,33 @@ def goals(sections: list[Section]) -> Section | None:
     if seven is not None and "bytes_per_waiter" in seven.data:
         rows.append(_row("§7 memory per queued waiter (1,000 waiters)",
                          seven.data["bytes_per_waiter"] / 1000, 8.0, "kb", False))
-    ten = by_key.get("10")
-    if ten is not None:  # fenced objects vs the same files written directly
-        direct = "the same files written to a directory (baseline)"
-        proxied = "fenced PUT through the proxy"
-        for label, target, unit in (("4 KiB", 0.5, "PUTs/s"), ("1 MiB", 0.8, "bytes/s")):
-            field = "puts_per_s" if unit == "PUTs/s" else "bytes_per_s"
-            for key in ten.data:
-                if not key.startswith(f"{proxied} · {label} @"):
-                    continue
-                c = key.rsplit("@", 1)[1]
-                base = ten.data.get(f"{direct} · {label} @{c}")
-                if base is None:
-                    continue
-                row = _ratio_row(f"§10 fenced PUT {label} vs direct file writes "
-                                 f"({unit}), {c} clients", median(ten.data[key][field]),
-                                 median(base[field]), target)
-                ceiling = ten.data.get(f"{CEILING} · {label} @{c}")
-                if row is not None and ceiling is not None and median(base[field]):
-                    # the limit of this HTTP stack: a body received and dropped, nothing more
-                    row[1] += (f" (HTTP ceiling "
-                               f"{median(ceiling[field]) / median(base[field]):.2f}×)")
-                rows.append(row)
+    if (ten := by_key.get("10")) is not None:
+        rows += _object_rows(ten)
     kept = [r for r in rows if r is not None]
     if not kept:
         return None
     section = Section("G", "Goals, from this run", "each goal's own peer or limit, "
-                      "measured in this run (see its section)",
-                      [("goal", "str"), ("measured", "str"), ("target", "str"), ("", "str")],
-                      rows=kept)
-    met = sum(r[3] == "met" for r in kept)
-    section.notes.append(f"{met} of {len(kept)} goal rows met. Ratios > 1 mean more throughput "
+                      "measured in this run (see its section)", list(COLUMNS), rows=kept)
+    met = sum(r[_MARK] == "met" for r in kept)
+    beyond = [r for r in kept if _ABOVE in r[_LIMIT]]
+    section.notes.append(f"{met} of {len(kept)} goal rows met; {len(beyond)} have a target "
+                         "beyond a limit measured in this run. Ratios > 1 mean more throughput "
                          "(or capacity) than the peer; KB = 1,000 bytes of lockd RSS per "
                          "queued waiter.")
-    section.data = {r[0]: {"measured": r[1], "target": r[2], "met": r[3] == "met"}
-                    for r in kept}
+    section.notes.append(
+        "Limit column, as the same ratio as the goal: one-process HTTP ceiling = one Python "
+        "process on lockd's (or the proxy's) HTTP stack answering the same requests with no "
+        "work behind them, on this 2-core machine it shares with the load generator and the "
+        "store; PostgreSQL's rate = the same statements sent straight to PostgreSQL; generator "
+        "ceiling = the load generator against a do-nothing server (for rows of several server "
+        "processes).")
+    for r in beyond:
+        cell, what = r[_LIMIT].split(_ABOVE)
+        value = cell.split(f"{what} ", 1)[1].split(",")[0]
+        notes.append(f"{r[0]}: the target {r[2]} is above the limit this run measured, "
+                     f"{what} {value}; measured {r[1]}.")
+    section.notes += notes
+    section.data = {r[0]: {"measured": r[1], "target": r[2], "limit": r[_LIMIT],
+                           "beyond_limit": _ABOVE in r[_LIMIT],
+                           "met": r[_MARK] == "met"} for r in kept}
     return section

@@ -153,8 +153,12 @@ def _tls(spec: dict) -> ssl.SSLContext | None:
 
 async def _lockd(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
     """lockd: acquire (try once) + release of this client's own lock. ``tls_ca``: over https;
-    ``reconnect``: a new connection (so a new TLS handshake) for every cycle."""
-    http = await Http(spec["host"], spec["port"], _tls(spec)).connect()
+    ``reconnect``: a new connection (so a new TLS handshake) for every cycle; ``replicas``:
+    ``[[host, port], ...]`` of lockd processes on one store, client ``i`` talking to replica
+    ``i % len(replicas)`` (round-robin, so the clients split evenly)."""
+    replicas = spec.get("replicas") or [[spec["host"], spec["port"]]]
+    host, port = replicas[i % len(replicas)]
+    http = await Http(host, port, _tls(spec)).connect()
     name = f"{spec.get('prefix', 'bench')}/c{i}"
     acquire = json.dumps({"ttl_ms": spec.get("ttl_ms", 30_000), "owner": f"c{i}"}).encode()
     reconnect = bool(spec.get("reconnect"))

@@ -34,6 +34,7 @@ from harness import (
     sqlalchemy_url,
 )
 from harness.etcd import EtcdCluster, etcd_available
+from harness.servers import LockdServer
 from harness.tls_servers import TLSProcess
 from lockd.common.tls import client_context
 from lockd.demo.certs import make_demo_tls
@@ -82,12 +83,12 @@ class Server:
     name: str
     host: str
     port: int
-    proc: Any  # ServiceProcess | subprocess.Popen | EtcdCluster
+    proc: Any  # ServiceProcess | LockdServer | subprocess.Popen | EtcdCluster
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
-        if isinstance(self.proc, ServiceProcess):
+        if isinstance(self.proc, ServiceProcess | LockdServer):
             return self.proc.pid
         if isinstance(self.proc, EtcdCluster):
             return self.proc.members[0].proc.pid
@@ -97,7 +98,7 @@ class Server:
         return {"host": self.host, "port": self.port}
 
     def stop(self) -> None:
-        if isinstance(self.proc, ServiceProcess | EtcdCluster):
+        if isinstance(self.proc, ServiceProcess | LockdServer | EtcdCluster):
             self.proc.stop()
         else:
             self.proc.terminate()
@@ -224,6 +225,19 @@ class Workspace:
         server = Server(name, "127.0.0.1", port, proc, extra)
         self.servers.append(server)
         return server
+
+    def lockd_replicas(self, url: str, name: str, count: int) -> list[Server]:
+        """``count`` ``lockd serve`` processes on ONE store ``url`` and one key directory (the
+        run's, shared with every other lockd here): replicas of one lockd service, started one
+        after the other (``harness.servers.LockdServer``), each on its own port."""
+        out = []
+        for k in range(count):
+            proc = LockdServer(url, log_dir=self.dir, key_dir=self.dir / "keys",
+                               args=("--log-level", "warning")).start(timeout=60)
+            server = Server(f"{name}-{k}", "127.0.0.1", proc.port, proc, {"store": url})
+            self.servers.append(server)
+            out.append(server)
+        return out
 
     def proxy(self, dsn: str, jwks: dict, policy: str, name: str = "proxy",
               env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> Server:

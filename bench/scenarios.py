@@ -27,9 +27,16 @@ __all__ = ["Bench", "Settings", "SCENARIOS"]
 LOCKD_STORES = {"lockd · SQLite": "sqlite", "lockd · PostgreSQL": "postgres",
                 "lockd · etcd": "etcd"}
 LOCKD_WORKERS = 2  # ``lockd serve --workers`` of the "--workers" rows (PostgreSQL and etcd stores)
-# Each PostgreSQL worker's pool_max in those rows: the single-process lockd keeps its default
-# 32, the limit rows open 32 more, and PostgreSQL here allows 100 connections in all.
+# Each PostgreSQL worker's pool_max in those rows and the replicas row: the single-process lockd
+# keeps its default 32, the limit rows open 32 more, and PostgreSQL here allows 100 in all.
 WORKERS_POOL_MAX = 8
+# The replicas row: that many ``lockd serve`` processes on one PostgreSQL store, each with
+# pool_max = WORKERS_POOL_MAX like a --workers worker (PostgreSQL's 100 connections: see above).
+LOCKD_REPLICAS = 2
+REPLICAS_ROW = f"lockd · PostgreSQL · {LOCKD_REPLICAS} replicas"
+# Limit rows that run whatever BENCH_PEERS says, like the baselines: the goals table puts them
+# beside each goal (bench/goals.py).
+CEILING_ROWS = ("do-nothing HTTP (generator ceiling)", "do-nothing FastAPI (HTTP stack ceiling)")
 
 
 @dataclass
@@ -90,6 +97,16 @@ class Bench:
                 raise KeyError(name)
             self.servers[name] = server
         return self.servers[name]
+
+    def replicas(self) -> list[Server]:
+        """The replicas row's lockd processes on one fresh PostgreSQL database (started once)."""
+        names = [f"lockd-postgres-replica-{k}" for k in range(LOCKD_REPLICAS)]
+        if names[0] not in self.servers:
+            url = sqlalchemy_url(self.ws.database()) + f"?pool_max={WORKERS_POOL_MAX}"
+            for name, server in zip(names, self.ws.lockd_replicas(
+                    url, "lockd-postgres-replica", LOCKD_REPLICAS), strict=True):
+                self.servers[name] = server
+        return [self.servers[n] for n in names]
 
     def retire(self, prefix: str) -> None:
         """Stop the servers whose name starts with ``prefix`` (``server()`` starts them again if
@@ -161,6 +178,11 @@ def lock_cycles(bench: Bench) -> Section:
             "reconnect": True}),
         f"lockd · PostgreSQL · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
             **bench.server("lockd-postgres-workers").addr(), "prefix": "bench1w"}),
+        # Replicas of one lockd service: separate processes on one store, the clients split
+        # between them round-robin (measured beside the single lockd, same clients).
+        REPLICAS_ROW: lambda: ("lockd", {
+            **bench.replicas()[0].addr(), "prefix": "bench1p",
+            "replicas": [[r.host, r.port] for r in bench.replicas()]}),
         f"lockd · etcd · --workers {LOCKD_WORKERS}": lambda: ("lockd", {
             **bench.server("lockd-etcd-workers").addr(), "prefix": "bench1w"}),
         # The physical limit: lockd's own grant + release statements sent by psycopg
@@ -175,7 +197,8 @@ def lock_cycles(bench: Bench) -> Section:
             **bench.server("noop-fastapi").addr()}),
     }
     chosen = {name: make for name, make in peers.items()
-              if (bench.wanted(name) or "baseline" in name) and bench.has(_needs(name) or "")}
+              if (bench.wanted(name) or "baseline" in name or name in CEILING_ROWS)
+              and bench.has(_needs(name) or "")}
     specs = {name: make() for name, make in chosen.items()}
     results: dict[tuple[str, int], list[dict]] = {}
     names = list(specs)
@@ -189,6 +212,7 @@ def lock_cycles(bench: Bench) -> Section:
                 results.setdefault((name, c), []).append(res)
     bench.retire("lockd-postgres-workers")
     bench.retire("lockd-etcd-workers")
+    bench.retire("lockd-postgres-replica-")
     section = Section(
         "1", "Lock cycles: acquire + release, each client its own lock",
         "etcd's lock API through its JSON gateway (lease grant + lock + unlock + revoke), same "
@@ -223,9 +247,17 @@ def lock_cycles(bench: Bench) -> Section:
         f"'--workers {LOCKD_WORKERS}' rows: `lockd serve --workers {LOCKD_WORKERS}`, that many "
         "processes on one port (SO_REUSEPORT); on PostgreSQL each worker has "
         f"pool_max={WORKERS_POOL_MAX} ({LOCKD_WORKERS * WORKERS_POOL_MAX} connections in all: "
-        "with the single process's 32 and the limit rows' 32, PostgreSQL's 100 are near); the 'PostgreSQL limit' row sends lockd's own "
+        f"with the single process's 32, the replicas' {LOCKD_REPLICAS * WORKERS_POOL_MAX} and "
+        "the limit rows' 32, PostgreSQL's 100 are near); the 'PostgreSQL limit' row sends lockd's own "
         "grant and release statements straight from the generator with psycopg (2 autocommit "
         "statements a cycle, no HTTP): the database's own rate for one lock cycle here.")
+    section.notes.append(
+        f"'{REPLICAS_ROW}': {LOCKD_REPLICAS} `lockd serve` processes (harness LockdServer) on "
+        f"one PostgreSQL database and one key directory, each with pool_max={WORKERS_POOL_MAX} "
+        "like a --workers worker (half the single lockd's 32 connections in all: PostgreSQL's "
+        f"100 are shared by every row); client i talks to replica i mod {LOCKD_REPLICAS}. The "
+        "ceiling rows (do-nothing servers) run whatever "
+        "BENCH_PEERS says: the goals table puts them beside each goal.")
     section.notes.append(
         "A cycle is 2 HTTP requests for lockd and the do-nothing servers, 4 for etcd's lock API, "
         "2 Redis commands (SET NX PX; EVALSHA) for redis-py, 2 statements for advisory locks.")

@@ -35,7 +35,7 @@ def test_goal_rows_are_marked_from_the_runs_own_figures() -> None:
     seven = _section("7", {"bytes_per_waiter": 9000.0})
     table = goals([one, two, four, five, seven])
     assert table is not None and table.key == "G"
-    marks = {row[0]: (row[1], row[3]) for row in table.rows}
+    marks = {row[0]: (row[1], row[4]) for row in table.rows}
     assert marks["§1 lockd · PostgreSQL vs etcd's lock API, 8 clients"] == ("2.10×", "met")
     assert marks["§1 lockd · PostgreSQL · --workers 2 vs etcd's lock API, 8 clients"] == (
         "1.50×", "NOT met")
@@ -69,7 +69,80 @@ def test_a_failed_peer_or_limit_row_is_shown_not_dropped() -> None:
     })
     table = goals([one])
     assert table is not None
-    marks = {row[0]: (row[1], row[3]) for row in table.rows}
+    marks = {row[0]: (row[1], row[4]) for row in table.rows}
     assert marks["§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, 8 clients"] == (
         "– (a row failed)", "NOT measured")
     assert marks["§1 lockd · PostgreSQL vs etcd's lock API, 8 clients"] == ("1.50×", "NOT met")
+
+
+def test_each_goal_has_the_runs_limit_rows_beside_it_and_says_when_the_target_is_beyond() -> None:
+    one = _section("1", {
+        "etcd lock API (baseline) @8": {"rates": [100.0]},
+        "lockd · SQLite @8": {"rates": [150.0]},
+        "lockd · PostgreSQL @8": {"rates": [120.0]},
+        "lockd · PostgreSQL · 2 replicas @8": {"rates": [180.0]},
+        "PostgreSQL limit: lockd's grant + release statements, psycopg @8": {"rates": [400.0]},
+        "do-nothing FastAPI (HTTP stack ceiling) @8": {"rates": [250.0]},  # 2.5× etcd
+        "do-nothing HTTP (generator ceiling) @8": {"rates": [900.0]},
+    })
+    table = goals([one])
+    assert table is not None
+    assert [h for h, _ in table.columns] == ["goal", "measured", "target", "limit (this run)", ""]
+    rows = {row[0]: row for row in table.rows}
+    sqlite = rows["§1 lockd · SQLite vs etcd's lock API, 8 clients"]
+    # 3× wanted, one Python process doing nothing at all reaches 2.5×: said, with the figure
+    assert sqlite[1:] == ["1.50×", "≥ 3×", "one-process HTTP ceiling 2.50×: target above "
+                          "one-process HTTP ceiling", "NOT met"]
+    assert table.data["§1 lockd · SQLite vs etcd's lock API, 8 clients"]["beyond_limit"] is True
+    assert ("§1 lockd · SQLite vs etcd's lock API, 8 clients: the target ≥ 3× is above the limit "
+            "this run measured, one-process HTTP ceiling 2.50×; measured 1.50×.") in table.notes
+    pg = rows["§1 lockd · PostgreSQL vs etcd's lock API, 8 clients"]
+    assert pg[3] == "one-process HTTP ceiling 2.50×, PostgreSQL's rate 4.00×"
+    assert not table.data[pg[0]]["beyond_limit"]
+    # vs PostgreSQL's own rate, the one-process ceiling is 250 / 400 = 0.62×: above 0.6×
+    share = rows["§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, 8 clients"]
+    assert share[1:] == ["0.30×", "≥ 0.6×", "one-process HTTP ceiling 0.62×", "NOT met"]
+    # two replicas: the generator's ceiling (several processes), and the growth over one lockd
+    rep = rows["§1 lockd · PostgreSQL · 2 replicas vs etcd's lock API, 8 clients"]
+    assert rep[1:] == ["1.80× (1.50× one lockd)", "≥ 2×",
+                       "generator ceiling 9.00×, PostgreSQL's rate 4.00×", "NOT met"]
+    rep_share = rows["§1 lockd · PostgreSQL · 2 replicas vs PostgreSQL's rate for its "
+                     "statements, 8 clients"]
+    assert rep_share[1:] == ["0.45× (1.50× one lockd)", "≥ 0.6×", "generator ceiling 2.25×",
+                             "NOT met"]
+    assert any("with replicas" in n and "8 clients 1.50×" in n for n in table.notes)
+
+
+def test_proxy_and_object_goals_show_their_ceilings() -> None:
+    five = _section("5", {
+        "direct fenced statement, psycopg (baseline) @8": {"rows_per_s": [1000.0]},
+        "through the proxy (PUT, fenced) @8": {"rows_per_s": [500.0]},
+        "through the proxy, --workers 2 (PUT, fenced) @8": {"rows_per_s": [700.0]},
+        "do-nothing FastAPI, one process (HTTP stack ceiling) @8": {"rows_per_s": [550.0]},
+        "PostgreSQL limit: fenced statement, psycopg, 32 clients @32": {"rows_per_s": [3000.0]},
+    })
+    ten = _section("10", {
+        "the same files written to a directory (baseline) · 4 KiB @8": {"puts_per_s": [1000.0]},
+        "fenced PUT through the proxy · 4 KiB @8": {"puts_per_s": [300.0]},
+        "received by a do-nothing ASGI app on the same uvicorn (the HTTP ceiling) · 4 KiB @8":
+            {"puts_per_s": [400.0]},
+    })
+    table = goals([five, ten])
+    assert table is not None
+    rows = {row[0]: row for row in table.rows}
+    assert rows["§5 through the proxy (PUT, fenced) vs direct fenced, 8 clients"][3] == (
+        "one-process HTTP ceiling 0.55×, PostgreSQL's rate 3.00×: target above one-process "
+        "HTTP ceiling")
+    assert rows["§5 through the proxy, --workers 2 (PUT, fenced) vs direct fenced, 8 clients"][
+        3] == "PostgreSQL's rate 3.00×"
+    assert rows["§10 fenced PUT 4 KiB vs direct file writes (PUTs/s), 8 clients"][3] == (
+        "HTTP ceiling 0.40×: target above HTTP ceiling")
+
+
+def test_a_goal_without_a_limit_row_in_the_run_says_so() -> None:
+    two = _section("2", {"lockd · SQLite": {"p99_ms": 2.5}})
+    one = _section("1", {"etcd lock API (baseline) @8": {"rates": [100.0]},
+                         "lockd · SQLite @8": {"rates": [350.0]}})
+    table = goals([one, two])
+    assert table is not None
+    assert all(row[3] == "–" and not table.data[row[0]]["beyond_limit"] for row in table.rows)
