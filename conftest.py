@@ -4,6 +4,7 @@ tests/system/readme/support.py for the rules."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -14,6 +15,12 @@ from sybil import Sybil
 # (harness/zygote.py): the same programs, without their imports paid on every start.
 # HARNESS_ZYGOTE=0 starts each with a plain exec.
 os.environ.setdefault("HARNESS_ZYGOTE", "1")
+
+# A suite started in the background by a non-interactive shell (`make test &`) inherits SIGINT
+# ignored, and every process it started would too: the tests that interrupt a child (Ctrl-C to
+# `lockctl watch`, to the demo) need Ctrl-C delivered, as it is from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from harness import VENV_BIN  # noqa: E402
 from tests.parallel import arrange, make_scheduler, mark

@@ -8,6 +8,8 @@ bench/notes/waiters.md).
 from __future__ import annotations
 
 import asyncio
+import functools
+import threading
 from pathlib import Path
 
 from harness import wait_for_async
@@ -23,9 +25,24 @@ def _service(tmp_path: Path) -> tuple[LockService, SqliteStore, list[tuple[str, 
     store = SqliteStore(str(tmp_path / "h.db"))
     calls: list[tuple[str, str]] = []
     real = store._call
+    acquire_sent = threading.Event()
+
+    def held_open(op):
+        """``op`` (a release), run in the store's thread once an acquire has been sent (5 s at
+        most): the store thread cannot finish the release before the loop has had its turn, so
+        the order below shows when the head is woken, not how fast the thread is."""
+        @functools.wraps(op)
+        def run(*args):
+            acquire_sent.wait(5)
+            return op(*args)
+        return run
 
     async def recorded(op, *args):
         calls.append(("sent", op.__name__))
+        if op.__name__ == "_acquire":
+            acquire_sent.set()
+        elif op.__name__ == "_release":
+            op = held_open(op)
         try:
             return await real(op, *args)
         finally:
