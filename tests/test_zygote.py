@@ -20,7 +20,7 @@ from harness import VENV_BIN, ServiceProcess, free_port, run_program, wait_for, 
 from harness.servers import LockdServer
 
 PROBE = textwrap.dedent("""
-    import json, os, random, signal, sys, time
+    import json, os, random, signal, sys
     out = {"argv": sys.argv, "cwd": os.getcwd(), "env": os.environ.get("PROBE_VALUE"),
            "absent": os.environ.get("PROBE_ABSENT"), "leader": os.getsid(0) == os.getpid(),
            "path0": sys.path[0], "random": random.random(), "main": __name__,
@@ -29,7 +29,7 @@ PROBE = textwrap.dedent("""
     print("to stderr", file=sys.stderr, flush=True)
     mode = sys.argv[1]
     if mode == "wait":
-        time.sleep(60)
+        signal.pause()  # until a signal ends it
     sys.exit(int(mode))
 """)
 
@@ -171,6 +171,6 @@ def test_run_program_is_subprocess_run_with_captured_output(tmp_path: Path, monk
 def test_run_program_kills_what_outlives_its_timeout(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("HARNESS_ZYGOTE", "1")
     script = tmp_path / "hang.py"
-    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n")
+    script.write_text("import signal\nsignal.pause()\n")
     with pytest.raises(subprocess.TimeoutExpired):
         run_program([sys.executable, str(script)], timeout=1)
