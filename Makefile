@@ -46,7 +46,7 @@ demo: install
 ## Benchmarks: table on stdout, bench/results/latest.{json,md,png}; ~22 min on 2 idle cores.
 ## Knobs: BENCH_SECONDS, BENCH_ROUNDS, BENCH_ONLY=1,5 (see bench/__main__.py).
 .PHONY: bench
-bench: install
+bench: install pg-capacity
 	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	$(BIN)/python -m bench
 
