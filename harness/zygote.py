@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -71,6 +72,7 @@ def enabled() -> bool:
     return os.environ.get("HARNESS_ZYGOTE") == "1"
 
 
+@functools.cache
 def _scripts() -> dict[str, str]:
     """The project's console scripts: name -> ``module:function``."""
     return {ep.name: ep.value for ep in entry_points(group="console_scripts")
@@ -334,9 +336,10 @@ def serve(path: str) -> None:
 
 
 class _Child:
-    """A forked child and its client's connection; ``told`` once its exit was sent."""
+    """A forked child and its client's connection (None once the client has gone before the
+    exit); ``told`` once its exit was sent."""
 
-    def __init__(self, pid: int, conn: socket.socket):
+    def __init__(self, pid: int, conn: socket.socket | None):
         self.pid, self.conn, self.told = pid, conn, False
 
 
@@ -399,7 +402,7 @@ class _Zygote:
         pid = os.fork()
         if pid == 0:
             _child(request, [self.listener, conn, self.selector, self.wake_r, self.wake_w,
-                             *(c.conn for c in self.children.values())])
+                             *(c.conn for c in self.children.values() if c.conn is not None)])
         child = self.children[pid] = _Child(pid, conn)
         with contextlib.suppress(OSError):
             conn.sendall(f"pid {pid}\n".encode())
@@ -420,8 +423,10 @@ class _Zygote:
             code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
             child.told = True
             try:
+                if child.conn is None:
+                    raise OSError("the client has gone")
                 child.conn.sendall(f"exit {code}\n".encode())
-            except OSError:  # the client is gone: nothing will read it
+            except OSError:  # nothing will read it
                 self.forget(child)
 
     def client_closed(self, child: _Child) -> None:
@@ -434,28 +439,15 @@ class _Zygote:
         else:  # no one will read this child's exit: reap it when it comes
             self.selector.unregister(child.conn)
             child.conn.close()
-            child.conn = _Closed()
+            child.conn = None
 
     def forget(self, child: _Child) -> None:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child.pid, os.WNOHANG)
         self.children.pop(child.pid, None)
-        with contextlib.suppress(KeyError, ValueError):
+        if child.conn is not None:
             self.selector.unregister(child.conn)
-        child.conn.close()
-
-
-class _Closed:
-    """A connection whose client has gone: sending to it fails as a closed socket would."""
-
-    def sendall(self, data: bytes) -> None:
-        raise OSError("the client has gone")
-
-    def close(self) -> None:
-        pass
-
-    def fileno(self) -> int:
-        return -1
+            child.conn.close()
 
 
 if __name__ == "__main__":
