@@ -54,7 +54,8 @@ The schedule (``make_schedule``) is a pure function of the seed: a first round w
 applicable kind once, in shuffled order (so a 45 s run sees each kind), then weighted draws
 (the freezes and the handoff most often: they are the faults that test the fence). Faults run
 one at a time in the nemesis thread; a skew's restore runs in a helper thread after its hold
-time. A fault that finds no target is recorded as skipped, not counted.
+time. A fault that finds no target is recorded as skipped, not counted, and its kind is owed:
+it takes the next slot of a kind already injected (``Nemesis.run``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from chaos.pool import WorkerPool
@@ -242,10 +243,22 @@ class Nemesis(threading.Thread):
     # -- The loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Inject the schedule in order. A kind whose every attempt so far found no target (all
+        workers restarting after a skew or a crash, say) is owed: it takes the next slot of a
+        kind already injected, so a short run sees each applicable kind whatever the machine's
+        timing."""
+        owed: dict[str, Planned] = {}
         for fault in self.schedule:
             if self._halt.wait(max(0.0, fault.at - self._now())):
                 return
+            done = self.counts()
+            for kind in [k for k in owed if k in done]:
+                del owed[kind]
+            if owed and fault.kind in done:
+                fault = replace(owed.pop(next(iter(owed))), at=fault.at)
             self._guard(self._inject, fault)
+            if fault.kind not in self.counts():
+                owed.setdefault(fault.kind, fault)
 
     def finish(self) -> None:
         """Stop injecting, undo whatever is still faulty, wait for the helpers."""
