@@ -96,3 +96,66 @@ def test_async_client_renews_its_leases_in_one_request_per_tick(shared_lockd, na
         await http.aclose()
 
     asyncio.run(main())
+
+
+_OLD_PATH = "/v1/leases/renew-each-predates-this-lockd"
+
+
+class _Older(httpx.HTTPTransport):
+    """A lockd that predates ``renew-each``: the request goes to a path the real lockd does not
+    serve, so lockd itself answers 404 for it."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/leases/renew-each":
+            request.url = request.url.copy_with(path=_OLD_PATH)
+        return super().handle_request(request)
+
+
+class _AsyncOlder(httpx.AsyncHTTPTransport):
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/leases/renew-each":
+            request.url = request.url.copy_with(path=_OLD_PATH)
+        return await super().handle_async_request(request)
+
+
+def _check_fell_back(paths: _Paths, leases: list, ticks: int) -> None:
+    """One ``renew-each`` was tried (and refused), every renewal since went alone."""
+    assert paths.count(lambda p: p == "/v1/leases/renew-each") == 1, paths.paths
+    single = paths.count(lambda p: p.endswith("/renew") and p.startswith("/v1/locks/"))
+    assert single >= ticks * len(leases), paths.paths
+    assert all(lease.state is LeaseState.RENEWED for lease in leases)
+
+
+def test_a_lockd_without_renew_each_is_asked_one_lease_at_a_time_from_then_on(shared_lockd,
+                                                                                   name):
+    paths = _Paths()
+    http = httpx.Client(transport=_Older(), event_hooks={"request": [paths]})
+    with LockClient(shared_lockd.url, http_client=http) as client:
+        leases = [client.acquire(f"{name}/{i}", TTL) for i in range(4)]
+        renews = lambda: paths.count(lambda p: p.endswith("/renew"))  # noqa: E731
+        wait_for(lambda: renews() >= 3 * len(leases), timeout=10, what="three ticks of renewals")
+        _check_fell_back(paths, leases, ticks=2)
+        for lease in leases:
+            lease.release()
+    http.close()
+
+
+def test_the_async_client_falls_back_the_same_way(shared_lockd, name):
+    paths = _Paths()
+
+    async def record(request: httpx.Request) -> None:
+        paths(request)
+
+    async def main() -> None:
+        http = httpx.AsyncClient(transport=_AsyncOlder(), event_hooks={"request": [record]})
+        async with AsyncLockClient(shared_lockd.url, http_client=http) as client:
+            leases = [await client.acquire(f"{name}/{i}", TTL) for i in range(4)]
+            await wait_for_async(
+                lambda: paths.count(lambda p: p.endswith("/renew")) >= 3 * len(leases),
+                timeout=10, what="three ticks of renewals")
+            _check_fell_back(paths, leases, ticks=2)
+            for lease in leases:
+                await lease.release()
+        await http.aclose()
+
+    asyncio.run(main())
