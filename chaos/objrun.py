@@ -48,7 +48,7 @@ from harness import (
     drop_database,
     free_port,
 )
-from harness.servers import LockdServer
+from harness.servers import LockdServer, blob_deletes_settled
 
 __all__ = ["run_objects"]
 
@@ -196,6 +196,7 @@ def run_objects(*, seconds: float, seed: int, workers: int, resource: str, ttl: 
                 p.kill()
         stop.set()
         reader.join(5)
+        blob_deletes_settled(cluster.proxy_url)  # replaced blobs go after the answers
         kept = cluster.unreferenced(last_crash + 0.5)
         assert cluster.proxy is not None
         cluster.proxy.stop()

@@ -13,9 +13,27 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.processes import VENV_BIN, ServiceProcess, free_port
+from harness.processes import VENV_BIN, ServiceProcess, free_port, wait_for
 
-__all__ = ["Server", "LockdServer", "ProxyServer"]
+__all__ = ["Server", "LockdServer", "ProxyServer", "blob_deletes_settled"]
+
+_PENDING = "resource_proxy_object_blob_deletes_pending "
+
+
+def blob_deletes_settled(url: str, timeout: float = 10.0) -> None:
+    """Wait until the proxy at ``url`` has finished deleting every replaced object's blob it
+    began to delete (they go after the answer): its ``/metrics`` gauge reads 0."""
+    import httpx
+
+    def settled() -> bool:
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=5).text
+        except httpx.HTTPError:  # restarting: ask again
+            return False
+        line = next((x for x in text.splitlines() if x.startswith(_PENDING)), None)
+        return line is not None and float(line[len(_PENDING):]) == 0
+
+    wait_for(settled, timeout, what="the replaced blobs' deletes")
 
 
 class Server:

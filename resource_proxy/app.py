@@ -107,6 +107,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
             if sweeper is not None:
                 sweeper.cancel()
                 await asyncio.gather(sweeper, return_exceptions=True)
+                await app.state.objects.settle()  # replaced blobs still being deleted
                 await app.state.objects.blobs.close()
             await store.close()
             if http is not None:
@@ -118,6 +119,8 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     app.state.activity = Activity()
     metrics.watch_jwks_loads(
         lambda: app.state.service.keys.loads if hasattr(app.state, "service") else 0)
+    metrics.watch_blob_deletes(
+        lambda: app.state.objects.retiring if hasattr(app.state, "objects") else 0)
     app.router.routes.extend(routes)
     app.router.routes.extend(activity_routes)
     app.router.routes.extend(object_routes)

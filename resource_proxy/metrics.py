@@ -22,6 +22,8 @@ metric                                       type       meaning
                                                         rejection (how far behind the holder was)
 ``resource_proxy_jwks_loads_total``          counter    JWKS (re)loads attempted
 ``resource_proxy_auth_failures_total{reason}``  counter  API key ``missing`` / ``wrong``
+``resource_proxy_object_blob_deletes_pending``  gauge   replaced objects' blobs whose delete
+                                                        (after the answer) has not finished
 ===========================================  =========  =========================================
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
@@ -57,6 +59,16 @@ class _JwksLoads(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         yield CounterMetricFamily("resource_proxy_jwks_loads", "JWKS (re)loads attempted.",
                                   value=self._loads())
+
+
+class _Pending(Collector):
+    def __init__(self, pending: Callable[[], int]):
+        self._pending = pending
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("resource_proxy_object_blob_deletes_pending",
+                                "Replaced objects' blobs still being deleted after the answer.",
+                                value=self._pending())
 
 
 class ProxyMetrics:
@@ -89,6 +101,10 @@ class ProxyMetrics:
     def watch_jwks_loads(self, loads: Callable[[], int]) -> None:
         """Report ``loads()`` as ``resource_proxy_jwks_loads_total`` at scrape time."""
         self.registry.register(_JwksLoads(loads))
+
+    def watch_blob_deletes(self, pending: Callable[[], int]) -> None:
+        """Report ``pending()`` as ``resource_proxy_object_blob_deletes_pending``."""
+        self.registry.register(_Pending(pending))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

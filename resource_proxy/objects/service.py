@@ -12,7 +12,8 @@ durable (fsync, rename, fsync of its directory: ``blobs.Staged``); its COMMIT wa
 412 ``precondition_failed``, 503, or an Idempotency-Key replay) the new blob is deleted at once;
 only when the outcome is unknown (502: the COMMIT may have happened) is it left to the sweeper,
 which deletes it unless a pointer names it. After a commit the replaced version's blob is
-deleted (a crash before that leaves an orphan for the sweeper too).
+deleted once the answer is on its way (``_retire``: a task of its own, so the PUT's latency
+does not include the unlink; a crash before that leaves an orphan for the sweeper too).
 
 A small body kept inline (``inline_max``, default 16 KiB; 0: never) costs one flush, the
 transaction's own, where a blob costs three on one disk (the file's fsync, its directory's, the
@@ -32,6 +33,7 @@ A blob is written, renamed and committed within one request, so a blob older tha
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import hashlib
 import logging
@@ -144,6 +146,7 @@ class ObjectService:
         self.inline_max = min(inline_max, max_object_bytes)
         self.idempotency_ttl_ms = idempotency_ttl_ms
         self.grace_s = grace_s
+        self._retiring: set[asyncio.Task] = set()
 
     async def _fence(self, token: str | None, lock: str, purpose: Any) -> Fence:
         if not token:
@@ -194,8 +197,7 @@ class ObjectService:
             fence, bucket, key, stored, ctype, conditions, once, replaced, staged.durable, body))
         if isinstance(result, Reply) and result.replayed:
             await staged.abandon()  # the recorded write's blob is the one kept
-        for name in replaced:
-            await self.blobs.delete(name)
+        self._retire(replaced)
         return result if isinstance(result, Reply) else _render_put(result)
 
     async def _small(self, chunks: AsyncIterator[bytes], length: int | None
@@ -234,9 +236,36 @@ class ObjectService:
                 if keyed is not None else None)
         replaced: list[str] = []
         result = await self.pointers.delete(fence, bucket, key, conditions, once, replaced)
-        for name in replaced:
-            await self.blobs.delete(name)
+        self._retire(replaced)
         return result if isinstance(result, Reply) else Reply(204, "")
+
+    def _retire(self, names: list[str]) -> None:
+        """Delete the blobs of committed-away versions AFTER the answer: in a task of its own
+        (``retiring`` counts them; ``settle()`` waits for them). No pointer names them any more,
+        so a process that dies first leaves orphans that the sweeper removes after its grace;
+        a read that opened one meanwhile reads its pointer again (``open``)."""
+        if not names:
+            return
+        task = asyncio.get_running_loop().create_task(self._delete_blobs(names))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _delete_blobs(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                await self.blobs.delete(name)
+            except Exception as exc:  # the sweeper finds it again after its grace
+                log.warning("could not delete the replaced blob %s: %s", name, exc)
+
+    @property
+    def retiring(self) -> int:
+        """Deletes of replaced blobs begun and not yet done."""
+        return len(self._retiring)
+
+    async def settle(self) -> None:
+        """Wait for every delete of a replaced blob begun so far (at shutdown)."""
+        while self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
 
     # -- reads ------------------------------------------------------------------------------
 

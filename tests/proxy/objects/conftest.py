@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from harness import VENV_BIN, ServiceProcess, drop_database, free_port
+from harness.servers import blob_deletes_settled
 from lockd.tokens import KeyRing
 from tests.conftest import require
 from tests.proxy.conftest import Database, make_database, proxy_argv, write_jwks
@@ -90,7 +91,13 @@ class Objects:
 
     def blobs(self) -> list[str]:
         """Every blob the store holds: files under the directory (complete blobs and
-        unfinished uploads), or keys of the S3 bucket."""
+        unfinished uploads), or keys of the S3 bucket; once the proxy has finished deleting
+        the blobs of the versions it replaced (it does after answering)."""
+        blob_deletes_settled(self.url)
+        return self.stored()
+
+    def stored(self) -> list[str]:
+        """``blobs()`` as they are right now (deletes may be under way)."""
         if self.s3 is not None:
             return self.s3.keys(self.s3_bucket)
         return sorted(str(p) for p in self.root.rglob("*") if p.is_file())

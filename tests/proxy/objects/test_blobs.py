@@ -69,3 +69,26 @@ def test_s3_blobs(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch):
         return s3_server.keys(bucket) + [u["UploadId"] for u in uploads]
 
     asyncio.run(_exercise(store, listed))
+
+
+def test_directory_blobs_of_many_small_pieces(tmp_path: Path):
+    """A batch of more pieces than one ``writev`` takes (1,024), some empty, is written whole
+    and in order; an empty body is an empty blob."""
+    body = os.urandom(700_000)
+
+    async def run() -> None:
+        store = DirectoryBlobs(tmp_path / "objects")
+        await store.open()
+        pieces = [body[i:i + 97] for i in range(0, len(body), 97)]
+        stored = await store.put(_pieces([*pieces[:3000], b"", *pieces[3000:]]), len(body))
+        assert (stored.size, stored.sha256) == (len(body), hashlib.sha256(body).hexdigest())
+        assert await _read(store, stored.name, 0, len(body)) == body
+        empty = await store.put(_pieces([]), 10)  # nothing written: the file is still made
+        assert store.path_of(empty.name).stat().st_size == 0 and empty.size == 0
+
+    asyncio.run(run())
+
+
+async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:
+    for piece in pieces:
+        yield piece
