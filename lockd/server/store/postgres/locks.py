@@ -13,7 +13,6 @@ from typing import Any
 import psycopg
 
 import lockd.server.store.postgres.batch as batch_
-from lockd.server.store.postgres.batch import STATS
 import lockd.server.store.postgres.modes as modes_
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_modes as sql_modes
@@ -103,13 +102,15 @@ class LockOps:
         """``Batcher``'s send: one ``sql.ACQUIRE_BATCH`` for requests on distinct locks (one
         request: alone). A refusal the statement cannot explain runs alone (as ACQUIRE's
         does); a failed statement runs every request alone."""
-        stats = self._acquires.stats if self._acquires is not None else dict.fromkeys(STATS, 0)
+        assert self._acquires is not None
+        stats = self._acquires.stats
         if len(entries) == 1:
             return await batch_.settle_each(entries, self._acquire_alone)
         reqs = [req for _, req, _ in entries]
         params = {"locks": [r["lock"] for r in reqs], "lease_ids": [r["lease_id"] for r in reqs],
                   "owners": [r["owner"] for r in reqs],
-                  "client_ids": [r["client_id"] for r in reqs], "ttls": [r["ttl_ms"] for r in reqs]}
+                  "client_ids": [r["client_id"] for r in reqs],
+                  "ttls": [r["ttl_ms"] for r in reqs]}
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[tuple]:
             cur = await conn.execute(sql.ACQUIRE_BATCH, params)
@@ -221,10 +222,12 @@ class LockOps:
         """``Batcher``'s send: one ``sql.RELEASE_BATCH`` (one request: alone). A release it did
         not free runs alone (a shared lease, a lease lost; after a lost connection, one the
         first attempt freed); a failed statement runs every release alone."""
-        stats = self._releases.stats if self._releases is not None else dict.fromkeys(STATS, 0)
+        assert self._releases is not None
+        stats = self._releases.stats
         if len(entries) == 1:
             return await batch_.settle_each(entries, self._release_alone)
-        params = {"locks": [r[0] for _, r, _ in entries], "lease_ids": [r[1] for _, r, _ in entries]}
+        params = {"locks": [r[0] for _, r, _ in entries],
+                  "lease_ids": [r[1] for _, r, _ in entries]}
         unknown = False
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> set[str]:
