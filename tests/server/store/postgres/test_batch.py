@@ -229,3 +229,92 @@ def test_batch_survives_a_connection_killed_mid_statement(pg_url, pg_dsn):
 def test_batch_url_parameter_is_checked(pg_url, bad):
     with pytest.raises(ValueError, match="batch"):
         PostgresStore(pg_url + f"?batch={bad}")
+
+
+class _CutAfterCommit:
+    """A TCP relay to PostgreSQL that, once armed, lets the first statement containing
+    ``marker`` through and closes that connection when the server answers it: the statement
+    committed (an autocommit statement's answer is sent after its commit) but its caller never
+    hears so. Later connections are relayed untouched."""
+
+    def __init__(self, port: int, marker: bytes):
+        self._port, self._marker = port, marker
+        self.armed = False
+        self.cuts = 0
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._port)
+        sent = asyncio.Event()
+
+        async def to_server() -> None:
+            while data := await reader.read(65536):
+                if self.armed and self._marker in data:
+                    self.armed = False
+                    sent.set()
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def to_client() -> None:
+            while data := await up_reader.read(65536):
+                if sent.is_set():  # the answer to the marked statement: drop it, cut
+                    self.cuts += 1
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        try:
+            tasks = [asyncio.ensure_future(to_server()), asyncio.ensure_future(to_client())]
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                task.cancel()
+        finally:
+            writer.close()
+            up_writer.close()
+
+
+@pytest.mark.parametrize("marker", [b"AS r(name, lease_id, owner", b"AS q(name, lease_id)"],
+                         ids=["acquires", "releases"])
+def test_batch_whose_commit_was_not_heard_is_retried_without_a_second_effect(pg_url, marker):
+    """The batch statement commits but its answer is lost with its connection: the retry
+    (``_run``) must not grant again (fences stay 1, same lease ids) nor call the committed
+    releases lost (each is checked against its first attempt: released by its lease id)."""
+    host_port = pg_url.split("@", 1)[1].split("/", 1)[0]
+    pg_port = int(host_port.rsplit(":", 1)[1])
+
+    async def main():
+        relay = _CutAfterCommit(pg_port, marker)
+        port = await relay.start()
+        url = pg_url.replace(host_port, f"127.0.0.1:{port}") + "?prepare_threshold=none"
+        try:
+            async with opened(url) as store:
+                names = [f"x/{i}" for i in range(5)]
+                lids = [lease_id() for _ in names]
+                relay.armed = marker.startswith(b"AS r(")
+                got = await asyncio.gather(*(acquire(store, n, lid=lid)
+                                             for n, lid in zip(names, lids, strict=True)))
+                assert [(g.lock, g.lease_id, g.fence) for g in got] == [
+                    (n, lid, 1) for n, lid in zip(names, lids, strict=True)]
+                relay.armed = not relay.armed and relay.cuts == 0
+                await asyncio.gather(*(store.release(n, lid)
+                                       for n, lid in zip(names, lids, strict=True)))
+                assert relay.cuts == 1
+                for n in names:
+                    state = await store.get(n)
+                    assert (state.held, state.fence) == (False, 1)
+                acq, rel = stats(store)
+                assert acq["failed"] == 0 and rel["failed"] == 0, (acq, rel)
+                if marker.startswith(b"AS q("):
+                    assert rel["alone"] == len(names), rel  # the retry freed none: each checked
+        finally:
+            await relay.close()
+
+    asyncio.run(main())
