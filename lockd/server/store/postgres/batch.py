@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["MAX_BATCH", "STATS", "Batcher", "Entry", "settle", "settle_each"]
+__all__ = ["ALONE", "MAX_BATCH", "STATS", "Batcher", "Entry", "answer"]
 
 MAX_BATCH = 128
 """Requests in one batch statement at most; more wait for the next turn's batch."""
@@ -40,32 +40,44 @@ Entry = tuple[str, Any, "asyncio.Future[Any]"]
 """(lock name, the request, its future)."""
 
 
+ALONE: Any = object()
+"""A future's result that tells its caller to run its request alone (single-request code)."""
+
+
 class Batcher(Generic[R]):
     """Collects the requests of one event-loop turn and hands them to ``send`` together.
 
-    ``send(entries)`` must resolve every entry's future that is not done (``Entry``); an
-    exception it raises is set on those it left unresolved. ``stats`` (counts, for tests and
-    operators): ``batches`` sent (two or more requests), ``batched`` requests in them,
-    ``failed`` requests that ran alone because their batch statement failed, ``alone``
-    requests of a batch the statement could not answer by itself.
+    ``send(entries)`` resolves each entry's future that is not done (``Entry``) with its answer,
+    its error, or ``ALONE``: its caller then runs ``alone(request)`` in its own task (a batch of
+    one, without a send; a request the statement could not answer; every request of a failed
+    statement), so a request's failure stays its own. An exception ``send`` raises goes to
+    the callers it left unresolved. ``stats`` (counts, for tests and operators): ``batches``
+    sent (two or more requests), ``batched`` requests in them, ``failed`` requests that ran
+    alone because their batch statement failed, ``alone`` other requests of a batch that ran
+    alone.
     """
 
-    def __init__(self, send: Callable[[list[Entry]], Awaitable[None]]):
+    def __init__(self, send: Callable[[list[Entry]], Awaitable[None]],
+                 alone: Callable[[Any], Awaitable[R]]):
         self._send = send
+        self._alone = alone
         self._pending: list[Entry] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = dict.fromkeys(STATS, 0)
 
-    def submit(self, lock: str, request: Any) -> asyncio.Future[R]:
-        """Queue ``request`` on ``lock``; the future gets its answer (or error)."""
+    async def submit(self, lock: str, request: Any) -> R:
+        """``request`` on ``lock``, sent with the others of this turn: its answer (or error)."""
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[R] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append((lock, request, fut))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return fut
+        answer = await fut
+        if answer is ALONE:
+            return await self._alone(request)
+        return answer
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -84,10 +96,11 @@ class Batcher(Generic[R]):
         if rest:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
-        if take:
-            if len(take) > 1:
-                self.stats["batches"] += 1
-                self.stats["batched"] += len(take)
+        if len(take) == 1:
+            take[0][2].set_result(ALONE)
+        elif take:
+            self.stats["batches"] += 1
+            self.stats["batched"] += len(take)
             task = asyncio.ensure_future(self._sent(take))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -103,18 +116,7 @@ class Batcher(Generic[R]):
                 raise
 
 
-async def settle(fut: asyncio.Future[Any], call: Awaitable[Any]) -> None:
-    """Resolve ``fut`` with ``call``'s answer or error (unless its caller gave up)."""
-    try:
-        answer = await call
-    except Exception as exc:  # noqa: BLE001 - the caller's own error
-        if not fut.done():
-            fut.set_exception(exc)
-    else:
-        if not fut.done():
-            fut.set_result(answer)
-
-
-async def settle_each(entries: list[Entry], alone: Callable[[Any], Awaitable[Any]]) -> None:
-    """Run each entry's request alone (``alone(request)``), concurrently, resolving its future."""
-    await asyncio.gather(*(settle(fut, alone(req)) for _, req, fut in entries if not fut.done()))
+def answer(fut: asyncio.Future[Any], result: Any) -> None:
+    """Resolve ``fut`` with ``result`` unless its caller gave up."""
+    if not fut.done():
+        fut.set_result(result)

@@ -67,8 +67,8 @@ class LockOps:
 
     def _start_batching(self) -> None:
         """Send the exclusive acquires and releases of one event-loop turn together."""
-        self._acquires = batch_.Batcher(self._send_acquires)
-        self._releases = batch_.Batcher(self._send_releases)
+        self._acquires = batch_.Batcher(self._send_acquires, self._acquire_alone)
+        self._releases = batch_.Batcher(self._send_releases, self._release_alone)
 
     async def acquire(
         self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
@@ -99,13 +99,11 @@ class LockOps:
         return await self._run(op, retry=True)
 
     async def _send_acquires(self, entries: list[batch_.Entry]) -> None:
-        """``Batcher``'s send: one ``sql.ACQUIRE_BATCH`` for requests on distinct locks (one
-        request: alone). A refusal the statement cannot explain runs alone (as ACQUIRE's
-        does); a failed statement runs every request alone."""
+        """``Batcher``'s send: one ``sql.ACQUIRE_BATCH`` for requests on distinct locks. A
+        refusal the statement cannot explain runs alone (as ACQUIRE's does); a failed
+        statement runs every request alone."""
         assert self._acquires is not None
         stats = self._acquires.stats
-        if len(entries) == 1:
-            return await batch_.settle_each(entries, self._acquire_alone)
         reqs = [req for _, req, _ in entries]
         params = {"locks": [r["lock"] for r in reqs], "lease_ids": [r["lease_id"] for r in reqs],
                   "owners": [r["owner"] for r in reqs],
@@ -120,21 +118,19 @@ class LockOps:
             rows = {row[1]: row for row in await self._run(op, retry=True)}
         except (StoreUnavailable, LeaseLost):
             stats["failed"] += len(entries)
-            return await batch_.settle_each(entries, self._acquire_alone)
-        unanswered = []
-        for lock, req, fut in entries:
+            for _, _, fut in entries:
+                batch_.answer(fut, batch_.ALONE)
+            return
+        for lock, _, fut in entries:
             row = rows.get(lock)
-            if fut.done():
-                continue
             if row is not None and row[0]:
-                fut.set_result(Grant(lock=lock, lease_id=row[2], fence=row[3], ttl_ms=row[5],
-                                     owner=row[4]))
+                batch_.answer(fut, Grant(lock=lock, lease_id=row[2], fence=row[3],
+                                         ttl_ms=row[5], owner=row[4]))
             elif row is not None and row[5] > 0:
-                fut.set_result(Holder(lock=lock, owner=row[4], ttl_ms=row[5], fence=row[3]))
+                batch_.answer(fut, Holder(lock=lock, owner=row[4], ttl_ms=row[5], fence=row[3]))
             else:
-                unanswered.append((lock, req, fut))
-        stats["alone"] += len(unanswered)
-        await batch_.settle_each(unanswered, self._acquire_alone)
+                stats["alone"] += 1
+                batch_.answer(fut, batch_.ALONE)
 
     @staticmethod
     async def _acquire_exclusive(conn: psycopg.AsyncConnection,
@@ -189,13 +185,13 @@ class LockOps:
         """See ``LockStore.release``: frees the lock and NOTIFYs in one statement; keeps the fence. A
         lease id with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
         if self._releases is not None and not lease_id.startswith(SHARED_PREFIX):
-            await self._releases.submit(lock, (lock, lease_id, False))
+            await self._releases.submit(lock, [lock, lease_id, False])
         else:
-            await self._release_alone((lock, lease_id, False))
+            await self._release_alone([lock, lease_id, False])
 
-    async def _release_alone(self, request: tuple[str, str, bool]) -> None:
-        """One release, ``request`` = (lock, lease id, whether an earlier attempt's outcome is
-        unknown: then a lease already released by the database is this release's own)."""
+    async def _release_alone(self, request: list[Any]) -> None:
+        """One release, ``request`` = [lock, lease id, whether an earlier attempt's outcome is
+        unknown: then a lease already released by the database is this release's own]."""
         lock, lease_id, unknown = request
         params = {"lock": lock, "lease_id": lease_id}
 
@@ -219,13 +215,11 @@ class LockOps:
         await self._run(op, retry=True)
 
     async def _send_releases(self, entries: list[batch_.Entry]) -> None:
-        """``Batcher``'s send: one ``sql.RELEASE_BATCH`` (one request: alone). A release it did
-        not free runs alone (a shared lease, a lease lost; after a lost connection, one the
-        first attempt freed); a failed statement runs every release alone."""
+        """``Batcher``'s send: one ``sql.RELEASE_BATCH``. A release it did not free runs alone
+        (a shared lease, a lease lost; after a lost connection, one the first attempt may have
+        freed: checked as a retry); a failed statement runs every release alone."""
         assert self._releases is not None
         stats = self._releases.stats
-        if len(entries) == 1:
-            return await batch_.settle_each(entries, self._release_alone)
         params = {"locks": [r[0] for _, r, _ in entries],
                   "lease_ids": [r[1] for _, r, _ in entries]}
         unknown = False
@@ -237,18 +231,16 @@ class LockOps:
             return {row[0] for row in await cur.fetchall()}
 
         try:
-            freed = await self._run(op, retry=True)
+            freed: set[str] | None = await self._run(op, retry=True)
         except (StoreUnavailable, LeaseLost):
             freed = None
-        rest = []
-        for lock, (_, lease_id, _), fut in entries:
+        for lock, req, fut in entries:
             if freed is not None and lock in freed:
-                if not fut.done():
-                    fut.set_result(None)
-            else:
-                rest.append((lock, (lock, lease_id, unknown), fut))
-        stats["failed" if freed is None else "alone"] += len(rest)
-        await batch_.settle_each(rest, self._release_alone)
+                batch_.answer(fut, None)
+                continue
+            stats["failed" if freed is None else "alone"] += 1
+            req[2] = unknown
+            batch_.answer(fut, batch_.ALONE)
 
     async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
                            owner: str, client_id: str | None,
