@@ -2,9 +2,10 @@
 event-loop turn goes to PostgreSQL in one set-based autocommit statement (one round trip, one
 commit) instead of one statement each (``sql.ACQUIRE_BATCH``, ``sql.RELEASE_BATCH``).
 
-How a batch forms: the first request of a turn schedules the send for the next turn
-(``loop.call_soon``); every request made before then joins it, at most one per lock name and
-``MAX_BATCH`` in all. The others (a second request on a lock already in the batch) wait for
+How a batch forms: a request made while no other is under way is sent at once, alone (one
+client's requests never wait). Otherwise the first request of a turn schedules the send for
+the next turn (``loop.call_soon``); every request made before then joins it, at most one per
+lock name and ``MAX_BATCH`` in all. The others (a second request on a lock already in the batch) wait for
 the next turn's batch, so a statement never meets a row twice (PostgreSQL would refuse it) and
 a lock's requests are sent in the order they were made. A batch of one runs the
 single-request code.
@@ -64,20 +65,29 @@ class Batcher(Generic[R]):
         self._pending: list[Entry] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._busy = 0  # requests submitted and not yet answered
         self.stats = dict.fromkeys(STATS, 0)
 
     async def submit(self, lock: str, request: Any) -> R:
-        """``request`` on ``lock``, sent with the others of this turn: its answer (or error)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-        self._pending.append((lock, request, fut))
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
-        answer = await fut
-        if answer is ALONE:
-            return await self._alone(request)
-        return answer
+        """``request`` on ``lock``: its answer (or error). Sent at once and alone if no other
+        request of this batcher is under way (nothing to wait for: one client's requests go
+        without the turn's wait), else with the others of this turn."""
+        self._busy += 1
+        try:
+            if self._busy == 1:
+                return await self._alone(request)
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[Any] = loop.create_future()
+            self._pending.append((lock, request, fut))
+            if not self._scheduled:
+                self._scheduled = True
+                loop.call_soon(self._flush)
+            answer = await fut
+            if answer is ALONE:
+                return await self._alone(request)
+            return answer
+        finally:
+            self._busy -= 1
 
     def _flush(self) -> None:
         self._scheduled = False
