@@ -2,8 +2,8 @@
 event-loop turn goes to PostgreSQL in one set-based autocommit statement (one round trip, one
 commit) instead of one statement each (``sql.ACQUIRE_BATCH``, ``sql.RELEASE_BATCH``).
 
-How a batch forms: a request made while no other is under way is sent at once, alone (one
-client's requests never wait). Otherwise the first request of a turn schedules the send for
+How a batch forms: a request made while no other is under way (acquire or release: the two
+batchers share one count) is sent at once, alone (a lone client's requests never wait). Otherwise the first request of a turn schedules the send for
 the next turn (``loop.call_soon``); every request made before then joins it, at most one per
 lock name and ``MAX_BATCH`` in all. The others (a second request on a lock already in the batch) wait for
 the next turn's batch, so a statement never meets a row twice (PostgreSQL would refuse it) and
@@ -48,6 +48,7 @@ ALONE: Any = object()
 class Batcher(Generic[R]):
     """Collects the requests of one event-loop turn and hands them to ``send`` together.
 
+    ``busy``: a one-item list counting the requests under way, shared with other batchers.
     ``send(entries)`` resolves each entry's future that is not done (``Entry``) with its answer,
     its error, or ``ALONE``: its caller then runs ``alone(request)`` in its own task (a batch of
     one, without a send; a request the statement could not answer; every request of a failed
@@ -59,22 +60,22 @@ class Batcher(Generic[R]):
     """
 
     def __init__(self, send: Callable[[list[Entry]], Awaitable[None]],
-                 alone: Callable[[Any], Awaitable[R]]):
+                 alone: Callable[[Any], Awaitable[R]], busy: list[int] | None = None):
         self._send = send
         self._alone = alone
         self._pending: list[Entry] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._busy = 0  # requests submitted and not yet answered
+        self._busy = busy if busy is not None else [0]  # requests under way (shared)
         self.stats = dict.fromkeys(STATS, 0)
 
     async def submit(self, lock: str, request: Any) -> R:
         """``request`` on ``lock``: its answer (or error). Sent at once and alone if no other
         request of this batcher is under way (nothing to wait for: one client's requests go
         without the turn's wait), else with the others of this turn."""
-        self._busy += 1
+        self._busy[0] += 1
         try:
-            if self._busy == 1:
+            if self._busy[0] == 1:
                 return await self._alone(request)
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[Any] = loop.create_future()
@@ -87,7 +88,7 @@ class Batcher(Generic[R]):
                 return await self._alone(request)
             return answer
         finally:
-            self._busy -= 1
+            self._busy[0] -= 1
 
     def _flush(self) -> None:
         self._scheduled = False

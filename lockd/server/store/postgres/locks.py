@@ -67,8 +67,9 @@ class LockOps:
 
     def _start_batching(self) -> None:
         """Send the exclusive acquires and releases of one event-loop turn together."""
-        self._acquires = batch_.Batcher(self._send_acquires, self._acquire_alone)
-        self._releases = batch_.Batcher(self._send_releases, self._release_alone)
+        busy = [0]  # one count for both: a lone client's acquire or release goes at once
+        self._acquires = batch_.Batcher(self._send_acquires, self._acquire_alone, busy)
+        self._releases = batch_.Batcher(self._send_releases, self._release_alone, busy)
 
     async def acquire(
         self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
