@@ -3,9 +3,10 @@ event-loop turn goes to PostgreSQL in one set-based autocommit statement (one ro
 commit) instead of one statement each (``sql.ACQUIRE_BATCH``, ``sql.RELEASE_BATCH``).
 
 How a batch forms: a request made while no other is under way (acquire or release: the two
-batchers share one count) is sent at once, alone (a lone client's requests never wait). Otherwise the first request of a turn schedules the send for
-the next turn (``loop.call_soon``); every request made before then joins it, at most one per
-lock name and ``MAX_BATCH`` in all. The others (a second request on a lock already in the batch) wait for
+batchers share one count) is sent at once, alone (a lone client's requests never wait).
+Otherwise the first request of a turn schedules the send for the next turn
+(``loop.call_soon``); every request made before then joins it, at most one per lock name and
+``MAX_BATCH`` in all. The others (a second request on a lock already in the batch) wait for
 the next turn's batch, so a statement never meets a row twice (PostgreSQL would refuse it) and
 a lock's requests are sent in the order they were made. A batch of one runs the
 single-request code.
