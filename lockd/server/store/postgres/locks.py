@@ -1,8 +1,9 @@
 """Locks on PostgreSQL: the ``LockStore`` methods of ``PostgresStore`` (a mixin).
 
 An exclusive grant is one autocommit statement that raises the lock row's fence as it installs
-the lease (``sql.ACQUIRE``); shared holders and mixed-mode sets lock the lock rows first, in
-name order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
+the lease (``sql.ACQUIRE``; the grants of one event-loop turn in one statement, and so their
+releases: ``batch``); shared holders and mixed-mode sets lock the lock rows first, in name
+order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class LockOps:
         self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
         mode: str = EXCLUSIVE
     ) -> Grant | Holder:
-        """See ``LockStore.acquire``. Exclusive: one statement, a second only when a refusal needs
+        """See ``LockStore.acquire``. Exclusive: one statement (shared with the other exclusive
+        acquires of this event-loop turn: ``batch``), a second only when a refusal needs
         explaining. Shared: one transaction on the locked lock row (``modes.acquire_shared``)."""
         params = {"lock": lock, "lease_id": lease_id, "ttl_ms": int(ttl_ms),
                   "owner": owner or "", "client_id": client_id or None}
@@ -183,8 +185,9 @@ class LockOps:
         return await self._run(op, retry=True)
 
     async def release(self, lock: str, lease_id: str) -> None:
-        """See ``LockStore.release``: frees the lock and NOTIFYs in one statement; keeps the fence. A
-        lease id with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
+        """See ``LockStore.release``: frees the lock and NOTIFYs in one statement (shared with the
+        other exclusive releases of this event-loop turn: ``batch``); keeps the fence. A lease id
+        with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
         if self._releases is not None and not lease_id.startswith(SHARED_PREFIX):
             await self._releases.submit(lock, [lock, lease_id, False])
         else:
