@@ -14,7 +14,7 @@ BENCH_CLIENTS     1,8,32     client counts of section 1
 BENCH_PROXY_CLIENTS 8        client counts of sections 5 and 8
 BENCH_PROCS       1          generator processes per measurement
 BENCH_SCALE_LEASES 100000    held leases in section 6
-BENCH_PEERS       (all)      only peers whose name contains one of these words (+ baselines)
+BENCH_PEERS       (all)      only peers whose name contains one of these words, or is ``=name`` (+ baselines)
 BENCH_OUT         bench/results  where the results go
 BENCH_HANDOVERS   50         election handovers per row of section 9 (its other knobs: bench/primitives.py)
 ================  =========  ==========================================================

@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["lockd", *_PRIMITIVE_SPECS, "proxy", "proxy-fresh"])
     parser.add_argument("--after-args", default="", help="more flags for the 'after' server "
                         "(lockd or proxy), e.g. '--workers 2'")
+    parser.add_argument("--before-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the 'before' lockd (repeatable), e.g. "
+                        "LOCKD_PG_BATCH=0 with --before set to this tree")
     args = parser.parse_args(argv)
     before_tree = Path(args.before).resolve()
     if not (before_tree / "lockd" / "__init__.py").exists():
@@ -141,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             urls = {"before": args.store, "after": args.store}
         servers = {
             "before": ws.lockd(urls["before"], "lockd-before",
-                               env={"PYTHONPATH": str(before_tree)}),
+                               env={"PYTHONPATH": str(before_tree),
+                                    **dict(e.split("=", 1) for e in args.before_env)}),
             "after": lockd_server(ws, urls["after"], "lockd-after",
                                   args=tuple(args.after_args.split())),
         }
@@ -170,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(cpu['after']) / statistics.median(cpu['before']):.2f}×  "
               f"({args.workload} cycles, {args.store}, {args.clients} clients, {args.rounds} "
               f"rounds × {args.seconds:g} s"
-              f"{', after: ' + args.after_args if args.after_args else ''})")
+              f"{', after: ' + args.after_args if args.after_args else ''}"
+              f"{', before: ' + ' '.join(args.before_env) if args.before_env else ''})")
     finally:
         ws.close()
     return 0

@@ -34,6 +34,10 @@ WORKERS_POOL_MAX = 8
 # pool_max = WORKERS_POOL_MAX like a --workers worker (PostgreSQL's 100 connections: see above).
 LOCKD_REPLICAS = 2
 REPLICAS_ROW = f"lockd · PostgreSQL · {LOCKD_REPLICAS} replicas"
+# lockd on PostgreSQL with ``?batch=0``: each acquire and release its own statement (the store
+# sends those of one event-loop turn together by default). Only when BENCH_PEERS names it: its
+# pool would take PostgreSQL past its 100 connections in a full run.
+NOBATCH_ROW = "lockd · PostgreSQL · batch=0"
 # Limit rows that run whatever BENCH_PEERS says, like the baselines: the goals table puts them
 # beside each goal (bench/goals.py).
 CEILING_ROWS = ("do-nothing HTTP (generator ceiling)", "do-nothing FastAPI (HTTP stack ceiling)")
@@ -79,6 +83,8 @@ class Bench:
                 server = self.ws.etcd()
             elif name.startswith("noop-"):
                 server = self.ws.noop(name.split("-", 1)[1])
+            elif name == "lockd-postgres-nobatch":  # each request its own statement
+                server = self.ws.lockd(sqlalchemy_url(self.ws.database()) + "?batch=0", name)
             elif name == "lockd-sqlite-tls":
                 server = self.ws.lockd("sqlite", name, tls=True)
             elif name == "lockd-etcd":
@@ -116,8 +122,10 @@ class Bench:
             self.servers.pop(name).stop()
 
     def wanted(self, peer: str) -> bool:
-        return not self.settings.peers or any(p.lower() in peer.lower()
-                                              for p in self.settings.peers)
+        """Whether BENCH_PEERS asks for ``peer``: a word it contains, or ``=name`` exactly."""
+        return not self.settings.peers or any(
+            p[1:] == peer if p.startswith("=") else p.lower() in peer.lower()
+            for p in self.settings.peers)
 
 
 def _lockd_server(bench: Bench, label: str) -> Server:
@@ -164,6 +172,8 @@ def lock_cycles(bench: Bench) -> Section:
             **_lockd_server(bench, "lockd · PostgreSQL").addr(), "prefix": "bench1"}),
         "lockd · etcd": lambda: ("lockd", {**_lockd_server(bench, "lockd · etcd").addr(),
                                            "prefix": "bench1"}),
+        NOBATCH_ROW: lambda: ("lockd", {**bench.server("lockd-postgres-nobatch").addr(),
+                                        "prefix": "bench1"}),
         # Multi-lock leases: one atomic grant of 2 or 8 locks, then one release.
         **{f"{label} · {n} locks/lease": (lambda label=label, n=n: ("lockd_many", {
             **_lockd_server(bench, label).addr(), "prefix": f"bench1m{n}", "locks": n}))
@@ -198,6 +208,7 @@ def lock_cycles(bench: Bench) -> Section:
     }
     chosen = {name: make for name, make in peers.items()
               if (bench.wanted(name) or "baseline" in name or name in CEILING_ROWS)
+              and (name != NOBATCH_ROW or s.peers)  # asked for only: 32 more connections
               and bench.has(_needs(name) or "")}
     specs = {name: make() for name, make in chosen.items()}
     results: dict[tuple[str, int], list[dict]] = {}
@@ -211,6 +222,7 @@ def lock_cycles(bench: Bench) -> Section:
                 res = loadgen.run_closed(spec, c, s.procs)
                 results.setdefault((name, c), []).append(res)
     bench.retire("lockd-postgres-workers")
+    bench.retire("lockd-postgres-nobatch")
     bench.retire("lockd-etcd-workers")
     bench.retire("lockd-postgres-replica-")
     section = Section(

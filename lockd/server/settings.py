@@ -34,6 +34,9 @@ new connection gets 503 ``overloaded`` with ``Retry-After``; keep it below ``uli
 ``write_timeout_ms`` (``LOCKD_WRITE_TIMEOUT_MS``, 10000: a client that reads nothing of its
 answer for this long is disconnected); ``max_event_streams`` (``LOCKD_MAX_EVENT_STREAMS``, 100:
 beyond, an event stream request gets 503 ``too_many_streams`` with ``Retry-After``).
+The PostgreSQL store reads ``LOCKD_PG_BATCH`` itself (1, the default: the exclusive acquires and
+releases of one event-loop turn go in one statement each; 0: one statement per request; the
+store URL's ``?batch=`` wins; docs/stores/postgres.md, "Batches").
 Access (``lockd.server.access``): ``access_file`` (``LOCKD_ACCESS_FILE``: YAML of identities with
 lock-name prefixes; refused at start if malformed); ``max_leases_per_identity`` (100000) and
 ``max_waiters_per_identity`` (10000): per identity at this process, beyond: 429

@@ -1,8 +1,9 @@
 """Locks on PostgreSQL: the ``LockStore`` methods of ``PostgresStore`` (a mixin).
 
 An exclusive grant is one autocommit statement that raises the lock row's fence as it installs
-the lease (``sql.ACQUIRE``); shared holders and mixed-mode sets lock the lock rows first, in
-name order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
+the lease (``sql.ACQUIRE``; the grants of one event-loop turn in one statement, and so their
+releases: ``batch``); shared holders and mixed-mode sets lock the lock rows first, in name
+order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import psycopg
 
+import lockd.server.store.postgres.batch as batch_
 import lockd.server.store.postgres.modes as modes_
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_modes as sql_modes
@@ -61,19 +63,30 @@ class LockOps:
 
     _run: Callable[..., Awaitable[Any]]
     _grants = 0
+    _acquires: batch_.Batcher[Grant | Holder] | None = None  # None: each request alone
+    _releases: batch_.Batcher[None] | None = None
+
+    def _start_batching(self) -> None:
+        """Send the exclusive acquires and releases of one event-loop turn together."""
+        busy = [0]  # one count for both: a lone client's acquire or release goes at once
+        self._acquires = batch_.Batcher(self._send_acquires, self._acquire_alone, busy)
+        self._releases = batch_.Batcher(self._send_releases, self._release_alone, busy)
 
     async def acquire(
         self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
         mode: str = EXCLUSIVE
     ) -> Grant | Holder:
-        """See ``LockStore.acquire``. Exclusive: one statement, a second only when a refusal needs
+        """See ``LockStore.acquire``. Exclusive: one statement (shared with the other exclusive
+        acquires of this event-loop turn: ``batch``), a second only when a refusal needs
         explaining. Shared: one transaction on the locked lock row (``modes.acquire_shared``)."""
         params = {"lock": lock, "lease_id": lease_id, "ttl_ms": int(ttl_ms),
                   "owner": owner or "", "client_id": client_id or None}
+        if mode != SHARED:
+            if self._acquires is not None:
+                return await self._acquires.submit(lock, params)
+            return await self._acquire_alone(params)
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant | Holder:
-            if mode != SHARED:
-                return await self._acquire_exclusive(conn, params)
             got = await modes_.acquire_shared(conn, params)
             self._grants += 1
             if self._grants % _LEASE_SWEEP_EVERY == 0:  # ended shared rows, long past
@@ -81,6 +94,46 @@ class LockOps:
             return got
 
         return await self._run(op, retry=True)
+
+    async def _acquire_alone(self, params: Mapping[str, Any]) -> Grant | Holder:
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant | Holder:
+            return await self._acquire_exclusive(conn, params)
+
+        return await self._run(op, retry=True)
+
+    async def _send_acquires(self, entries: list[batch_.Entry]) -> None:
+        """``Batcher``'s send: one ``sql.ACQUIRE_BATCH`` for requests on distinct locks. A
+        refusal the statement cannot explain runs alone (as ACQUIRE's does); a failed
+        statement runs every request alone."""
+        assert self._acquires is not None
+        stats = self._acquires.stats
+        reqs = [req for _, req, _ in entries]
+        params = {"locks": [r["lock"] for r in reqs], "lease_ids": [r["lease_id"] for r in reqs],
+                  "owners": [r["owner"] for r in reqs],
+                  "client_ids": [r["client_id"] for r in reqs],
+                  "ttls": [r["ttl_ms"] for r in reqs]}
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[tuple]:
+            cur = await conn.execute(sql.ACQUIRE_BATCH, params)
+            return await cur.fetchall()
+
+        try:
+            rows = {row[1]: row for row in await self._run(op, retry=True)}
+        except (StoreUnavailable, LeaseLost):
+            stats["failed"] += len(entries)
+            for _, _, fut in entries:
+                batch_.answer(fut, batch_.ALONE)
+            return
+        for lock, _, fut in entries:
+            row = rows.get(lock)
+            if row is not None and row[0]:
+                batch_.answer(fut, Grant(lock=lock, lease_id=row[2], fence=row[3],
+                                         ttl_ms=row[5], owner=row[4]))
+            elif row is not None and row[5] > 0:
+                batch_.answer(fut, Holder(lock=lock, owner=row[4], ttl_ms=row[5], fence=row[3]))
+            else:
+                stats["alone"] += 1
+                batch_.answer(fut, batch_.ALONE)
 
     @staticmethod
     async def _acquire_exclusive(conn: psycopg.AsyncConnection,
@@ -132,13 +185,24 @@ class LockOps:
         return await self._run(op, retry=True)
 
     async def release(self, lock: str, lease_id: str) -> None:
-        """See ``LockStore.release``: frees the lock and NOTIFYs in one statement; keeps the fence. A
-        lease id with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
+        """See ``LockStore.release``: frees the lock and NOTIFYs in one statement (shared with the
+        other exclusive releases of this event-loop turn: ``batch``); keeps the fence. A lease id
+        with ``SHARED_PREFIX`` is tried as shared first (one round trip when it is)."""
+        if self._releases is not None and not lease_id.startswith(SHARED_PREFIX):
+            await self._releases.submit(lock, [lock, lease_id, False])
+        else:
+            await self._release_alone([lock, lease_id, False])
+
+    async def _release_alone(self, request: list[Any]) -> None:
+        """One release, ``request`` = [lock, lease id, whether an earlier attempt's outcome is
+        unknown: then a lease already released by the database is this release's own]."""
+        lock, lease_id, unknown = request
         params = {"lock": lock, "lease_id": lease_id}
 
         shared_first = lease_id.startswith(SHARED_PREFIX)
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> None:
+            retried = retried or unknown
             if shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
                 return
             cur = await conn.execute(sql.RELEASE, params)
@@ -153,6 +217,34 @@ class LockOps:
             raise LeaseLost(f"lease on {lock!r} is not live", lock=lock)
 
         await self._run(op, retry=True)
+
+    async def _send_releases(self, entries: list[batch_.Entry]) -> None:
+        """``Batcher``'s send: one ``sql.RELEASE_BATCH``. A release it did not free runs alone
+        (a shared lease, a lease lost; after a lost connection, one the first attempt may have
+        freed: checked as a retry); a failed statement runs every release alone."""
+        assert self._releases is not None
+        stats = self._releases.stats
+        params = {"locks": [r[0] for _, r, _ in entries],
+                  "lease_ids": [r[1] for _, r, _ in entries]}
+        unknown = False
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> set[str]:
+            nonlocal unknown
+            unknown = unknown or retried
+            cur = await conn.execute(sql.RELEASE_BATCH, params)
+            return {row[0] for row in await cur.fetchall()}
+
+        try:
+            freed: set[str] | None = await self._run(op, retry=True)
+        except (StoreUnavailable, LeaseLost):
+            freed = None
+        for lock, req, fut in entries:
+            if freed is not None and lock in freed:
+                batch_.answer(fut, None)
+                continue
+            stats["failed" if freed is None else "alone"] += 1
+            req[2] = unknown
+            batch_.answer(fut, batch_.ALONE)
 
     async def acquire_many(self, locks: tuple[str, ...], *, lease_id: str, ttl_ms: int,
                            owner: str, client_id: str | None,

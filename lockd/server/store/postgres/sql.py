@@ -11,9 +11,10 @@ in its own commit. The reasoning behind each statement: docs/stores/postgres.md 
 from __future__ import annotations
 
 __all__ = [
-    "ACQUIRE", "ACQUIRE_MANY", "ASYNC_COMMIT", "CHANNEL", "CLOCK", "CONFIGURE", "DDL",
-    "FORCE_RELEASE", "LISTEN", "NOW", "PING", "RELEASE", "RELEASED_BY", "RELEASE_MANY", "RENEW",
-    "RENEW_LEASE_ROW", "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY", "SWEEP_LEASES",
+    "ACQUIRE", "ACQUIRE_BATCH", "ACQUIRE_MANY", "ASYNC_COMMIT", "CHANNEL", "CLOCK", "CONFIGURE",
+    "DDL", "FORCE_RELEASE", "LISTEN", "NOW", "PING", "RELEASE", "RELEASED_BY", "RELEASE_BATCH",
+    "RELEASE_MANY", "RENEW", "RENEW_LEASE_ROW", "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY",
+    "SWEEP_LEASES",
 ]
 
 CHANNEL = "lockd_release"
@@ -114,12 +115,9 @@ SELECT (SELECT cardinality(locks) FROM lease), (SELECT array_agg(name) FROM r)
 
 # A live shared holder keeps ``shared_until`` in the future (see sql_modes): the exclusive
 # grant is refused, judged on the row's latest version like everything else here.
-ACQUIRE = f"""
-WITH up AS (
-    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms,
-                                  writer_open)
-    VALUES (%(lock)s, 1, %(lease_id)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s::int,
-            true)
+# The upsert's conflict arm, shared by ACQUIRE and ACQUIRE_BATCH: a live lease is kept (its
+# own lease id or client id asking again renews it: a retry), a free row is granted anew.
+_GRANT_ON_CONFLICT = """
     ON CONFLICT (name) DO UPDATE SET
         fence = CASE WHEN l.expires_at > now() THEN l.fence ELSE l.fence + 1 END,
         lease_id = CASE WHEN l.expires_at > now() THEN l.lease_id ELSE excluded.lease_id END,
@@ -132,13 +130,48 @@ WITH up AS (
     WHERE ((l.expires_at > now()) IS NOT TRUE AND (l.shared_until > now()) IS NOT TRUE)
        OR ((l.expires_at > now()) IS TRUE
            AND (l.lease_id = excluded.lease_id
-                OR (l.client_id = excluded.client_id AND excluded.client_id <> '')))
+                OR (l.client_id = excluded.client_id AND excluded.client_id <> '')))"""
+
+# A live shared holder keeps ``shared_until`` in the future (see sql_modes): the exclusive
+# grant is refused, judged on the row's latest version like everything else here.
+ACQUIRE = f"""
+WITH up AS (
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms,
+                                  writer_open)
+    VALUES (%(lock)s, 1, %(lease_id)s, %(owner)s, %(client_id)s, {_NEW_EXPIRY}, %(ttl_ms)s::int,
+            true)
+{_GRANT_ON_CONFLICT}
     RETURNING lease_id, fence, owner, {_TTL} AS ttl_ms
 )
 SELECT true, lease_id, fence, owner, ttl_ms FROM up
 UNION ALL
 SELECT false, NULL, fence, owner, CASE WHEN {_LIVE} THEN {_TTL} ELSE 0 END
   FROM lockd.locks WHERE name = %(lock)s AND NOT EXISTS (SELECT 1 FROM up)
+"""
+
+# ACQUIRE for several requests, each on a different lock (one upsert must not meet a row twice),
+# in one autocommit statement: one commit (one WAL flush) for all of them. Rows are taken in
+# name order like every other statement that locks several. A granted request comes back from
+# ``up``; a refused one with its row as the statement's snapshot saw it, as from ACQUIRE.
+ACQUIRE_BATCH = f"""
+WITH req AS (
+    SELECT * FROM unnest(%(locks)s::text[], %(lease_ids)s::text[], %(owners)s::text[],
+                         %(client_ids)s::text[], %(ttls)s::int[])
+                  AS r(name, lease_id, owner, client_id, ttl_ms)
+), up AS (
+    INSERT INTO lockd.locks AS l (name, fence, lease_id, owner, client_id, expires_at, ttl_ms,
+                                  writer_open)
+    SELECT name, 1, lease_id, owner, client_id,
+           now() + ttl_ms::bigint * interval '1 millisecond', ttl_ms, true
+      FROM req ORDER BY name COLLATE "C"
+{_GRANT_ON_CONFLICT}
+    RETURNING name, lease_id, fence, owner, {_TTL} AS ttl_ms
+)
+SELECT true, name, lease_id, fence, owner, ttl_ms FROM up
+UNION ALL
+SELECT false, name, NULL, fence, owner, CASE WHEN {_LIVE} THEN {_TTL} ELSE 0 END
+  FROM lockd.locks
+ WHERE name = ANY(%(locks)s::text[]) AND name NOT IN (SELECT name FROM up)
 """
 
 # ttl_ms NULL: the lease's own TTL (the last one granted or renewed with).
@@ -162,6 +195,23 @@ WITH r AS (
     RETURNING name
 ), async_commit AS ({ASYNC_COMMIT})
 SELECT pg_notify('{CHANNEL}', name) FROM r, async_commit
+"""
+
+# RELEASE for several (lock, lease id) pairs in one statement: the live rows locked in name
+# order, each freed one NOTIFYs; the freed names come back (a pair not freed is not a release).
+RELEASE_BATCH = f"""
+WITH sel AS (
+    SELECT l.name, l.lease_id FROM lockd.locks l
+      JOIN unnest(%(locks)s::text[], %(lease_ids)s::text[]) AS q(name, lease_id)
+        ON l.name = q.name AND l.lease_id = q.lease_id
+     WHERE l.expires_at > now()
+     ORDER BY l.name COLLATE "C" FOR UPDATE OF l
+), r AS (
+    UPDATE lockd.locks l SET expires_at = NULL, released_at = now(), writer_open = false
+      FROM sel WHERE l.name = sel.name AND l.lease_id = sel.lease_id AND l.expires_at > now()
+    RETURNING l.name
+), async_commit AS ({ASYNC_COMMIT})
+SELECT name, pg_notify('{CHANNEL}', name) FROM r, async_commit
 """
 
 # An operator's force-release: end whatever lease is live, keep the fence, NOTIFY like a release.

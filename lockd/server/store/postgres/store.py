@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -53,7 +54,9 @@ class PostgresStore(LockOps, SemaphoreOps, ElectionOps):
     ``url``: ``postgresql[+psycopg]://user:pass@host:port/db?…``. Keyword arguments (``None``:
     take the URL's query parameter, else the default): ``pool_min`` 1, ``pool_max`` 32,
     ``pool_timeout`` 5.0 s, ``op_timeout`` 10.0 s, ``prepare_threshold`` 5, ``heartbeat`` 5.0 s
-    (LISTEN connection liveness check).
+    (LISTEN connection liveness check), ``batch`` 1 (send the exclusive single-lock acquires
+    and releases of one event-loop turn in one statement each, ``locks.batch``; 0: one
+    statement per request; without the URL parameter, the environment's ``LOCKD_PG_BATCH``).
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class PostgresStore(LockOps, SemaphoreOps, ElectionOps):
         op_timeout: float | None = None,
         prepare_threshold: int | None = None,
         heartbeat: float = 5.0,
+        batch: bool | None = None,
     ):
         conninfo, own = libpq_url(url)
         try:  # libpq's own check of the URL, now rather than at each connection attempt
@@ -91,6 +95,11 @@ class PostgresStore(LockOps, SemaphoreOps, ElectionOps):
         else:
             self._prepare_threshold = prepare_threshold
         self._heartbeat = heartbeat
+        if batch is None:
+            env = os.environ.get("LOCKD_PG_BATCH", "1").strip().lower()
+            default = int(env not in ("0", "false", "off", "no"))
+            batch = bool(param(own, "batch", default, int))
+        self._batch = batch
         # libpq connection parameters lockd sets unless the URL does.
         self._conn_kwargs: dict[str, Any] = {}
         present = {k for k, _ in parse_qsl(urlsplit(conninfo).query)}
@@ -146,6 +155,8 @@ class PostgresStore(LockOps, SemaphoreOps, ElectionOps):
         try:
             await pool.open(wait=True, timeout=self._pool_timeout)
             self._pool = pool
+            if self._batch:
+                self._start_batching()
             await self._run(self._create_schema, retry=True)
             try:
                 await self._listener.start()

@@ -1,7 +1,7 @@
 """The PostgreSQL store URL: libpq's part and the store's own query parameters.
 
 ``postgresql[+psycopg]://user:pass@host:port/db?…``; ``pool_min``, ``pool_max``,
-``pool_timeout``, ``op_timeout`` and ``prepare_threshold`` are the store's and are removed
+``pool_timeout``, ``op_timeout``, ``prepare_threshold`` and ``batch`` are the store's and are removed
 before libpq sees the URL (docs/stores/postgres.md, "URL").
 """
 
@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 __all__ = ["OWN_PARAMS", "libpq_url", "param"]
 
 OWN_PARAMS = frozenset({"pool_min", "pool_max", "pool_timeout", "op_timeout",
-                        "prepare_threshold"})
+                        "prepare_threshold", "batch"})
 """The query parameters the store takes for itself."""
 
 T = TypeVar("T")
