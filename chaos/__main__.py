@@ -5,7 +5,7 @@
     python -m chaos [--store sqlite|postgres|etcd|all] [--seconds 600] [--seed N]
                     [--mode fenced|unfenced-read|nofence|noclaim] [--workers 4] [--resource postgres|sqlite]
                     [--workload counter|transfer|sql|rw|sem|election|objects] [--faults pause,...]
-                    [--results-dir chaos/results] [--keep]
+                    [--churn N] [--results-dir chaos/results] [--keep]
 
 Defaults come from ``CHAOS_STORE`` (``all``), ``CHAOS_SECONDS`` (600, per store) and
 ``CHAOS_SEED`` (random, printed). With ``all`` the stores run one after another, each for the
@@ -53,6 +53,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--near", type=float, default=0.1,
                    help="share of operations on neighbour locks, some crossing primitives "
                         "(chaos.near; default 0.1)")
+    p.add_argument("--churn", type=int, default=None,
+                   help="tasks of background acquire/release churn on locks of their own, so "
+                        "that lockd's PostgreSQL batches form (chaos.churn; default 8 on the "
+                        "postgres store, else 0)")
     p.add_argument("--results-dir", type=Path, default=REPO_ROOT / "chaos" / "results")
     p.add_argument("--keep", action="store_true", help="keep logs and databases of passing runs")
     return p
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         report = run(RunConfig(store=store, seconds=args.seconds, seed=seed, mode=args.mode,
                                workers=args.workers, resource=args.resource,
                                workload=args.workload, via=args.via, near=args.near,
+                               churn=(args.churn if args.churn is not None
+                                      else 8 if store == "postgres" else 0),
                                kinds=tuple(args.faults.split(",")) if args.faults else None,
                                results_dir=args.results_dir, keep=args.keep,
                                progress=lambda line: print(line, flush=True)))

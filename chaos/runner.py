@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaos.checker import check, load_events, revived_writes
+from chaos.checker import Violation, check, load_events, revived_writes
 from chaos.db import ACCOUNTS, INITIAL_BALANCE, ResourceDB
 from chaos.electcheck import check_election
 from chaos.near import check_near, near_ops
@@ -70,6 +71,9 @@ class RunConfig:
     think: tuple[float, float] = (0.05, 0.4)
     near: float = 0.1
     """Share of operations on neighbour locks (``chaos.near``; of them ``CROSS`` cross ones)."""
+    churn: int = 0
+    """Tasks of background acquire/release churn on locks of their own (``chaos.churn``; 0:
+    none), so the PostgreSQL store's batches form beside the workload's grants."""
     accounts: int = ACCOUNTS
     """Account rows (``transfer`` workload; each transfer takes two of their locks)."""
     kinds: tuple[str, ...] | None = None
@@ -97,6 +101,31 @@ def _worker_argv(cfg: RunConfig, services: Services, lock: str) -> list[str]:
             "--think-max", str(cfg.think[1]), "--seed", str(cfg.seed),
             "--workload", cfg.workload, "--accounts", str(cfg.accounts),
             "--near", "0" if cfg.via != "proxy" else str(cfg.near)]  # the guard serves no neighbours
+
+
+def _start_churn(cfg: RunConfig, services: Services, workdir: Path) -> subprocess.Popen:
+    with (workdir / "churn.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "chaos.churn", "--lockd", services.lockd_url, "--out",
+             str(workdir / "churn.json"), "--tasks", str(cfg.churn), "--seed", str(cfg.seed)],
+            cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop_churn(proc: subprocess.Popen | None, workdir: Path) -> dict[str, Any] | None:
+    """Stop the churn and read its verdict; a churn that left none is a failed run."""
+    if proc is None:
+        return None
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    out = workdir / "churn.json"
+    if not out.exists():
+        return {"grants": 0, "refused": 0, "errors": 0, "violations": [
+            {"kind": "churn_crashed", "detail": f"exit {proc.returncode}; see churn.log"}]}
+    return json.loads(out.read_text())
 
 
 PROGRESS_S = 30.0
@@ -148,6 +177,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         cfg.mode, ("race", "late", "edge"))
     nemesis = Nemesis(schedule, services, pool, ttl=ttl, faketime=lib, pause_variants=variants)
     started = time.monotonic()
+    churn: subprocess.Popen | None = None
+    churned: dict[str, Any] | None = None
     try:
         try:
             services.start()
@@ -161,6 +192,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             lock = {"counter": named, "rw": named, "election": ELECTION,
                     "sem": SEMAPHORE}.get(cfg.workload, ACCOUNT_LOCKS)
             pool.argv = _worker_argv(cfg, services, lock)
+            if cfg.churn:
+                churn = _start_churn(cfg, services, workdir)
             pool.start_all()
             nemesis.start()
             deadline = nemesis.t0 + cfg.seconds
@@ -178,6 +211,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                     nemesis.finish()
             finally:
                 pool.stop_all()
+                churned = _stop_churn(churn, workdir)
         counter, history = (services.redis_state() if cfg.via == "redis-guard"
                             else ResourceDB(services.db_url).final_state())
         balances = ResourceDB(services.db_url).balances()
@@ -200,6 +234,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         result = check(history, counter, own, ttl=ttl)
     result.stats.update(check_near(history, events, result.violations.append, ttl=ttl,
                                    own=cfg.workload not in ("transfer", "sql")))
+    if churned is not None:
+        result.violations += [Violation(v["kind"], v["detail"]) for v in churned["violations"]]
+        result.stats.update({f"churn_{k}": churned[k] for k in ("grants", "refused", "errors")})
     revived = revived_writes(events, history, nemesis.pauses())
     expect = cfg.mode in ("unfenced-read", "nofence")
     idle_pauses = revived["pauses"] > 0 and revived["attempted"] == 0
@@ -272,6 +309,8 @@ def format_summary(report: dict[str, Any]) -> str:
            f"writes of a lock not held refused {ops['near_refused']}, cross-primitive "
            f"operations {ops['cross_ops']} (refused {ops['cross_refused']})"]
           if ops.get("near_ops") else []),
+        *([f"  churn (chaos.churn): grants {ops['churn_grants']}, refused {ops['churn_refused']}, "
+           f"errors {ops['churn_errors']}"] if "churn_grants" in ops else []),
         *([f"  leaders {ops['leaders']}, terms written {ops['terms_written']}, entries "
            f"acknowledged {ops['entries_acked']}, refused stale {ops['entries_stale']}"]
           if "leaders" in ops else []),

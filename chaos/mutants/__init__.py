@@ -55,6 +55,8 @@ The table:
                              it (``counter`` in Redis, ``--via redis-guard``)
 ``guard_redis_claim_no_raise`` ``lockd.guard``'s Redis claim function checks the fence but does
                              not raise it (``--via redis-guard``: claim, then read, then write)
+``pg_batch_same_fence``      lockd on PostgreSQL keeps the fence when a batch of acquires
+                             re-grants an expired lock (``counter``, ``--store postgres``)
 ===========================  ==================================================================
 
 Each mutant names the workloads whose write paths reach it (``workloads``; its runs use the
@@ -132,6 +134,11 @@ class Mutant:
     near: float | None = None
     """Share of near operations in its run (``--near``; None: the chaos default), for the
     mutants only cross operations reach (``chaos.near``)."""
+    store: str | None = None
+    """lockd's store in its run (None: the one asked for, SQLite by default), for a bug in one
+    store's own code."""
+    churn: int | None = None
+    """Background churn tasks in its run (``--churn``; None: the chaos default)."""
 
     def apply_to(self, root: Path) -> None:
         for edit in self.edits:
@@ -149,6 +156,8 @@ _PG = "resource_proxy/store/postgres.py"
 _SQL = "resource_proxy/store/sql.py"
 _FENCING = "lockd/common/fencerule.py"
 _LOCKD = "lockd/server/store/sqlite/locks.py"
+_LOCKD_PG_SQL = "lockd/server/store/postgres/sql.py"
+_PG_BATCH_GRANT = '      FROM req ORDER BY name COLLATE "C"\n{_GRANT_ON_CONFLICT}\n'
 _GATE = "gate = f\"EXISTS (SELECT 1 FROM fence WHERE highest = {d.p('fence', 'bigint')})\""
 _CHECK = "zip(fences, highests, strict=True) if h != f.fence]"
 """``fencing.check_all``: every fence comparison (single writes, reads, claims, batches of one
@@ -468,6 +477,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "is killed; its frozen predecessor's write lands)",
            (Edit(_REDIS_KIT, _REDIS_CLAIM_FN, _REDIS_CLAIM_CHECK_ONLY),), "kill_after_read",
            ("counter",), via="redis-guard"),
+    Mutant("pg_batch_same_fence", "lockd on PostgreSQL keeps the fence when a batch of "
+           "acquires re-grants an expired lock (a lone acquire still raises it)",
+           "fence_reused, stale_commit (a frozen holder's successor granted in a batch)",
+           (Edit(_LOCKD_PG_SQL, _PG_BATCH_GRANT, _PG_BATCH_GRANT.replace(
+               "{_GRANT_ON_CONFLICT}",
+               "{_GRANT_ON_CONFLICT.replace('ELSE l.fence + 1', 'ELSE l.fence')}")),),
+           _GRANT_FAULTS, ("counter",), store="postgres"),
 )
 
 def copy_tree(dst: Path, src: Path = REPO_ROOT) -> Path:
@@ -486,6 +502,7 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
     a snippet is gone. The venv's python runs the copy (``PYTHONPATH`` puts it first)."""
     started = time.monotonic()
     workload = workload or mutant.workloads[0]
+    store = mutant.store or store
     seconds = seconds * mutant.length
     base = Path(tempfile.mkdtemp(prefix=f"mutant-{mutant.name}-"))
     try:
@@ -499,6 +516,8 @@ def run_mutant(mutant: Mutant, *, seconds: float = 40.0, seed: int = 4242, store
             argv += ["--faults", faults]
         if mutant.near is not None:
             argv += ["--near", str(mutant.near)]
+        if mutant.churn is not None:
+            argv += ["--churn", str(mutant.churn)]
         if keep:
             argv.append("--keep")
         if mutant.via != "proxy":

@@ -1,5 +1,6 @@
-"""The checker still bites: a planted bug (the proxy accepts a fence one below the highest) run
-through a short chaos run from a mutated copy of the tree must be reported; and every mutant
+"""The checker still bites: a planted bug (the proxy accepts a fence one below the highest; lockd's
+PostgreSQL batch keeping a re-granted lock's fence) run through a short chaos run from a mutated
+copy of the tree must be reported; and every mutant
 of ``make mutants`` still applies to the current product code (snippets found exactly once)."""
 
 from __future__ import annotations
@@ -32,3 +33,15 @@ def test_the_checker_catches_the_off_by_one_fence_check():
     report = out["report"]
     assert out["detected"], (report["ops"], report["faults"], report["revived"])
     assert "stale_commit" in out["kinds"], out["kinds"]
+
+
+@pytest.mark.slow
+def test_the_churn_catches_a_postgresql_batch_that_keeps_the_fence():
+    """lockd's PostgreSQL batches form only when several requests are under way: the churn
+    beside the workload makes them, and judges their grants."""
+    mutant = next(m for m in MUTANTS if m.name == "pg_batch_same_fence")
+    out = run_mutant(mutant, seconds=20, seed=4242)
+    report = out["report"]
+    assert out["detected"], (report["ops"], report["faults"])
+    assert "churn_fence_order" in out["kinds"], out["kinds"]
+    assert report["ops"]["churn_grants"] >= 100, report["ops"]

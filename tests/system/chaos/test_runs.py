@@ -39,11 +39,15 @@ def _explain(report: dict) -> str:
 def test_the_fence_holds_under_every_fault(store, chaos_pg, tmp_path):
     require(None if faketime_lib() else "libfaketime not installed (make system-deps)",
             "faketime")
+    # on PostgreSQL, churn beside the workload so that lockd's batched grants are judged too
     report = run(RunConfig(store=store, seconds=SHORT_S, seed=20240 + len(store),
-                           pg=chaos_pg, workdir=tmp_path / "run"))
+                           pg=chaos_pg, workdir=tmp_path / "run",
+                           churn=8 if store == "postgres" else 0))
     why = _explain(report)
     assert report["violation_count"] == 0, why
     assert report["passed"], why
+    if store == "postgres":
+        assert report["ops"]["churn_grants"] >= 100, why
     # every applicable kind was injected, skews included
     assert set(report["fault_kinds"]) == {
         "pause", "pause_grant", "pause_write", "handoff", "kill_after_read", "stop_proxy",
