@@ -23,7 +23,8 @@ def test_goal_rows_are_marked_from_the_runs_own_figures() -> None:
     two = _section("2", {"lockd · SQLite": {"p99_ms": 2.5}, "lockd · PostgreSQL": {"p99_ms": 6.0}})
     four = _section("4", {"etcd lease keep-alive (baseline)": {"capacity": 4000},
                           "lockd · PostgreSQL": {"capacity": 4000},
-                          "lockd · etcd": {"capacity": 1500}})
+                          "lockd · etcd": {"capacity": 1500},
+                          "lockd · PostgreSQL, renew-each": {"capacity": 2000}})
     five = _section("5", {
         "direct fenced statement, psycopg (baseline) @8": {"rows_per_s": [1000.0]},
         "through the proxy (PUT, fenced) @8": {"rows_per_s": [650.0]},
@@ -47,6 +48,9 @@ def test_goal_rows_are_marked_from_the_runs_own_figures() -> None:
     assert marks["§2 handoff p99, 16 waiters, lockd · PostgreSQL"] == ("6.00 ms", "NOT met")
     assert marks["§4 renewal capacity, lockd · PostgreSQL vs etcd's keep-alive"][1] == "met"
     assert marks["§4 renewal capacity, lockd · etcd vs etcd's keep-alive"] == ("0.38×", "NOT met")
+    assert marks["§4 renewal capacity, lockd · PostgreSQL, renew-each vs etcd's keep-alive"] == (
+        "0.50×", "NOT met")
+    assert not any("SQLite, renew-each" in name for name in marks)  # not in this run
     assert marks["§5 through the proxy (PUT, fenced) vs direct fenced, 8 clients"] == (
         "0.65×", "met")
     assert marks["§5 through the proxy, a new token every write vs direct fenced, 8 clients"] == (

@@ -1,8 +1,9 @@
-"""Exclusive single-lock acquires and releases sent together: every such request made within one
-event-loop turn goes to PostgreSQL in one set-based autocommit statement (one round trip, one
-commit) instead of one statement each (``sql.ACQUIRE_BATCH``, ``sql.RELEASE_BATCH``).
+"""Exclusive single-lock acquires, releases and renewals sent together: every such request made
+within one event-loop turn goes to PostgreSQL in one set-based autocommit statement (one round
+trip, one commit) instead of one statement each (``sql.ACQUIRE_BATCH``, ``sql.RELEASE_BATCH``,
+``sql.RENEW_BATCH``).
 
-How a batch forms: a request made while no other is under way (acquire or release: the two
+How a batch forms: a request made while no other is under way (acquire, release or renewal: the
 batchers share one count) is sent at once, alone (a lone client's requests never wait).
 Otherwise the first request of a turn schedules the send for the next turn
 (``loop.call_soon``); every request made before then joins it, at most one per lock name and
@@ -13,8 +14,8 @@ single-request code.
 
 Answers and durability are those of the request sent alone: the statement commits before any
 future is resolved. A request whose answer the batch cannot give by itself (a refusal whose
-holder its snapshot did not show, a shared holder; a release that freed nothing) runs alone
-with the single-request code. If the batch statement fails (any error: a bad value in one
+holder its snapshot did not show, a shared holder; a release that freed nothing; a renewal that
+renewed nothing) runs alone with the single-request code. If the batch statement fails (any error: a bad value in one
 request fails the whole statement, and nothing of it is committed), every request runs alone,
 so one request's failure is its own. A connection lost during the batch statement is retried
 once, as for any request (``PostgresStore._run``): the statement is idempotent for requests that

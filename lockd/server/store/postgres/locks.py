@@ -2,7 +2,7 @@
 
 An exclusive grant is one autocommit statement that raises the lock row's fence as it installs
 the lease (``sql.ACQUIRE``; the grants of one event-loop turn in one statement, and so their
-releases: ``batch``); shared holders and mixed-mode sets lock the lock rows first, in name
+releases and renewals: ``batch``); shared holders and mixed-mode sets lock the lock rows first, in name
 order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
 """
 
@@ -65,12 +65,14 @@ class LockOps:
     _grants = 0
     _acquires: batch_.Batcher[Grant | Holder] | None = None  # None: each request alone
     _releases: batch_.Batcher[None] | None = None
+    _renewals: batch_.Batcher[Grant] | None = None
 
     def _start_batching(self) -> None:
         """Send the exclusive acquires and releases of one event-loop turn together."""
         busy = [0]  # one count for both: a lone client's acquire or release goes at once
         self._acquires = batch_.Batcher(self._send_acquires, self._acquire_alone, busy)
         self._releases = batch_.Batcher(self._send_releases, self._release_alone, busy)
+        self._renewals = batch_.Batcher(self._send_renewals, self._renew_alone, busy)
 
     async def acquire(
         self, lock: str, *, lease_id: str, ttl_ms: int, owner: str, client_id: str | None,
@@ -160,10 +162,17 @@ class LockOps:
 
     async def renew(self, lock: str, lease_id: str, ttl_ms: int | None) -> Grant:
         """See ``LockStore.renew``. Raises ``LeaseLost`` unless the lease is live by the server. A
-        lease id with ``SHARED_PREFIX`` is tried as shared first (one statement when it is)."""
+        lease id with ``SHARED_PREFIX`` is tried as shared first (one statement when it is); an
+        exclusive one shares a statement with the other renewals of this event-loop turn
+        (``batch``: a client's ``renew-each`` sends many at once)."""
         params = {"lock": lock, "lease_id": lease_id,
                   "ttl_ms": None if ttl_ms is None else int(ttl_ms)}
+        if self._renewals is not None and not lease_id.startswith(SHARED_PREFIX):
+            return await self._renewals.submit(lock, params)
+        return await self._renew_alone(params)
 
+    async def _renew_alone(self, params: Mapping[str, Any]) -> Grant:
+        lock, lease_id = params["lock"], params["lease_id"]
         shared_first = lease_id.startswith(SHARED_PREFIX)
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant:
@@ -183,6 +192,34 @@ class LockOps:
             return shared
 
         return await self._run(op, retry=True)
+
+    async def _send_renewals(self, entries: list[batch_.Entry]) -> None:
+        """``Batcher``'s send: one ``sql.RENEW_BATCH``. A lease it did not renew (lost, or a
+        shared lease) is asked again alone, which says which; a failed statement runs every
+        renewal alone."""
+        assert self._renewals is not None
+        stats = self._renewals.stats
+        reqs = [req for _, req, _ in entries]
+        params = {"locks": [r["lock"] for r in reqs], "lease_ids": [r["lease_id"] for r in reqs],
+                  "ttls": [r["ttl_ms"] for r in reqs]}
+
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[tuple]:
+            cur = await conn.execute(sql.RENEW_BATCH, params)
+            return await cur.fetchall()
+
+        try:
+            rows: dict[str, tuple] | None = {
+                row[0]: row for row in await self._run(op, retry=True)}
+        except (StoreUnavailable, LeaseLost):
+            rows = None
+        for lock, req, fut in entries:
+            row = rows.get(lock) if rows is not None else None
+            if row is not None:
+                batch_.answer(fut, Grant(lock=lock, lease_id=req["lease_id"], fence=row[1],
+                                         ttl_ms=row[3], owner=row[2]))
+                continue
+            stats["failed" if rows is None else "alone"] += 1
+            batch_.answer(fut, batch_.ALONE)
 
     async def release(self, lock: str, lease_id: str) -> None:
         """See ``LockStore.release``: frees the lock and NOTIFYs in one statement (shared with the

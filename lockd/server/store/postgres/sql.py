@@ -13,7 +13,7 @@ from __future__ import annotations
 __all__ = [
     "ACQUIRE", "ACQUIRE_BATCH", "ACQUIRE_MANY", "ASYNC_COMMIT", "CHANNEL", "CLOCK", "CONFIGURE",
     "DDL", "FORCE_RELEASE", "LISTEN", "NOW", "PING", "RELEASE", "RELEASED_BY", "RELEASE_BATCH",
-    "RELEASE_MANY", "RENEW", "RENEW_LEASE_ROW", "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY",
+    "RELEASE_MANY", "RENEW", "RENEW_BATCH", "RENEW_LEASE_ROW", "RENEW_SET", "SCHEMA_LOCK", "SCHEMA_LOCK_KEY",
     "SWEEP_LEASES",
 ]
 
@@ -181,6 +181,25 @@ UPDATE lockd.locks AS l
        ttl_ms = coalesce(%(ttl_ms)s::int, l.ttl_ms)
  WHERE name = %(lock)s AND lease_id = %(lease_id)s AND expires_at > now()
 RETURNING fence, owner, {_TTL}
+"""
+
+# RENEW for several (lock, lease id, ttl_ms) triples in one statement: the live rows locked in
+# name order like every statement that locks several; the renewed ones come back (a triple not
+# renewed is not live as an exclusive lease: the caller asks again alone).
+RENEW_BATCH = f"""
+WITH q AS (
+    SELECT * FROM unnest(%(locks)s::text[], %(lease_ids)s::text[], %(ttls)s::int[])
+                  AS q(name, lease_id, ttl_ms)
+), sel AS (
+    SELECT l.name, q.ttl_ms FROM lockd.locks l JOIN q ON l.name = q.name AND l.lease_id = q.lease_id
+     WHERE l.expires_at > now()
+     ORDER BY l.name COLLATE "C" FOR UPDATE OF l
+)
+UPDATE lockd.locks AS l
+   SET expires_at = now() + coalesce(sel.ttl_ms, l.ttl_ms) * interval '1 millisecond',
+       ttl_ms = coalesce(sel.ttl_ms, l.ttl_ms)
+  FROM sel WHERE l.name = sel.name
+RETURNING l.name, l.fence, l.owner, {_TTL}
 """
 
 # The release's commit does not wait for its WAL flush (see "Release commits" in

@@ -19,7 +19,7 @@ import pytest
 from harness import wait_for_async
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.postgres import PostgresStore
-from lockd.server.store.values import Grant, Holder
+from lockd.server.store.values import SHARED, SHARED_PREFIX, Grant, Holder
 from tests.server.store.postgres.support import lease_id, opened, waiting_on_a_row_lock
 
 
@@ -317,5 +317,44 @@ def test_batch_whose_commit_was_not_heard_is_retried_without_a_second_effect(pg_
                     assert rel["alone"] == len(names) - 1, rel  # the retry freed none: each checked
         finally:
             await relay.close()
+
+    asyncio.run(main())
+
+
+def test_renewals_of_one_turn_share_one_statement_and_each_keeps_its_own_answer(pg_url):
+    """What ``renew-each`` sends: many renewals at once. The live exclusive leases are renewed
+    by one statement (their own fence and owner, the TTL asked or their own); a released lease
+    and a shared one in the same turn are asked again alone, which says which."""
+    names = [f"r/{i}" for i in range(12)]
+
+    async def main():
+        async with opened(pg_url) as store:
+            got = await asyncio.gather(*(acquire(store, n, owner=n, ttl_ms=4000) for n in names))
+            shared = await store.acquire("r/shared", lease_id=SHARED_PREFIX + lease_id(), ttl_ms=4000,
+                                         owner="reader", client_id=None, mode=SHARED)
+            assert isinstance(shared, Grant)
+            await store.release(got[5].lock, got[5].lease_id)
+            before = store._renewals.stats.copy()
+            ttls = [None if i % 2 else 20_000 for i in range(len(names))]
+            outcomes = await asyncio.gather(
+                *(store.renew(g.lock, g.lease_id, t) for g, t in zip(got, ttls, strict=True)),
+                store.renew("r/shared", shared.lease_id, 20_000), return_exceptions=True)
+            assert isinstance(outcomes[5], LeaseLost)
+            for i, (g, t, out) in enumerate(zip(got, ttls, outcomes[:-1], strict=True)):
+                if i == 5:
+                    continue
+                assert isinstance(out, Grant), out
+                assert (out.lock, out.lease_id, out.fence, out.owner) == (
+                    g.lock, g.lease_id, g.fence, g.lock)
+                assert 15_000 < out.ttl_ms <= 20_000 if t else 0 < out.ttl_ms <= 4000
+                state = await store.get(g.lock)
+                assert state.held and (15_000 < state.ttl_ms if t else state.ttl_ms <= 4000)
+            assert isinstance(outcomes[-1], Grant) and outcomes[-1].ttl_ms > 15_000
+            after = store._renewals.stats
+            # the first renewal went alone (nothing else under way); the released lease left
+            # the batch to be answered alone (a shared lease's id never joins a batch)
+            assert after["batches"] - before["batches"] == 1, after
+            assert after["batched"] - before["batched"] == len(names) - 1, after
+            assert after["alone"] - before["alone"] == 1 and after["failed"] == 0, after
 
     asyncio.run(main())
