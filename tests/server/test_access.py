@@ -177,6 +177,9 @@ def test_event_streams_show_only_the_scope_and_admins_see_the_audit(scoped, http
     wait_until(lambda: any(e["type"] == "audit" for e in streams["ops"]), 10, "audit event")
     wait_until(lambda: len([e for e in streams["ops"] if run in e.get("lock", "")
                             or run in e.get("target", "")]) >= 4, 10, "admin events")
+    # each stream is its own connection: team a's may hear its event after the admin's
+    wait_until(lambda: any(run in e.get("lock", "") for e in streams["a"]), 10,
+               "team a's event")
     stop.set()
     assert [e["lock"] for e in streams["a"] if run in e["lock"]] == [f"a/{run}/1"]
     assert not any(e["type"] == "audit" for e in streams["a"])
