@@ -7,8 +7,8 @@ workers (``chaos.objwork``) take lock ``B`` in turn and write object ``B/state``
 proxy; a reader polls the object all along. The nemesis, every 0.5-1.5 s, one of:
 
 - ``pause`` (three times as often as each other kind): SIGSTOP the holder (or, with none, any
-  worker) for 1.5-2.5 TTLs (its lease lapses, a newer holder writes; when
-  thawed it sends its write with its old token);
+  worker) for 1.5-2.5 TTLs and until a newer holder's write is visible (its lease lapses, a
+  newer holder writes; when thawed it sends its next write with its old token);
 - ``crash_proxy``: SIGKILL the proxy with PUTs in flight (between a blob and its commit, some)
   and start it again (only in the first half of the run, so the end sees a quiet tail);
 - ``stall_proxy``: SIGSTOP the proxy for 0.2-0.8 s (the blob store and the database slowed).
@@ -125,13 +125,44 @@ def _reader(url: str, stop: threading.Event, reads: list[dict[str, Any]]) -> Non
             time.sleep(0.02)
 
 
-def _holder(lockd_url: str) -> int | None:
-    """The worker that holds the lock now (lockd's ``owner``), None if nobody or unknown."""
+def _holder(lockd_url: str) -> tuple[int, int] | None:
+    """The worker that holds the lock now (lockd's ``owner``) and the fence it was granted;
+    None if nobody or unknown."""
     try:
-        owner = httpx.get(f"{lockd_url}/v1/locks/{BUCKET}", timeout=1.0).json().get("owner")
-        return int(owner.rsplit("-", 1)[1]) if owner and owner.startswith("objwork-") else None
-    except (httpx.HTTPError, ValueError, AttributeError, IndexError):
-        return None
+        state = httpx.get(f"{lockd_url}/v1/locks/{BUCKET}", timeout=1.0).json()
+        owner = state.get("owner")
+        if owner and owner.startswith("objwork-"):
+            return int(owner.rsplit("-", 1)[1]), int(state["fence"])
+    except (httpx.HTTPError, ValueError, AttributeError, IndexError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _object_fence(proxy_url: str) -> int:
+    """The fence of the object's visible version (0: none yet or no answer)."""
+    try:
+        r = httpx.head(f"{proxy_url}/v1/objects/{BUCKET}/{KEY}", timeout=1.0)
+        return int(r.headers.get("x-object-fence", 0)) if r.status_code == 200 else 0
+    except (httpx.HTTPError, ValueError):
+        return 0
+
+
+def _freeze_holder(cluster: _Cluster, procs: list[Any], rng: random.Random, ttl: float) -> None:
+    """SIGSTOP the holder until its lease has lapsed AND a newer holder's write is visible
+    (at least 1.5-2.5 TTLs; at most 4 s more on a machine too loaded to get there), so the
+    write it sends when thawed meets a higher fence: every pause of a holder is a stale write
+    tried, not a chance of one. With no holder, any worker is frozen for the span."""
+    held = _holder(cluster.lockd_url)
+    victim = procs[held[0] if held is not None else rng.randrange(len(procs))]
+    victim.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(ttl * rng.uniform(1.5, 2.5))
+        give_up = time.monotonic() + 4.0
+        while held is not None and time.monotonic() < give_up \
+                and _object_fence(cluster.proxy_url) <= held[1]:
+            time.sleep(0.05)
+    finally:
+        victim.send_signal(signal.SIGCONT)
 
 
 def run_objects(*, seconds: float, seed: int, workers: int, resource: str, ttl: float = 1.0,
@@ -173,11 +204,7 @@ def run_objects(*, seconds: float, seed: int, workers: int, resource: str, ttl: 
             counts[kind] = counts.get(kind, 0) + 1
             assert cluster.proxy is not None
             if kind == "pause":  # the holder, mid-work: thawed, it writes with its old token
-                held = _holder(cluster.lockd_url)
-                victim = procs[held if held is not None else rng.randrange(len(procs))]
-                victim.send_signal(signal.SIGSTOP)
-                time.sleep(ttl * rng.uniform(1.5, 2.5))
-                victim.send_signal(signal.SIGCONT)
+                _freeze_holder(cluster, procs, rng, ttl)
             elif kind == "crash_proxy":
                 cluster.proxy.kill()
                 last_crash = time.time()

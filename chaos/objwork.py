@@ -3,7 +3,7 @@
 ``python -m chaos.objwork --lockd URL --proxy URL --bucket B --key K --log FILE --worker N``
 loops until SIGTERM: acquire lock ``B`` (the lock of every object of bucket ``B``: no policy),
 write the object 1-3 times through the proxy with the lease's token (``FencedSession.
-put_object``), thinking between writes, release. Each body is a JSON tag ``{"w", "fence",
+put_object``), thinking before each write, release. Each body is a JSON tag ``{"w", "fence",
 "n"}`` padded to 1-256 KiB (so a PUT takes a while: the nemesis finds PUTs in flight). A worker
 never checks its lease before writing: the nemesis freezes it (SIGSTOP) past its lease and the
 proxy's fence must refuse what it sends when thawed.
@@ -82,6 +82,10 @@ def run(args: argparse.Namespace) -> None:
                 with FencedSession(args.proxy, lease, retries=0, timeout=5.0,
                                    refuse_lost=False) as db:
                     for _ in range(rng.randint(1, 3)):
+                        # think BEFORE each write, never after the last: a worker frozen while
+                        # it holds the lock is most often thinking, and thawed it then always
+                        # sends one more write with the token it was frozen with
+                        time.sleep(rng.uniform(0.0, 0.2))
                         n += 1
                         tag = {"w": args.worker, "fence": lease.fence, "n": n}
                         size = rng.randint(1, 256) * 1024
@@ -98,7 +102,6 @@ def run(args: argparse.Namespace) -> None:
                                 status=exc.status)
                             break
                         log("ack", tag=tag, fence=lease.fence, version=made["version"])
-                        time.sleep(rng.uniform(0.0, 0.2))
             finally:
                 try:
                     client.release(lease)
