@@ -100,6 +100,12 @@ class Waiter:
         self._future = None
         self._on = ""
 
+    @property
+    def refused_asleep(self) -> bool:
+        """Asleep until woken (after the store refused it, or behind one that was), with no
+        wake-up pending: the semaphore is full as far as this waiter knows."""
+        return self._on == "wake" and not self.wake
+
 
 class Deadlines:
     """One event-loop timer for many sleeping waiters: a heap of ``(when, n, future)`` (loop
@@ -227,6 +233,19 @@ def _excludes(holder: Holder, waiter: Waiter, lock: str) -> bool:
     return holder.mode == EXCLUSIVE or mode_of(waiter, lock) == EXCLUSIVE
 
 
+def _behind_refused(queue: Queue, waiter: Waiter) -> bool:
+    """Whether a waiter ahead of ``waiter`` in ``queue`` sleeps refused (``refused_asleep``):
+    then a permit waiter does not ask the store until woken, or it could take the next freed
+    permit before the one ahead of it (the release wakes the first not woken; a grant's leave
+    wakes the next)."""
+    for ahead in queue:
+        if ahead is waiter:
+            return False
+        if ahead.refused_asleep:
+            return True
+    return False
+
+
 def _wake_one(admitted: list[Waiter]) -> None:
     """Wake the first of ``admitted`` not already woken (one that is asking the store now asks
     again if refused, so a permit freed during its call is not missed)."""
@@ -311,6 +330,18 @@ class WaitQueues:
                 # asks the store (unless the waiter granted before it said who holds them now).
                 holders = None if waiter.wake else waiter.hint
                 waiter.hint = None
+                if holders is None and waiter.mode == PERMIT and not waiter.wake \
+                        and _behind_refused(queues[waiter.locks[0]], waiter):
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        raise await kind.held_behind_queue(waiter.locks, True)
+                    nap = waiter.nap("wake", remaining, self._deadlines)
+                    if nap is not None:
+                        try:
+                            await nap
+                        finally:
+                            waiter.woke()
+                    continue
                 if holders is None:
                     waiter.wake = False
                     result = await self._ask(kind, waiter)
@@ -348,8 +379,9 @@ class WaitQueues:
 
     def _admitted_at_tail(self, waiter: Waiter) -> bool:
         """Whether every queue of ``waiter``'s set would let it ask at once if it joined the
-        tail (a shared request behind shared ones only; a permit behind fewer than ``limit``):
-        then a request that does not wait may ask the store without passing anyone."""
+        tail (a shared request behind shared ones only; a permit behind fewer than ``limit``,
+        none of them refused): then a request that does not wait may ask the store without
+        passing anyone."""
         queues = self.queues
         for name in waiter.locks:
             queue = queues.get(name)
@@ -359,7 +391,7 @@ class WaitQueues:
             if mode == EXCLUSIVE:
                 return False
             if mode == PERMIT:
-                if len(queue) >= waiter.limit:
+                if len(queue) >= waiter.limit or any(w.refused_asleep for w in queue):
                     return False
             else:
                 for ahead in queue:
