@@ -332,17 +332,8 @@ class WaitQueues:
                 waiter.hint = None
                 if holders is None and waiter.mode == PERMIT and not waiter.wake \
                         and _behind_refused(queues[waiter.locks[0]], waiter):
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        raise await kind.held_behind_queue(waiter.locks, True)
-                    nap = waiter.nap("wake", remaining, self._deadlines)
-                    if nap is not None:
-                        try:
-                            await nap
-                        finally:
-                            waiter.woke()
-                    continue
-                if holders is None:
+                    holders = []  # behind a refused waiter: asleep until woken, not asking
+                elif holders is None:
                     waiter.wake = False
                     result = await self._ask(kind, waiter)
                     if not isinstance(result, list):
@@ -351,8 +342,10 @@ class WaitQueues:
                     holders = result
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    raise kind.refused(holders)
-                nap = waiter.nap("wake", min(remaining, _soonest(holders)), self._deadlines)
+                    raise kind.refused(holders) if holders else \
+                        await kind.held_behind_queue(waiter.locks, True)
+                nap = waiter.nap("wake", min(remaining, _soonest(holders)) if holders
+                                 else remaining, self._deadlines)
                 if nap is not None:
                     try:
                         await nap
