@@ -101,7 +101,9 @@ def test_a_grant_after_waiting_longer_than_the_ttl_is_renewed_not_born_lost(api,
     t1 = time.monotonic()
     assert t1 - t0 >= 1.1
     assert lease.state is not LeaseState.LOST and not lease.lost.is_set()
-    assert t1 - 0.05 <= lease.deadline - 0.6 <= t1  # counted from the renewal's send time
+    # counted from the renewal's send time (after the 1.2 s wait), not the acquire's (t0); how
+    # long the renewal took to answer is the machine's load, not the rule
+    assert t0 + 1.1 <= lease.deadline - 0.6 <= t1
     api.release(lease)
     assert lease.state is LeaseState.RELEASED
 
