@@ -5,13 +5,13 @@ validators) are not charged to each waiter; the figure from the fresh lockd is k
 
 from __future__ import annotations
 
-from bench import scenarios
+from bench import capacity
 from bench.scenarios import Bench, Settings
 
 
 def test_section_7_reads_idle_memory_after_a_warm_up_round(monkeypatch) -> None:
     events: list[tuple[str, object]] = []
-    real_rss, real_run = scenarios.rss_mb, scenarios.loadgen.run
+    real_rss, real_run = capacity.rss_mb, capacity.loadgen.run
 
     def rss(pid: int) -> float:
         value = real_rss(pid)
@@ -23,17 +23,17 @@ def test_section_7_reads_idle_memory_after_a_warm_up_round(monkeypatch) -> None:
         events.append((kind, spec["waiters"]))
         return result
 
-    monkeypatch.setattr(scenarios, "rss_mb", rss)
-    monkeypatch.setattr(scenarios.loadgen, "run", run)
+    monkeypatch.setattr(capacity, "rss_mb", rss)
+    monkeypatch.setattr(capacity.loadgen, "run", run)
     bench = Bench(Settings(load_waiters=30, load_locks=3))
     try:
-        section = scenarios.load(bench, "sqlite")
+        section = capacity.load(bench, "sqlite")
     finally:
         bench.ws.close()
 
     data = section.data
     assert data["served"] == 30 and data["errors"] == 0 and data["fifo"]
-    warm = events.index(("queue_load", scenarios._WARM_WAITERS))
+    warm = events.index(("queue_load", capacity._WARM_WAITERS))
     readings = [value for kind, value in events if kind == "rss"]
     before = [value for kind, value in events[:warm] if kind == "rss"]
     assert data["rss_fresh_mb"] == before[-1]
@@ -45,4 +45,4 @@ def test_section_7_reads_idle_memory_after_a_warm_up_round(monkeypatch) -> None:
         (data["rss_queued_mb"] - data["rss_fresh_mb"]) * 2**20 / 30)
     labels = [row[0] for row in section.rows]
     assert "lockd RSS fresh, MiB" in labels
-    assert f"lockd RSS idle after {scenarios._WARM_WAITERS} waiters served, MiB" in labels
+    assert f"lockd RSS idle after {capacity._WARM_WAITERS} waiters served, MiB" in labels
