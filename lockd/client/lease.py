@@ -274,6 +274,7 @@ class _LeaseBase:
         """The last transient renewal error (while ``state`` is ``unknown``)."""
         self._clock = clock
         self._deadline = sent_at + self.ttl
+        self._ttl_sent_at = sent_at  # when the request that granted ``ttl`` was sent
         self._state = LeaseState.HELD
         self._lost_reason: LeaseLostError | None = None
         self._callbacks: list[Callable[[Any], Any]] = []
@@ -346,9 +347,13 @@ class _LeaseBase:
         with self._mutex:
             if self._state in FINAL:
                 return  # a lost lease never comes back, even if a late renewal succeeded
-            self.ttl = data["ttl_ms"] / 1000
+            ttl = data["ttl_ms"] / 1000
+            # an answer to an earlier request (a background renewal that crossed an explicit
+            # renew, extend or reacquire) moves the deadline if later, never the TTL back
+            if sent_at >= self._ttl_sent_at:
+                self.ttl, self._ttl_sent_at = ttl, sent_at
             self.token = data["token"] or self.token
-            self._deadline = max(self._deadline, sent_at + self.ttl)
+            self._deadline = max(self._deadline, sent_at + ttl)
             self._state = LeaseState.RENEWED
             self.last_error = None
         self._check_deadline()

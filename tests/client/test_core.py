@@ -152,3 +152,27 @@ def test_renewal_stops_at_410_and_when_told_to():
     with pytest.raises(StopIteration):
         next(core._renewal_steps(stopped, clock.now, lambda: True))
     assert stopped.state is LeaseState.HELD
+
+
+def test_a_background_renewal_answered_after_an_explicit_renew_does_not_undo_its_ttl():
+    # extend(2.0) made the TTL 3 s; a background renewal for 3 s is in flight when reacquire()
+    # renews for 1 s, and the background's answer comes back last
+    clock = Clock()
+    core = _core(clock)
+    lease = Lease(core, _body(ttl_ms=3000), sent_at=clock.now)
+    background = core._renewal_steps(lease, clock.now, lambda: False)
+    next(background)
+    clock.now += 1.0
+    assert background.send(None).json["ttl_ms"] == 3000
+    clock.now += 0.1
+    explicit = core._renew_steps(lease, 1.0)
+    assert next(explicit).json["ttl_ms"] == 1000
+    with pytest.raises(StopIteration):
+        explicit.send(_body(ttl_ms=1000))
+    background_sent = clock.now - 0.1
+    clock.now += 0.1
+    background.send(_body(ttl_ms=3000))
+    assert lease.ttl == 1.0  # the later request's TTL: the next renewals go back to 1 s
+    assert lease.deadline == pytest.approx(background_sent + 3.0)  # the later expiry counts
+    clock.now += 1.0
+    assert background.send(None).json["ttl_ms"] == 1000
