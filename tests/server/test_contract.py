@@ -225,19 +225,21 @@ def test_waiters_that_give_up_or_disconnect_leave_nothing_behind(lockd, http, na
     holder = acquire(http, lockd.url, name, 20_000, owner="holder").json()
     results: list = []
 
-    def queue(index: int, **kw) -> threading.Thread:
-        thread = _start_waiter(lockd.url, name, results, index, **kw)
-        wait_until(lambda: state(http, lockd.url, name)["waiters"] == index + 1,
+    def queue(index: int, owner: str = "", **kw) -> threading.Thread:
+        owner = owner or f"w{index}"
+        thread = _start_waiter(lockd.url, name, results, index, owner=owner, **kw)
+        # by its label: on a loaded machine an earlier waiter may have given up meanwhile
+        wait_until(lambda: owner in state(http, lockd.url, name)["waiting_owners"],
                    what=f"waiter {index} queued")
         return thread
 
-    # (Generous times: all four must be queued before the first one leaves.)
-    queue(0, wait_ms=1_500)  # the head; gives up after 1.5 s
-    queue(1, wait_ms=1_000)  # behind it; gives up first
-    queue(2, wait_ms=20_000, timeout=2.0)  # becomes the head, then hangs up
+    # w1 gives up before w0 if it queues within 1.5 s of w0; w2 hangs up after both
+    queue(0, wait_ms=3_000)  # the head; gives up after 3 s
+    queue(1, wait_ms=1_500)  # behind it; gives up first
+    queue(2, wait_ms=20_000, timeout=4.5)  # becomes the head, then hangs up
     patient = queue(3, wait_ms=20_000, owner="patient")
 
-    wait_until(lambda: len(results) == 3, timeout=5, what="three waiters gone")
+    wait_until(lambda: len(results) == 3, timeout=10, what="three waiters gone")
     outcome = {i: r for i, r, _ in results}
     for i in (0, 1):
         body = assert_problem(outcome[i], 409, "held")
