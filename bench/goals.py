@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.objects import CEILING
+from bench.objects import CEILING, FLOOR
 from bench.report import Section, median
 
 __all__ = ["goals", "COLUMNS"]
@@ -150,8 +150,9 @@ def _proxy_rows(five: Section) -> list[list[Any] | None]:
 
 
 def _object_rows(ten: Section) -> list[list[Any] | None]:
-    """Fenced objects vs the same files written directly, beside the HTTP stack's ceiling (a
-    body received and dropped, nothing more)."""
+    """Fenced objects vs the same files written directly, beside the design floor (receive,
+    the baseline's write, one durable pointer upsert: the least any design where the database
+    decides pays) and the HTTP stack's ceiling (a body received and dropped, nothing more)."""
     rows: list[list[Any] | None] = []
     direct = "the same files written to a directory (baseline)"
     proxied = "fenced PUT through the proxy"
@@ -164,8 +165,10 @@ def _object_rows(ten: Section) -> list[list[Any] | None]:
             base = ten.data.get(f"{direct} · {label} @{c}")
             if base is None:
                 continue
-            ceiling = ten.data.get(f"{CEILING} · {label} @{c}")
-            limits: Limits = [("HTTP ceiling", median(ceiling[field]))] if ceiling else []
+            limits: Limits = []
+            for what, name in (("design floor", FLOOR), ("HTTP ceiling", CEILING)):
+                if (row := ten.data.get(f"{name} · {label} @{c}")) is not None:
+                    limits.append((what, median(row[field])))
             rows.append(_ratio_row(f"§10 fenced PUT {label} vs direct file writes ({unit}), "
                                    f"{c} clients", median(ten.data[key][field]),
                                    median(base[field]), target, limits))
@@ -220,7 +223,8 @@ def goals(sections: list[Section]) -> Section | None:
         "work behind them, on this 2-core machine it shares with the load generator and the "
         "store; PostgreSQL's rate = the same statements sent straight to PostgreSQL; generator "
         "ceiling = the load generator against a do-nothing server (for rows of several server "
-        "processes).")
+        "processes); design floor (§10) = a minimal app that only receives the body, writes it "
+        "as the baseline does and commits one durable pointer upsert in PostgreSQL.")
     for r in beyond:
         cell, what = r[_LIMIT].split(_ABOVE)
         value = cell.split(f"{what} ", 1)[1].split(",")[0]

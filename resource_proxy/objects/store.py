@@ -13,7 +13,10 @@ A write is ONE transaction of the row store (``store.fenced``: the tables' fence
 fence raised and checked, the object's row read (locked: ``FOR UPDATE``; SQLite holds the
 database's write lock), the caller's preconditions judged on it, the row inserted, replaced or
 deleted, the Idempotency-Key record written, COMMIT. A stale fence or a failed precondition
-rolls it back whole, so the pointer never names a blob written under a superseded fence.
+rolls it back whole, so the pointer never names a blob written under a superseded fence. On
+PostgreSQL a PUT's locked read and upsert are ONE statement (a CTE returning the previous row
+beside the new version; the preconditions are judged on that row before COMMIT): BEGIN, the
+fence claim, that statement, COMMIT.
 """
 
 from __future__ import annotations
@@ -128,6 +131,16 @@ class Pointers:
         self._upsert = (f"INSERT INTO {table} ({_COLUMNS}) VALUES "
                         f"({', '.join(p(n) for n in names)}) ON CONFLICT (bucket, key) DO UPDATE "
                         "SET " + ", ".join(f"{n} = excluded.{n}" for n in names[2:]))
+        # PostgreSQL: the locked read and the upsert in ONE statement (one round trip), the
+        # previous row returned beside the new version (NULLs: there was none). Its snapshot is
+        # taken after the fence claim's statement, as the separate read's was; FOR UPDATE
+        # follows a row updated since to its latest version, as the separate read did.
+        upsert = self._upsert.replace(p("version"), "COALESCE((SELECT version FROM old), 0) + 1")
+        self._move = (f"WITH old AS ({self._lock}), new AS ({upsert} RETURNING version) SELECT "
+                      + ", ".join(f"old.{n}" for n in names[:-1])
+                      # an inline body is not sent back: b"" says it was inline (no blob)
+                      + ", CASE WHEN old.body IS NULL THEN NULL ELSE ''::bytea END, "
+                      "new.version FROM new LEFT JOIN old ON true")
         self._delete = f"DELETE FROM {table} WHERE {where}"
         order = 'key COLLATE "C"' if postgres else "key"
         prefix = (f"left(key, {p('n')}) = {p('prefix')}" if postgres
@@ -197,10 +210,22 @@ class Pointers:
 
         where = {"bucket": bucket, "key": key}
         if self.pg:
+            params = {"bucket": bucket, "key": key, "blob": stored.name, "size": stored.size,
+                      "sha256": stored.sha256, "content_type": content_type, "lock": fence.lock,
+                      "fence": fence.fence, "modified_ms": int(time.time() * 1000),
+                      "body": inline}
+
             async def body(conn) -> tuple[bool, Pointer]:
-                current = _pointer(await self._run(conn, self._lock, where))
-                new, params = row(current)
-                await conn.execute(self._upsert, params)
+                # the row moved first, judged after, in the same transaction: a failed
+                # precondition raises, and the transaction rolls back whole
+                found = await self._run(conn, self._move, params)
+                current = None if found[0] is None else Pointer(*found[:-1])
+                conditions.judge(current)
+                new = Pointer(bucket, key, found[-1], stored.name, stored.size, stored.sha256,
+                              content_type, fence.lock, fence.fence, params["modified_ms"],
+                              inline)
+                if current is not None and current.stored_blob is not None:
+                    replaced.append(current.stored_blob)
                 await durable()  # the body before the pointer: COMMIT follows
                 return current is None, new
         else:

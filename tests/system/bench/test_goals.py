@@ -4,6 +4,7 @@ not met by the right comparison (more is better for ratios, less for latency and
 from __future__ import annotations
 
 from bench.goals import goals
+from bench.objects import FLOOR
 from bench.report import Section
 
 
@@ -130,6 +131,10 @@ def test_proxy_and_object_goals_show_their_ceilings() -> None:
         "fenced PUT through the proxy · 4 KiB @8": {"puts_per_s": [300.0]},
         "received by a do-nothing ASGI app on the same uvicorn (the HTTP ceiling) · 4 KiB @8":
             {"puts_per_s": [400.0]},
+        f"{FLOOR} · 4 KiB @8": {"puts_per_s": [450.0]},
+        "the same files written to a directory (baseline) · 1 MiB @8": {"bytes_per_s": [1000.0]},
+        "fenced PUT through the proxy · 1 MiB @8": {"bytes_per_s": [300.0]},
+        f"{FLOOR} · 1 MiB @8": {"bytes_per_s": [900.0]},
     })
     table = goals([five, ten])
     assert table is not None
@@ -140,7 +145,10 @@ def test_proxy_and_object_goals_show_their_ceilings() -> None:
     assert rows["§5 through the proxy, --workers 2 (PUT, fenced) vs direct fenced, 8 clients"][
         3] == "PostgreSQL's rate 3.00×"
     assert rows["§10 fenced PUT 4 KiB vs direct file writes (PUTs/s), 8 clients"][3] == (
-        "HTTP ceiling 0.40×: target above HTTP ceiling")
+        "design floor 0.45×, HTTP ceiling 0.40×: target above HTTP ceiling")
+    # the design floor, as the same ratio; the target is beyond it when it is below 0.8×
+    assert rows["§10 fenced PUT 1 MiB vs direct file writes (bytes/s), 8 clients"][3] == (
+        "design floor 0.90×")
 
 
 def test_a_goal_without_a_limit_row_in_the_run_says_so() -> None:

@@ -1,6 +1,7 @@
 """Keeps section 10 (fenced objects, ``bench/objects.py``) from rotting: one short run with
 2 clients; every row (directory and S3, through the proxy and straight) measured PUTs without
-errors, and the goals table has its four §10 rows, each with the HTTP ceiling in its limit cell (no
+errors, and the goals table has its four §10 rows, each with the design floor and the HTTP ceiling in its
+limit cell (no
 timing asserted)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.objects import BLOB_ONLY, CEILING
+from bench.objects import BLOB_ONLY, CEILING, FLOOR
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,11 +27,13 @@ def test_bench_section_10_objects_run_and_report(tmp_path: Path, pg_admin_dsn: s
     ten = sections["10"]
     paths = {row[0] for row in ten["rows"]}
     assert {"fenced PUT through the proxy", "fenced PUT through the proxy on S3",
-            "PUT straight to the S3 server (moto, baseline)", BLOB_ONLY, CEILING} <= paths, paths
+            "PUT straight to the S3 server (moto, baseline)", BLOB_ONLY, CEILING, FLOOR} <= paths, paths
     for name, size, clients, rate, *_, errors in ten["rows"]:
         assert clients in (1, 2) and rate > 0 and errors == 0, (name, size, ten["data"])
-    # 16 directory and S3 rows, the 4 KiB blob-only proxy at 1 and 2 clients, the ceiling's 4
-    assert len(ten["rows"]) == 22
+    # 16 directory and S3 rows, the 4 KiB blob-only proxy at 1 and 2 clients, the ceiling's 4,
+    # the design floor's 4
+    assert len(ten["rows"]) == 26
     goals = [g for g in sections["G"]["data"] if g.startswith("§10")]
     assert len(goals) == 4, goals
-    assert all("HTTP ceiling" in sections["G"]["data"][g]["limit"] for g in goals), goals
+    assert all("HTTP ceiling" in sections["G"]["data"][g]["limit"]
+               and "design floor" in sections["G"]["data"][g]["limit"] for g in goals), goals
