@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 import lockd.server.store.postgres.sql as sql
@@ -248,13 +249,23 @@ class PostgresStore(LockOps, SemaphoreOps, ElectionOps):
 
     @staticmethod
     async def _once(pool: AsyncConnectionPool, op, retried: bool):
-        async with pool.connection() as conn:
-            try:
-                return await op(conn, retried)
-            except psycopg.OperationalError as exc:
-                if conn.closed:
-                    raise _ConnectionLost(exc) from exc
-                raise
+        """``op`` on a connection taken from ``pool`` and given back. What ``pool.connection()``
+        does, without its context managers: on autocommit connections its ``commit()`` on
+        success does nothing but take the connection's lock (a few µs per statement); a
+        transaction an error left open is rolled back here, as it would."""
+        conn = await pool.getconn()
+        try:
+            return await op(conn, retried)
+        except psycopg.OperationalError as exc:
+            if conn.closed:
+                raise _ConnectionLost(exc) from exc
+            await _rollback(conn)
+            raise
+        except BaseException:
+            await _rollback(conn)
+            raise
+        finally:
+            await pool.putconn(conn)
 
     # -- the core of the Store protocol --------------------------------------------------
 
@@ -284,6 +295,17 @@ class PostgresStore(LockOps, SemaphoreOps, ElectionOps):
 
         await self._run(op, retry=True)
 
+
+
+async def _rollback(conn: psycopg.AsyncConnection) -> None:
+    """Roll back a transaction an error left open on ``conn`` (a failure to do so is logged,
+    not raised over the error that is on its way)."""
+    if conn.closed or conn.info.transaction_status == TransactionStatus.IDLE:
+        return
+    try:
+        await conn.rollback()
+    except Exception as exc:  # noqa: BLE001 - the first error is the one to report
+        log.warning("rollback after an error failed: %s", first_line(exc))
 
 
 def _kind(exc: psycopg.Error) -> str:

@@ -1,6 +1,7 @@
 """``SqliteStore``: lockd's ``Store`` on one SQLite file (one lockd process, held by a file
 lock), expiry by lockd's injectable clock. Every operation is queued to one thread that runs
-what has queued up in one transaction and one fsync (group commit); the primitives' operations
+what has queued up in one transaction and one fsync (group commit; the operations of one
+event-loop turn are queued as one item, one wake-up of the thread); the primitives' operations
 are in ``locks``, ``semaphores`` and ``elections``. The design: docs/stores/sqlite.md.
 """
 
@@ -72,7 +73,8 @@ class SqliteStore(locks.LockMethods, sem.SemaphoreMethods, elect.ElectionMethods
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
         self._thread: threading.Thread | None = None
-        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[list[_Item] | None] = queue.SimpleQueue()
+        self._pending: list[_Item] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listeners: list[ReleaseListener] = []
         self._open = False
@@ -110,6 +112,7 @@ class SqliteStore(locks.LockMethods, sem.SemaphoreMethods, elect.ElectionMethods
         self._conn = conn
         if self._executor == "thread":
             self._queue = queue.SimpleQueue()
+            self._pending = []
             self._thread = threading.Thread(target=self._run, name="lockd-sqlite", daemon=True)
             self._thread.start()
         self._open = True
@@ -120,6 +123,7 @@ class SqliteStore(locks.LockMethods, sem.SemaphoreMethods, elect.ElectionMethods
             return
         self._open = False
         if self._thread is not None:
+            self._hand_over()  # operations called this turn run before the thread stops
             self._queue.put(None)
             await asyncio.to_thread(self._thread.join)
             self._thread = None
@@ -161,20 +165,31 @@ class SqliteStore(locks.LockMethods, sem.SemaphoreMethods, elect.ElectionMethods
             raise StoreUnavailable("the SQLite store is not open")
         if self._executor == "inline":
             return _run_batch(self._conn, self._clock, [(op, args, None)])[0].result()
-        assert self._loop is not None
-        fut: asyncio.Future[Any] = self._loop.create_future()
-        self._queue.put((op, args, fut))
+        loop = self._loop
+        assert loop is not None
+        fut: asyncio.Future[Any] = loop.create_future()
+        pending = self._pending
+        if not pending:
+            loop.call_soon(self._hand_over)
+        pending.append((op, args, fut))
         return await fut
+
+    def _hand_over(self) -> None:
+        """Queue the operations called during this turn of the event loop, in call order, as
+        one item: the store thread is woken once per turn, not once per operation."""
+        pending, self._pending = self._pending, []
+        if pending:
+            self._queue.put(pending)
 
     def _run(self) -> None:
         """The store thread: run whatever is queued in one transaction, hand results back."""
         assert self._conn is not None and self._loop is not None
         conn, loop, q = self._conn, self._loop, self._queue
         while True:
-            item = q.get()
-            if item is None:
+            items = q.get()
+            if items is None:
                 return
-            batch = [item]
+            batch = list(items)
             stop = False
             while len(batch) < _MAX_BATCH:
                 try:
@@ -184,7 +199,7 @@ class SqliteStore(locks.LockMethods, sem.SemaphoreMethods, elect.ElectionMethods
                 if nxt is None:
                     stop = True
                     break
-                batch.append(nxt)
+                batch.extend(nxt)
             outcomes = _run_batch(conn, self._clock, batch)
             try:
                 loop.call_soon_threadsafe(_deliver, batch, outcomes)

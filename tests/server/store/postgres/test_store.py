@@ -395,3 +395,29 @@ def test_pooled_connections_never_run_with_synchronous_commit_off(pg_url, pg_dsn
                 assert await cur.fetchone() == ("on",)
 
     asyncio.run(main())
+
+
+def test_an_error_inside_an_open_transaction_is_rolled_back_before_the_connection_is_reused(
+        pg_url, caplog):
+    """``_run`` takes and gives back pooled connections itself: an operation that fails with a
+    transaction open (a bug, a cancellation) leaves no transaction to the next user, and the
+    pool is not the one to find it (no "rolling back returned connection" warning)."""
+
+    async def main():
+        async with opened(pg_url, pool_min=1, pool_max=1) as store:
+            async def failing(conn, retried):
+                await conn.execute("BEGIN")
+                await conn.execute("SELECT 1")
+                raise RuntimeError("boom")
+
+            async def status(conn, retried):
+                return conn.info.transaction_status
+
+            with pytest.raises(RuntimeError, match="boom"):
+                await store._run(failing, retry=False)
+            assert await store._run(status, retry=False) == psycopg.pq.TransactionStatus.IDLE
+            await grant(store, "tx/a")  # the one connection still serves
+
+    with caplog.at_level("WARNING", logger="psycopg.pool"):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if "rolling back" in r.getMessage()]
