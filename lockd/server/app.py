@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -70,54 +68,7 @@ class _LockdApp(FastAPI):
 
 def _telemetry_on(app: FastAPI) -> bool:
     native = getattr(app, "_native_telemetry", None)
-    if native is None or _no_provider(native.config):
-        return False  # what native.enabled() answers then
-    return native.enabled()
-
-
-_OTEL_GLOBALS = (("opentelemetry.trace", "_TRACER_PROVIDER", "OTEL_PYTHON_TRACER_PROVIDER"),
-                 ("opentelemetry.metrics._internal", "_METER_PROVIDER",
-                  "OTEL_PYTHON_METER_PROVIDER"),
-                 ("opentelemetry._logs._internal", "_LOGGER_PROVIDER",
-                  "_OTEL_PYTHON_LOGGER_PROVIDER"))
-"""Per signal: the module of OpenTelemetry's global provider getter, the global it returns when
-set, and the name of its constant naming the environment variable it loads a provider from."""
-_checks: list[tuple[Any, str, bytes]] | None = None  # (module, global, encoded variable name)
-
-
-def _otel_checks() -> list[tuple[Any, str, bytes]] | None:
-    """``_OTEL_GLOBALS`` resolved once; None while OpenTelemetry is not laid out as expected."""
-    global _checks
-    if _checks is None:
-        found = []
-        for module_name, provider, variable in _OTEL_GLOBALS:
-            module = sys.modules.get(module_name)
-            name = getattr(module, variable, None)
-            if module is None or not hasattr(module, provider) or type(name) is not str:
-                return None
-            found.append((module, provider, os.environ.encodekey(name)))
-        _checks = found
-    return _checks
-
-
-def _no_provider(config: Any) -> bool:
-    """True when FastAPI's ``NativeTelemetry.enabled()`` is sure to be False: no provider in
-    its ``config``, none of OpenTelemetry's three global providers set, none of the three
-    variables that would load one in the environment. Checked per hot request (a provider may
-    be installed at any time) without ``enabled()``'s cost: its three environment lookups of
-    missing names raise and catch ``KeyError`` each (~4 µs per lock cycle). False (ask
-    ``enabled()``) whenever OpenTelemetry or ``os.environ`` is not laid out as expected."""
-    if (config.get("tracer_provider") is not None or config.get("meter_provider") is not None
-            or config.get("logger_provider") is not None):
-        return False
-    data = getattr(os.environ, "_data", None)
-    checks = _otel_checks()
-    if checks is None or type(data) is not dict:
-        return False
-    for module, provider, key in checks:
-        if getattr(module, provider) is not None or key in data:
-            return False
-    return True
+    return native is not None and native.enabled()
 
 
 def create_app(settings: Settings | None = None, *, clock: Callable[[], float] | None = None,
