@@ -91,6 +91,10 @@ _ALL_OFFSETS = (-600, -30, 0, 30, 600)
 _ALL_RATES = ("0.5", "0.7", "1.5")
 
 
+_WRITING = ("read", "renew_lost", "renewed", "write")
+"""A thawed holder's last events before its write is answered (any other: it is past it)."""
+
+
 def _key(lock: str) -> str:
     """What follows a lock name's first segment: the account of ``accounts/10`` (``10``), and
     ``1/x`` for the neighbour ``accounts/1/x``, which nests in account 1's name, not its lock."""
@@ -344,7 +348,7 @@ class Nemesis(threading.Thread):
         lease runs out about one TTL later), keep it frozen more than a TTL, then resume it
         while another worker sits between its read and its write. ``race`` variant: resume as
         soon as that is possible, racing the first holder after it (nobody else has committed
-        yet). ``late`` variant: frozen 2 x TTL + 0.3..1 s, several holders may have come and
+        yet), which is held frozen until the thawed write is answered. ``late`` variant: frozen 2 x TTL + 0.3..1 s, several holders may have come and
         gone. ``edge``: thawed TTL -150..+150 ms after the freeze, whoever holds the lock.
         Pauses take ``pause_variants`` in turn (the runner: race, late, edge, ...; only race
         for ``unfenced-read``, whose window only the first holder after the frozen one opens)."""
@@ -369,10 +373,22 @@ class Nemesis(threading.Thread):
                                               if self._overlaps(j, near)],
                                      timeout=2 * self.ttl + 2.0)
         committed_meanwhile = self.pool.acks(exclude=[i]) - acks_before
+        held = None
+        if variant == "race" and other:
+            # the race, decided: the reader between its read and its write waits (frozen) until
+            # the thawed holder's write has its answer (a quarter TTL at most: the reader's
+            # lease must not lapse), so that write lands inside the reader's window on a loaded
+            # machine too (a thawed process is slow to be scheduled)
+            held = other[0], self._freeze(other[0])
+        thawed = self._thaw(i, freeze)
+        if held is not None:  # not a revived holder: its lease does not lapse (not in freezes)
+            self._wait_until(lambda: self.pool.last_event(i) not in _WRITING,
+                             timeout=self.ttl / 4)
+            held = self._thaw(*held)
         self._record("pause", start, self.pool.slots[i].name, variant=variant,
                      after_read=bool(fresh), resumed_while_other_read=bool(other),
-                     others_committed_meanwhile=committed_meanwhile,
-                     freezes=[self._thaw(i, freeze)])
+                     others_committed_meanwhile=committed_meanwhile, freezes=[thawed],
+                     reader_held=held)
 
     def _pause_grant(self, f: Planned) -> None:
         """Freeze a worker right after its grant (before any claim; a blind writer preferred:
