@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["serve", "app_for"]
+__all__ = ["app_for", "serve", "write_file"]
 
 INLINE_MAX = 16 * 1024
 TABLE = "floor_objects"
@@ -40,8 +40,10 @@ _IOV = 1024  # writev's limit on pieces per call (IOV_MAX)
 _OK = {"type": "http.response.body", "body": b"{}"}
 
 
-def _write_file(directory: Path, name: str, pieces: list[bytes], n: int) -> None:
-    """As ``bench.objects._write_file`` (the direct baseline), the body in pieces."""
+def write_file(directory: Path, name: str, pieces: list[bytes], n: int) -> None:
+    """The direct baseline's durable write of a body given in ``pieces`` (``bench.objects``
+    writes its files with it too): a temporary file written and fsynced, renamed to ``name``
+    in ``directory``, the directory fsynced."""
     temp = directory / f".{name}.{n}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -89,7 +91,7 @@ def app_for(dsn: str, directory: Path, inline_max: int = INLINE_MAX) -> Any:
                 directory_of.mkdir(parents=True, exist_ok=True)
                 made.add(directory_of)
             count[0] += 1
-            await asyncio.to_thread(_write_file, directory_of, key, pieces, count[0])
+            await asyncio.to_thread(write_file, directory_of, key, pieces, count[0])
             body = None
         else:
             body = b"".join(pieces)

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.object_floor import write_file
 from bench.report import Section, median, pct, ratio
 
 __all__ = ["WORKLOADS", "objects"]
@@ -68,24 +69,6 @@ async def _proxy_put(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]],
     return cycle, http.close
 
 
-def _write_file(directory: Path, name: str, body: bytes, n: int) -> None:
-    temp = directory / f".{name}.{n}.tmp"
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        view = memoryview(body)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(temp, directory / name)
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 async def _direct_file(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]],
                                                     Callable[[], Awaitable[None]]]:
     directory = Path(spec["dir"]) / f"c{i}"
@@ -96,7 +79,7 @@ async def _direct_file(spec: dict, i: int) -> tuple[Callable[[], Awaitable[None]
     async def cycle() -> None:
         nonlocal n
         n += 1
-        await asyncio.to_thread(_write_file, directory, str(n % _SLOTS), body, n)
+        await asyncio.to_thread(write_file, directory, str(n % _SLOTS), [body], n)
 
     async def close() -> None:
         return None
