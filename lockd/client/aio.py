@@ -109,9 +109,11 @@ class AsyncLockClient(PrimitivesCore):
         return run.result  # type: ignore[return-value]
 
     async def aclose(self) -> None:
-        """Stop every lease's renewals (without releasing) and close the HTTP pool."""
+        """Stop every lease's renewals (without releasing), and a batch of them in flight, then
+        close the HTTP pool."""
         for lease in list(self._renewals):
             await self._stop_renewal(lease)
+        await self._batcher.aclose()
         if self._own_http:
             await self._http.aclose()
 

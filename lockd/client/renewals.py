@@ -15,6 +15,7 @@ window of each other sends one request per tick. A lockd without the route (404/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -170,6 +171,7 @@ class AsyncRenewalBatcher(_Batching):
     def __init__(self, run: Callable[[Steps[Any]], Awaitable[Any]]) -> None:
         self._run = run
         self._open: list[_Pending] | None = None
+        self._window: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     async def renew(self, step: Send) -> Any:
@@ -180,13 +182,31 @@ class AsyncRenewalBatcher(_Batching):
         item = _Pending(step, loop.create_future())
         if self._open is None:
             self._open = []
-            loop.call_later(_window(step), self._close_batch)
+            self._window = loop.call_later(_window(step), self._close_batch)
         self._open.append(item)
         await item.done
         return item.result()
 
+    async def aclose(self) -> None:
+        """Stop: the open window closes unsent and a batch in flight is cancelled (each of its
+        leases answered with ``ProtocolError``), so nothing is sent on a closed HTTP pool and no
+        task outlives the client."""
+        if self._window is not None:
+            self._window.cancel()
+        batch, self._open, self._window = self._open or [], None, None
+        for item in batch:
+            _unanswered(item)
+            if not item.done.done():
+                item.done.set_result(None)
+        sending = list(self._sending)
+        for task in sending:
+            task.cancel()
+        for task in sending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     def _close_batch(self) -> None:
-        batch, self._open = self._open or [], None
+        batch, self._open, self._window = self._open or [], None, None
         task = asyncio.get_running_loop().create_task(self._flush(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)

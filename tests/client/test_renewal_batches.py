@@ -164,3 +164,36 @@ def test_the_async_client_falls_back_the_same_way(shared_lockd, name):
         await http.aclose()
 
     asyncio.run(main())
+
+
+def test_aclose_cancels_a_batch_in_flight_so_no_request_outlives_the_client(shared_lockd, name):
+    """A ``renew-each`` held on its way out (an async request hook that waits) when the client
+    closes: ``aclose`` cancels it, so no task of the client is left to send on a closed pool."""
+    sent = _Paths()
+
+    async def main() -> None:
+        entered, held = asyncio.Event(), asyncio.Event()
+
+        async def hold(request: httpx.Request) -> None:
+            if request.url.path == "/v1/leases/renew-each":
+                entered.set()
+                await held.wait()
+            sent(request)
+
+        http = httpx.AsyncClient(event_hooks={"request": [hold]})
+        client = AsyncLockClient(shared_lockd.url, http_client=http)
+        leases = [await client.acquire(f"{name}/{i}", TTL) for i in range(3)]
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        await client.aclose()
+        flushing = [task for task in asyncio.all_tasks()
+                    if "_flush" in getattr(task.get_coro(), "__qualname__", "")]
+        held.set()
+        await asyncio.sleep(0)  # one loop turn: a surviving batch would now send
+        assert flushing == [], flushing
+        assert sent.count(lambda p: p == "/v1/leases/renew-each") == 0, sent.paths
+        async with AsyncLockClient(shared_lockd.url) as other:
+            for lease in leases:
+                await other.release(LeaseRef(lease.lock, lease.lease_id))
+        await http.aclose()
+
+    asyncio.run(main())
