@@ -24,9 +24,9 @@ def proxy(bench: Bench) -> Section:
     from lockd.tokens import KeyRing
     from resource_proxy.fencing import Fence
     from resource_proxy.policy import load_policy
+    from resource_proxy.rows.writes import build_op, set_fence
     from resource_proxy.store import prepare
     from resource_proxy.store.sql import POSTGRES, SqlBuilder
-    from resource_proxy.writes import build_op, set_fence
 
     s = bench.settings
     bench.retire("lockd-")  # sections 1-4's lockd servers and their pools: not used from here

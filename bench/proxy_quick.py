@@ -39,9 +39,9 @@ from harness import (  # noqa: E402
 )
 from lockd.tokens import KeyRing  # noqa: E402
 from resource_proxy.fencing import Fence  # noqa: E402
+from resource_proxy.rows.tables import Column, Kind, Table  # noqa: E402
+from resource_proxy.rows.writes import build_op, set_fence  # noqa: E402
 from resource_proxy.store.sql import POSTGRES, SqlBuilder  # noqa: E402
-from resource_proxy.tables import Column, Kind, Table  # noqa: E402
-from resource_proxy.writes import build_op, set_fence  # noqa: E402
 
 DDL = "CREATE TABLE bench_rows (id bigint PRIMARY KEY, v bigint NOT NULL, last_fence bigint)"
 

@@ -10,7 +10,7 @@ authenticated caller: they fence nothing.
 
 ``AccessMiddleware`` (inside ``RequestMiddleware``, which authenticated the request and left its
 identity in ``scope[IDENTITY]``) puts that identity in a context variable for the request;
-``check_table`` (called by ``ProxyService`` before anything is written or fenced) raises
+``check_table`` (called by ``rows.service.RowService`` before anything is written or fenced) raises
 ``ForbiddenTable`` naming the table and the identity's name when the table is outside it.
 """
 

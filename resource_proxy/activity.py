@@ -79,10 +79,10 @@ def _claims_lock(request: Request) -> tuple[str, int] | None:
     """(lock, fence) of the request's token if it was verified already (a cache lookup); an
     answered fenced call raised the lock's highest to that fence, whatever the token's mode."""
     token = request.headers.get(_TOKEN_HEADER)
-    service = getattr(request.app.state, "service", None)
-    if not token or service is None:
+    core = getattr(request.app.state, "claims", None)
+    if not token or core is None:
         return None
-    claims = service.keys.peek(token.strip())
+    claims = core.keys.peek(token.strip())
     if claims is None or claims.lock is None or claims.fence is None:
         return None
     return (claims.lock, claims.fence)

@@ -28,6 +28,7 @@ from lockd.common.tls import CertRoles
 from resource_proxy.access import AccessMiddleware, load_table_access
 from resource_proxy.activity import Activity, activity_routes
 from resource_proxy.api import install_problem_handlers, routes
+from resource_proxy.claims import ClaimService
 from resource_proxy.hot import HotPathMiddleware, ProxyApp
 from resource_proxy.jwks import KeySource, file_loader, lockd_loader, lockd_verify
 from resource_proxy.metrics import ProxyMetrics
@@ -35,7 +36,8 @@ from resource_proxy.objects.api import object_routes
 from resource_proxy.objects.setup import start_objects, sweep_forever
 from resource_proxy.openapi import OPEN_PATHS, build_openapi
 from resource_proxy.policy import Binding, Policy, describe_unfenced, load_policy
-from resource_proxy.service import ProxyService
+from resource_proxy.rows.api import row_routes
+from resource_proxy.rows.service import RowService
 from resource_proxy.settings import Settings
 from resource_proxy.store import open_store, prepare
 
@@ -91,14 +93,19 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         await keys.reload(force=True)
         if settings.jwks_file is not None and not keys.kids:
             raise RuntimeError(f"no usable Ed25519 key in {settings.jwks_file}")
-        app.state.service = ProxyService(bound, keys, store, max_batch_ops=settings.max_batch_ops,
-                                         idempotency_ttl_ms=settings.idempotency_ttl_ms)
+        # the fence core, and each resource kind a slice over it
+        claims = app.state.claims = ClaimService(keys, store)
+        rows = app.state.rows = RowService(bound, keys, store,
+                                           max_batch_ops=settings.max_batch_ops,
+                                           idempotency_ttl_ms=settings.idempotency_ttl_ms)
+        claims.add_kind(rows.governs)
         log.info("serving %d table(s): %s%s", len(tables), ", ".join(sorted(tables)) or "(none)",
                  describe_unfenced(bound.unfenced))
         sweeper = None
         if settings.serves_objects:
             app.state.objects = await start_objects(settings, policy, keys, store)
-            app.state.service.objects_govern = policy.buckets.governs
+            buckets = policy.buckets
+            claims.add_kind(lambda lock, _claims: buckets.governs(lock))
             sweeper = asyncio.get_running_loop().create_task(
                 sweep_forever(app.state.objects, settings.objects_sweep_interval_ms / 1000))
         try:
@@ -118,16 +125,17 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
     metrics = app.state.metrics = ProxyMetrics()
     app.state.activity = Activity()
     metrics.watch_jwks_loads(
-        lambda: app.state.service.keys.loads if hasattr(app.state, "service") else 0)
+        lambda: app.state.claims.keys.loads if hasattr(app.state, "claims") else 0)
     metrics.watch_blob_deletes(
         lambda: app.state.objects.retiring if hasattr(app.state, "objects") else 0)
     app.router.routes.extend(routes)
+    app.router.routes.extend(row_routes)
     app.router.routes.extend(activity_routes)
     app.router.routes.extend(object_routes)
     install_problem_handlers(app)
     install_docs(app, title="resource-proxy")
     app.openapi = lambda: build_openapi(  # type: ignore[method-assign]
-        app.state.service.catalog, objects=hasattr(app.state, "objects"))
+        app.state.rows.catalog, objects=hasattr(app.state, "objects"))
     keys = load_keys([k.get_secret_value() for k in settings.api_keys], settings.api_keys_file)
     options: dict[str, Any] = dict(
         api_keys=KeySet(keys), admin_keys=KeySet(), open_paths=OPEN_PATHS,

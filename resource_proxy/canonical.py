@@ -44,7 +44,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
 
-from resource_proxy.tables import Column, Kind
+from resource_proxy.rows.tables import Column, Kind
 
 __all__ = ["ESCAPE", "canonical", "encode", "decode", "key_part", "unbindable"]
 

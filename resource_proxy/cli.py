@@ -48,9 +48,9 @@ from lockd.tokens import Verifier
 from resource_proxy import dbcommand
 from resource_proxy.access import load_table_access
 from resource_proxy.app import create_app
-from resource_proxy.dbstatus import DbFencingRequired
 from resource_proxy.jwks import lockd_verify
 from resource_proxy.policy import PolicyError, describe_unfenced, load_policy
+from resource_proxy.rows.dbstatus import DbFencingRequired
 from resource_proxy.settings import Settings
 from resource_proxy.store import prepare
 
@@ -61,8 +61,8 @@ log = logging.getLogger("resource_proxy")
 
 def _ready_line(app, settings: Settings, port: int) -> str:
     """The ready line, naming the unfenced tables the start-up found (if any)."""
-    service = getattr(app.state, "service", None)
-    unfenced = describe_unfenced(service.binding.unfenced) if service else ""
+    rows = getattr(app.state, "rows", None)
+    unfenced = describe_unfenced(rows.binding.unfenced) if rows else ""
     scheme = "https" if settings.tls_cert is not None else "http"
     return f"resource-proxy listening on {scheme}://{settings.host}:{port}{unfenced}"
 

@@ -5,8 +5,8 @@ These calls are nearly all of a fenced proxy's traffic. FastAPI/Starlette's laye
 (server-error and exception middlewares, FastAPI's own outer middlewares, the router's scan of
 every route) cost ~0.15 ms of CPU per request on top of uvicorn (bench/NOTES.md, "HTTP stack
 ceiling"), about a quarter of a fenced write's cost. Here the same endpoints of
-``resource_proxy.api`` (``put_row``, ``patch_row``, ``batch``: the same body bound, token
-header, ``ProxyService`` call, fencing and metrics) and of ``objects.api`` (``put_object``) run behind the same request middleware
+``rows.api`` (``put_row``, ``patch_row``, ``batch``: the same body bound, token
+header, ``RowService`` call, fencing and metrics) and of ``objects.api`` (``put_object``) run behind the same request middleware
 (API keys, request ids, header bound) and access middleware, with the same problem mapping
 (``api.problem_response``). Matching uses the routes' own Starlette patterns, so a path is
 served here exactly when the router would have sent it to the same endpoint; every other
@@ -23,8 +23,9 @@ from fastapi import FastAPI
 from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match, Route
 
-from resource_proxy.api import batch, patch_row, problem_response, put_row, routes
+from resource_proxy.api import problem_response
 from resource_proxy.objects.api import object_routes, put_object
+from resource_proxy.rows.api import batch, patch_row, put_row, row_routes
 
 __all__ = ["HotPathMiddleware", "ProxyApp", "is_hot_path"]
 
@@ -38,7 +39,7 @@ def _hot_routes() -> dict[str, tuple[Route, ...]]:
     """method -> the hot routes for it: the routes' own objects, so the same patterns and
     convertors as the router's."""
     found: dict[str, tuple[Route, ...]] = {}
-    for route in (*routes, *object_routes):
+    for route in (*row_routes, *object_routes):
         if route.endpoint in _HOT_ENDPOINTS:
             for method in route.methods or ():
                 if method != "HEAD":

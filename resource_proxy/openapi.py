@@ -15,7 +15,7 @@ from typing import Any
 
 from lockd.common.apidocs import DOCS_PATHS
 from lockd.common.problems import PROBLEM_JSON
-from resource_proxy.tables import Catalog, Column, Kind, Table
+from resource_proxy.rows.tables import Catalog, Column, Kind, Table
 
 __all__ = ["build_openapi", "OPEN_PATHS"]
 

@@ -45,8 +45,8 @@ import yaml
 from resource_proxy.canonical import decode, key_part, unbindable
 from resource_proxy.errors import InvalidRequest, LockNotAllowed
 from resource_proxy.objects.names import Buckets, parse_buckets
-from resource_proxy.tables import Catalog, Kind, Table
-from resource_proxy.values import coerce
+from resource_proxy.rows.tables import Catalog, Kind, Table
+from resource_proxy.rows.values import coerce
 
 __all__ = ["Template", "TablePolicy", "Policy", "PolicyError", "TableBinding", "Binding",
            "load_policy"]

@@ -110,8 +110,8 @@ def test_every_wall_holds():
 
 PLANTED = [
     ("lockd/client/fenced.py", "from lockd.server.errors import LeaseLost\n", "1 client"),
-    ("lockd/client/lease.py", "import resource_proxy.tables\n", "1 client"),
-    ("resource_proxy/service.py", "from lockd.server import service\n", "2 proxy"),
+    ("lockd/client/lease.py", "import resource_proxy.rows.tables\n", "1 client"),
+    ("resource_proxy/rows/service.py", "from lockd.server import service\n", "2 proxy"),
     ("resource_proxy/api.py", "from lockd.client import LockClient\n", "2 proxy"),
     ("resource_proxy/jwks.py", "from lockd import server\n", "2 proxy"),
     ("lockd/server/store/sqlite/store.py", "from starlette.responses import Response\n", "3 stores"),
@@ -361,7 +361,7 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize(("rel", "line"), [
     ("lockd/client/lease.py", "if TYPE_CHECKING:\n    from lockd.client.sync import LockClient\n"),
-    ("resource_proxy/tables.py", "def _lazy():\n    from resource_proxy import policy\n"),
+    ("resource_proxy/rows/tables.py", "def _lazy():\n    from resource_proxy import policy\n"),
 ])
 def test_a_planted_cycle_is_found(tmp_path, rel, line):
     for top in ("lockd", "resource_proxy", "harness", "bench", "chaos"):
@@ -421,7 +421,7 @@ def test_only_the_rule_reads_a_tokens_shared_claim():
 
 
 @pytest.mark.parametrize(("rel", "line"), [
-    ("resource_proxy/service.py", "def _lazy(claims):\n    return 'x' in claims.shared\n"),
+    ("resource_proxy/rows/service.py", "def _lazy(claims):\n    return 'x' in claims.shared\n"),
     ("resource_proxy/store/postgres.py", "def _lazy(fence):\n    return fence.shared\n"),
     ("lockd/client/sqlfence.py", "def _lazy(c):\n    return c.mode_for('x') == 'shared'\n"),
     ("lockd/common/objects.py", "def _lazy(claims):\n    return getattr(claims, 'shared')\n"),
@@ -438,39 +438,61 @@ def test_a_planted_shared_claim_read_is_found(tmp_path, rel, line):
     assert len(found) == 1 and found[0].startswith(rel + ":"), found
 
 
-# --- the proxy's resource kinds: objects beside the tables, over one fence core ---------------
-# The objects slice (resource_proxy/objects) uses the fence core the tables use (fencing: the
-# one write rule through fencerule; idempotency; errors; the row stores' transactions) and
-# nothing of the tables' own code: their service, routes, hot path, reflected tables, row writes
-# and the tables' policy.
+# --- the proxy's resource kinds: rows and objects side by side, over one fence core -----------
+# Each kind is a slice with its routes, service and store: resource_proxy/rows and
+# resource_proxy/objects. Neither imports the other. Both stand on the fence core: the one write
+# rule (fencing, through lockd.common.fencerule), the claims and the token's verification
+# (claims), the keys that verify tokens (jwks), idempotency, errors, JSON (codec) and the shared
+# route pieces and problem mapping (api); the core imports neither slice. The objects slice
+# also keeps off what is the tables' beside the slice: their hot path, the row SQL builder, the
+# tables' policy and the OpenAPI document of the tables.
 
-TABLE_MODULES = ("resource_proxy.service", "resource_proxy.api", "resource_proxy.hot",
-                 "resource_proxy.tables", "resource_proxy.writes", "resource_proxy.policy",
-                 "resource_proxy.store.sql", "resource_proxy.openapi")
-
-
-def objects_violations(root: Path) -> list[str]:
-    """Every import of a tables module by the objects slice."""
-    return [f"objects: {path.relative_to(root)}:{line} imports {module}"
-            for path in _files(root, "resource_proxy/objects")
-            for line, module in _imports(root, path) if _under(module, TABLE_MODULES)]
+ROW_MODULES = ("resource_proxy.rows", "resource_proxy.hot", "resource_proxy.policy",
+               "resource_proxy.store.sql", "resource_proxy.openapi")
+OBJECT_MODULES = ("resource_proxy.objects",)
+CORE = ("claims", "fencing", "idempotency", "codec", "jwks", "errors", "api")
 
 
-def test_objects_stand_on_the_fence_core_not_on_the_tables():
-    assert (ROOT / "resource_proxy/objects/service.py").is_file()
-    assert objects_violations(ROOT) == []
+def kind_violations(root: Path) -> list[str]:
+    """Every import across the slices, or from the fence core into a slice."""
+    out = [f"objects: {path.relative_to(root)}:{line} imports {module}"
+           for path in _files(root, "resource_proxy/objects")
+           for line, module in _imports(root, path) if _under(module, ROW_MODULES)]
+    out += [f"rows: {path.relative_to(root)}:{line} imports {module}"
+            for path in _files(root, "resource_proxy/rows")
+            for line, module in _imports(root, path) if _under(module, OBJECT_MODULES)]
+    for name in CORE:
+        path = root / "resource_proxy" / f"{name}.py"
+        out += [f"core: {path.relative_to(root)}:{line} imports {module}"
+                for line, module in _imports(root, path)
+                if _under(module, ("resource_proxy.rows",) + OBJECT_MODULES)]
+    return out
 
 
-@pytest.mark.parametrize(("rel", "line"), [
-    ("resource_proxy/objects/service.py", "from resource_proxy.service import ProxyService\n"),
-    ("resource_proxy/objects/store.py", "    from resource_proxy.store.sql import SQLITE\n"),
-    ("resource_proxy/objects/api.py", "from resource_proxy import writes\n"),
+def test_rows_and_objects_are_slices_over_one_fence_core():
+    for part in ("rows/api.py", "rows/service.py", "objects/api.py", "objects/service.py",
+                 "objects/store.py", "claims.py", "fencing.py"):
+        assert (ROOT / "resource_proxy" / part).is_file(), part
+    assert kind_violations(ROOT) == []
+
+
+@pytest.mark.parametrize(("rel", "line", "side"), [
+    ("resource_proxy/objects/service.py", "from resource_proxy.rows.service import RowService\n",
+     "objects"),
+    ("resource_proxy/objects/store.py", "    from resource_proxy.store.sql import SQLITE\n",
+     "objects"),
+    ("resource_proxy/objects/api.py", "from resource_proxy.rows import writes\n", "objects"),
+    ("resource_proxy/rows/service.py", "from resource_proxy.objects.names import Buckets\n",
+     "rows"),
+    ("resource_proxy/claims.py", "    from resource_proxy.rows.service import RowService\n",
+     "core"),
+    ("resource_proxy/fencing.py", "from resource_proxy.objects import store\n", "core"),
 ])
-def test_an_objects_module_importing_the_tables_is_found(tmp_path, rel, line):
+def test_an_import_across_the_slices_is_found(tmp_path, rel, line, side):
     root = _copy(tmp_path)
     target = root / rel
     if line.startswith("    "):
         line = "def _lazy():\n" + line
     target.write_text(target.read_text() + "\n" + line)
-    found = objects_violations(root)
-    assert found and all(v.startswith("objects:") for v in found), found
+    found = kind_violations(root)
+    assert found and all(v.startswith(side + ":") for v in found), found

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import resource_proxy.dbfence.sql as sql
 from resource_proxy.canonical import unbindable
-from resource_proxy.tables import Column, Kind
+from resource_proxy.rows.tables import Column, Kind
 
 __all__ = ["refusal", "key_expression"]
 

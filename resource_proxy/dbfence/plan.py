@@ -27,7 +27,7 @@ import sqlalchemy as sa
 import resource_proxy.dbfence.sql as sql
 from resource_proxy.dbfence.keys import key_expression, refusal
 from resource_proxy.policy import Policy, PolicyError, Template
-from resource_proxy.tables import Column, reflect
+from resource_proxy.rows.tables import Column, reflect
 
 __all__ = ["DbFencingError", "Protected", "Relation", "governed", "plan", "relations"]
 

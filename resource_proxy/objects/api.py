@@ -23,12 +23,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from resource_proxy.activity import record
+from resource_proxy.codec import dumps, loads
 from resource_proxy.errors import InvalidRequest, NotFound
 from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
 from resource_proxy.idempotency import Keyed, Reply, parse_key
 from resource_proxy.objects.service import ObjectService, not_modified
 from resource_proxy.objects.store import Pointer, Preconditions
-from resource_proxy.values import dumps, loads
 
 __all__ = ["object_routes"]
 

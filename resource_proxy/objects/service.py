@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.fencerule import READ, WRITE, Fence
+from resource_proxy.codec import dumps
 from resource_proxy.errors import (
     InvalidRequest,
     LockNotAllowed,
@@ -56,7 +57,6 @@ from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.objects.blobs import BlobMissing, BlobStore, Staged, Stored, new_name
 from resource_proxy.objects.names import Buckets, check_key, parse_bucket, parse_key
 from resource_proxy.objects.store import Pointer, Pointers, Preconditions
-from resource_proxy.values import dumps
 
 __all__ = ["ObjectService", "Opened", "DEFAULT_MAX_OBJECT_BYTES", "DEFAULT_INLINE_MAX"]
 

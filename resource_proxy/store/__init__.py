@@ -14,16 +14,16 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from resource_proxy.dbfence.keys import refusal
-from resource_proxy.dbstatus import DbFencingRequired, describe, listed, unprotected
 from resource_proxy.fencing import SQLITE_TABLE, create_fence_table
 from resource_proxy.idempotency import SQLITE_TABLE as IDEMPOTENCY_TABLE
 from resource_proxy.objects.store import SQLITE_TABLE as OBJECTS_TABLE
 from resource_proxy.policy import Binding, Policy, PolicyError
+from resource_proxy.rows.dbstatus import DbFencingRequired, describe, listed, unprotected
+from resource_proxy.rows.tables import Catalog, derived_tables, reflect
 from resource_proxy.settings import Settings
 from resource_proxy.store.base import Row, Store
 from resource_proxy.store.postgres import PostgresStore, libpq_dsn
 from resource_proxy.store.sqlite import SqliteStore
-from resource_proxy.tables import Catalog, derived_tables, reflect
 
 __all__ = ["Row", "Store", "PostgresStore", "SqliteStore", "prepare", "open_store", "sqlite_path",
            "engine_for"]

@@ -18,8 +18,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from lockd.common.fencerule import Fence
 from resource_proxy.idempotency import Once, Reply
-from resource_proxy.tables import Catalog, Table
-from resource_proxy.writes import WriteOp
+from resource_proxy.rows.tables import Catalog, Table
+from resource_proxy.rows.writes import WriteOp
 
 __all__ = ["Row", "Store"]
 

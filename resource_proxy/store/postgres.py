@@ -52,6 +52,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from lockd.common.fencerule import Fence
+from resource_proxy.codec import loads
 from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
@@ -64,12 +65,12 @@ from resource_proxy.errors import (
 from resource_proxy.fencing import PG_SCHEMA, check, check_all
 from resource_proxy.idempotency import PG_TABLE as RECORDS
 from resource_proxy.idempotency import PURGE_BATCH, PURGE_INTERVAL_S, Once, Reply, StaleReplay
+from resource_proxy.rows.tables import Catalog, Table
+from resource_proxy.rows.values import decode_row
+from resource_proxy.rows.writes import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import POSTGRES, SqlBuilder
 from resource_proxy.store.watched import WatchedConnection
-from resource_proxy.tables import Catalog, Table
-from resource_proxy.values import decode_row, loads
-from resource_proxy.writes import WriteOp
 
 __all__ = ["PostgresStore", "libpq_dsn", "translate"]
 

@@ -39,12 +39,12 @@ from uuid import UUID
 from psycopg.types.json import Json, Jsonb
 
 from lockd.common.fencerule import Fence
+from resource_proxy.codec import dumps
 from resource_proxy.dbfence.sql import PROXY_TRY_CLAIM, PROXY_TRY_CLAIM_MANY, PROXY_TRY_CLAIM_READ
 from resource_proxy.errors import InvalidRequest
 from resource_proxy.fencing import PG_FENCES, SQLITE_TABLE
-from resource_proxy.tables import Column, Kind, Table
-from resource_proxy.values import dumps
-from resource_proxy.writes import WriteOp
+from resource_proxy.rows.tables import Column, Kind, Table
+from resource_proxy.rows.writes import WriteOp
 
 __all__ = ["Dialect", "POSTGRES", "SQLITE", "SqlBuilder"]
 

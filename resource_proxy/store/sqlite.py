@@ -41,11 +41,11 @@ from resource_proxy.idempotency import (
     Reply,
     StaleReplay,
 )
+from resource_proxy.rows.tables import Catalog, Table
+from resource_proxy.rows.values import decode_row
+from resource_proxy.rows.writes import WriteOp
 from resource_proxy.store.base import Row
 from resource_proxy.store.sql import SQLITE, SqlBuilder
-from resource_proxy.tables import Catalog, Table
-from resource_proxy.values import decode_row
-from resource_proxy.writes import WriteOp
 
 __all__ = ["SqliteStore", "translate"]
 

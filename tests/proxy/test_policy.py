@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from resource_proxy.canonical import canonical, decode, encode
 from resource_proxy.errors import InvalidRequest, LockNotAllowed
 from resource_proxy.policy import Policy, PolicyError, TableBinding, Template, load_policy
-from resource_proxy.tables import Column, Kind, Table
-from resource_proxy.values import coerce
+from resource_proxy.rows.tables import Column, Kind, Table
+from resource_proxy.rows.values import coerce
 
 ACCOUNTS = Table("accounts", {"id": Column("id", Kind.INTEGER, False, int_bits=64),
                               "owner": Column("owner", Kind.TEXT),

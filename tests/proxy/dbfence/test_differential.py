@@ -26,9 +26,9 @@ from harness import create_database, drop_database, sqlalchemy_url
 from resource_proxy.canonical import key_part
 from resource_proxy.dbfence import install
 from resource_proxy.errors import InvalidRequest
+from resource_proxy.rows.tables import reflect
+from resource_proxy.rows.values import coerce
 from resource_proxy.store.sql import POSTGRES
-from resource_proxy.tables import reflect
-from resource_proxy.values import coerce
 from tests.proxy.dbfence.conftest import policy
 
 # table -> (key type, spellings a client may send)

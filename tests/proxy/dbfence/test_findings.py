@@ -9,8 +9,8 @@ import pytest
 
 from resource_proxy.canonical import key_part
 from resource_proxy.dbfence import DbFencingError, install, refusal
-from resource_proxy.tables import reflect
-from resource_proxy.values import coerce
+from resource_proxy.rows.tables import reflect
+from resource_proxy.rows.values import coerce
 from tests.proxy.dbfence.conftest import policy
 from tests.proxy.dbfence.test_triggers import refused
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 import re
 import uuid
@@ -50,8 +49,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import unquote
 
+from resource_proxy.codec import loads
 from resource_proxy.errors import InvalidRequest
-from resource_proxy.tables import Column, Kind, Table
+from resource_proxy.rows.tables import Column, Kind, Table
 
 __all__ = [
     "coerce",
@@ -60,44 +60,8 @@ __all__ = [
     "parse_json_key",
     "key_text",
     "decode_row",
-    "loads",
-    "dumps",
     "MAX_JSON_DEPTH",
 ]
-
-
-# ---------------------------------------------------------------------------------------------
-# JSON in and out
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def loads(data: bytes | str) -> Any:
-    """Parse a request body: floats as Decimal (exact), NaN/Infinity refused (``ValueError``)."""
-    return json.loads(data, parse_float=Decimal, parse_constant=_reject_constant)
-
-
-def dumps(value: Any) -> str:
-    """JSON text of ``value``; Decimals become exact JSON numbers (``json`` cannot do that)."""
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except TypeError:  # a Decimal somewhere (json/jsonb values): the exact, slower way
-        return _dumps_exact(value)
-
-
-def _dumps_exact(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ",".join(
-            json.dumps(str(k), ensure_ascii=False) + ":" + _dumps_exact(v) for k, v in value.items()
-        ) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_dumps_exact(v) for v in value) + "]"
-    if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise ValueError("NaN and Infinity are not JSON")
-        return str(value)
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------

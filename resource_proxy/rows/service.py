@@ -1,4 +1,4 @@
-"""What each call of the HTTP contract does, free of HTTP: token -> table -> op -> policy -> store.
+"""What each row call of the HTTP contract does, free of HTTP: token -> table -> op -> policy -> store.
 
 Order of checks for a write (the first failure answers): token present (428) and genuine (401),
 table served (404), the caller's identity may write the table (403 ``forbidden_table``, with an
@@ -12,7 +12,9 @@ check (a token, if sent, must still be genuine).
 
 Reads need no token; with one, the read is fenced (invariant 7): the token's lock must govern
 the rows read (403 otherwise), its fence must not be stale, and the highest fence rises to it
-before the rows are read (a claim for ``READ``: it never lets a row be written). A claim is for a lock that governs some row of a served table.
+before the rows are read (a claim for ``READ``: it never lets a row be written). A claim
+(``claims``, the fence core's) is served for a lock that governs some row of a served table
+(``governs``), or an object.
 
 A write or batch with an ``Idempotency-Key`` (``keyed``) goes through the same checks, then to
 the store's ``*_once`` calls, and comes back as a ``Reply`` (status and body text) that the
@@ -24,41 +26,41 @@ lock's fence is the one checked. A batch checks (and raises) the fence of EVERY 
 touch, in lock-name order, in the transaction of its writes; the token's other locks are left
 alone. ``_require`` is the one place that asks "does the token hold the lock this row needs";
 whether it may write under it is ``lockd.common.fencerule``'s rule (``fencing.held``).
-A claim (``POST /v1/fences/claim``) raises every lock of the token in one transaction.
 
 A token that holds a lock shared (a read lease, its fence the lock's read epoch) never writes
 under it: ``fencing.held``, through which every fence of a write, batch op or claim is taken,
-refuses a ``WRITE`` with 403 ``shared_token`` before the store is called. A fenced read or a
-``POST /v1/fences/{lock}/claim`` under it is a claim for ``READ``: allowed iff its fence is at
+refuses a ``WRITE`` with 403 ``shared_token`` before the store is called. A fenced read under
+it is a claim for ``READ``: allowed iff its fence is at
 least the highest honoured (else 409 ``stale_token``), which rises to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lockd.common.fencerule import READ, WRITE, Fence, Purpose, in_lock_order
 from lockd.tokens import Claims
 from resource_proxy.access import allows, caller, check_table
+from resource_proxy.claims import claims_of
+from resource_proxy.codec import dumps
 from resource_proxy.errors import (
     ForbiddenTable,
     InvalidRequest,
-    LockNotAllowed,
     NotFound,
     ProxyError,
     TokenRequired,
 )
-from resource_proxy.fencing import held, held_all, validate_lock_name
+from resource_proxy.fencing import held
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
 from resource_proxy.jwks import KeySource
 from resource_proxy.policy import Binding, TableBinding
+from resource_proxy.rows.tables import Catalog, Table
+from resource_proxy.rows.values import coerce, parse_json_key, parse_url_key
+from resource_proxy.rows.writes import OP_KINDS, OpKind, WriteOp, build_op, set_fence
 from resource_proxy.store.base import Row, Store
-from resource_proxy.tables import Catalog, Table
-from resource_proxy.values import coerce, dumps, parse_json_key, parse_url_key
-from resource_proxy.writes import OP_KINDS, OpKind, WriteOp, build_op, set_fence
 
-__all__ = ["ProxyService", "DEFAULT_LIMIT", "MAX_LIMIT"]
+__all__ = ["RowService", "DEFAULT_LIMIT", "MAX_LIMIT"]
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
@@ -66,8 +68,8 @@ _OP_FIELDS = {"op", "table", "key", "row"}
 _WRITE_STATUS = {"insert": 201, "upsert": 200, "update": 200, "delete": 204}
 
 
-class ProxyService:
-    """The proxy's calls. ``max_batch_ops``: most ops one batch may carry (default 1000);
+class RowService:
+    """The rows' calls. ``max_batch_ops``: most ops one batch may carry (default 1000);
     ``idempotency_ttl_ms``: how long an Idempotency-Key's answer is kept (default 24 h)."""
 
     def __init__(self, binding: Binding, keys: KeySource, store: Store,
@@ -78,9 +80,6 @@ class ProxyService:
         self.store = store
         self.max_batch_ops = max_batch_ops
         self.idempotency_ttl_ms = idempotency_ttl_ms
-        self.objects_govern: Callable[[str], bool] | None = None
-        """Set when the proxy serves objects: whether a lock governs some object (a claim
-        of it is then served like a claim of a row's lock)."""
 
     # -- pieces --------------------------------------------------------------------------
 
@@ -94,11 +93,8 @@ class ProxyService:
         return table
 
     async def claims_of(self, token: str | None) -> Claims:
-        """The verified claims of ``token``: one lock, or several for a multi-lock token
-        (``TokenRequired``, ``InvalidTokenError``)."""
-        if not token:
-            raise TokenRequired("send the lock's token in the Fencing-Token header")
-        return await self.keys.verify(token.strip())
+        """The verified claims of ``token`` (``claims.claims_of``)."""
+        return await claims_of(self.keys, token)
 
     async def _optional_claims(self, token: str | None) -> Claims | None:
         return await self.claims_of(token) if token else None
@@ -285,19 +281,14 @@ class ProxyService:
             fence = self._fence_for(claims, bound, needed, None, "read")
         return {"items": await self.store.list_rows(table, filters, limit, fence)}
 
-    # -- fences --------------------------------------------------------------------------
+    # -- claims --------------------------------------------------------------------------
 
-    def _governed(self, lock: str, claims: Claims) -> None:
-        """403 unless ``lock`` governs a row of a served table the caller may write (a claim
-        does what a write to that table under ``lock`` does to the fence)."""
+    def governs(self, lock: str, claims: Claims) -> bool:
+        """The rows' ``claims.Governs``: whether ``lock`` governs a row of a served table; with
+        an access file, 403 ``forbidden_table`` unless the caller may write one of those tables
+        (a claim does what a write to that table under ``lock`` does to the fence)."""
         if not self.binding.governs(lock):
-            if self.objects_govern is not None and self.objects_govern(lock):
-                return  # an object's lock: objects have no table scopes to check
-            holds = ({"token_locks": sorted(claims.locks)} if claims.multi
-                     else {"token_lock": claims.lock})
-            raise LockNotAllowed(f"lock {lock!r} governs no row of any table this proxy serves "
-                                 "(GET /v1/tables/{table}/lock?key= names the lock of a row)",
-                                 lock=lock, **holds)
+            return False
         identity = caller()
         if identity is not None and identity.scope is not None:
             governed = sorted(n for n, b in self.binding.tables.items() if b.governs(lock))
@@ -307,39 +298,4 @@ class ProxyService:
                     f"of {', '.join(governed)}, none of its tables "
                     f"({', '.join(identity.scope)})", table=governed[0],
                     identity=identity.name, lock=lock)
-
-    async def claim(self, lock: str, token: str | None) -> dict[str, Any]:
-        """Raise the highest fence of ``lock`` to the token's, writing no data. A multi-lock
-        token may claim any one of its locks here (``claim_all`` claims them all). A token that
-        holds ``lock`` shared makes a claim-for-read (409 ``stale_token`` if its epoch is below
-        the highest, which rises to it otherwise, as for a write)."""
-        validate_lock_name(lock)
-        claims = await self.claims_of(token)
-        fence = held(claims, lock, None)  # what the hold allows: a shared one claims for read
-        if fence is None:
-            if claims.multi or claims.lock is None:
-                raise LockNotAllowed(f"the multi-lock token does not hold lock {lock!r} (it "
-                                     f"holds {sorted(claims.locks)})", lock=lock,
-                                     token_locks=sorted(claims.locks))
-            raise LockNotAllowed(f"the token is for lock {claims.lock!r}, not {lock!r}",
-                                 lock=lock, token_lock=claims.lock)
-        self._governed(lock, claims)
-        return {"lock": lock, "highest": await self.store.claim(fence)}
-
-    async def claim_all(self, token: str | None) -> dict[str, Any]:
-        """``POST /v1/fences/claim``: raise the highest fence of EVERY lock of the token (one or
-        several) to the token's, in one transaction, in lock-name order, writing no data.
-        All or nothing: 403 if any lock governs no served row, 403 ``shared_token`` if the token
-        holds any lock shared (claim it alone for a claim-for-read), 409 ``stale_token`` listing
-        each stale lock (nothing raised)."""
-        claims = await self.claims_of(token)
-        fences = held_all(claims, WRITE)
-        for fence in fences:
-            self._governed(fence.lock, claims)
-        highest = await self.store.claim_all(fences)
-        return {"locks": [{"lock": f.lock, "highest": h}
-                          for f, h in zip(fences, highest, strict=True)]}
-
-    async def fence(self, lock: str) -> dict[str, Any]:
-        validate_lock_name(lock)
-        return {"lock": lock, "highest": await self.store.highest(lock)}
+        return True

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from resource_proxy.errors import InvalidRequest
-from resource_proxy.tables import Table
-from resource_proxy.values import coerce
+from resource_proxy.rows.tables import Table
+from resource_proxy.rows.values import coerce
 
 __all__ = ["OpKind", "OP_KINDS", "WriteOp", "build_op", "set_fence"]
 
