@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+from urllib.parse import parse_qsl
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,6 +48,7 @@ from resource_proxy.idempotency import Keyed, Reply, parse_key
 from resource_proxy.metrics import CONTENT_TYPE_LATEST
 
 __all__ = ["routes", "route", "reply", "raw_body", "parse", "keyed", "token_of",
+           "query_pairs",
            "install_problem_handlers", "problem_response", "TOKEN_HEADER"]
 
 log = logging.getLogger("resource_proxy.api")
@@ -108,6 +110,16 @@ def keyed(request: Request, body: bytes) -> Keyed | None:
         return None
     path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
     return Keyed(key, request.method, path, body)
+
+
+def query_pairs(request: Request) -> list[tuple[str, str]]:
+    """The query's ``name=value`` pairs, percent-decoded strictly: bytes that are not UTF-8 are
+    422, not silently replaced by U+FFFD (which would filter on another value)."""
+    raw = request.scope.get("query_string", b"").decode("latin-1")
+    try:
+        return parse_qsl(raw, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidRequest("the query string is not UTF-8 once percent-decoded") from None
 
 
 def token_of(request: Request) -> str | None:

@@ -16,25 +16,22 @@ Bucket and key are taken from the raw path (still percent-encoded) and decoded s
 from __future__ import annotations
 
 import email.utils
-from urllib.parse import parse_qsl
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from resource_proxy.activity import record
+from resource_proxy.api import keyed, query_pairs, token_of
 from resource_proxy.codec import dumps, loads
 from resource_proxy.errors import InvalidRequest, NotFound
-from resource_proxy.idempotency import HEADER as IDEMPOTENCY_HEADER
-from resource_proxy.idempotency import Keyed, Reply, parse_key
+from resource_proxy.idempotency import Reply
 from resource_proxy.objects.service import ObjectService, not_modified
 from resource_proxy.objects.store import Pointer, Preconditions
 
 __all__ = ["object_routes"]
 
 _PREFIX = "/v1/objects/"
-_TOKEN = "fencing-token"
-_MAX_TOKEN = 4096
 
 
 def _service(request: Request) -> ObjectService:
@@ -53,13 +50,6 @@ def _parts(request: Request) -> tuple[str, str]:
     return bucket, key
 
 
-def _token(request: Request) -> str | None:
-    token = request.headers.get(_TOKEN)
-    if token is not None and len(token) > _MAX_TOKEN:
-        raise InvalidRequest(f"the Fencing-Token header exceeds {_MAX_TOKEN} characters")
-    return token
-
-
 def _conditions(request: Request) -> Preconditions:
     if_match = request.headers.get("if-match")
     if_none_match = request.headers.get("if-none-match")
@@ -68,14 +58,6 @@ def _conditions(request: Request) -> Preconditions:
     tags = (tuple(t.strip() for t in if_match.split(",") if t.strip())
             if if_match is not None else None)
     return Preconditions(tags, if_none_match is not None)
-
-
-def _keyed(request: Request) -> Keyed | None:
-    key = parse_key(request.headers.get(IDEMPOTENCY_HEADER))
-    if key is None:
-        return None
-    path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
-    return Keyed(key, request.method, path, b"")
 
 
 def _length(request: Request) -> int | None:
@@ -110,14 +92,14 @@ async def put_object(request: Request) -> Response:
     bucket, key = _parts(request)
     reply = await _service(request).put(
         bucket, key, request.stream(), _length(request), request.headers.get("content-type"),
-        _token(request), _conditions(request), _keyed(request))
+        token_of(request), _conditions(request), keyed(request, b""))
     return _answer(request, "object_put", reply)
 
 
 async def delete_object(request: Request) -> Response:
     bucket, key = _parts(request)
-    reply = await _service(request).delete(bucket, key, _token(request), _conditions(request),
-                                           _keyed(request))
+    reply = await _service(request).delete(bucket, key, token_of(request), _conditions(request),
+                                           keyed(request, b""))
     return _answer(request, "object_delete", reply)
 
 
@@ -126,11 +108,11 @@ async def get_object(request: Request) -> Response:
     bucket, key = _parts(request)
     headers = request.headers
     if request.method == "HEAD":
-        pointer = await service.head(bucket, key, _token(request))
+        pointer = await service.head(bucket, key, token_of(request))
         record(request, "object_head", 200)
         return Response(status_code=200, headers={**_headers(pointer),
                                                   "Content-Length": str(pointer.size)})
-    pointer = await service.head(bucket, key, _token(request))
+    pointer = await service.head(bucket, key, token_of(request))
     if not_modified(pointer, headers.get("if-none-match"), headers.get("if-modified-since")):
         record(request, "object_get", 304)
         return Response(status_code=304, headers={"ETag": pointer.etag,
@@ -148,11 +130,7 @@ async def get_object(request: Request) -> Response:
 
 
 async def list_objects(request: Request) -> Response:
-    raw = request.scope.get("query_string", b"").decode("latin-1")
-    try:
-        query = dict(parse_qsl(raw, keep_blank_values=True, errors="strict"))
-    except UnicodeDecodeError:
-        raise InvalidRequest("the query string is not UTF-8 once percent-decoded") from None
+    query = dict(query_pairs(request))
     bucket = request.path_params["bucket"]
     result = await _service(request).list(bucket, query)
     record(request, "object_list", 200)

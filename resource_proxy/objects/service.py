@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.fencerule import READ, WRITE, Fence
+from resource_proxy.claims import claims_of
 from resource_proxy.codec import dumps
 from resource_proxy.errors import (
     InvalidRequest,
@@ -50,7 +51,6 @@ from resource_proxy.errors import (
     OutcomeUnknown,
     PayloadTooLarge,
     RangeNotSatisfiable,
-    TokenRequired,
 )
 from resource_proxy.fencing import held
 from resource_proxy.idempotency import DEFAULT_TTL_MS, Keyed, Reply
@@ -149,9 +149,7 @@ class ObjectService:
         self._retiring: set[asyncio.Task] = set()
 
     async def _fence(self, token: str | None, lock: str, purpose: Any) -> Fence:
-        if not token:
-            raise TokenRequired("send the lock's token in the Fencing-Token header")
-        claims = await self.keys.verify(token.strip())
+        claims = await claims_of(self.keys, token)
         fence = held(claims, lock, purpose)  # the one write rule: a shared hold never writes
         if fence is None:
             holds = ({"token_locks": sorted(claims.locks)} if claims.multi or claims.lock is None

@@ -8,14 +8,12 @@ optional ``Idempotency-Key``; errors leave through ``api``'s one problem mapping
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl
 
 from fastapi import Request
 from fastapi.responses import Response
 from starlette.routing import Route
 
-from resource_proxy.api import keyed, parse, raw_body, reply, route, token_of
-from resource_proxy.errors import InvalidRequest
+from resource_proxy.api import keyed, parse, query_pairs, raw_body, reply, route, token_of
 from resource_proxy.rows.service import RowService
 from resource_proxy.rows.writes import OpKind
 
@@ -46,16 +44,6 @@ def _path(request: Request) -> tuple[str, str]:
         if len(parts) == 6:
             return params["table"], parts[5]
     return params["table"], params["key"].replace("%", "%25")
-
-
-def _query(request: Request) -> list[tuple[str, str]]:
-    """The query's ``name=value`` pairs, percent-decoded strictly: bytes that are not UTF-8 are
-    422, not silently replaced by U+FFFD (which would filter on another value)."""
-    raw = request.scope.get("query_string", b"").decode("latin-1")
-    try:
-        return parse_qsl(raw, keep_blank_values=True, errors="strict")
-    except UnicodeDecodeError:
-        raise InvalidRequest("the query string is not UTF-8 once percent-decoded") from None
 
 
 def _raw_query(request: Request, name: str) -> str | None:
@@ -117,7 +105,7 @@ async def get_row(request: Request) -> Response:
 @route(row_routes, "/v1/tables/{table}/rows", "GET")
 async def list_rows(request: Request) -> Response:
     table = request.path_params["table"]
-    result = await _service(request).list_rows(table, _query(request), token_of(request))
+    result = await _service(request).list_rows(table, query_pairs(request), token_of(request))
     return reply(request, "list", result)
 
 
