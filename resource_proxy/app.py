@@ -104,8 +104,7 @@ def create_app(settings: Settings, *, policy: Policy | None = None,
         sweeper = None
         if settings.serves_objects:
             app.state.objects = await start_objects(settings, policy, keys, store)
-            buckets = policy.buckets
-            claims.add_kind(lambda lock, _claims: buckets.governs(lock))
+            claims.add_kind(app.state.objects.governs)
             sweeper = asyncio.get_running_loop().create_task(
                 sweep_forever(app.state.objects, settings.objects_sweep_interval_ms / 1000))
         try:

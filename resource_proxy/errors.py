@@ -133,6 +133,13 @@ class ForbiddenTable(ProxyError):
     status, code, title = 403, "forbidden_table", "Table outside the identity's scope"
 
 
+class ForbiddenBucket(ProxyError):
+    """The caller's identity (``--access-file``) may not write or fenced-read the bucket's
+    objects (403); the problem names the ``bucket`` and the ``identity``'s name."""
+
+    status, code, title = 403, "forbidden_bucket", "Bucket outside the identity's scope"
+
+
 class SharedToken(ProxyError):
     """The token holds ``lock`` in shared mode (a read lock) and the call would write under it
     or raise its fence (403): a shared lease may only do fenced reads and claims-for-read.

@@ -55,7 +55,10 @@ class Identity:
     certificate, as ``KeySet.identify`` gives it), ``scope``: the scope field's items (lockd:
     lock-name prefixes; the proxy: tables), ``None`` for everything (an admin, a key of the
     servers' key settings, or ``all_item``). ``digest``: SHA-256 of its key and ``subject``: its
-    normalised RFC 4514 subject, for identities of an access file (``None`` otherwise)."""
+    normalised RFC 4514 subject, for identities of an access file (``None`` otherwise).
+    ``more``: the server's further scope fields (the proxy: ``buckets``), ``(field, items)``
+    pairs, read with ``scope_of``; ``None`` for an identity no access-file client entry scopes
+    (an admin, a key of the servers' key settings)."""
 
     name: str
     role: str
@@ -63,6 +66,15 @@ class Identity:
     scope: tuple[str, ...] | None = None
     digest: bytes | None = field(default=None, repr=False)
     subject: str | None = None
+    more: tuple[tuple[str, tuple[str, ...] | None], ...] | None = None
+
+    def scope_of(self, field_name: str) -> tuple[str, ...] | None:
+        """The items of a further scope field: ``None`` (everything) for an identity no client
+        entry scopes or a list holding ``all_item``; ``()`` (nothing) for a client whose entry
+        leaves the field out."""
+        if self.more is None:
+            return None
+        return dict(self.more).get(field_name, ())
 
 
 def subject_key_id(subject: str) -> str:
@@ -112,7 +124,8 @@ Check = Callable[[str], str | None]
 
 def load_access(path: str | Path, *, scope_field: str, check_item: Check | None = None,
                 all_item: str | None = None, name_re: re.Pattern[str] | None = None,
-                name_rule: str = "a non-empty string") -> AccessFile:
+                name_rule: str = "a non-empty string",
+                more_scopes: dict[str, Check | None] | None = None) -> AccessFile:
     """Read and check the YAML access file at ``path`` (``parse_access``). Raises
     ``AccessFileError`` for an unreadable file, bad YAML or any rule of the module docstring."""
     import yaml  # here: a server without an access file does not load it at start
@@ -126,17 +139,22 @@ def load_access(path: str | Path, *, scope_field: str, check_item: Check | None 
         line = f" (line {where.line + 1})" if where is not None else ""
         raise AccessFileError(f"access file {path}: not valid YAML{line}") from None
     return parse_access(doc, source=str(path), scope_field=scope_field, check_item=check_item,
-                        all_item=all_item, name_re=name_re, name_rule=name_rule)
+                        all_item=all_item, name_re=name_re, name_rule=name_rule,
+                        more_scopes=more_scopes)
 
 
 def parse_access(doc: Any, *, source: str, scope_field: str, check_item: Check | None = None,
                  all_item: str | None = None, name_re: re.Pattern[str] | None = None,
-                 name_rule: str = "a non-empty string") -> AccessFile:
+                 name_rule: str = "a non-empty string",
+                 more_scopes: dict[str, Check | None] | None = None) -> AccessFile:
     """The identities of an access document (already parsed YAML/JSON; ``None``: empty).
     ``scope_field``: the clients' list field (``prefixes``, ``tables``); ``check_item(value)``
     says why one item of it is refused; a list holding ``all_item`` makes the client unscoped
     (``scope`` None); ``name_re``: the names accepted (``name_rule`` says which, in the
-    refusal). Raises ``AccessFileError``."""
+    refusal). ``more_scopes``: further list fields a client may give (field -> its item check),
+    each read like the scope field; with them, a client gives at least one of all its scope
+    fields, and one it leaves out scopes it to nothing of that kind. Raises
+    ``AccessFileError``."""
 
     def fail(message: str) -> AccessFileError:
         return AccessFileError(f"access file {source}: {message}")
@@ -147,7 +165,8 @@ def parse_access(doc: Any, *, source: str, scope_field: str, check_item: Check |
     unknown = [str(k) for k in doc if k not in ("clients", "admins")]
     if unknown:
         raise fail(f"{_unknown(unknown)} (expected clients, admins)")
-    rules = _Rules(scope_field, check_item, all_item, name_re, name_rule, fail)
+    rules = _Rules(scope_field, check_item, all_item, name_re, name_rule, fail,
+                   dict(more_scopes or {}))
     identities: list[Identity] = []
     seen_names: set[str] = set()
     seen_credentials: dict[bytes | str, str] = {}
@@ -180,6 +199,7 @@ class _Rules:
     name_re: re.Pattern[str] | None
     name_rule: str
     fail: Callable[[str], AccessFileError]
+    more: dict[str, Check | None] = field(default_factory=dict)
 
 
 def _unknown(fields: list[str]) -> str:
@@ -191,7 +211,8 @@ def _identity(entry: Any, role: Literal["client", "admin"], where: str, rules: _
     fail = rules.fail
     if not isinstance(entry, dict):
         raise fail(f"{where}: each identity is a mapping with name and key/key_sha256/subject")
-    allowed = {"name", *_CREDENTIALS, *((rules.scope_field,) if role == "client" else ())}
+    allowed = {"name", *_CREDENTIALS,
+               *((rules.scope_field, *rules.more) if role == "client" else ())}
     unknown = [str(k) for k in entry if k not in allowed]
     if unknown:
         raise fail(f"{where}: {_unknown(unknown)} (expected {', '.join(sorted(allowed))})")
@@ -220,20 +241,32 @@ def _identity(entry: Any, role: Literal["client", "admin"], where: str, rules: _
             (subject,) = parse_subjects([value])
         except ValueError as exc:
             raise fail(f"{where}: {exc}") from None
-    scope = _scope(entry.get(rules.scope_field), where, rules) if role == "client" else None
+    scope: tuple[str, ...] | None = None
+    more: list[tuple[str, tuple[str, ...] | None]] | None = None
+    if role == "client":
+        fields = (rules.scope_field, *rules.more)
+        if rules.more and not any(f in entry for f in fields):
+            raise fail(f"{where}: give at least one of {', '.join(fields)}")
+        scope = (_scope(entry.get(rules.scope_field), where, rules, rules.scope_field,
+                        rules.check_item)
+                 if rules.scope_field in entry or not rules.more else ())
+        more = [(f, _scope(entry[f], where, rules, f, check))
+                for f, check in rules.more.items() if f in entry]
     key_id = digest.hex()[:16] if digest is not None else subject_key_id(subject or "")
-    return Identity(name, role, key_id, scope, digest, subject)
+    return Identity(name, role, key_id, scope, digest, subject,
+                    tuple(more) if more is not None else None)
 
 
-def _scope(items: Any, where: str, rules: _Rules) -> tuple[str, ...] | None:
-    field_name, fail = rules.scope_field, rules.fail
+def _scope(items: Any, where: str, rules: _Rules, field_name: str,
+           check_item: Check | None) -> tuple[str, ...] | None:
+    fail = rules.fail
     if not isinstance(items, list) or not items:
         every = f" ([{rules.all_item!r}] for all)" if rules.all_item is not None else ""
         raise fail(f"{where}: {field_name} must be a non-empty list{every}")
     for item in items:
         if not isinstance(item, str):
             raise fail(f"{where}: {field_name} must list strings (got {item!r})")
-        problem = rules.check_item(item) if rules.check_item is not None else None
+        problem = check_item(item) if check_item is not None else None
         if problem:
             raise fail(f"{where}: {field_name}: {problem}")
     if rules.all_item is not None and rules.all_item in items:

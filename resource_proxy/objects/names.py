@@ -175,12 +175,18 @@ class Buckets:
                                  "(a lock name has at most 255)")
         return lock
 
+    def governing(self, lock: str) -> list[str]:
+        """The buckets whose objects ``lock`` may govern: the bucket named ``lock`` if no
+        template replaces its lock, and each bucket whose template can make ``lock``."""
+        out = [bucket for bucket, t in self.templates.items() if t.pattern().fullmatch(lock)]
+        if _BUCKET.fullmatch(lock) and ".." not in lock and lock not in self.templates:
+            out.insert(0, lock)
+        return out
+
     def governs(self, lock: str) -> bool:
         """Whether ``lock`` is the lock of some object: a bucket name no template replaces, or
         a name one of the templates makes."""
-        if _BUCKET.fullmatch(lock) and ".." not in lock and lock not in self.templates:
-            return True
-        return any(t.pattern().fullmatch(lock) for t in self.templates.values())
+        return bool(self.governing(lock))
 
     def describe(self, bucket: str) -> str | None:
         template = self.templates.get(bucket)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lockd.common.fencerule import READ, WRITE, Fence
+from resource_proxy.access import allows_bucket, caller, check_bucket
 from resource_proxy.claims import claims_of
 from resource_proxy.codec import dumps
 from resource_proxy.errors import (
@@ -148,7 +149,8 @@ class ObjectService:
         self.grace_s = grace_s
         self._retiring: set[asyncio.Task] = set()
 
-    async def _fence(self, token: str | None, lock: str, purpose: Any) -> Fence:
+    async def _fence(self, token: str | None, bucket: str, lock: str, purpose: Any) -> Fence:
+        check_bucket(bucket, "write" if purpose is WRITE else "read fenced")
         claims = await claims_of(self.keys, token)
         fence = held(claims, lock, purpose)  # the one write rule: a shared hold never writes
         if fence is None:
@@ -157,6 +159,18 @@ class ObjectService:
             raise LockNotAllowed(f"this object is governed by lock {lock!r}, which the token "
                                  "does not hold", lock=lock, **holds)
         return fence
+
+    def governs(self, lock: str, claims: Any) -> bool:
+        """The objects' ``claims.Governs``: whether ``lock`` governs objects of some bucket;
+        with an access file, 403 ``forbidden_bucket`` unless the caller may write one of those
+        buckets (a claim does to the fence what a write under ``lock`` does)."""
+        buckets = self.buckets.governing(lock)
+        if not buckets:
+            return False
+        identity = caller()
+        if not any(allows_bucket(identity, bucket) for bucket in buckets):
+            check_bucket(buckets[0], "claim the lock of")
+        return True
 
     def _named(self, raw_bucket: str, raw_key: str) -> tuple[str, str, str]:
         bucket, key = parse_bucket(raw_bucket), parse_key(raw_key)
@@ -171,7 +185,7 @@ class ObjectService:
         (replaced) with the pointer's JSON; with ``keyed`` (its ``body`` empty: the digest
         covers the body's sha256 and content type instead) recorded or replayed."""
         bucket, key, lock = self._named(raw_bucket, raw_key)
-        fence = await self._fence(token, lock, WRITE)
+        fence = await self._fence(token, bucket, lock, WRITE)
         if length is not None and length > self.max_object_bytes:
             raise PayloadTooLarge(f"the object exceeds the largest this proxy stores "
                                   f"({self.max_object_bytes} bytes)", limit=self.max_object_bytes)
@@ -229,7 +243,7 @@ class ObjectService:
                      conditions: Preconditions, keyed: Keyed | None) -> Reply:
         """Remove the object (204; 404 if absent), fenced like a write."""
         bucket, key, lock = self._named(raw_bucket, raw_key)
-        fence = await self._fence(token, lock, WRITE)
+        fence = await self._fence(token, bucket, lock, WRITE)
         once = (keyed.once([fence], self.idempotency_ttl_ms, lambda _: Reply(204, ""))
                 if keyed is not None else None)
         replaced: list[str] = []
@@ -269,7 +283,7 @@ class ObjectService:
 
     async def head(self, raw_bucket: str, raw_key: str, token: str | None) -> Pointer:
         bucket, key, lock = self._named(raw_bucket, raw_key)
-        fence = await self._fence(token, lock, READ) if token else None
+        fence = await self._fence(token, bucket, lock, READ) if token else None
         pointer = await self.pointers.get(bucket, key, fence)
         if pointer is None:
             raise NotFound(f"no object {key!r} in bucket {bucket!r}", bucket=bucket)

@@ -129,7 +129,7 @@ def test_a_key_sha256_identity_admins_and_plain_keys(scoped):
 BAD_FILES = [
     ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t], color: red}\n", "unknown field 'color'"),
     ("clients:\n  - {name: a, key: aaaaaaaa, tables: []}\n", "tables must be a non-empty list"),
-    ("clients:\n  - {name: a, key: aaaaaaaa}\n", "tables must be a non-empty list"),
+    ("clients:\n  - {name: a, key: aaaaaaaa}\n", "give at least one of tables, buckets"),
     ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t]}\n"
      "  - {name: b, key: aaaaaaaa, tables: [u]}\n", "the same key as 'a'"),
     ("clients:\n  - {name: a, key: aaaaaaaa, tables: [t]}\n"
