@@ -2,7 +2,8 @@
 
 An exclusive grant is one autocommit statement that raises the lock row's fence as it installs
 the lease (``sql.ACQUIRE``; the grants of one event-loop turn in one statement, and so their
-releases and renewals: ``batch``); shared holders and mixed-mode sets lock the lock rows first, in name
+releases and renewals: ``batch``; the exclusive acquire and release statements are sent with
+libpq directly: ``wire``); shared holders and mixed-mode sets lock the lock rows first, in name
 order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
 """
 

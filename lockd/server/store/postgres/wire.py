@@ -138,6 +138,8 @@ def _wake(fut: asyncio.Future[int], ready: int) -> None:
 
 async def _results(pgconn: pq.abc.PGconn, encoding: str) -> pq.abc.PGresult:
     results = await _drive(generators.execute(pgconn), pgconn.socket)
+    if not results:
+        raise psycopg.OperationalError("no result from the server")
     for result in results:
         if result.status == pq.ExecStatus.FATAL_ERROR:
             raise e.error_from_result(result, encoding=encoding)
