@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.rows import tuple_row
 
 import lockd.server.store.postgres.sql as sql
@@ -77,6 +78,9 @@ class Listener:
                     conn = await psycopg.AsyncConnection.connect(
                         self._conninfo, autocommit=True, row_factory=tuple_row,
                         **self._conn_kwargs)
+                    # Notifications psycopg reads with a statement's answer (the heartbeat's);
+                    # between statements, ``_watch`` reads them.
+                    conn.add_notify_handler(self._notified)
                     await conn.execute(sql.LISTEN)
                     now = await _server_now(conn)
                     missed: list[str] = []
@@ -93,8 +97,7 @@ class Listener:
                 for name in missed:
                     self._listeners.notify(name)
                 while True:
-                    async for notify in conn.notifies(timeout=self._heartbeat):
-                        self._listeners.notify(notify.payload)
+                    await self._watch(conn)
                     async with asyncio.timeout(self._heartbeat):
                         last_seen = await _server_now(conn)
             except asyncio.CancelledError:
@@ -115,6 +118,50 @@ class Listener:
                             await conn.close()
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RECONNECT_MAX)
+
+    def _notified(self, notify: psycopg.Notify) -> None:
+        self._listeners.notify(notify.payload)
+
+    async def _watch(self, conn: psycopg.AsyncConnection) -> None:
+        """Call the listeners with every notification ``conn`` receives for ``heartbeat``
+        seconds; raises ``psycopg.OperationalError`` when the connection breaks.
+
+        The socket is watched once for the whole period and each arrival is read with libpq
+        directly (``consume_input``, then ``notifies``): psycopg's ``notifies()`` takes the
+        connection's lock, registers and drops the socket with the event loop and starts a
+        timer for every arrival, one arrival per release (or batch of releases)."""
+        loop = asyncio.get_running_loop()
+        pgconn = conn.pgconn
+        fd = pgconn.socket
+        encoding = conn.info.encoding
+        done: asyncio.Future[None] = loop.create_future()
+        notify = self._listeners.notify
+
+        def readable() -> None:
+            if done.done():
+                return
+            try:
+                pgconn.consume_input()
+                if pgconn.status != pq.ConnStatus.OK:
+                    raise psycopg.OperationalError("the LISTEN connection is broken")
+            except psycopg.Error as exc:
+                done.set_exception(exc)
+                return
+            while (pgn := pgconn.notifies()) is not None:
+                notify(pgn.extra.decode(encoding))
+
+        def heartbeat() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(fd, readable)
+        timer = loop.call_later(self._heartbeat, heartbeat)
+        try:
+            readable()  # anything libpq read already (with the last statement's answer)
+            await done
+        finally:
+            timer.cancel()
+            loop.remove_reader(fd)
 
 
 async def _server_now(conn: psycopg.AsyncConnection) -> dt.datetime:

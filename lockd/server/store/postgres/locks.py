@@ -2,7 +2,8 @@
 
 An exclusive grant is one autocommit statement that raises the lock row's fence as it installs
 the lease (``sql.ACQUIRE``; the grants of one event-loop turn in one statement, and so their
-releases and renewals: ``batch``); shared holders and mixed-mode sets lock the lock rows first, in name
+releases and renewals: ``batch``; the exclusive acquire and release statements are sent with
+libpq directly: ``wire``); shared holders and mixed-mode sets lock the lock rows first, in name
 order, in one transaction (``modes``, ``sql_modes``). docs/stores/postgres.md.
 """
 
@@ -17,6 +18,7 @@ import lockd.server.store.postgres.batch as batch_
 import lockd.server.store.postgres.modes as modes_
 import lockd.server.store.postgres.sql as sql
 import lockd.server.store.postgres.sql_modes as sql_modes
+import lockd.server.store.postgres.wire as wire
 from lockd.server.errors import LeaseLost, StoreUnavailable
 from lockd.server.store.values import (
     EXCLUSIVE,
@@ -32,6 +34,12 @@ __all__ = ["LockOps"]
 
 _ACQUIRE_ATTEMPTS = 4
 _LEASE_SWEEP_EVERY = 64  # grants between two deletes of expired lease rows and shared rows
+
+# The hot statements, sent below psycopg's cursors (``wire``).
+_ACQUIRE = wire.Statement("lockd_acquire", sql.ACQUIRE)
+_ACQUIRE_BATCH = wire.Statement("lockd_acquire_batch", sql.ACQUIRE_BATCH)
+_RELEASE = wire.Statement("lockd_release", sql.RELEASE)
+_RELEASE_BATCH = wire.Statement("lockd_release_batch", sql.RELEASE_BATCH)
 
 
 def _prefix_upper(prefix: str) -> str | None:
@@ -62,6 +70,7 @@ class LockOps:
     translated: ``PostgresStore._run``)."""
 
     _run: Callable[..., Awaitable[Any]]
+    _prepare_threshold: int | None = 5  # None: no named prepared statements (``wire``)
     _grants = 0
     _acquires: batch_.Batcher[Grant | Holder] | None = None  # None: each request alone
     _releases: batch_.Batcher[None] | None = None
@@ -98,8 +107,10 @@ class LockOps:
         return await self._run(op, retry=True)
 
     async def _acquire_alone(self, params: Mapping[str, Any]) -> Grant | Holder:
+        prepare = self._prepare_threshold is not None
+
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> Grant | Holder:
-            return await self._acquire_exclusive(conn, params)
+            return await self._acquire_exclusive(conn, params, prepare)
 
         return await self._run(op, retry=True)
 
@@ -114,10 +125,11 @@ class LockOps:
                   "owners": [r["owner"] for r in reqs],
                   "client_ids": [r["client_id"] for r in reqs],
                   "ttls": [r["ttl_ms"] for r in reqs]}
+        values = [params[key] for key in _ACQUIRE_BATCH.keys]
+        prepare = self._prepare_threshold is not None
 
-        async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[tuple]:
-            cur = await conn.execute(sql.ACQUIRE_BATCH, params)
-            return await cur.fetchall()
+        async def op(conn: psycopg.AsyncConnection, retried: bool) -> list[list]:
+            return await wire.execute(conn, _ACQUIRE_BATCH, values, prepare=prepare)
 
         try:
             rows = {row[1]: row for row in await self._run(op, retry=True)}
@@ -128,23 +140,26 @@ class LockOps:
             return
         for lock, _, fut in entries:
             row = rows.get(lock)
-            if row is not None and row[0]:
-                batch_.answer(fut, Grant(lock=lock, lease_id=row[2], fence=row[3],
-                                         ttl_ms=row[5], owner=row[4]))
-            elif row is not None and row[5] > 0:
-                batch_.answer(fut, Holder(lock=lock, owner=row[4], ttl_ms=row[5], fence=row[3]))
+            if row is not None and row[0] == "t":
+                batch_.answer(fut, Grant(lock=lock, lease_id=row[2], fence=int(row[3]),
+                                         ttl_ms=int(row[5]), owner=row[4]))
+            elif row is not None and int(row[5]) > 0:
+                batch_.answer(fut, Holder(lock=lock, owner=row[4], ttl_ms=int(row[5]),
+                                          fence=int(row[3])))
             else:
                 stats["alone"] += 1
                 batch_.answer(fut, batch_.ALONE)
 
     @staticmethod
-    async def _acquire_exclusive(conn: psycopg.AsyncConnection,
-                                 params: Mapping[str, Any]) -> Grant | Holder:
+    async def _acquire_exclusive(conn: psycopg.AsyncConnection, params: Mapping[str, Any],
+                                 prepare: bool = True) -> Grant | Holder:
         lock = params["lock"]
         holder: Holder | None = None
+        values = [params[key] for key in _ACQUIRE.keys]
         for _ in range(_ACQUIRE_ATTEMPTS):
-            cur = await conn.execute(sql.ACQUIRE, params)
-            row = await cur.fetchone()
+            row: list[Any] | None = None
+            for got in await wire.execute(conn, _ACQUIRE, values, prepare=prepare):
+                row = [got[0] == "t", got[1], int(got[2]), got[3], int(got[4])]
             if row is not None and row[0]:
                 return Grant(lock=lock, lease_id=row[1], fence=row[2], ttl_ms=row[4],
                              owner=row[3])
@@ -238,12 +253,14 @@ class LockOps:
 
         shared_first = lease_id.startswith(SHARED_PREFIX)
 
+        values = [params[key] for key in _RELEASE.keys]
+        prepare = self._prepare_threshold is not None
+
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> None:
             retried = retried or unknown
             if shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
                 return
-            cur = await conn.execute(sql.RELEASE, params)
-            if await cur.fetchone() is not None:
+            if await wire.execute(conn, _RELEASE, values, prepare=prepare):
                 return
             if not shared_first and await modes_.release_shared(conn, lock, lease_id, retried):
                 return
@@ -263,13 +280,15 @@ class LockOps:
         stats = self._releases.stats
         params = {"locks": [r[0] for _, r, _ in entries],
                   "lease_ids": [r[1] for _, r, _ in entries]}
+        values = [params[key] for key in _RELEASE_BATCH.keys]
+        prepare = self._prepare_threshold is not None
         unknown = False
 
         async def op(conn: psycopg.AsyncConnection, retried: bool) -> set[str]:
             nonlocal unknown
             unknown = unknown or retried
-            cur = await conn.execute(sql.RELEASE_BATCH, params)
-            return {row[0] for row in await cur.fetchall()}
+            rows = await wire.execute(conn, _RELEASE_BATCH, values, prepare=prepare)
+            return {row[0] for row in rows}
 
         try:
             freed: set[str] | None = await self._run(op, retry=True)
