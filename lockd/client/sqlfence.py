@@ -397,6 +397,17 @@ class _Claiming:
         self.held: list[str] = []
         """The locks this transaction claimed (in claim order)."""
 
+    def claimed_all(self, fences: Sequence[Fence]) -> Any:
+        """For claims sent together: mark the first as running (a missing ``fencing`` schema
+        is reported as such), and return the callback that records them all as made."""
+        self.now = (fences[0].lock, fences[0].fence) if fences else None
+
+        def made() -> None:
+            self.now = None
+            self.held.extend(f.lock for f in fences)
+
+        return made
+
     def error_for(self, exc: BaseException) -> LockClientError | None:
         state, message, detail = _pg_error(exc)
         if self.now is not None and (missing := _not_installed(state, message)) is not None:
@@ -433,6 +444,19 @@ class _Claiming:
         return error
 
 
+def _raise_mapped(claiming: _Claiming, exc: Exception) -> None:
+    """Raise the client's error for ``exc`` (a database error it names), else return."""
+    error = claiming.error_for(exc)
+    if error is not None:
+        raise error from None if error.code == "fencing_not_installed" else exc
+
+
+def _one_trip() -> Any:
+    """``lockd.client.sqlfence_psycopg``, imported on first use (it imports psycopg)."""
+    from lockd.client import sqlfence_psycopg
+    return sqlfence_psycopg
+
+
 # --------------------------------------------------------------------------- the two entries
 
 
@@ -461,6 +485,15 @@ def claimed_transaction(conn: Any, fences: Sequence[Fence], lease: Any = None) -
     kind = _kind(conn, asynchronous=False)
     _refuse_open(kind, conn)
     claiming = _Claiming(lease)
+    if kind == "psycopg" and _one_trip().applies(conn):
+        ordered = in_lock_order(fences)
+        try:
+            with _one_trip().transaction(conn, ordered, claiming.claimed_all(ordered)):
+                yield
+        except Exception as exc:
+            _raise_mapped(claiming, exc)
+            raise
+        return
     try:
         with conn.transaction() if kind == "psycopg" else conn.begin():
             driver = conn
@@ -494,6 +527,16 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
     kind = _kind(conn, asynchronous=True)
     _refuse_open(kind, conn)
     claiming = _Claiming(lease)
+    if kind == "psycopg" and _one_trip().applies(conn):
+        ordered = _in_lock_order(claims)
+        try:
+            async with _one_trip().async_transaction(conn, ordered,
+                                                     claiming.claimed_all(ordered)):
+                yield claims
+        except Exception as exc:
+            _raise_mapped(claiming, exc)
+            raise
+        return
     try:
         async with conn.transaction() if kind == "psycopg" else conn.begin():
             driver = conn
