@@ -20,7 +20,9 @@ token may do with it (``lockd.common.fencerule``): ``SELECT fencing.claim(lock, 
 lock it holds exclusively, ``fencing.claim_read`` for one it holds shared (a read lease: the
 same raise of the highest to its fence, but a claim under which the row triggers write
 nothing); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
-re-raised. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
+re-raised. On a psycopg connection, (2) and (3) are one message (``BEGIN; SELECT
+fencing.claim(...); ...``, ``lockd.client.sqlfence_psycopg``: a round trip less; what differs
+for the block is said there); SQLAlchemy's connections take one round trip per step. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
 fence claimed).
 
 ``lease``: a ``Lease``/``AsyncLease`` (or multi-lock ``MultiLease``/``AsyncMultiLease``) of

@@ -3,10 +3,10 @@
 The general path (``lockd.client.sqlfence``) enters psycopg's ``conn.transaction()``, which sends
 ``BEGIN`` alone, then sends each ``SELECT fencing.claim(...)`` as a statement of its own: two
 round trips before the caller's first statement. Here ``BEGIN`` and every claim travel as **one
-simple-query message** (``BEGIN; SELECT fencing.claim('lock'::text, 5::bigint); ...``, the lock
-names and fences quoted by psycopg's ``sql.Literal`` for this connection, never formatted in by
-hand), then the block runs, then ``COMMIT``: a claim + UPDATE + COMMIT is three round trips, not
-four. PostgreSQL runs the statements of that message in order and stops at the first error, so a
+simple-query message** (``BEGIN; SELECT fencing.claim('lock'::text, 5::bigint); ...``, each
+lock name quoted by libpq for this connection, ``PQescapeLiteral``, never formatted in
+unquoted), then the block runs, then ``COMMIT``: a claim + UPDATE + COMMIT is three round
+trips, not four. PostgreSQL runs the statements of that message in order and stops at the first error, so a
 stale claim (``LF001``) raises before any statement of the caller is sent, and the transaction
 it opened is rolled back: nothing is written.
 
@@ -39,7 +39,6 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 from lockd.client.errors import TransactionStateError
 from lockd.common.fencerule import Fence
@@ -49,8 +48,6 @@ __all__ = ["applies", "begin_and_claim", "transaction", "async_transaction"]
 log = logging.getLogger(__name__)
 
 _IDLE, _INERROR = 0, 3  # libpq PQTRANS_IDLE, PQTRANS_INERROR
-_CLAIM = {True: sql.SQL("SELECT fencing.claim({}::text, {}::bigint)"),
-          False: sql.SQL("SELECT fencing.claim_read({}::text, {}::bigint)")}
 
 
 def applies(conn: Any) -> bool:
@@ -62,11 +59,18 @@ def applies(conn: Any) -> bool:
 
 def begin_and_claim(conn: Any, fences: Sequence[Fence]) -> bytes:
     """The one message: ``BEGIN`` and a claim of each of ``fences`` (in the order given; each
-    ``fencing.claim`` for writing, ``fencing.claim_read`` for reading), with the lock names and
-    fences as literals quoted for ``conn``."""
-    parts = [_CLAIM[f.writes].format(sql.Literal(f.lock), sql.Literal(int(f.fence)))
-             for f in fences]
-    return sql.SQL("; ").join([sql.SQL("BEGIN"), *parts]).as_bytes(conn)
+    ``fencing.claim`` for writing, ``fencing.claim_read`` for reading). Each lock name is
+    quoted by libpq for ``conn`` (``PQescapeLiteral``, through ``psycopg.pq.Escaping``: the
+    connection's encoding and ``standard_conforming_strings``), each fence written from an
+    ``int``; nothing is formatted in unquoted. Raises ``UnicodeEncodeError`` for a lock name
+    the connection's encoding cannot hold (before any SQL)."""
+    escape, encoding = psycopg.pq.Escaping(conn.pgconn).escape_literal, conn.info.encoding
+    parts = [b"BEGIN"]
+    for f in fences:
+        parts.append(b"SELECT fencing.%s(%s::text, %d::bigint)" % (
+            b"claim" if f.writes else b"claim_read", escape(f.lock.encode(encoding)),
+            int(f.fence)))
+    return b"; ".join(parts)
 
 
 def _ended_early() -> TransactionStateError:
@@ -102,6 +106,7 @@ def transaction(conn: Any, fences: Sequence[Fence], on_claimed: Any) -> Iterator
     try:
         try:
             with conn.cursor() as cur:
+                cur.format = psycopg.pq.Format.TEXT  # binary would need one statement
                 cur.execute(message, prepare=False)
             on_claimed()
             yield
@@ -142,6 +147,7 @@ async def async_transaction(conn: Any, fences: Sequence[Fence],
     try:
         try:
             async with conn.cursor() as cur:
+                cur.format = psycopg.pq.Format.TEXT  # binary would need one statement
                 await cur.execute(message, prepare=False)
             on_claimed()
             yield
