@@ -560,9 +560,16 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
         raise error from None if error.code == "fencing_not_installed" else exc
 
 
+def claim_function(fence: Fence) -> str:
+    """The ``fencing`` function claiming ``fence`` for its purpose: ``claim`` for a lock held
+    exclusively (to write), ``claim_read`` for one held shared (to read). Both paths use it."""
+    fn = "claim" if fence.writes else "claim_read"
+    return fn
+
+
 def _claim_sql(kind: str, fence: Fence) -> tuple[Any, Any]:
     """The statement claiming ``fence`` for its purpose, and its parameters."""
-    fn = "claim" if fence.writes else "claim_read"
+    fn = claim_function(fence)
     if kind == "psycopg":
         return _PG_CLAIM.format(fn=fn), (fence.lock, fence.fence)
     return (sys.modules["sqlalchemy"].text(_SA_CLAIM.format(fn=fn)),

@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 
 from lockd.client.errors import TransactionStateError
+from lockd.client.sqlfence import claim_function
 from lockd.common.fencerule import Fence
 
 __all__ = ["applies", "begin_and_claim", "transaction", "async_transaction"]
@@ -59,7 +60,7 @@ def applies(conn: Any) -> bool:
 
 def begin_and_claim(conn: Any, fences: Sequence[Fence]) -> bytes:
     """The one message: ``BEGIN`` and a claim of each of ``fences`` (in the order given; each
-    ``fencing.claim`` for writing, ``fencing.claim_read`` for reading). Each lock name is
+    for its purpose, ``sqlfence.claim_function``). Each lock name is
     quoted by libpq for ``conn`` (``PQescapeLiteral``, through ``psycopg.pq.Escaping``: the
     connection's encoding and ``standard_conforming_strings``), each fence written from an
     ``int``; nothing is formatted in unquoted. Raises ``UnicodeEncodeError`` for a lock name
@@ -68,8 +69,7 @@ def begin_and_claim(conn: Any, fences: Sequence[Fence]) -> bytes:
     parts = [b"BEGIN"]
     for f in fences:
         parts.append(b"SELECT fencing.%s(%s::text, %d::bigint)" % (
-            b"claim" if f.writes else b"claim_read", escape(f.lock.encode(encoding)),
-            int(f.fence)))
+            claim_function(f).encode(), escape(f.lock.encode(encoding)), int(f.fence)))
     return b"; ".join(parts)
 
 
