@@ -22,8 +22,8 @@ same raise of the highest to its fence, but a claim under which the row triggers
 nothing); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
 re-raised. On a psycopg connection, (2) and (3) are one message (``BEGIN; SELECT
 fencing.claim(...); ...``, ``lockd.client.sqlfence_psycopg``: a round trip less; what differs
-for the block is said there); SQLAlchemy's connections take one round trip per step. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
-fence claimed).
+for the block is said there); SQLAlchemy's connections take one round trip per step. The value
+of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock -> fence claimed).
 
 ``lease``: a ``Lease``/``AsyncLease`` (or multi-lock ``MultiLease``/``AsyncMultiLease``) of
 either client, or the token text itself. Keys (``jwks=``): a JWKS dict or a
@@ -71,7 +71,7 @@ import asyncio
 import contextlib
 import re
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -399,7 +399,7 @@ class _Claiming:
         self.held: list[str] = []
         """The locks this transaction claimed (in claim order)."""
 
-    def claimed_all(self, fences: Sequence[Fence]) -> Any:
+    def claimed_all(self, fences: Sequence[Fence]) -> Callable[[], None]:
         """For claims sent together: mark the first as running (a missing ``fencing`` schema
         is reported as such), and return the callback that records them all as made."""
         self.now = (fences[0].lock, fences[0].fence) if fences else None

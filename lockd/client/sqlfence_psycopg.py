@@ -1,30 +1,29 @@
 """``fenced_transaction``'s transaction on a psycopg 3 connection in one round trip less.
 
-The general path (``lockd.client.sqlfence``) enters psycopg's ``conn.transaction()``, which sends
-``BEGIN`` alone, then sends each ``SELECT fencing.claim(...)`` as a statement of its own: two
-round trips before the caller's first statement. Here ``BEGIN`` and every claim travel as **one
-simple-query message** (``BEGIN; SELECT fencing.claim('lock'::text, 5::bigint); ...``, each
-lock name quoted by libpq for this connection, ``PQescapeLiteral``, never formatted in
-unquoted), then the block runs, then ``COMMIT``: a claim + UPDATE + COMMIT is three round
-trips, not four. PostgreSQL runs the statements of that message in order and stops at the first error, so a
-stale claim (``LF001``) raises before any statement of the caller is sent, and the transaction
-it opened is rolled back: nothing is written.
+The general path (``lockd.client.sqlfence``) enters psycopg's ``conn.transaction()``, which
+sends ``BEGIN`` alone, then sends each ``SELECT fencing.claim(...)`` as a statement of its own:
+two round trips before the caller's first statement. Here ``BEGIN`` and every claim travel as
+**one simple-query message** (``BEGIN; SELECT fencing.claim('lock'::text, 5::bigint); ...``,
+each lock name quoted by libpq for this connection, ``PQescapeLiteral``, never formatted in
+unquoted), then the block runs, then ``COMMIT``: a claim + UPDATE + COMMIT is three round trips,
+not four. PostgreSQL runs the statements of that message in order and stops at the first error,
+so a stale claim (``LF001``) raises before any statement of the caller is sent, and the
+transaction it opened is rolled back: nothing is written.
 
 psycopg's own view of the connection stays true: the message is sent through a psycopg cursor
 (the connection's own ``cursor()``, as the general path's claims; ``prepare=False``: a
-multi-statement string cannot be prepared), so psycopg sees
-``transaction_status`` INTRANS during the block as it would after its own ``BEGIN``; a
-``conn.transaction()`` inside the block is a savepoint, as before; the transaction ends with
-``conn.commit()``/``conn.rollback()`` (which also drop psycopg's prepared statements after a
-rollback, as ``transaction()`` does). A connection opened with ``autocommit=False`` is switched to
-``autocommit=True`` for the block (psycopg would otherwise send its own ``BEGIN`` first, a round
-trip of its own) and switched back when the transaction has ended, on every exit; inside the
-block ``conn.autocommit`` therefore reads ``True``. Differences from the general path, both on
-misuse only: ``conn.commit()``/``conn.rollback()`` called inside the block are not refused by
-psycopg (no ``transaction()`` context is open) and end the fenced transaction early, which is
-then reported on exit as ``TransactionStateError`` (``code="transaction_ended"``); a
-``psycopg.Rollback()`` raised in the block rolls back and is swallowed, as ``transaction()``
-does.
+multi-statement string cannot be prepared), so psycopg sees ``transaction_status`` INTRANS
+during the block as it would after its own ``BEGIN``; a ``conn.transaction()`` inside the block
+is a savepoint, as before; the transaction ends with ``conn.commit()``/``conn.rollback()``
+(which also drop psycopg's prepared statements after a rollback, as ``transaction()`` does). A
+connection opened with ``autocommit=False`` is switched to ``autocommit=True`` for the block
+(psycopg would otherwise send its own ``BEGIN`` first, a round trip of its own) and switched
+back when the transaction has ended, on every exit; inside the block ``conn.autocommit``
+therefore reads ``True``. Differences from the general path, both on misuse only:
+``conn.commit()``/``conn.rollback()`` called inside the block are not refused by psycopg (no
+``transaction()`` context is open) and end the fenced transaction early, which is then reported
+on exit as ``TransactionStateError`` (``code="transaction_ended"``); a ``psycopg.Rollback()``
+raised in the block rolls back and is swallowed, as ``transaction()`` does.
 
 Used (``applies``) for a psycopg ``Connection``/``AsyncConnection`` that is not in pipeline mode
 and has no ``isolation_level``, ``read_only`` or ``deferrable`` set (whose ``BEGIN`` psycopg
@@ -35,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import psycopg
@@ -60,11 +59,11 @@ def applies(conn: Any) -> bool:
 
 def begin_and_claim(conn: Any, fences: Sequence[Fence]) -> bytes:
     """The one message: ``BEGIN`` and a claim of each of ``fences`` (in the order given; each
-    for its purpose, ``sqlfence.claim_function``). Each lock name is
-    quoted by libpq for ``conn`` (``PQescapeLiteral``, through ``psycopg.pq.Escaping``: the
-    connection's encoding and ``standard_conforming_strings``), each fence written from an
-    ``int``; nothing is formatted in unquoted. Raises ``UnicodeEncodeError`` for a lock name
-    the connection's encoding cannot hold (before any SQL)."""
+    for its purpose, ``sqlfence.claim_function``). Each lock name is quoted by libpq for
+    ``conn`` (``PQescapeLiteral``, through ``psycopg.pq.Escaping``: the connection's encoding
+    and ``standard_conforming_strings``), each fence written from an ``int``; nothing is
+    formatted in unquoted. Raises ``UnicodeEncodeError`` for a lock name the connection's
+    encoding cannot hold (before any SQL)."""
     escape, encoding = psycopg.pq.Escaping(conn.pgconn).escape_literal, conn.info.encoding
     parts = [b"BEGIN"]
     for f in fences:
@@ -93,7 +92,8 @@ def _swallowed(exc: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def transaction(conn: Any, fences: Sequence[Fence], on_claimed: Any) -> Iterator[None]:
+def transaction(conn: Any, fences: Sequence[Fence],
+                on_claimed: Callable[[], None]) -> Iterator[None]:
     """``BEGIN`` + the claims of ``fences`` in one message, the block, ``COMMIT``; roll back
     and re-raise on any exception (``BaseException`` too). ``on_claimed()`` is called once the
     claims are made. Raises the driver's errors (the caller maps them) and
@@ -138,7 +138,7 @@ def _restore(conn: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def async_transaction(conn: Any, fences: Sequence[Fence],
-                            on_claimed: Any) -> AsyncIterator[None]:
+                            on_claimed: Callable[[], None]) -> AsyncIterator[None]:
     """The asyncio twin of ``transaction`` (a psycopg ``AsyncConnection``)."""
     message = begin_and_claim(conn, fences)
     switched = not conn.autocommit
