@@ -19,11 +19,11 @@ is a savepoint, as before; the transaction ends with ``conn.commit()``/``conn.ro
 connection opened with ``autocommit=False`` is switched to ``autocommit=True`` for the block
 (psycopg would otherwise send its own ``BEGIN`` first, a round trip of its own) and switched
 back when the transaction has ended, on every exit; inside the block ``conn.autocommit``
-therefore reads ``True``. Differences from the general path, both on misuse only:
-``conn.commit()``/``conn.rollback()`` called inside the block are not refused by psycopg (no
-``transaction()`` context is open) and end the fenced transaction early, which is then reported
-on exit as ``TransactionStateError`` (``code="transaction_ended"``); a ``psycopg.Rollback()``
-raised in the block rolls back and is swallowed, as ``transaction()`` does.
+therefore reads ``True``. A ``psycopg.Rollback()`` raised in the block rolls back and is
+swallowed, as psycopg's outermost ``transaction()`` does. The one other difference from the
+general path is on misuse: ``conn.commit()``/``conn.rollback()`` called inside the block are not
+refused by psycopg (no ``transaction()`` context is open) and end the fenced transaction early,
+which is then reported on exit as ``TransactionStateError`` (``code="transaction_ended"``).
 
 Used (``applies``) for a psycopg ``Connection``/``AsyncConnection`` that is not in pipeline mode
 and has no ``isolation_level``, ``read_only`` or ``deferrable`` set (whose ``BEGIN`` psycopg
