@@ -358,8 +358,9 @@ async def _lockd_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[
 
 async def _fenced_tx(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
     """``async_fenced_transaction`` on a psycopg connection: verify the client's token offline
-    (``jwks``, parsed once), BEGIN, ``fencing.claim`` its lock, the client's UPDATE (the row's
-    fence trigger checks the claim), COMMIT: what an application pays to fence its own SQL."""
+    (``jwks``, parsed once), BEGIN and ``fencing.claim`` of its lock (one message on psycopg),
+    the client's UPDATE (the row's fence trigger checks the claim), COMMIT: what an application
+    pays to fence its own SQL."""
     import psycopg
 
     from lockd import async_fenced_transaction

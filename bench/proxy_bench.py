@@ -154,10 +154,11 @@ def proxy(bench: Bench) -> Section:
                          "'new token every write' row shows the cost of verifying each new "
                          "lease's token (its first write).")
     section.notes.append("'fenced_transaction': lockd's async_fenced_transaction on a psycopg "
-                         "connection per client: the token verified offline, BEGIN, SELECT "
-                         "fencing.claim(lock, fence), the UPDATE of the client's row in "
-                         "bench_sqlfence (whose fence trigger, resource_proxy.dbfence, checks "
-                         "the claim), COMMIT: four round trips where the baseline sends one.")
+                         "connection per client: the token verified offline, BEGIN and SELECT "
+                         "fencing.claim(lock, fence) in one message, the UPDATE of the client's "
+                         "row in bench_sqlfence (whose fence trigger, resource_proxy.dbfence, "
+                         "checks the claim), COMMIT: three round trips where the baseline sends "
+                         "one.")
     section.notes.append(f"'--workers {cpus}': the same proxy as {cpus} processes on one port "
                          "(the default: one per CPU); the other proxy rows are one process "
                          "(--workers 1), whose ceiling is the do-nothing FastAPI row: the same "

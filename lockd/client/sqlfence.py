@@ -20,8 +20,10 @@ token may do with it (``lockd.common.fencerule``): ``SELECT fencing.claim(lock, 
 lock it holds exclusively, ``fencing.claim_read`` for one it holds shared (a read lease: the
 same raise of the highest to its fence, but a claim under which the row triggers write
 nothing); (4) the block runs; (5) COMMIT. An exception in any step rolls back and is
-re-raised. The value of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock ->
-fence claimed).
+re-raised. On a psycopg connection, (2) and (3) are one message (``BEGIN; SELECT
+fencing.claim(...); ...``, ``lockd.client.sqlfence_psycopg``: a round trip less; what differs
+for the block is said there); SQLAlchemy's connections take one round trip per step. The value
+of ``as`` is the verified ``lockd.tokens.Claims`` (``claims.locks``: lock -> fence claimed).
 
 ``lease``: a ``Lease``/``AsyncLease`` (or multi-lock ``MultiLease``/``AsyncMultiLease``) of
 either client, or the token text itself. Keys (``jwks=``): a JWKS dict or a
@@ -69,7 +71,7 @@ import asyncio
 import contextlib
 import re
 import sys
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -397,6 +399,17 @@ class _Claiming:
         self.held: list[str] = []
         """The locks this transaction claimed (in claim order)."""
 
+    def claimed_all(self, fences: Sequence[Fence]) -> Callable[[], None]:
+        """For claims sent together: mark the first as running (a missing ``fencing`` schema
+        is reported as such), and return the callback that records them all as made."""
+        self.now = (fences[0].lock, fences[0].fence) if fences else None
+
+        def made() -> None:
+            self.now = None
+            self.held.extend(f.lock for f in fences)
+
+        return made
+
     def error_for(self, exc: BaseException) -> LockClientError | None:
         state, message, detail = _pg_error(exc)
         if self.now is not None and (missing := _not_installed(state, message)) is not None:
@@ -433,6 +446,19 @@ class _Claiming:
         return error
 
 
+def _raise_mapped(claiming: _Claiming, exc: Exception) -> None:
+    """Raise the client's error for ``exc`` (a database error it names), else return."""
+    error = claiming.error_for(exc)
+    if error is not None:
+        raise error from None if error.code == "fencing_not_installed" else exc
+
+
+def _one_trip() -> Any:
+    """``lockd.client.sqlfence_psycopg``, imported on first use (it imports psycopg)."""
+    from lockd.client import sqlfence_psycopg
+    return sqlfence_psycopg
+
+
 # --------------------------------------------------------------------------- the two entries
 
 
@@ -461,6 +487,15 @@ def claimed_transaction(conn: Any, fences: Sequence[Fence], lease: Any = None) -
     kind = _kind(conn, asynchronous=False)
     _refuse_open(kind, conn)
     claiming = _Claiming(lease)
+    if kind == "psycopg" and _one_trip().applies(conn):
+        ordered = in_lock_order(fences)
+        try:
+            with _one_trip().transaction(conn, ordered, claiming.claimed_all(ordered)):
+                yield
+        except Exception as exc:
+            _raise_mapped(claiming, exc)
+            raise
+        return
     try:
         with conn.transaction() if kind == "psycopg" else conn.begin():
             driver = conn
@@ -494,6 +529,16 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
     kind = _kind(conn, asynchronous=True)
     _refuse_open(kind, conn)
     claiming = _Claiming(lease)
+    if kind == "psycopg" and _one_trip().applies(conn):
+        ordered = _in_lock_order(claims)
+        try:
+            async with _one_trip().async_transaction(conn, ordered,
+                                                     claiming.claimed_all(ordered)):
+                yield claims
+        except Exception as exc:
+            _raise_mapped(claiming, exc)
+            raise
+        return
     try:
         async with conn.transaction() if kind == "psycopg" else conn.begin():
             driver = conn
@@ -515,9 +560,16 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
         raise error from None if error.code == "fencing_not_installed" else exc
 
 
+def claim_function(fence: Fence) -> str:
+    """The ``fencing`` function claiming ``fence`` for its purpose: ``claim`` for a lock held
+    exclusively (to write), ``claim_read`` for one held shared (to read). Both paths use it."""
+    fn = "claim" if fence.writes else "claim_read"
+    return fn
+
+
 def _claim_sql(kind: str, fence: Fence) -> tuple[Any, Any]:
     """The statement claiming ``fence`` for its purpose, and its parameters."""
-    fn = "claim" if fence.writes else "claim_read"
+    fn = claim_function(fence)
     if kind == "psycopg":
         return _PG_CLAIM.format(fn=fn), (fence.lock, fence.fence)
     return (sys.modules["sqlalchemy"].text(_SA_CLAIM.format(fn=fn)),

@@ -9,6 +9,7 @@ from one lockd per module (``shared_lockd``) or from a lockd of the test's own.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import psycopg
@@ -254,12 +255,20 @@ def test_async_stale_claim_raises_the_same_error(dsn, frozen, client, name):
 
 
 class RecordingCursor(psycopg.Cursor):
-    """A real psycopg cursor that also keeps every statement's parameters, in order."""
+    """A real psycopg cursor that also keeps the (lock, fence) of every claim it sends, in
+    order: from a claim's parameters, or from the literals of claims sent as one message."""
 
     sent: list = []
 
     def execute(self, query, params=None, **kw):
-        RecordingCursor.sent.append(params)
+        text = query if isinstance(query, str) else bytes(query).decode()
+        if "fencing.claim" in text:
+            if params is not None:
+                RecordingCursor.sent.append(tuple(params))
+            else:
+                RecordingCursor.sent.extend(
+                    (lock, int(fence)) for lock, fence in
+                    re.findall(r"fencing\.claim\(\s*'([^']*)'::text, (\d+)::bigint\)", text))
         return super().execute(query, params, **kw)
 
 
