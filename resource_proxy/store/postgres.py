@@ -149,6 +149,7 @@ def _idle_and_open(conn: psycopg.AsyncConnection) -> bool:
     return not poller.poll(0)
 
 
+_IDLE = pq.TransactionStatus.IDLE
 _SAFE_LOCK = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
 _CLAIMS = {WRITE: "fencing.try_claim", READ: "fencing.try_claim_read"}
 
@@ -169,7 +170,7 @@ def _begin_claim(fences: Sequence[Fence]) -> bytes | None:
 async def _roll_back(conn: psycopg.AsyncConnection) -> None:
     """ROLLBACK of the transaction an error interrupted, unless the connection is gone (the
     pool discards a broken one) or no transaction is open."""
-    if conn.closed or conn.broken or conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+    if conn.closed or conn.broken or conn.pgconn.transaction_status == _IDLE:
         return
     try:
         await conn.rollback()
@@ -471,7 +472,8 @@ class PostgresStore:
                 check_all(fences, [highest])
                 result = await body(conn)
                 flight.committing = True
-                await conn.commit()
+                if conn.pgconn.transaction_status != _IDLE:  # not sent with the body's last
+                    await conn.commit()
             except BaseException:
                 await _roll_back(conn)
                 raise
