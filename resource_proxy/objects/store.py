@@ -15,8 +15,11 @@ database's write lock), the caller's preconditions judged on it, the row inserte
 deleted, the Idempotency-Key record written, COMMIT. A stale fence or a failed precondition
 rolls it back whole, so the pointer never names a blob written under a superseded fence. On
 PostgreSQL a PUT's locked read and upsert are ONE statement (a CTE returning the previous row
-beside the new version; the preconditions are judged on that row before COMMIT): BEGIN, the
-fence claim, that statement, COMMIT.
+beside the new version; the preconditions are judged on that row before COMMIT), and BEGIN
+goes with the fence claim (``PostgresStore.fenced``): BEGIN + claim, the statement, COMMIT --
+three round trips. A PUT whose body is inline and that has no precondition has nothing left to
+judge once the fence passed, so its statement goes with the COMMIT (``_moved``: ``EXECUTE`` of
+the session's prepared statement, then ``COMMIT``, in one simple query): two round trips.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Every fence claim is ``fencing.try_claim`` (``dbfence``): the conditional upsert
 install`` put row triggers on the served tables the proxy's writes pass them (each transaction
 claims the locks of the rows it writes, before it writes them).
 
+- Another resource's transaction (``fenced``: objects) sends BEGIN and its one fence claim as
+  ONE simple query (no parameters: a lock name's alphabet needs no quoting), judges the fence
+  (``check_all``), runs its body, then COMMIT; a body may send its last statement with the
+  COMMIT (``execute_committing``), one round trip less.
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
   record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
 
@@ -494,9 +498,9 @@ class PostgresStore:
         ``may_commit``): ``EXECUTE name(arguments); COMMIT`` as one simple query, the statement
         prepared once per session with SQL ``PREPARE`` (``prepare``: its text after the name,
         ``(types) AS statement`` with parameters ``$1``...) so the server parses only the
-        ``EXECUTE``. ``arguments``: SQL
-        literals, quoted by the caller. The cursor is on the statement's rows; the
-        transaction is committed (a failure leaves it to ``fenced``'s rollback)."""
+        ``EXECUTE``. ``arguments``: SQL literals, quoted by the caller. The cursor is on the
+        statement's rows and the transaction committed; on an error ``fenced`` rolls back.
+        A connection lost meanwhile is 502 ``outcome_unknown`` (the COMMIT was sent)."""
         if name not in conn.statements:  # type: ignore[attr-defined]
             # once per session, a round trip of its own: it outlives a rollback, and the set
             # says exactly what this session has (``WatchedConnection._deallocate``)
