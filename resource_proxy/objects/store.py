@@ -15,8 +15,11 @@ database's write lock), the caller's preconditions judged on it, the row inserte
 deleted, the Idempotency-Key record written, COMMIT. A stale fence or a failed precondition
 rolls it back whole, so the pointer never names a blob written under a superseded fence. On
 PostgreSQL a PUT's locked read and upsert are ONE statement (a CTE returning the previous row
-beside the new version; the preconditions are judged on that row before COMMIT): BEGIN, the
-fence claim, that statement, COMMIT.
+beside the new version; the preconditions are judged on that row before COMMIT), and BEGIN
+goes with the fence claim (``PostgresStore.fenced``): BEGIN + claim, the statement, COMMIT --
+three round trips. A PUT whose body is inline and that has no precondition has nothing left to
+judge once the fence passed, so its statement goes with the COMMIT (``_moved``: ``EXECUTE`` of
+the session's prepared statement, then ``COMMIT``, in one simple query): two round trips.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from psycopg.pq import Escaping
 
 from lockd.common.fencerule import Fence
 from resource_proxy.errors import NotFound, PreconditionFailed
@@ -42,6 +47,11 @@ _COLUMNS = ("bucket, key, version, blob, size, sha256, content_type, lock, fence
             "body")
 _LISTED = _COLUMNS.replace(", body", ", NULL")  # a listing never carries bodies
 _ADVISORY_KEY = 0x5250_4F42_4A53  # "RPOBJS": concurrent first starts create the table once
+# PostgreSQL: the move's parameters, in order, with their types (``Pointers._moved``)
+_MOVED = {"bucket": "text", "key": "text", "blob": "text", "size": "bigint", "sha256": "text",
+          "content_type": "text", "lock": "text", "fence": "bigint", "modified_ms": "bigint",
+          "body": "bytea"}
+_MOVE_NAME = "resource_proxy_object_move"
 
 
 def _ddl(table: str, binary: str) -> str:
@@ -95,6 +105,11 @@ class Preconditions:
     if_match: tuple[str, ...] | None = None
     if_none_match: bool = False
 
+    @property
+    def none(self) -> bool:
+        """No precondition: ``judge`` passes whatever the current row."""
+        return self.if_match is None and not self.if_none_match
+
     def judge(self, current: Pointer | None) -> None:
         etag = current.etag if current is not None else None
         if self.if_none_match and current is not None:
@@ -141,6 +156,12 @@ class Pointers:
                       # an inline body is not sent back: b"" says it was inline (no blob)
                       + ", CASE WHEN old.body IS NULL THEN NULL ELSE ''::bytea END, "
                       "new.version FROM new LEFT JOIN old ON true")
+        # the same statement prepared with SQL PREPARE (parameters $1..., in _MOVED order), for
+        # the inline PUT without preconditions whose move carries the COMMIT (``_moved``)
+        positional = self._move
+        for index, name in enumerate(_MOVED, 1):
+            positional = positional.replace(p(name), f"${index}")
+        self._prepared_move = f"({', '.join(_MOVED.values())}) AS {positional}"
         self._delete = f"DELETE FROM {table} WHERE {where}"
         order = 'key COLLATE "C"' if postgres else "key"
         prefix = (f"left(key, {p('n')}) = {p('prefix')}" if postgres
@@ -184,6 +205,27 @@ class Pointers:
         cur = conn.execute(sql, params)
         return cur.fetchone() if rows == "one" else cur.fetchall()
 
+    async def _moved(self, conn: Any, params: dict[str, Any]) -> Any:
+        """PostgreSQL: the move (``_move``) and the transaction's COMMIT in ONE round trip
+        (``store.execute_committing``): for an inline body (nothing to make durable first)
+        without preconditions (nothing to judge on the previous row), so nothing can refuse
+        the write once the fence check passed. Its row as ``_move``'s."""
+        escape = Escaping(conn.pgconn).escape_literal
+        values = []
+        for name, kind in _MOVED.items():
+            value = params[name]
+            if kind == "text":
+                if "\x00" in value:  # not a text value PostgreSQL takes: refused as before
+                    return await self._run(conn, self._move, params)
+                values.append(escape(value.encode()).decode())
+            elif kind == "bigint":
+                values.append(str(int(value)))
+            else:
+                values.append(f"decode('{value.hex()}', 'hex')")
+        cur = await self.store.execute_committing(conn, _MOVE_NAME, self._prepared_move,
+                                                  ", ".join(values))
+        return await cur.fetchone()
+
     # -- calls ------------------------------------------------------------------------------
 
     async def put(self, fence: Fence, bucket: str, key: str, stored: Stored, content_type: str,
@@ -218,7 +260,10 @@ class Pointers:
             async def body(conn) -> tuple[bool, Pointer]:
                 # the row moved first, judged after, in the same transaction: a failed
                 # precondition raises, and the transaction rolls back whole
-                found = await self._run(conn, self._move, params)
+                if inline is not None and conditions.none and self.store.may_commit(conn):
+                    found = await self._moved(conn, params)  # nothing left to judge: COMMITted
+                else:
+                    found = await self._run(conn, self._move, params)
                 current = None if found[0] is None else Pointer(*found[:-1])
                 conditions.judge(current)
                 new = Pointer(bucket, key, found[-1], stored.name, stored.size, stored.sha256,

@@ -18,6 +18,10 @@ Every fence claim is ``fencing.try_claim`` (``dbfence``): the conditional upsert
 install`` put row triggers on the served tables the proxy's writes pass them (each transaction
 claims the locks of the rows it writes, before it writes them).
 
+- Another resource's transaction (``fenced``: objects) sends BEGIN and its one fence claim as
+  ONE simple query (no parameters: a lock name's alphabet needs no quoting), judges the fence
+  (``check_all``), runs its body, then COMMIT; a body may send its last statement with the
+  COMMIT (``execute_committing``), one round trip less.
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
   record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import select
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -48,10 +53,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from lockd.common.fencerule import Fence
+from lockd.common.fencerule import READ, WRITE, Fence
 from resource_proxy.codec import loads
 from resource_proxy.errors import (
     Conflict,
@@ -146,6 +152,35 @@ def _idle_and_open(conn: psycopg.AsyncConnection) -> bool:
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
     return not poller.poll(0)
+
+
+_IDLE = pq.TransactionStatus.IDLE
+_SAFE_LOCK = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
+_CLAIMS = {WRITE: "fencing.try_claim", READ: "fencing.try_claim_read"}
+
+
+def _begin_claim(fences: Sequence[Fence]) -> bytes | None:
+    """``BEGIN`` and the claim of the ONE fence as one simple query (no parameters: a lock
+    name of the lock-name alphabet needs no quoting, a fence is an int); None for no fence,
+    several, or a name outside that alphabet (then BEGIN and the claim go one by one)."""
+    if len(fences) != 1:
+        return None
+    fence = fences[0]
+    if _SAFE_LOCK.fullmatch(fence.lock) is None:
+        return None
+    return (f"BEGIN; SELECT {_CLAIMS[fence.purpose]}('{fence.lock}', {int(fence.fence)}::bigint)"
+            " AS highest").encode()
+
+
+async def _roll_back(conn: psycopg.AsyncConnection) -> None:
+    """ROLLBACK of the transaction an error interrupted, unless the connection is gone (the
+    pool discards a broken one) or no transaction is open."""
+    if conn.closed or conn.broken or conn.pgconn.transaction_status == _IDLE:
+        return
+    try:
+        await conn.rollback()
+    except (psycopg.Error, OSError):
+        pass  # broken meanwhile: the pool discards it
 
 
 class _Flight:
@@ -426,11 +461,60 @@ class PostgresStore:
         if once is not None:
             return await self._once(once, checked)
         flight = _Flight()
+        begin = _begin_claim(fences)
         async with self._connection(flight) as conn:
-            async with conn.transaction():
-                result = await checked(conn)
-                flight.committing = True  # leaving the block sends COMMIT
+            if begin is None:  # no fence, several, or a lock name that would need quoting
+                async with conn.transaction():
+                    result = await checked(conn)
+                    flight.committing = True  # leaving the block sends COMMIT
+                return result
+            conn.flight = flight
+            try:
+                # BEGIN and the claim in ONE round trip (a simple query of two statements)
+                cur = await conn.execute(begin, prepare=False)
+                cur.nextset()
+                (highest,) = await cur.fetchone()  # type: ignore[misc]
+                check_all(fences, [highest])
+                result = await body(conn)
+                flight.committing = True
+                if conn.pgconn.transaction_status != _IDLE:  # not sent with the body's last
+                    await conn.commit()
+            except BaseException:
+                await _roll_back(conn)
+                raise
+            finally:
+                conn.flight = None
             return result
+
+    @staticmethod
+    def may_commit(conn: psycopg.AsyncConnection) -> bool:
+        """Whether ``conn`` is in a ``fenced`` transaction past its fence check whose body may
+        send the COMMIT itself with its last statement (``execute_committing``)."""
+        return getattr(conn, "flight", None) is not None
+
+    @staticmethod
+    async def execute_committing(conn: psycopg.AsyncConnection, name: str, prepare: str,
+                                 arguments: str) -> psycopg.AsyncCursor:
+        """The body's LAST statement and the COMMIT in one round trip (only where
+        ``may_commit``): ``EXECUTE name(arguments); COMMIT`` as one simple query, the statement
+        prepared once per session with SQL ``PREPARE`` (``prepare``: its text after the name,
+        ``(types) AS statement`` with parameters ``$1``...) so the server parses only the
+        ``EXECUTE``. ``arguments``: SQL literals, quoted by the caller. The cursor is on the
+        statement's rows and the transaction committed; on an error ``fenced`` rolls back.
+        A connection lost meanwhile is 502 ``outcome_unknown`` (the COMMIT was sent)."""
+        if name not in conn.statements:  # type: ignore[attr-defined]
+            # once per session, a round trip of its own: it outlives a rollback, and the set
+            # says exactly what this session has (``WatchedConnection._deallocate``)
+            await conn.execute(f"PREPARE {name}{prepare}".encode(), prepare=False)
+            conn.statements |= {name}  # type: ignore[attr-defined]
+        conn.flight.committing = True  # type: ignore[attr-defined]  # the COMMIT goes with it
+        try:
+            return await conn.execute(f"EXECUTE {name}({arguments}); COMMIT".encode(),
+                                      prepare=False)
+        except psycopg.Error as exc:
+            if exc.sqlstate == "26000":  # deallocated behind our back: prepared again next time
+                conn.statements = frozenset()  # type: ignore[attr-defined]
+            raise
 
     async def plain(self, body) -> Any:
         """``await body(conn)`` on a pooled autocommit connection (reads), errors translated."""

@@ -151,6 +151,18 @@ class WatchedConnection(psycopg.AsyncConnection):
     """``AsyncConnection`` whose waits use a socket registered once (see the module)."""
 
     _watch: _Watch | None = None
+    # the ``_Flight`` of the transaction in progress whose statements may carry its COMMIT
+    # (``PostgresStore.fenced``; None: none), and the names of the statements prepared with
+    # SQL ``PREPARE`` on this session (``PostgresStore.execute_committing``)
+    flight: Any = None
+    statements: frozenset[str] = frozenset()
+
+    def _deallocate(self, name: bytes | None) -> Any:
+        """psycopg's ``DEALLOCATE`` (``ALL`` after a rollback, when it prepared statements of
+        its own): the SQL-prepared statements go too."""
+        if name is None:
+            self.statements = frozenset()
+        return super()._deallocate(name)
 
     async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
         watch = self._watch

@@ -53,6 +53,10 @@ class _Store:
             finally:
                 self.counted.append(counting.statements)
 
+    @staticmethod
+    def may_commit(conn: Any) -> bool:  # the move never carries the COMMIT here
+        return False
+
     async def plain(self, body: Any) -> Any:
         async with await self._connect() as conn:
             return await body(conn)

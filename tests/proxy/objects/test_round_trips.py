@@ -1,0 +1,144 @@
+"""On PostgreSQL an object's PUT costs few round trips: ``BEGIN`` and the fence claim go as one
+simple query, and an inline body's PUT without preconditions sends its pointer move with the
+``COMMIT`` (the move ``EXECUTE``d from a statement the session prepared once). Counted here as
+waits of the real store's connections (``WatchedConnection.wait``: one per round trip).
+
+The rules stay: the fence is judged (``check_all``) before the move is sent, a stale fence
+changes nothing, preconditions are judged before COMMIT, a session whose prepared statements
+psycopg deallocated (after a rollback) prepares the move again, and a connection lost while the
+move and its COMMIT are in flight is 502 ``outcome_unknown``, not 503."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+from lockd.common.fencerule import Fence
+from resource_proxy.errors import OutcomeUnknown, PreconditionFailed, StaleToken
+from resource_proxy.fencing import create_fence_table
+from resource_proxy.objects.blobs import Stored
+from resource_proxy.objects.store import Pointers, Preconditions
+from resource_proxy.store.postgres import PostgresStore
+from resource_proxy.store.watched import WatchedConnection
+
+
+@pytest.fixture
+def made(pg_dsn: str, pg_url: str) -> str:
+    engine = sa.create_engine(pg_url)
+    try:
+        create_fence_table(engine)
+    finally:
+        engine.dispose()
+    return pg_dsn
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many times the store's connections waited for the server (round trips)."""
+    counted = [0]
+    real = WatchedConnection.wait
+
+    async def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counted[0] += 1
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(WatchedConnection, "wait", wait)
+    return counted
+
+
+async def _pointers(dsn: str) -> tuple[PostgresStore, Pointers]:
+    store = PostgresStore(dsn, {}, pool_size=1)  # one connection: every call on the same session
+    await store.open()
+    pointers = Pointers(store, postgres=True)
+    await pointers.create()
+    return store, pointers
+
+
+def _put(pointers: Pointers, fence: Fence, name: str, inline: bytes | None,
+         conditions: Preconditions = Preconditions()) -> Any:
+    return pointers.put(fence, "b", "k", Stored(name, 4, "ab" * 32), "text/plain", conditions,
+                        None, [], inline=inline)
+
+
+def test_an_inline_put_without_preconditions_is_two_round_trips(made: str,
+                                                                 waits: list[int]) -> None:
+    async def main() -> dict[str, int]:
+        store, pointers = await _pointers(made)
+        fence = Fence("objects/k", 3)
+        try:
+            await _put(pointers, fence, "n-0", b"warm")  # the session prepares the move once
+            counts = {}
+            for label, inline, conditions in (
+                    ("inline", b"tiny", Preconditions()),
+                    ("inline, If-Match: *", b"tiny", Preconditions(if_match=("*",))),
+                    ("blob", None, Preconditions())):
+                before = waits[0]
+                created, pointer = await _put(pointers, fence, f"n-{label}", inline, conditions)
+                assert not created and pointer.blob == f"n-{label}"
+                counts[label] = waits[0] - before
+            now = await pointers.get("b", "k", None)
+            assert now is not None and (now.version, now.blob) == (4, "n-blob")
+            return counts
+        finally:
+            await store.close()
+
+    # before: BEGIN, the claim, the move, COMMIT: 4 each
+    assert uvloop_run(main()) == {"inline": 2, "inline, If-Match: *": 3, "blob": 3}
+
+
+def test_a_stale_fence_changes_nothing_and_the_move_is_prepared_again_after_a_rollback(
+        made: str) -> None:
+    async def main() -> None:
+        store, pointers = await _pointers(made)
+        try:
+            await _put(pointers, Fence("objects/k", 5), "n-1", b"one")
+            for _ in range(6):  # psycopg prepares this read: its rollbacks DEALLOCATE ALL
+                await pointers.get("b", "k", None)
+            with pytest.raises(StaleToken):
+                await _put(pointers, Fence("objects/k", 4), "n-stale", b"two")
+            with pytest.raises(PreconditionFailed):
+                await _put(pointers, Fence("objects/k", 5), "n-412", b"two",
+                           Preconditions(if_none_match=True))
+            now = await pointers.get("b", "k", None)
+            assert now is not None and (now.version, now.blob, now.fence) == (1, "n-1", 5)
+            created, pointer = await _put(pointers, Fence("objects/k", 6), "n-2", b"three")
+            assert not created and pointer.version == 2
+            now = await pointers.get("b", "k", None)
+            assert now is not None and (now.blob, now.body, now.fence) == ("n-2", b"three", 6)
+        finally:
+            await store.close()
+
+    uvloop_run(main())
+
+
+def test_a_connection_lost_with_the_move_and_its_commit_in_flight_is_outcome_unknown(
+        made: str, pg_admin_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = WatchedConnection.execute
+
+    async def execute(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(query, bytes) and query.startswith(b"EXECUTE"):
+            with psycopg.connect(pg_admin_dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (self.info.backend_pid,))
+        return await real(self, query, *args, **kwargs)
+
+    async def main() -> None:
+        store, pointers = await _pointers(made)
+        try:
+            await _put(pointers, Fence("objects/k", 1), "n-1", b"one")  # prepared
+            monkeypatch.setattr(WatchedConnection, "execute", execute)
+            with pytest.raises(OutcomeUnknown):
+                await _put(pointers, Fence("objects/k", 1), "n-2", b"two")
+        finally:
+            await store.close()
+
+    uvloop_run(main())
+
+
+def uvloop_run(coro: Any) -> Any:
+    import uvloop
+
+    return uvloop.run(coro) if hasattr(uvloop, "run") else asyncio.run(coro)
