@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.objects import CEILING, FLOOR
+from bench.proxy_bench import FLOOR as SQL_FLOOR
 from bench.report import Section, median
 
 __all__ = ["goals", "COLUMNS"]
@@ -143,6 +144,9 @@ def _proxy_rows(five: Section) -> list[list[Any] | None]:
         if name.startswith("through the proxy") and "--workers" not in name and ceiling:
             limits.append(("one-process HTTP ceiling", median(ceiling["rows_per_s"])))
         limits.append(("PostgreSQL's rate", pg_limit))
+        if name.startswith("fenced_transaction"):
+            floor = five.data.get(f"{SQL_FLOOR} @{c}")
+            limits.append(("two-round-trip floor", median(floor["rows_per_s"]) if floor else None))
         rows.append(_ratio_row(f"§5 {name} vs direct fenced, {c} clients",
                                median(five.data[key]["rows_per_s"]),
                                median(base["rows_per_s"]), target, limits))

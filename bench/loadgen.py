@@ -356,6 +356,12 @@ async def _lockd_sql(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[
     return cycle, conn.close
 
 
+async def _sql_floor(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
+    from bench.sql_floor import fenced_tx_floor
+
+    return await fenced_tx_floor(spec, i)
+
+
 async def _fenced_tx(spec: dict, i: int) -> tuple[Cycle, Callable[[], Awaitable[None]]]:
     """``async_fenced_transaction`` on a psycopg connection: verify the client's token offline
     (``jwks``, parsed once), BEGIN and ``fencing.claim`` of its lock (one message on psycopg),
@@ -395,6 +401,7 @@ WORKLOADS: dict[str, Callable[[dict, int], Awaitable[tuple[Cycle, Callable[[], A
     "proxy_batch": _proxy_batch,
     "direct_sql": _direct_sql,
     "fenced_tx": _fenced_tx,
+    "fenced_tx_floor": lambda spec, i: _sql_floor(spec, i),
     "lockd_sql": _lockd_sql,
 }
 

@@ -14,9 +14,10 @@ from bench.report import Section, median, pct, ratio
 if TYPE_CHECKING:
     from bench.scenarios import Bench
 
-__all__ = ["proxy"]
+__all__ = ["FLOOR", "proxy"]
 
 _DIRECT = "direct fenced statement, psycopg (baseline)"
+FLOOR = "SQL-PATH FLOOR: BEGIN; claim; UPDATE as one message, then COMMIT (psycopg)"
 
 
 def proxy(bench: Bench) -> Section:
@@ -94,6 +95,9 @@ def proxy(bench: Bench) -> Section:
             "workload": "fenced_tx", "dsn": dsn, "tokens": sql_tokens, "jwks": ring.jwks(),
             "sql": "UPDATE bench_sqlfence SET v = %(v)s WHERE id = %(id)s RETURNING id",
             "params": [{"v": 0, "id": i} for i in range(most)]},
+        FLOOR: {
+            "workload": "fenced_tx_floor", "dsn": dsn, "prefix": "bench5t",
+            "table": "bench_sqlfence"},
     }
     # BENCH_PEERS narrows the rows (the baseline always runs: every ratio is to it)
     cases = {name: spec for name, spec in cases.items()
@@ -158,7 +162,10 @@ def proxy(bench: Bench) -> Section:
                          "fencing.claim(lock, fence) in one message, the UPDATE of the client's "
                          "row in bench_sqlfence (whose fence trigger, resource_proxy.dbfence, "
                          "checks the claim), COMMIT: three round trips where the baseline sends "
-                         "one.")
+                         "one. 'SQL-PATH FLOOR': the same claim and UPDATE with no lockd code, "
+                         "sent with BEGIN as one message (literals), then COMMIT: the two round "
+                         "trips a claim travelling with the caller's statement would cost, the "
+                         "limit of the fenced_transaction goal.")
     section.notes.append(f"'--workers {cpus}': the same proxy as {cpus} processes on one port "
                          "(the default: one per CPU); the other proxy rows are one process "
                          "(--workers 1), whose ceiling is the do-nothing FastAPI row: the same "
