@@ -229,7 +229,7 @@ _DEPTH_SKIP = ("    IF pg_trigger_depth() > 1 THEN  -- a cascade's or another tr
                "        IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;\n"
                "        RETURN NEW;\n"
                "    END IF;\n")
-_SQLFENCE = "lockd/client/sqlfence.py"
+_CLAIMSQL = "lockd/client/claimsql.py"
 _CLAIM_PURPOSE = "    fn = \"claim\" if fence.writes else \"claim_read\"\n"
 """``fenced_transaction``'s claim of one lock, for its purpose (a shared lease's: to read)."""
 _LOCKD_MODES = "lockd/server/store/sqlite/modes.py"
@@ -420,7 +420,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "pause,pause_grant,kill_worker", ("election",)),
     Mutant("sql_shared_claims_write", "fenced_transaction claims a shared lease's locks to "
            "write", "unclaimed_commit (cross operations write under their shared leases)",
-           (Edit(_SQLFENCE, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",),
+           (Edit(_CLAIMSQL, _CLAIM_PURPOSE, "    fn = \"claim\"\n"),), _CROSS_FAULTS, ("sql",),
            near=_CROSS_NEAR),
     Mutant("campaign_takes_shared", "a campaign's client_id retry answers the client's shared "
            "lease, signed as a leader's", "unclaimed_commit (cross operations campaign with "

@@ -77,6 +77,7 @@ from typing import Any
 import httpx
 
 import lockd.tokens as tokens
+from lockd.client.claimsql import claim_function
 from lockd.client.errors import (
     InvalidToken,
     LeaseLostError,
@@ -558,13 +559,6 @@ async def async_fenced_transaction(conn: Any, lease: Any, *,
         if error is None:
             raise
         raise error from None if error.code == "fencing_not_installed" else exc
-
-
-def claim_function(fence: Fence) -> str:
-    """The ``fencing`` function claiming ``fence`` for its purpose: ``claim`` for a lock held
-    exclusively (to write), ``claim_read`` for one held shared (to read). Both paths use it."""
-    fn = "claim" if fence.writes else "claim_read"
-    return fn
 
 
 def _claim_sql(kind: str, fence: Fence) -> tuple[Any, Any]:

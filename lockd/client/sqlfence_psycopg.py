@@ -39,8 +39,8 @@ from typing import Any
 
 import psycopg
 
+from lockd.client.claimsql import claim_function
 from lockd.client.errors import TransactionStateError
-from lockd.client.sqlfence import claim_function
 from lockd.common.fencerule import Fence
 
 __all__ = ["applies", "begin_and_claim", "transaction", "async_transaction"]
@@ -59,7 +59,7 @@ def applies(conn: Any) -> bool:
 
 def begin_and_claim(conn: Any, fences: Sequence[Fence]) -> bytes:
     """The one message: ``BEGIN`` and a claim of each of ``fences`` (in the order given; each
-    for its purpose, ``sqlfence.claim_function``). Each lock name is quoted by libpq for
+    for its purpose, ``claimsql.claim_function``). Each lock name is quoted by libpq for
     ``conn`` (``PQescapeLiteral``, through ``psycopg.pq.Escaping``: the connection's encoding
     and ``standard_conforming_strings``), each fence written from an ``int``; nothing is
     formatted in unquoted. Raises ``UnicodeEncodeError`` for a lock name the connection's
