@@ -110,11 +110,7 @@ def transaction(conn: Any, fences: Sequence[Fence],
                 cur.execute(message, prepare=False)
             on_claimed()
             yield
-            status = int(conn.info.transaction_status)
-            if status == _IDLE:
-                raise _ended_early()
-            if status == _INERROR:
-                raise _aborted()
+            _check_open(conn)
         except BaseException as exc:
             try:
                 conn.rollback()
@@ -127,6 +123,16 @@ def transaction(conn: Any, fences: Sequence[Fence],
     finally:
         if switched:
             _restore(conn)
+
+
+def _check_open(conn: Any) -> None:
+    """At the block's end: ``transaction_ended`` if the block committed or rolled back
+    itself, ``transaction_aborted`` if an error it caught left the transaction failed."""
+    status = int(conn.info.transaction_status)
+    if status == _IDLE:
+        raise _ended_early()
+    if status == _INERROR:
+        raise _aborted()
 
 
 def _restore(conn: Any) -> None:
@@ -151,11 +157,7 @@ async def async_transaction(conn: Any, fences: Sequence[Fence],
                 await cur.execute(message, prepare=False)
             on_claimed()
             yield
-            status = int(conn.info.transaction_status)
-            if status == _IDLE:
-                raise _ended_early()
-            if status == _INERROR:
-                raise _aborted()
+            _check_open(conn)
         except BaseException as exc:
             try:
                 await conn.rollback()
