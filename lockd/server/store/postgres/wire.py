@@ -17,7 +17,10 @@ psycopg lock is taken). An error result raises the exception psycopg would
 a wait cancelled with the statement in flight closes the connection (the pool drops it), since
 its answer would otherwise be read by the next statement. A named statement the server no
 longer knows (psycopg sends ``DEALLOCATE ALL`` after a rollback on the same connection) is
-prepared again and sent once more: the server refused it before running it.
+prepared again and sent once more: the server refused it before running it. A name the
+server already holds when this module thinks it does not (``DuplicatePreparedStatement``) is
+the same statement (each name is one constant query, and only this module uses these names):
+it is taken as prepared.
 """
 
 from __future__ import annotations
@@ -168,7 +171,10 @@ async def execute(conn: psycopg.AsyncConnection, statement: Statement,
             for attempt in (1, 2):
                 if statement.name not in state.prepared:
                     pgconn.send_prepare(statement.name, statement.query)
-                    await _results(pgconn, enc)
+                    try:
+                        await _results(pgconn, enc)
+                    except e.DuplicatePreparedStatement:
+                        pass  # the session has it: only this module names its statements so
                     state.prepared.add(statement.name)
                 pgconn.send_query_prepared(statement.name, values)
                 try:

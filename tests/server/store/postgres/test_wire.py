@@ -159,3 +159,28 @@ def test_notifications_keep_coming_across_heartbeats(pg_url):
             await wait_for_async(lambda: set(names) <= set(heard), timeout=5)
 
     asyncio.run(main())
+
+
+def test_a_statement_the_session_holds_but_the_store_forgot_is_used_not_prepared_twice(pg_url):
+    """The store's record of what a connection has prepared and the server's can part (a
+    cleared record, a prepare whose answer was not read): a name the server already holds is
+    the same statement, taken as prepared, and the request is answered (not a 503)."""
+    from lockd.server.store.postgres import wire
+
+    async def main():
+        async with opened(pg_url + "?pool_max=1") as store:
+            lid = lease_id()
+            await store.acquire("f/a", lease_id=lid, ttl_ms=5000, owner="o", client_id=None)
+            await store.release("f/a", lid)
+
+            async def forget(conn: psycopg.AsyncConnection, retried: bool) -> None:
+                wire._state[conn].prepared.clear()
+
+            await store._run(forget, retry=False)
+            got = await store.acquire("f/a", lease_id=lease_id(), ttl_ms=5000, owner="o",
+                                      client_id=None)
+            assert isinstance(got, Grant) and got.fence == 2
+            await store.release("f/a", got.lease_id)
+            assert await _prepared(store) == ["lockd_acquire", "lockd_release"]
+
+    asyncio.run(main())
