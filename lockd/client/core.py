@@ -390,12 +390,16 @@ class ClientCore:
             return sent, body
         lease.check()
         sent = self._clock()
+        asking = lease.ttl if ttl is None else ttl
+        lease._asking = asking  # a background renewal sent meanwhile asks the same TTL
         try:
-            body = yield self._renew_send(lease._path("renew"), lease.lease_id,
-                                          lease.ttl if ttl is None else ttl)
+            body = yield self._renew_send(lease._path("renew"), lease.lease_id, asking)
         except LeaseLostError as exc:
             lease._mark_lost(exc)
             raise
+        finally:
+            if lease._asking == asking:
+                lease._asking = None
         lease._on_renewed(sent, body)
         lease.check()
         return sent, body
@@ -453,10 +457,11 @@ class ClientCore:
             interval = renew_interval(lease.ttl, lease.renew_every)
             sent = clock()
             try:
-                body = yield self._renew_send(lease._path("renew"), lease.lease_id, lease.ttl,
+                body = yield self._renew_send(lease._path("renew"), lease.lease_id,
+                                              lease._ttl_to_ask(),
                                               cap=max(0.01, lease.deadline - sent),
                                               lock=lease.lock, interval=interval,
-                                              ttl_now=lambda: lease.ttl)
+                                              ttl_now=lease._ttl_to_ask)
             except LeaseLostError as exc:
                 lease._mark_lost(exc)
                 return

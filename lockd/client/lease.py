@@ -275,6 +275,7 @@ class _LeaseBase:
         self._clock = clock
         self._deadline = sent_at + self.ttl
         self._ttl_sent_at = sent_at  # when the request that granted ``ttl`` was sent
+        self._asking: float | None = None  # the TTL of an explicit renew in flight
         self._state = LeaseState.HELD
         self._lost_reason: LeaseLostError | None = None
         self._callbacks: list[Callable[[Any], Any]] = []
@@ -337,6 +338,12 @@ class _LeaseBase:
     def _check_deadline(self) -> None:
         if self._state not in FINAL and self._clock() >= self._deadline:
             self._mark_lost(_lost_by_deadline(self.lock))
+
+    def _ttl_to_ask(self) -> float:
+        """The TTL (seconds) a background renewal asks for: that of an explicit renew in flight
+        (so whichever of the two lockd serves last leaves the lease at it), else ``ttl``."""
+        asking = self._asking
+        return self.ttl if asking is None else asking
 
     def _path(self, op: str) -> str:
         """The URL path of this lease's ``renew`` or ``release``."""

@@ -176,3 +176,38 @@ def test_a_background_renewal_answered_after_an_explicit_renew_does_not_undo_its
     assert lease.deadline == pytest.approx(background_sent + 3.0)  # the later expiry counts
     clock.now += 1.0
     assert background.send(None).json["ttl_ms"] == 1000
+
+
+def test_a_background_renewal_sent_while_an_explicit_renew_is_in_flight_asks_its_ttl():
+    # renew(ttl=5) is in flight when the background renewal of the 0.6 s lease falls due: the
+    # background asks 5 s too, so whichever lockd serves last leaves the lease at 5 s
+    clock = Clock()
+    core = _core(clock)
+    lease = Lease(core, _body(ttl_ms=600), sent_at=clock.now)
+    background = core._renewal_steps(lease, clock.now, lambda: False)
+    next(background)
+    clock.now += 0.15
+    explicit = core._renew_steps(lease, 5.0)
+    assert next(explicit).json["ttl_ms"] == 5000
+    clock.now += 0.1
+    crossing = background.send(None)
+    assert crossing.json["ttl_ms"] == 5000
+    assert crossing.batch is not None and crossing.batch[2]() == 5000
+    background.send(_body(ttl_ms=5000))  # the background's answer comes back first
+    with pytest.raises(StopIteration):
+        explicit.send(_body(ttl_ms=5000))
+    assert lease.ttl == 5.0
+
+
+def test_a_failed_explicit_renew_leaves_the_background_asking_the_lease_ttl():
+    clock = Clock()
+    core = _core(clock)
+    lease = Lease(core, _body(ttl_ms=600), sent_at=clock.now)
+    explicit = core._renew_steps(lease, 5.0)
+    next(explicit)
+    with pytest.raises(ServiceUnavailable):
+        explicit.throw(ServiceUnavailable("down", status=503))
+    background = core._renewal_steps(lease, clock.now, lambda: False)
+    next(background)
+    clock.now += 0.25
+    assert background.send(None).json["ttl_ms"] == 600
