@@ -27,8 +27,11 @@ def test_bench_section_5_proxy_rows_run_and_report(tmp_path: Path, pg_admin_dsn:
     goals = {row[0]: row for row in sections[0]["rows"]}
     assert goals["§5 through the proxy (PUT, fenced) vs direct fenced, 2 clients"][2] == "≥ 0.6×"
     names = [row[0] for row in section["rows"]]
-    assert section["key"] == "5" and len(names) == 11, names
+    assert section["key"] == "5" and len(names) == 12, names
     assert "fenced_transaction, psycopg (claim + UPDATE)" in names
+    assert any(n.startswith("SQL-PATH FLOOR") for n in names), names
+    ftx = goals["§5 fenced_transaction, psycopg (claim + UPDATE) vs direct fenced, 2 clients"]
+    assert "two-round-trip floor" in ftx[3], ftx  # the goal's limit, beside it
     for name, clients, rate, *_, errors in section["rows"]:
         assert rate > 0 and errors == 0, (name, section["data"])
         assert clients == (8 if name.startswith("PostgreSQL limit") else 2), name
