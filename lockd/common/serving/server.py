@@ -61,11 +61,13 @@ def uvicorn_config(app: Any, settings: Any, *, name: str, logger: logging.Logger
                    **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for ``app`` on ``settings.host:port``: the servers' HTTP protocol
     (``install_http_protocol``) writing each response in one ``send`` (``coalesce``), TLS from
-    the settings, no access log, uvicorn's logging left to ours. ``options``: more
+    the settings, no access log, uvicorn's logging left to ours, no ``X-Forwarded-*`` rewriting
+    of the client's address (neither server reads it; uvicorn's middleware for it parsed every
+    request's headers). ``options``: more
     ``uvicorn.Config`` arguments (a server's graceful-shutdown timeout, its server header).
     A descriptor warning is logged to ``logger`` as ``"{name}: ..."``."""
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None,
-                            access_log=False, lifespan="on", **options,
+                            access_log=False, proxy_headers=False, lifespan="on", **options,
                             **uvicorn_tls_options(settings))
     warning = install_http_protocol(config, settings)
     config.http = coalescing_protocol(config.http)

@@ -381,6 +381,49 @@ def test_default_pool_serves_32_concurrent_calls_without_queueing(pg_url, pg_dsn
     asyncio.run(main())
 
 
+def test_kept_connections_all_killed_the_next_call_is_answered_on_a_fresh_one(pg_url, pg_dsn):
+    """Idle connections wait in the store between statements, outside the pool. Every one of
+    them killed at once (a database restart): the next call's retry must not take another dead
+    one; the store hands them all back to the pool, which drops them, and the call is answered."""
+
+    async def main():
+        async with opened(pg_url, batch=False) as store:
+            gate = asyncio.Event()
+
+            async def hold(conn, retried):  # three calls at once: three connections
+                await gate.wait()
+
+            calls = [asyncio.create_task(store._run(hold, retry=False)) for _ in range(3)]
+            await wait_for_async(lambda: store._pool.get_stats().get("pool_size", 0) >= 3,
+                                 timeout=10.0, what="three pooled connections")
+            gate.set()
+            await asyncio.gather(*calls)
+            assert len(store._idle) >= 3  # kept by the store, not given back to the pool
+            with psycopg.connect(pg_dsn, autocommit=True) as admin:
+                killed = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND application_name = 'lockd'"
+                    " AND pid <> pg_backend_pid() AND query NOT ILIKE 'LISTEN%'").fetchone()[0]
+            assert killed >= 3
+            got = await grant(store, "kept/a")
+            assert got.fence == 1
+
+    asyncio.run(main())
+
+
+def test_a_call_waiting_on_the_pool_gets_the_connection_the_store_would_keep(pg_url):
+    """With one connection, a second call waits on the pool: the first call's connection goes
+    to the pool, not to the store's idle list, or the second would wait out its timeout."""
+
+    async def main():
+        async with opened(pg_url + "?pool_max=1&pool_timeout=2", batch=False) as store:
+            got = await asyncio.wait_for(asyncio.gather(
+                *(grant(store, f"one/{i}") for i in range(3))), timeout=5)
+            assert [g.fence for g in got] == [1, 1, 1]
+
+    asyncio.run(main())
+
+
 def test_pooled_connections_never_run_with_synchronous_commit_off(pg_url, pg_dsn):
     """An acknowledged grant must be durable, or a crash could hand its fence out again."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
