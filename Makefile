@@ -72,7 +72,7 @@ chaos: install
 ## the tree, run chaos there (MUTANT_SECONDS each, default 40; a mutant whose window opens rarely
 ## runs longer, e.g. batch_partial_raise 2 x), one line per mutant with its violation count (the
 ## margin), then "undetected: N"; exit 1 if N > 0. MUTANT_ONLY=name,name to pick some,
-## MUTANT_SEED (default 4242). About 35 minutes (31 mutants; pg_batch_*: lockd on PostgreSQL with --churn; guard_*: through lockd.guard, --via guard
+## MUTANT_SEED (default 4242). About 35 minutes (32 mutants; pg_batch_*: lockd on PostgreSQL with --churn; guard_*: through lockd.guard, --via guard
 ## or redis-guard; object_*: the objects workload).
 ## MUTANT_WORKLOAD=counter|transfer|sql|rw|sem|election|objects runs the mutants that workload reaches, under it (default:
 ## each mutant under its own first workload; sql: the database's fence triggers, plain SQL).

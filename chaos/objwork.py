@@ -4,7 +4,10 @@
 loops until SIGTERM: acquire lock ``B`` (the lock of every object of bucket ``B``: no policy),
 write the object 1-3 times through the proxy with the lease's token (``FencedSession.
 put_object``), thinking before each write, release. Each body is a JSON tag ``{"w", "fence",
-"n"}`` padded to 1-256 KiB (so a PUT takes a while: the nemesis finds PUTs in flight). A worker
+"n"}`` padded to 1-16 KiB (half the writes: kept inline in the pointer row, the claim and the
+move one statement) or 17-256 KiB (a blob first, so a PUT takes a while: the nemesis finds
+PUTs in flight). Half the PUTs, of either size, carry no Idempotency-Key, so on PostgreSQL a
+small body's PUT takes the one-statement path (the claim and the move as one transaction). A worker
 never checks its lease before writing: the nemesis freezes it (SIGSTOP) past its lease and the
 proxy's fence must refuse what it sends when thawed.
 
@@ -88,10 +91,12 @@ def run(args: argparse.Namespace) -> None:
                         time.sleep(rng.uniform(0.0, 0.2))
                         n += 1
                         tag = {"w": args.worker, "fence": lease.fence, "n": n}
-                        size = rng.randint(1, 256) * 1024
+                        size = (rng.randint(1, 16) if rng.random() < 0.5
+                                else rng.randint(17, 256)) * 1024
                         log("write", tag=tag, fence=lease.fence, size=size)
                         try:
-                            made = db.put_object(args.bucket, args.key, body_of(tag, size))
+                            made = db.put_object(args.bucket, args.key, body_of(tag, size),
+                                                 idempotent=rng.random() < 0.5)
                         except StaleTokenError as exc:
                             log("stale", tag=tag, fence=lease.fence, highest=exc.highest)
                             break

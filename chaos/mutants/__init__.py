@@ -48,6 +48,8 @@ The table:
 ``guard_claim_apart``        ``lockd.guard``'s PostgreSQL store claims in a transaction of its
                              own, then writes in another (check-then-act; ``--via guard``)
 ``object_pointer_unfenced``  an object's pointer is moved without the fence check (``objects``)
+``object_inline_unfenced``   an inline object's one-statement PUT claims with the claim that
+                             never refuses (``objects``)
 ``object_blob_early``        a new body is copied over the visible blob before the fence check
                              (``objects``)
 ``object_stale_blob_kept``   a refused write's blob is not deleted (``objects``)
@@ -302,6 +304,8 @@ _RW_FAULTS = "pause,pause_grant,pause_write,kill_worker"
 """Freezes right after a grant, thawed when a newer holder's blind batch was acknowledged."""
 
 _OBJ_STORE = "resource_proxy/objects/store.py"
+_INLINE_CLAIM = "            query = (f\"SELECT fencing.claim('{fence.lock}'"
+"""The one-statement PUT's claim (the database's write rule: it refuses a stale fence)."""
 _OBJ_SERVICE = "resource_proxy/objects/service.py"
 _OBJ_PUT = ("                conn.execute(self._upsert, params)\n"
             "                return current is None, new\n"
@@ -459,6 +463,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("object_pointer_unfenced", "an object's pointer moves without the fence check",
            "stale_visible, stale_acked (a thawed holder's PUT replaces a newer holder's)",
            (Edit(_OBJ_STORE, _OBJ_PUT, _OBJ_PUT.replace("fenced([fence]", "fenced([]")),),
+           workloads=("objects",)),
+    Mutant("object_inline_unfenced", "an inline object's PUT (the claim and the move as one "
+           "statement) claims with the claim that never refuses",
+           "stale_visible, stale_acked (a thawed holder's small PUT replaces a newer holder's)",
+           (Edit(_PG, _INLINE_CLAIM, _INLINE_CLAIM.replace("fencing.claim(",
+                                                                  "fencing.try_claim(")),),
            workloads=("objects",)),
     Mutant("object_blob_early", "a new body is copied over the visible blob before the check",
            "torn, stale_visible (a stale writer's bytes visible under the newer pointer)",

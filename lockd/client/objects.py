@@ -15,7 +15,8 @@ iterable); it returns the object's pointer (``version``, ``etag``, ``size``, ``s
 ``fence``, ...). ``if_match=etag`` / ``if_none_match=True`` make it conditional
 (``PreconditionFailed``, 412). Each write carries an ``Idempotency-Key`` and is resent with it
 after ``outcome_unknown`` or no answer, when the body can be sent again (bytes, a path, a
-seekable file; an iterator is sent once). A superseded lease gets ``StaleTokenError`` (and the
+seekable file; an iterator is sent once); ``put_object(..., idempotent=False)`` sends none
+and never resends. A superseded lease gets ``StaleTokenError`` (and the
 lease is marked lost), as for rows. Object calls do not claim first: a write is checked
 against the highest fence in its own transaction, and a read with the token is itself the
 claim (a fenced read).
@@ -118,6 +119,16 @@ class _Body:
         return out
 
 
+def _put_headers(base: dict[str, str], body: Any, content_type: str | None,
+                 if_match: str | None, if_none_match: bool, idempotent: bool) -> dict[str, str]:
+    """A PUT's headers: ``base`` (token, auth), the body's, the preconditions and, when
+    ``idempotent``, a new ``Idempotency-Key``."""
+    headers = {**base, **body.headers(content_type), **_conditions(if_match, if_none_match)}
+    if idempotent:
+        headers["Idempotency-Key"] = uuid.uuid4().hex
+    return headers
+
+
 def _conditions(if_match: str | None, if_none_match: bool) -> dict[str, str]:
     out = {}
     if if_match is not None:
@@ -168,12 +179,16 @@ class ObjectCalls:
             raise
 
     def put_object(self, bucket: str, key: str, data: Any, *, content_type: str | None = None,
-                   if_match: str | None = None, if_none_match: bool = False) -> dict[str, Any]:
-        """Write the object under the lease (201 created / 200 replaced); its pointer."""
+                   if_match: str | None = None, if_none_match: bool = False,
+                   idempotent: bool = True) -> dict[str, Any]:
+        """Write the object under the lease (201 created / 200 replaced); its pointer.
+        ``idempotent=False`` sends no ``Idempotency-Key`` and never resends: on PostgreSQL a
+        small body's PUT is then one round trip to the database instead of several, but an
+        answer lost in flight leaves its outcome to be read back (``head_object``)."""
         path = object_path(bucket, key)
         body = _Body(data)
-        headers = {**self._object_headers(True), **body.headers(content_type),
-                   **_conditions(if_match, if_none_match), "Idempotency-Key": uuid.uuid4().hex}
+        headers = _put_headers(self._object_headers(True), body, content_type, if_match,
+                               if_none_match, idempotent)
         for attempt in range(self.retries + 1):
             try:
                 with body.content() as content, translate_transport_errors(f"PUT {path}"):
@@ -181,7 +196,7 @@ class ObjectCalls:
                                               timeout=self.timeout)
                 return self._checked("PUT", path, response)
             except _RETRYABLE:
-                if attempt == self.retries or not body.replayable:
+                if attempt == self.retries or not body.replayable or not idempotent:
                     raise
                 time.sleep(min(1.0, 0.05 * 2 ** attempt))
         raise AssertionError("unreachable")
@@ -308,11 +323,11 @@ class AsyncObjectCalls:
 
     async def put_object(self, bucket: str, key: str, data: Any, *,
                          content_type: str | None = None, if_match: str | None = None,
-                         if_none_match: bool = False) -> dict[str, Any]:
+                         if_none_match: bool = False, idempotent: bool = True) -> dict[str, Any]:
         path = object_path(bucket, key)
         body = _Body(data)
-        headers = {**self._object_headers(True), **body.headers(content_type),
-                   **_conditions(if_match, if_none_match), "Idempotency-Key": uuid.uuid4().hex}
+        headers = _put_headers(self._object_headers(True), body, content_type, if_match,
+                               if_none_match, idempotent)
         for attempt in range(self.retries + 1):
             try:
                 with translate_transport_errors(f"PUT {path}"):
@@ -320,7 +335,7 @@ class AsyncObjectCalls:
                                                     headers=headers, timeout=self.timeout)
                 return self._checked("PUT", path, response)
             except _RETRYABLE:
-                if attempt == self.retries or not body.replayable:
+                if attempt == self.retries or not body.replayable or not idempotent:
                     raise
                 await asyncio.sleep(min(1.0, 0.05 * 2 ** attempt))
         raise AssertionError("unreachable")

@@ -17,9 +17,11 @@ rolls it back whole, so the pointer never names a blob written under a supersede
 PostgreSQL a PUT's locked read and upsert are ONE statement (a CTE returning the previous row
 beside the new version; the preconditions are judged on that row before COMMIT), and BEGIN
 goes with the fence claim (``PostgresStore.fenced``): BEGIN + claim, the statement, COMMIT --
-three round trips. A PUT whose body is inline and that has no precondition has nothing left to
-judge once the fence passed, so its statement goes with the COMMIT (``_moved``: ``EXECUTE`` of
-the session's prepared statement, then ``COMMIT``, in one simple query): two round trips.
+three round trips. A PUT whose body is inline and that has no precondition (nor
+Idempotency-Key) has nothing left to judge once the fence passed, so the claim and its statement
+go as ONE simple query, one transaction (``PostgresStore.claimed_statement``: the database's
+write claim, which refuses a stale fence by aborting it, then ``EXECUTE`` of the move the session
+prepared once): one round trip.
 """
 
 from __future__ import annotations
@@ -205,26 +207,27 @@ class Pointers:
         cur = conn.execute(sql, params)
         return cur.fetchone() if rows == "one" else cur.fetchall()
 
-    async def _moved(self, conn: Any, params: dict[str, Any]) -> Any:
-        """PostgreSQL: the move (``_move``) and the transaction's COMMIT in ONE round trip
-        (``store.execute_committing``): for an inline body (nothing to make durable first)
-        without preconditions (nothing to judge on the previous row), so nothing can refuse
-        the write once the fence check passed. Its row as ``_move``'s."""
-        escape = Escaping(conn.pgconn).escape_literal
-        values = []
-        for name, kind in _MOVED.items():
-            value = params[name]
-            if kind == "text":
-                if "\x00" in value:  # not a text value PostgreSQL takes: refused as before
-                    return await self._run(conn, self._move, params)
-                values.append(escape(value.encode()).decode())
-            elif kind == "bigint":
-                values.append(str(int(value)))
-            else:
-                values.append(f"decode('{value.hex()}', 'hex')")
-        cur = await self.store.execute_committing(conn, _MOVE_NAME, self._prepared_move,
-                                                  ", ".join(values))
-        return await cur.fetchone()
+    def _literals(self, params: dict[str, Any]) -> Callable[[Any], str | None]:
+        """The move's parameters (``_MOVED`` order) as SQL literals quoted for a connection;
+        None for a text value PostgreSQL refuses (a NUL): then the move goes as a parameter,
+        and is refused as any such value is."""
+
+        def literals(conn: Any) -> str | None:
+            escape = Escaping(conn.pgconn).escape_literal
+            values = []
+            for name, kind in _MOVED.items():
+                value = params[name]
+                if kind == "text":
+                    if "\x00" in value:
+                        return None
+                    values.append(escape(value.encode()).decode())
+                elif kind == "bigint":
+                    values.append(str(int(value)))
+                else:
+                    values.append(f"decode('{value.hex()}', 'hex')")
+            return ", ".join(values)
+
+        return literals
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -257,13 +260,7 @@ class Pointers:
                       "fence": fence.fence, "modified_ms": int(time.time() * 1000),
                       "body": inline}
 
-            async def body(conn) -> tuple[bool, Pointer]:
-                # the row moved first, judged after, in the same transaction: a failed
-                # precondition raises, and the transaction rolls back whole
-                if inline is not None and conditions.none and self.store.may_commit(conn):
-                    found = await self._moved(conn, params)  # nothing left to judge: COMMITted
-                else:
-                    found = await self._run(conn, self._move, params)
+            def moved(found: Sequence[Any]) -> tuple[bool, Pointer]:
                 current = None if found[0] is None else Pointer(*found[:-1])
                 conditions.judge(current)
                 new = Pointer(bucket, key, found[-1], stored.name, stored.size, stored.sha256,
@@ -271,8 +268,23 @@ class Pointers:
                               inline)
                 if current is not None and current.stored_blob is not None:
                     replaced.append(current.stored_blob)
-                await durable()  # the body before the pointer: COMMIT follows
                 return current is None, new
+
+            if inline is not None and conditions.none and once is None:
+                # nothing to make durable first, nothing to judge on the previous row: the
+                # claim and the move in one round trip, one transaction
+                await durable()  # an inline body's: nothing to wait for
+                found = await self.store.claimed_statement(
+                    fence, _MOVE_NAME, self._prepared_move, self._literals(params))
+                if found is not None:
+                    return moved(found)
+
+            async def body(conn) -> tuple[bool, Pointer]:
+                # the row moved first, judged after, in the same transaction: a failed
+                # precondition raises, and the transaction rolls back whole
+                result = moved(await self._run(conn, self._move, params))
+                await durable()  # the body before the pointer: COMMIT follows
+                return result
         else:
             await durable()
 

@@ -20,8 +20,10 @@ claims the locks of the rows it writes, before it writes them).
 
 - Another resource's transaction (``fenced``: objects) sends BEGIN and its one fence claim as
   ONE simple query (no parameters: a lock name's alphabet needs no quoting), judges the fence
-  (``check_all``), runs its body, then COMMIT; a body may send its last statement with the
-  COMMIT (``execute_committing``), one round trip less.
+  (``check_all``), runs its body, then COMMIT. A write nothing can refuse once its fence
+  passed (an inline object's PUT without preconditions) is ONE round trip
+  (``claimed_statement``): ``fencing.claim`` and its prepared statement as one simple query,
+  which PostgreSQL runs as one transaction (a stale fence aborts it whole).
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
   record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
 
@@ -48,7 +50,7 @@ import logging
 import re
 import select
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -59,6 +61,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from lockd.common.fencerule import READ, WRITE, Fence
 from resource_proxy.codec import loads
+from resource_proxy.dbfence.sql import LF_STALE
 from resource_proxy.errors import (
     Conflict,
     InvalidRequest,
@@ -170,6 +173,12 @@ def _begin_claim(fences: Sequence[Fence]) -> bytes | None:
         return None
     return (f"BEGIN; SELECT {_CLAIMS[fence.purpose]}('{fence.lock}', {int(fence.fence)}::bigint)"
             " AS highest").encode()
+
+
+def _highest_of(exc: psycopg.Error) -> int:
+    """The highest fence a ``fencing.claim`` refusal (LF001) names in its detail
+    (``lock=... presented=... highest=N``)."""
+    return int((exc.diag.message_detail or "").rpartition("highest=")[2])
 
 
 async def _roll_back(conn: psycopg.AsyncConnection) -> None:
@@ -468,7 +477,6 @@ class PostgresStore:
                     result = await checked(conn)
                     flight.committing = True  # leaving the block sends COMMIT
                 return result
-            conn.flight = flight
             try:
                 # BEGIN and the claim in ONE round trip (a simple query of two statements)
                 cur = await conn.execute(begin, prepare=False)
@@ -477,44 +485,52 @@ class PostgresStore:
                 check_all(fences, [highest])
                 result = await body(conn)
                 flight.committing = True
-                if conn.pgconn.transaction_status != _IDLE:  # not sent with the body's last
-                    await conn.commit()
+                await conn.commit()
             except BaseException:
                 await _roll_back(conn)
                 raise
-            finally:
-                conn.flight = None
             return result
 
-    @staticmethod
-    def may_commit(conn: psycopg.AsyncConnection) -> bool:
-        """Whether ``conn`` is in a ``fenced`` transaction past its fence check whose body may
-        send the COMMIT itself with its last statement (``execute_committing``)."""
-        return getattr(conn, "flight", None) is not None
-
-    @staticmethod
-    async def execute_committing(conn: psycopg.AsyncConnection, name: str, prepare: str,
-                                 arguments: str) -> psycopg.AsyncCursor:
-        """The body's LAST statement and the COMMIT in one round trip (only where
-        ``may_commit``): ``EXECUTE name(arguments); COMMIT`` as one simple query, the statement
-        prepared once per session with SQL ``PREPARE`` (``prepare``: its text after the name,
-        ``(types) AS statement`` with parameters ``$1``...) so the server parses only the
-        ``EXECUTE``. ``arguments``: SQL literals, quoted by the caller. The cursor is on the
-        statement's rows and the transaction committed; on an error ``fenced`` rolls back.
-        A connection lost meanwhile is 502 ``outcome_unknown`` (the COMMIT was sent)."""
-        if name not in conn.statements:  # type: ignore[attr-defined]
-            # once per session, a round trip of its own: it outlives a rollback, and the set
-            # says exactly what this session has (``WatchedConnection._deallocate``)
-            await conn.execute(f"PREPARE {name}{prepare}".encode(), prepare=False)
-            conn.statements |= {name}  # type: ignore[attr-defined]
-        conn.flight.committing = True  # type: ignore[attr-defined]  # the COMMIT goes with it
-        try:
-            return await conn.execute(f"EXECUTE {name}({arguments}); COMMIT".encode(),
-                                      prepare=False)
-        except psycopg.Error as exc:
-            if exc.sqlstate == "26000":  # deallocated behind our back: prepared again next time
-                conn.statements = frozenset()  # type: ignore[attr-defined]
-            raise
+    async def claimed_statement(self, fence: Fence, name: str, prepare: str,
+                                arguments: Callable[[psycopg.AsyncConnection], str | None]
+                                ) -> tuple | None:
+        """ONE round trip for a write nothing can refuse once its fence passed (an inline
+        object's PUT without preconditions): the write claim of ``fence`` and ``EXECUTE
+        name(arguments(conn))`` as one simple query, which PostgreSQL runs as ONE transaction on
+        the autocommit connection, each statement with its own snapshot (the statement's taken
+        after the claim, as in ``fenced``). The claim is ``fencing.claim``, the database's
+        form of the write rule: a stale fence raises there, the transaction aborts whole and
+        ``check`` gives the ``StaleToken``. The statement is prepared once per session with SQL
+        ``PREPARE`` (``prepare``: its text after the name, ``(types) AS statement``).
+        ``arguments``: SQL literals quoted for ``conn``, or None when a value cannot be sent.
+        The statement's first row; None, and nothing sent, if the claim cannot go this way (a
+        read fence, a lock name that would need quoting, ``arguments`` None): use ``fenced``.
+        A connection lost meanwhile is 502 ``outcome_unknown`` (the write may have committed)."""
+        if fence.purpose is not WRITE or _SAFE_LOCK.fullmatch(fence.lock) is None:
+            return None
+        flight = _Flight()
+        async with self._connection(flight) as conn:
+            values = arguments(conn)
+            if values is None:
+                return None
+            if name not in conn.statements:  # type: ignore[attr-defined]
+                # once per session, a round trip of its own: it outlives a rollback, and the
+                # set says exactly what this session has (``WatchedConnection._deallocate``)
+                await conn.execute(f"PREPARE {name}{prepare}".encode(), prepare=False)
+                conn.statements |= {name}  # type: ignore[attr-defined]
+            flight.committing = True
+            query = (f"SELECT fencing.claim('{fence.lock}', {int(fence.fence)}::bigint); "
+                     f"EXECUTE {name}({values})")
+            try:
+                cur = await conn.execute(query.encode(), prepare=False)
+            except psycopg.Error as exc:
+                if exc.sqlstate == LF_STALE:
+                    check(fence, _highest_of(exc))
+                if exc.sqlstate == "26000":  # deallocated behind our back: prepared again next time
+                    conn.statements = frozenset()  # type: ignore[attr-defined]
+                raise
+            cur.nextset()
+            return await cur.fetchone()
 
     async def plain(self, body) -> Any:
         """``await body(conn)`` on a pooled autocommit connection (reads), errors translated."""

@@ -151,10 +151,8 @@ class WatchedConnection(psycopg.AsyncConnection):
     """``AsyncConnection`` whose waits use a socket registered once (see the module)."""
 
     _watch: _Watch | None = None
-    # the ``_Flight`` of the transaction in progress whose statements may carry its COMMIT
-    # (``PostgresStore.fenced``; None: none), and the names of the statements prepared with
-    # SQL ``PREPARE`` on this session (``PostgresStore.execute_committing``)
-    flight: Any = None
+    # the names of the statements prepared with SQL ``PREPARE`` on this session
+    # (``PostgresStore.claimed_statement``)
     statements: frozenset[str] = frozenset()
 
     def _deallocate(self, name: bytes | None) -> Any:

@@ -153,3 +153,34 @@ def test_lockctl_object_put_get_ls(shared_lockd, objects_proxy, tmp_path: Path):
     assert missing.returncode == 1 and b"no object" in missing.stderr, missing.stderr
     with LockClient(shared_lockd.url) as client:  # the lock is released after put
         assert not client.status(b).held
+
+
+def test_put_object_sends_an_idempotency_key_unless_told_not_to(shared_lockd, objects_proxy):
+    """Every PUT carries a new Idempotency-Key (resent with it after a lost answer);
+    ``idempotent=False`` sends none (and so is never resent), sync and async alike."""
+    b = _bucket()
+    sent: list[str | None] = []
+
+    def seen(request) -> None:
+        if request.method == "PUT":
+            sent.append(request.headers.get("idempotency-key"))
+
+    async def seen_async(request) -> None:
+        seen(request)
+
+    with LockClient(shared_lockd.url) as client, client.lock(b, ttl=10) as lease, \
+            FencedSession(objects_proxy, lease) as db:
+        db._http.event_hooks["request"].append(seen)
+        db.put_object(b, "k", b"one")
+        assert db.put_object(b, "k", b"two", idempotent=False)["version"] == 2
+
+        async def main() -> None:
+            async with AsyncFencedSession(objects_proxy, lease) as adb:
+                adb._http.event_hooks["request"].append(seen_async)
+                await adb.put_object(b, "k", b"three")
+                assert (await adb.put_object(b, "k", b"four", idempotent=False))["version"] == 4
+
+        asyncio.run(main())
+        assert db.get_object(b, "k") == b"four"
+    assert [key is not None for key in sent] == [True, False, True, False]
+    assert len({sent[0], sent[2]}) == 2  # a new key per call

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.objects import BLOB_ONLY, CEILING, FLOOR
+from bench.objects import BLOB_ONLY, CEILING, FLOOR, KEYED
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -27,12 +27,13 @@ def test_bench_section_10_objects_run_and_report(tmp_path: Path, pg_admin_dsn: s
     ten = sections["10"]
     paths = {row[0] for row in ten["rows"]}
     assert {"fenced PUT through the proxy", "fenced PUT through the proxy on S3",
-            "PUT straight to the S3 server (moto, baseline)", BLOB_ONLY, CEILING, FLOOR} <= paths, paths
+            "PUT straight to the S3 server (moto, baseline)", BLOB_ONLY, KEYED, CEILING,
+            FLOOR} <= paths, paths
     for name, size, clients, rate, *_, errors in ten["rows"]:
         assert clients in (1, 2) and rate > 0 and errors == 0, (name, size, ten["data"])
-    # 16 directory and S3 rows, the 4 KiB blob-only proxy at 1 and 2 clients, the ceiling's 4,
-    # the design floor's 4
-    assert len(ten["rows"]) == 26
+    # 16 directory and S3 rows, the 4 KiB keyed and blob-only proxy at 1 and 2 clients, the
+    # ceiling's 4, the design floor's 4
+    assert len(ten["rows"]) == 28
     goals = [g for g in sections["G"]["data"] if g.startswith("§10")]
     assert len(goals) == 4, goals
     assert all("HTTP ceiling" in sections["G"]["data"][g]["limit"]
