@@ -353,7 +353,7 @@ MUTANTS: tuple[Mutant, ...] = (
                  "            0 if name in rows and rows[name][1] is not None else 1)\n"))),
     Mutant("batch_no_raise", "batch checks the fence but does not raise the highest (claims do)",
            "stale_commit, fence_decrease (blind batch writes: no claim hides the bug)",
-           (Edit(_PG, _BATCH_RAISE, _BATCH_SELECT),), _GRANT_FAULTS),
+           (Edit(_PG, _BATCH_RAISE, _BATCH_SELECT),), _GRANT_FAULTS, length=2),
     Mutant("check_then_act", "the fence committed in its own transaction, then the write",
            "stale_commit by the database's commit order (handoff + db_delay, stop_proxy)",
            (Edit(_PG, _BATCH_RAISE, _OWN_TX + "            try:\n"),), _WINDOW_FAULTS),

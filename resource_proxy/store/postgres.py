@@ -25,7 +25,9 @@ claims the locks of the rows it writes, before it writes them).
   (``claimed_statement``): ``fencing.claim`` and its prepared statement as one simple query,
   which PostgreSQL runs as one transaction (a stale fence aborts it whole).
 - A write with an ``Idempotency-Key`` (``*_once``) is an explicit transaction: claim the key's
-  record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``).
+  record row, the fence upsert + write, then the record's answer and COMMIT (``idempotency``),
+  in three round trips: BEGIN with the key's claim (and an object's fence claim), the write,
+  the record with the COMMIT.
 
 Sessions run with ``TimeZone = UTC`` (timestamps come back with ``+00:00``), ``lock_timeout``
 (``lock_timeout_ms``: a lock's fence row held by a claim another transaction keeps open is
@@ -133,15 +135,16 @@ _UNKNOWN = ("the connection to the database broke while the write was being comm
             "(without one, read the rows to find out)")
 _RECORDS = f'"{PG_SCHEMA}"."{RECORDS}"'
 _NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
-_CLAIM_KEY = (
-    f"INSERT INTO {_RECORDS} AS r (key, digest, created_ms) VALUES (%(key)s, %(digest)s, {_NOW_MS}) "
+# A key's claim and its record with the COMMIT, as simple-query texts (``%`` formatting of
+# literals quoted by ``_quoter``): a claim returns no row when the key is live.
+_CLAIM_KEY_SQL = (
+    f"INSERT INTO {_RECORDS} AS r (key, digest, created_ms) VALUES (%s, %s, {_NOW_MS}) "
     "ON CONFLICT (key) DO UPDATE SET digest = excluded.digest, status = NULL, body = NULL, "
-    "fences = NULL, created_ms = excluded.created_ms WHERE r.created_ms < excluded.created_ms - %(ttl)s "
-    "RETURNING 1"
-)
+    "fences = NULL, created_ms = excluded.created_ms WHERE r.created_ms < excluded.created_ms - %d "
+    "RETURNING 1").encode()
+_RECORD_SQL = (f"UPDATE {_RECORDS} SET status = %d, body = %s, fences = %s WHERE key = %s; "
+               "COMMIT").encode()
 _READ_KEY = f"SELECT digest, status, body, fences FROM {_RECORDS} WHERE key = %(key)s"
-_RECORD = (f"UPDATE {_RECORDS} SET status = %(status)s, body = %(body)s, fences = %(fences)s "
-           "WHERE key = %(key)s")
 _PURGE = (f"DELETE FROM {_RECORDS} WHERE key IN (SELECT key FROM {_RECORDS} "
           f"WHERE created_ms < {_NOW_MS} - %(ttl)s LIMIT {PURGE_BATCH})")
 
@@ -173,6 +176,13 @@ def _begin_claim(fences: Sequence[Fence]) -> bytes | None:
         return None
     return (f"BEGIN; SELECT {_CLAIMS[fence.purpose]}('{fence.lock}', {int(fence.fence)}::bigint)"
             " AS highest").encode()
+
+
+def _quoter(conn: psycopg.AsyncConnection) -> Callable[[str], bytes]:
+    """Text -> a SQL string literal quoted for ``conn`` (libpq's ``escape_literal``)."""
+    escape = pq.Escaping(conn.pgconn).escape_literal
+    encoding = conn.info.encoding
+    return lambda text: escape(text.encode(encoding))
 
 
 def _highest_of(exc: psycopg.Error) -> int:
@@ -350,32 +360,59 @@ class PostgresStore:
                 flight.committing = True  # leaving the block sends COMMIT
             return results
 
-    async def _once(self, once: Once, body) -> Reply:
+    async def _once(self, once: Once, body, fences: Sequence[Fence] = ()) -> Reply:
         """``body(conn)`` in a transaction that also records its ``Reply`` under ``once.key``;
-        the recorded reply instead if the key was used before (``idempotency``)."""
+        the recorded reply instead if the key was used before (``idempotency``). ``fences``:
+        claimed and checked after the key, before ``body`` (a body that claims its own: none).
+
+        Three round trips whatever the body's own: ``BEGIN``, the key's claim and, where they
+        go that way (``_begin_claim``), the fence claim as one simple query; the body's
+        statements; the record and ``COMMIT`` as one simple query (values as quoted literals)."""
         flight = _Flight()
-        key = {"key": once.key}
         async with self._connection(flight) as conn:
-            async with conn.transaction() as tx:
-                claimed = await (await conn.execute(
-                    _CLAIM_KEY, {**key, "digest": once.digest, "ttl": once.ttl_ms})).fetchone()
+            quote = _quoter(conn)
+            claim = _begin_claim(fences)
+            head = [b"BEGIN", _CLAIM_KEY_SQL % (quote(once.key), quote(once.digest),
+                                                int(once.ttl_ms))]
+            if claim is not None:
+                head.append(claim.removeprefix(b"BEGIN; "))
+            try:
+                cur = await conn.execute(b"; ".join(head), prepare=False)
+                cur.nextset()
+                claimed = await cur.fetchone()
                 if claimed is None:  # recorded (and committed) by an earlier request
-                    found = await (await conn.execute(_READ_KEY, key)).fetchone()
-                    if found is None:  # expired and purged in between: rare, and safe to retry
-                        raise StoreUnavailable("the key's record expired meanwhile; nothing was "
-                                               "committed (safe to retry)")
-                    try:
-                        reply = once.replay(*found)
-                    except StaleReplay as stale:  # a fence below the recorded one: 409
-                        raise stale.refusal(
-                            [await self._highest_on(conn, lock) for lock in stale.locks]) from None
-                    raise psycopg.Rollback(tx)
+                    reply = await self._replay(conn, once)
+                    await conn.rollback()
+                    return reply
+                if claim is not None:
+                    cur.nextset()
+                    (highest,) = await cur.fetchone()  # type: ignore[misc]
+                    check_all(fences, [highest])
+                elif fences:
+                    check_all(fences, await self._raise_fences(conn, fences))
                 reply = once.render(await body(conn))
-                await conn.execute(_RECORD, {**key, "status": reply.status, "body": reply.body,
-                                             "fences": once.recorded_fences})
                 flight.committing = True
+                await conn.execute(_RECORD_SQL % (
+                    int(reply.status), quote(reply.body), quote(once.recorded_fences),
+                    quote(once.key)), prepare=False)
+            except BaseException:
+                await _roll_back(conn)
+                raise
         self._maybe_purge(once.ttl_ms)
         return reply
+
+    async def _replay(self, conn: psycopg.AsyncConnection, once: Once) -> Reply:
+        """The recorded answer of ``once.key`` (see ``Once.replay``), read in the open
+        transaction."""
+        found = await (await conn.execute(_READ_KEY, {"key": once.key})).fetchone()
+        if found is None:  # expired and purged in between: rare, and safe to retry
+            raise StoreUnavailable("the key's record expired meanwhile; nothing was committed "
+                                   "(safe to retry)")
+        try:
+            return once.replay(*found)
+        except StaleReplay as stale:  # a fence below the recorded one: 409
+            raise stale.refusal(
+                [await self._highest_on(conn, lock) for lock in stale.locks]) from None
 
     async def write_once(self, fence: Fence | None, op: WriteOp, once: Once) -> Reply:
         return await self._once(once, lambda conn: self._write_on(conn, fence, op))
@@ -468,7 +505,7 @@ class PostgresStore:
             return await body(conn)
 
         if once is not None:
-            return await self._once(once, checked)
+            return await self._once(once, body, fences)
         flight = _Flight()
         begin = _begin_claim(fences)
         async with self._connection(flight) as conn:

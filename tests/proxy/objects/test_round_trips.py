@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from lockd.common.fencerule import Fence
 from resource_proxy.errors import OutcomeUnknown, PreconditionFailed, StaleToken
 from resource_proxy.fencing import create_fence_table
+from resource_proxy.idempotency import Keyed, Reply
 from resource_proxy.objects.blobs import Stored
 from resource_proxy.objects.store import Pointers, Preconditions
 from resource_proxy.store.postgres import PostgresStore
@@ -90,6 +91,41 @@ def test_an_inline_put_without_preconditions_is_one_round_trip(made: str,
 
     # at first: BEGIN, the claim, the move, COMMIT: 4 each; then 2 for the inline one
     assert uvloop_run(main()) == {"inline": 1, "inline, If-Match: *": 3, "blob": 3}
+
+
+def test_a_keyed_put_is_three_round_trips_and_its_replay_answers_the_same(
+        made: str, waits: list[int]) -> None:
+    """With an Idempotency-Key: BEGIN, the key's claim and the fence claim; the move; the
+    record and COMMIT. The same key again replays the recorded answer and moves nothing."""
+
+    def render(result: Any) -> Reply:
+        created, pointer = result
+        return Reply(201 if created else 200, f"v{pointer.version}")
+
+    async def main() -> tuple[list[int], list[Reply]]:
+        store, pointers = await _pointers(made)
+        fence = Fence("objects/k", 2)
+        try:
+            counts, replies = [], []
+            for key, inline in (("key-1", b"tiny"), ("key-2", None), ("key-1", b"tiny")):
+                once = Keyed(key, "PUT", "/v1/objects/b/k", b"same").once([fence], 60_000,
+                                                                         render)
+                before = waits[0]
+                replies.append(await pointers.put(fence, "b", "k", Stored(f"n-{key}", 4,
+                                                  "ab" * 32), "text/plain", Preconditions(),
+                                                  once, [], inline=inline))
+                counts.append(waits[0] - before)
+            now = await pointers.get("b", "k", None)
+            assert now is not None and (now.version, now.blob) == (2, "n-key-2")
+            return counts, replies
+        finally:
+            await store.close()
+
+    counts, replies = uvloop_run(main())
+    # before: BEGIN, the key, the claim, the move, the record, COMMIT: 6
+    assert counts[:2] == [3, 3]
+    assert [(r.status, r.body, r.replayed) for r in replies] == [
+        (201, "v1", False), (200, "v2", False), (201, "v1", True)]
 
 
 def test_a_stale_fence_changes_nothing_and_the_move_is_prepared_again_after_a_rollback(
