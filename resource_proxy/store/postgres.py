@@ -165,16 +165,16 @@ _SAFE_LOCK = re.compile(r"[A-Za-z0-9._:/-]{1,255}")
 _CLAIMS = {WRITE: "fencing.try_claim", READ: "fencing.try_claim_read"}
 
 
-def _begin_claim(fences: Sequence[Fence]) -> bytes | None:
-    """``BEGIN`` and the claim of the ONE fence as one simple query (no parameters: a lock
-    name of the lock-name alphabet needs no quoting, a fence is an int); None for no fence,
-    several, or a name outside that alphabet (then BEGIN and the claim go one by one)."""
+def _claim_text(fences: Sequence[Fence]) -> bytes | None:
+    """The claim of the ONE fence as a statement to send with ``BEGIN`` in one simple query
+    (no parameters: a lock name of the lock-name alphabet needs no quoting, a fence is an int);
+    None for no fence, several, or a name outside that alphabet (then the claim goes alone)."""
     if len(fences) != 1:
         return None
     fence = fences[0]
     if _SAFE_LOCK.fullmatch(fence.lock) is None:
         return None
-    return (f"BEGIN; SELECT {_CLAIMS[fence.purpose]}('{fence.lock}', {int(fence.fence)}::bigint)"
+    return (f"SELECT {_CLAIMS[fence.purpose]}('{fence.lock}', {int(fence.fence)}::bigint)"
             " AS highest").encode()
 
 
@@ -366,16 +366,16 @@ class PostgresStore:
         claimed and checked after the key, before ``body`` (a body that claims its own: none).
 
         Three round trips whatever the body's own: ``BEGIN``, the key's claim and, where they
-        go that way (``_begin_claim``), the fence claim as one simple query; the body's
+        go that way (``_claim_text``), the fence claim as one simple query; the body's
         statements; the record and ``COMMIT`` as one simple query (values as quoted literals)."""
         flight = _Flight()
         async with self._connection(flight) as conn:
             quote = _quoter(conn)
-            claim = _begin_claim(fences)
+            claim = _claim_text(fences)
             head = [b"BEGIN", _CLAIM_KEY_SQL % (quote(once.key), quote(once.digest),
                                                 int(once.ttl_ms))]
             if claim is not None:
-                head.append(claim.removeprefix(b"BEGIN; "))
+                head.append(claim)
             try:
                 cur = await conn.execute(b"; ".join(head), prepare=False)
                 cur.nextset()
@@ -507,16 +507,16 @@ class PostgresStore:
         if once is not None:
             return await self._once(once, body, fences)
         flight = _Flight()
-        begin = _begin_claim(fences)
+        claim = _claim_text(fences)
         async with self._connection(flight) as conn:
-            if begin is None:  # no fence, several, or a lock name that would need quoting
+            if claim is None:  # no fence, several, or a lock name that would need quoting
                 async with conn.transaction():
                     result = await checked(conn)
                     flight.committing = True  # leaving the block sends COMMIT
                 return result
             try:
                 # BEGIN and the claim in ONE round trip (a simple query of two statements)
-                cur = await conn.execute(begin, prepare=False)
+                cur = await conn.execute(b"BEGIN; " + claim, prepare=False)
                 cur.nextset()
                 (highest,) = await cur.fetchone()  # type: ignore[misc]
                 check_all(fences, [highest])
