@@ -389,13 +389,17 @@ def test_kept_connections_all_killed_the_next_call_is_answered_on_a_fresh_one(pg
     async def main():
         async with opened(pg_url, batch=False) as store:
             gate = asyncio.Event()
+            holding = set()
 
             async def hold(conn, retried):  # three calls at once: three connections
+                holding.add(id(conn))
                 await gate.wait()
 
             calls = [asyncio.create_task(store._run(hold, retry=False)) for _ in range(3)]
-            await wait_for_async(lambda: store._pool.get_stats().get("pool_size", 0) >= 3,
-                                 timeout=10.0, what="three pooled connections")
+            # each call holds its own connection before any gives one back (the pool's size
+            # alone says nothing: pool_min connections may exist before a call has one)
+            await wait_for_async(lambda: len(holding) == 3,
+                                 timeout=10.0, what="three calls each holding a connection")
             gate.set()
             await asyncio.gather(*calls)
             assert len(store._idle) >= 3  # kept by the store, not given back to the pool
