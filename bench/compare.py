@@ -27,29 +27,15 @@ only, for either workload (lockd's CPU is then its whole process tree as well)::
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 
 from bench import loadgen
+from bench.cpu import process_seconds
 from bench.peers import Server, Workspace
 from harness import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
 
 __all__ = ["main"]
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live descendants (uvicorn workers)."""
-    total = 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            for child in (task / "children").read_text().split():
-                total += _cpu_seconds(int(child))
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return total
 
 
 def lockd_server(ws: Workspace, store: str, name: str, env: dict[str, str] | None = None,
@@ -155,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for key in order:
                 server = servers[key]
-                c0 = _cpu_seconds(server.pid)
+                c0 = process_seconds(server.pid)
                 out = loadgen.run_closed({**_PRIMITIVE_SPECS.get(args.workload, _LOCK_SPEC),
                                           **server.addr(), "warmup": 0.5,
                                           "seconds": args.seconds}, args.clients)
                 cycles = out["cycles"] * (args.seconds + 0.5) / args.seconds  # warm-up too
                 rates[key].append(out["cycles"] / args.seconds)
-                cpu[key].append((_cpu_seconds(server.pid) - c0) * 1000 / max(1.0, cycles))
+                cpu[key].append((process_seconds(server.pid) - c0) * 1000 / max(1.0, cycles))
                 if out["errors"]:
                     print(f"{key}: {out['errors']} errors, first: {out['first_error']}")
         for key in servers:
@@ -192,12 +178,12 @@ def _compare_proxy(args, ws: Workspace, before_tree: Path) -> int:
             spec = specs[key]
             if args.workload == "proxy-fresh":
                 spec = _fresh(spec, ring, r, args.clients, args.seconds)
-            c0 = _cpu_seconds(servers[key].pid)
+            c0 = process_seconds(servers[key].pid)
             out = loadgen.run_closed({**spec, "warmup": 0.5, "seconds": args.seconds},
                                      args.clients)
             writes = out["cycles"] * (args.seconds + 0.5) / args.seconds  # warm-up too
             rates[key].append(out["cycles"] / args.seconds)
-            cpu[key].append((_cpu_seconds(servers[key].pid) - c0) * 1000 / max(1.0, writes))
+            cpu[key].append((process_seconds(servers[key].pid) - c0) * 1000 / max(1.0, writes))
             if out["errors"]:
                 print(f"{key}: {out['errors']} errors, first: {out['first_error']}")
     for key in servers:

@@ -12,6 +12,10 @@ Python process answering the same requests with no work behind them) and Postgre
 for the same statements; for several processes (``--workers``, replicas), the generator's own
 ceiling and PostgreSQL's. Where the target is above the lowest of them the cell says so, and the
 section's notes give the measurement: no code in that process can reach the goal on this machine.
+
+Item 3's rows (lockd vs PostgreSQL's own rate) also show what the CPU measured in the row itself
+allows (``_cpu_limits``): one core ÷ lockd's CPU per cycle, and the machine's cores ÷ the whole
+machine's CPU per cycle. Those bound this code as measured, not any code.
 """
 
 from __future__ import annotations
@@ -81,6 +85,21 @@ def _ratio_row(goal: str, value: float | None, base: float | None, target: float
     return row
 
 
+def _cpu_limits(section: Section, variant: str, clients: int, multi: bool) -> Limits:
+    """The cycles/s the CPU spent per cycle in ``variant``'s own rows allows: one process
+    (``multi`` False) runs on one core at most, so 1 core ÷ its CPU per cycle; every process
+    shares the machine's cores, so cores ÷ the machine's CPU per cycle (servers, store and
+    generator together). [] when the run did not measure CPU."""
+    entry = section.data.get(f"{variant} @{clients}") or {}
+    cpu_ms, cores = entry.get("cpu_ms") or {}, entry.get("cores")
+    limits: Limits = []
+    if not multi and cpu_ms.get("servers"):
+        limits.append(("lockd's one core", 1000 / cpu_ms["servers"]))
+    if cores and cpu_ms.get("machine"):
+        limits.append((f"the machine's {cores} cores", cores * 1000 / cpu_ms["machine"]))
+    return limits
+
+
 def _lock_cycle_rows(one: Section) -> tuple[list[list[Any] | None], list[str]]:
     """Section 1's goals: each lockd variant vs etcd's lock API and, on PostgreSQL, vs
     PostgreSQL's own rate for lockd's statements; plus how the replicas rows grow."""
@@ -107,10 +126,9 @@ def _lock_cycle_rows(one: Section) -> tuple[list[list[Any] | None], list[str]]:
                     continue
                 # How much of PostgreSQL's own rate for lockd's very statements lockd delivers:
                 # what lockd itself costs, whatever the peer.
-                ceiling = limits[0]
                 rows.append(_ratio_row(f"§1 {variant} vs PostgreSQL's rate for its statements, "
                                        f"{c} clients", value, _rate(one, _PG_LIMIT, c), 0.6,
-                                       [ceiling]))
+                                       [limits[0], *_cpu_limits(one, variant, c, multi)]))
                 single = _rate(one, name, c)
                 if "replicas" in variant and value and single:
                     growth.append(f"{c} clients {value / single:.2f}×")
@@ -228,7 +246,13 @@ def goals(sections: list[Section]) -> Section | None:
         "store; PostgreSQL's rate = the same statements sent straight to PostgreSQL; generator "
         "ceiling = the load generator against a do-nothing server (for rows of several server "
         "processes); design floor (§10) = a minimal app that only receives the body, writes it "
-        "as the baseline does and commits one durable pointer upsert in PostgreSQL.")
+        "as the baseline does and commits one durable pointer upsert in PostgreSQL; lockd's "
+        "one core = 1 core ÷ the CPU lockd spent per cycle in that very row (what one event "
+        "loop of this code allows at 100 % busy); the machine's N cores = N ÷ the CPU every "
+        "core spent per cycle in that row, lockd, PostgreSQL and generator together (what these "
+        "processes allow at their measured costs with every core busy). The last two are "
+        "limits of the code as measured, not of any code: above them, a target is reached only "
+        "by spending less CPU per cycle.")
     for r in beyond:
         cell, what = r[_LIMIT].split(_ABOVE)
         value = cell.split(f"{what} ", 1)[1].split(",")[0]

@@ -20,7 +20,8 @@ import statistics
 import sys
 
 from bench import loadgen
-from bench.compare import _cpu_seconds, _proxy_servers
+from bench.compare import _proxy_servers
+from bench.cpu import process_seconds
 from bench.peers import Server, Workspace
 from harness import VENV_BIN, ServiceProcess, free_port, sqlalchemy_url
 
@@ -56,12 +57,12 @@ def _rounds(servers: dict[str, Server], specs: dict[str, dict], clients: int, ro
     got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in servers}
     for r in range(rounds):
         for key in (list(servers) if r % 2 == 0 else list(servers)[::-1]):
-            c0 = _cpu_seconds(servers[key].pid)
+            c0 = process_seconds(servers[key].pid)
             out = loadgen.run_closed({**specs[key], "warmup": 0.5, "seconds": seconds}, clients)
             done = out["cycles"] * (seconds + 0.5) / seconds
             lat = sorted(out["lat_ms"]) or [0.0]
             got[key].append((out["cycles"] / seconds,
-                             (_cpu_seconds(servers[key].pid) - c0) * 1000 / max(1.0, done),
+                             (process_seconds(servers[key].pid) - c0) * 1000 / max(1.0, done),
                              lat[int(len(lat) * 0.99)]))
             if out["errors"]:
                 print(f"  {key}: {out['errors']} errors, first: {out['first_error']}")

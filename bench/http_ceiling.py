@@ -19,7 +19,7 @@ import statistics
 from pathlib import Path
 
 from bench import loadgen
-from bench.compare import _cpu_seconds
+from bench.cpu import process_seconds
 from bench.peers import PYTHON, Server, Workspace
 from harness import ServiceProcess, free_port
 
@@ -66,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for key in keys if r % 2 == 0 else keys[::-1]:
                 server = servers[key]
-                c0 = _cpu_seconds(server.pid)
+                c0 = process_seconds(server.pid)
                 out = loadgen.run_closed({"workload": "noop", **server.addr(), "warmup": 0.5,
                                           "seconds": args.seconds}, args.clients)
                 done = out["cycles"] * (args.seconds + 0.5) / args.seconds  # warm-up too
                 rates[key].append(out["cycles"] / args.seconds)
-                cpu[key].append((_cpu_seconds(server.pid) - c0) * 1000 / max(1.0, done))
+                cpu[key].append((process_seconds(server.pid) - c0) * 1000 / max(1.0, done))
         for key in servers:
             print(f"{key:9s} {statistics.median(rates[key]):7.0f} requests/s (rounds "
                   f"{', '.join(f'{x:.0f}' for x in rates[key])}); server CPU "

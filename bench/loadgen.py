@@ -429,8 +429,10 @@ async def closed_loop(spec: dict, client_ids: list[int], start_at: float | None 
 
     ``spec``: ``warmup`` and ``seconds`` (floats). Counting starts at ``start_at`` (monotonic;
     default: now + warmup) so several generator processes count the same window; ``made``:
-    clients already set up (``make_clients``), so the setup never eats the window. Returns
-    ``{"cycles", "seconds", "lat_ms": [...], "errors", "first_error"}``.
+    clients already set up (``make_clients``), so the setup never eats the window. With
+    ``spec["cpu"]`` set, the CPU seconds spent within the counted window are read from ``/proc``
+    (``bench.cpu.PARTS``; ``cpu_pids``: the server processes). Returns ``{"cycles", "seconds",
+    "lat_ms": [...], "errors", "first_error", "cpu": {part: seconds} or None}``.
     """
     if made is None:
         made = await make_clients(spec, client_ids)
@@ -461,10 +463,21 @@ async def closed_loop(spec: dict, client_ids: list[int], start_at: float | None 
                 counts[0] += 1
                 lat.append((t1 - t0) * 1000)
 
+    async def window_cpu() -> dict[str, float]:
+        from bench import cpu
+
+        pids = spec.get("cpu_pids", [])
+        await asyncio.sleep(max(0.0, begin - loop.time()))
+        before = cpu.snapshot(pids)
+        await asyncio.sleep(max(0.0, end - loop.time()))
+        return cpu.delta(before, cpu.snapshot(pids))
+
+    sampled = asyncio.ensure_future(window_cpu()) if spec.get("cpu") else None
     await asyncio.gather(*(client(c) for c, _ in made))
     await asyncio.gather(*(close() for _, close in made), return_exceptions=True)
     return {"cycles": counts[0], "seconds": spec["seconds"], "lat_ms": lat,
-            "errors": errors[0], "first_error": first_error[0] if first_error else None}
+            "errors": errors[0], "first_error": first_error[0] if first_error else None,
+            "cpu": await sampled if sampled else None}
 
 
 from bench.primitives import WORKLOADS as _PRIM_WORKLOADS  # noqa: E402 - section 9
@@ -567,9 +580,12 @@ def run_closed(spec: dict, clients: int, procs: int = 1) -> dict:
         raise RuntimeError(f"load generator failed: {fatal[0]}")
     lat = [x for p in parts for x in p["lat_ms"]]
     errs = [p["first_error"] for p in parts if p["first_error"]]
+    cpu = parts[0].get("cpu")
+    if cpu:  # the machine, servers and PostgreSQL once (one window); every generator's own
+        cpu = {**cpu, "generator": sum(p["cpu"]["generator"] for p in parts)}
     return {"cycles": sum(p["cycles"] for p in parts), "seconds": spec["seconds"],
             "lat_ms": lat, "errors": sum(p["errors"] for p in parts),
-            "first_error": errs[0] if errs else None, "procs": procs}
+            "first_error": errs[0] if errs else None, "procs": procs, "cpu": cpu}
 
 
 def start_job(kind: str, spec: dict):

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from bench import loadgen
-from bench.compare import _cpu_seconds
+from bench.cpu import process_seconds
 from bench.peers import Workspace
 from bench.profile_proxy import _top
 from bench.report import pct
@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
                  "--output", str(raw), "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         result: dict = {}
-        cpu0 = _cpu_seconds(server.pid)
+        cpu0 = process_seconds(server.pid)
         load = threading.Thread(target=lambda: result.update(loadgen.run("handoff", {
             "peer": "lockd", **server.addr(), "name": "profile/handoff",
             "clients": args.waiters, "warmup": 0.0, "seconds": args.seconds, "hold_ms": 1})))
         load.start()
         load.join()
-        cpu = _cpu_seconds(server.pid) - cpu0
+        cpu = process_seconds(server.pid) - cpu0
         if spy is not None:
             spy.wait()
         h = result["handoffs_ms"]

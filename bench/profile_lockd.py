@@ -23,7 +23,8 @@ import threading
 from pathlib import Path
 
 from bench import loadgen
-from bench.compare import _cpu_seconds, lockd_server
+from bench.compare import lockd_server
+from bench.cpu import process_seconds
 from bench.layers import format_layers
 from bench.peers import Workspace
 from bench.profile_proxy import _top
@@ -56,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         load = threading.Thread(target=lambda: result.update(loadgen.run_closed(
             {"workload": "lockd", **server.addr(), "warmup": 0.0, "seconds": args.seconds + 1,
              "prefix": "profile"}, args.clients)))
-        cpu0 = _cpu_seconds(server.pid)
+        cpu0 = process_seconds(server.pid)
         load.start()
         spy.wait()
         load.join()
-        cpu_ms = (_cpu_seconds(server.pid) - cpu0) * 1000 / max(1, result["cycles"])
+        cpu_ms = (process_seconds(server.pid) - cpu0) * 1000 / max(1, result["cycles"])
         print(f"{result['cycles'] / (args.seconds + 1):.0f} cycles/s while profiling "
               f"({result['errors']} errors, {args.clients} clients, store {args.store}"
               f"{', ' + args.args if args.args else ''}); lockd CPU {cpu_ms:.2f} ms/cycle "

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import sys
 import tempfile
 import threading
@@ -29,6 +28,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.cpu import process_seconds  # noqa: E402
 from harness import (  # noqa: E402
     PG_ADMIN_DSN,
     VENV_BIN,
@@ -93,17 +93,11 @@ def bench_proxy(dsn: str, policy: Path, clients: int, seconds: float) -> tuple[f
         queue = multiprocessing.get_context("spawn").Queue()
         _load_in_process(port, tokens, 1.0, queue)  # warm-up (prepared statements, pool)
         queue.get()
-        cpu = _cpu_seconds(proxy.pid)
+        cpu = process_seconds(proxy.pid)
         _load_in_process(port, tokens, seconds, queue)
         done = queue.get()
-        cpu = _cpu_seconds(proxy.pid) - cpu
+        cpu = process_seconds(proxy.pid) - cpu
         return done / seconds, cpu / done
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _load_in_process(port, tokens, seconds, queue) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from bench import loadgen
-from bench.compare import _cpu_seconds
+from bench.cpu import process_seconds
 from bench.peers import Workspace
 
 __all__ = ["main"]
@@ -48,9 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                         "period_ms": args.period_ms, "ttl_ms": int(args.period_ms * 3),
                         "seconds": seconds, "prefix": f"renew-cpu/{n}/{k}", "connections": 64,
                         "batch": args.batch}
-                c0 = _cpu_seconds(server.pid)
+                c0 = process_seconds(server.pid)
                 outs.append(loadgen.run("renewals", spec))
-                cpu.append(_cpu_seconds(server.pid) - c0)
+                cpu.append(process_seconds(server.pid) - c0)
                 counts.append(len(outs[-1]["lat_ms"]))
             out = outs[-1]
             cpu_per_renewal = (cpu[1] - cpu[0]) / max(1, counts[1] - counts[0])  # seconds

@@ -7,6 +7,7 @@ its own lock names. Settings come from the environment (see ``bench/__main__.py`
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from bench import loadgen
+from bench import cpu, loadgen
 from bench.capacity import load, scale
 from bench.objects import objects
 from bench.peers import Server, Workspace, sqlalchemy_url
@@ -212,6 +213,7 @@ def lock_cycles(bench: Bench) -> Section:
               and (name != NOBATCH_ROW or s.peers)  # asked for only: 32 more connections
               and bench.has(_needs(name) or "")}
     specs = {name: make() for name, make in chosen.items()}
+    _count_cpu(bench, specs)
     results: dict[tuple[str, int], list[dict]] = {}
     names = list(specs)
     for r in range(s.rounds):
@@ -230,7 +232,8 @@ def lock_cycles(bench: Bench) -> Section:
         "1", "Lock cycles: acquire + release, each client its own lock",
         "etcd's lock API through its JSON gateway (lease grant + lock + unlock + revoke), same "
         "clients", [("peer", "str"), ("clients", "int"), ("cycles/s", "int"), ("× etcd", "x"),
-                    ("p50 ms", "ms"), ("p99 ms", "ms"), ("p99 × etcd", "x"), ("errors", "int")])
+                    ("p50 ms", "ms"), ("p99 ms", "ms"), ("p99 × etcd", "x"),
+                    ("CPU ms/cycle", "ms"), ("errors", "int")])
     data: dict[str, Any] = {}
     for c in s.clients:
         base_runs = results.get(("etcd lock API (baseline)", c), [])
@@ -242,13 +245,25 @@ def lock_cycles(bench: Bench) -> Section:
             lat = [v for x in runs for v in x["lat_ms"]]
             rate, p50, p99 = median(rates), pct(lat, 50), pct(lat, 99)
             errors = sum(x["errors"] for x in runs)
+            cpu_ms = _cpu_per_cycle(runs)
             section.rows.append([name, c, rate, ratio(rate, base_rate), p50, p99,
-                                 ratio(p99, base_p99), errors])
+                                 ratio(p99, base_p99), cpu_ms.get("machine"), errors])
             data[f"{name} @{c}"] = {"rates": rates, "p50_ms": p50, "p99_ms": p99,
                                     "errors": errors, "first_error": next(
                                         (x["first_error"] for x in runs if x["first_error"]),
-                                        None)}
+                                        None), "cpu_ms": cpu_ms, "cores": os.cpu_count()}
     section.data = data
+    section.notes.append(
+        "CPU ms/cycle: the CPU time every core of the machine spent busy (/proc/stat) within the "
+        "counted window, divided by the cycles counted: the cost of one cycle to the server, the "
+        "store and the generator together. Its split for the lockd · PostgreSQL rows, in ms per "
+        "cycle (servers = the lockd processes the row talks to; PostgreSQL = every postgres "
+        "process): " + "; ".join(
+            f"{key}: " + ", ".join(f"{part} {v['cpu_ms'][part]:.3f}" for part in cpu.PARTS
+                                   if v["cpu_ms"].get(part) is not None)
+            for key, v in data.items()
+            if key.startswith("lockd · PostgreSQL") and "locks/lease" not in key
+            and v["cpu_ms"]) + ".")
     section.notes.append(
         "TLS rows: lockd on SQLite serving https (TLS 1.3, ECDSA P-256 certificate); "
         "'new connection each cycle' rows open one connection (and one handshake) per cycle.")
@@ -281,6 +296,27 @@ def lock_cycles(bench: Bench) -> Section:
     for key in bench.skipped:
         section.notes.append(f"skipped {key}: {bench.skipped[key]}")
     return section
+
+
+def _count_cpu(bench: Bench, specs: dict[str, tuple[str, dict[str, Any]]]) -> None:
+    """Ask every row's generator for the CPU spent in its counted window (``bench.cpu``), with
+    the pids of the server process(es) the row talks to, found by port."""
+    by_port = {srv.port: srv for srv in bench.servers.values()}
+    for _, spec in specs.values():
+        ports = [port for _, port in spec.get("replicas", [])] or [spec.get("port")]
+        spec["cpu"] = True
+        spec["cpu_pids"] = [by_port[p].pid for p in ports if p in by_port]
+
+
+def _cpu_per_cycle(runs: list[dict]) -> dict[str, float]:
+    """Median CPU ms per counted cycle of each ``bench.cpu`` part over ``runs`` (rounds); {}
+    when no run measured it (or counted no cycle)."""
+    per: dict[str, list[float]] = {}
+    for run in runs:
+        if run.get("cpu") and run["cycles"]:
+            for part, seconds in run["cpu"].items():
+                per.setdefault(part, []).append(seconds * 1000 / run["cycles"])
+    return {part: median(values) for part, values in per.items()}
 
 
 # --- 2. handoff -------------------------------------------------------------------------------

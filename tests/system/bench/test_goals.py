@@ -158,3 +158,31 @@ def test_a_goal_without_a_limit_row_in_the_run_says_so() -> None:
     table = goals([one, two])
     assert table is not None
     assert all(row[3] == "–" and not table.data[row[0]]["beyond_limit"] for row in table.rows)
+
+
+def test_the_cpu_a_row_spent_per_cycle_is_its_limit_beside_the_share_of_postgresqls_rate() -> None:
+    """One lockd runs on one core at most: 1 core ÷ its CPU per cycle; every process shares the
+    machine's cores: cores ÷ the machine's CPU per cycle. Both from the row's own window."""
+    one = _section("1", {
+        "etcd lock API (baseline) @8": {"rates": [100.0]},
+        "lockd · PostgreSQL @8": {"rates": [200.0], "cores": 2,
+                                  "cpu_ms": {"servers": 4.0, "machine": 8.0}},  # 250/s, 250/s
+        "lockd · PostgreSQL · 2 replicas @8": {"rates": [180.0], "cores": 2,
+                                               "cpu_ms": {"servers": 6.0, "machine": 10.0}},
+        "PostgreSQL limit: lockd's grant + release statements, psycopg @8": {"rates": [500.0]},
+        "do-nothing FastAPI (HTTP stack ceiling) @8": {"rates": [600.0]},
+        "do-nothing HTTP (generator ceiling) @8": {"rates": [900.0]},
+    })
+    table = goals([one])
+    assert table is not None
+    rows = {row[0]: row for row in table.rows}
+    share = rows["§1 lockd · PostgreSQL vs PostgreSQL's rate for its statements, 8 clients"]
+    assert share[1:] == ["0.40×", "≥ 0.6×", "one-process HTTP ceiling 1.20×, lockd's one core "
+                         "0.50×, the machine's 2 cores 0.50×: target above lockd's one core",
+                         "NOT met"]
+    # several processes: no one-core limit (two processes), the machine's cores only
+    rep = rows["§1 lockd · PostgreSQL · 2 replicas vs PostgreSQL's rate for its statements, "
+               "8 clients"]
+    assert rep[3] == ("generator ceiling 1.80×, the machine's 2 cores 0.40×: target above "
+                      "the machine's 2 cores")
+    assert any("lockd's one core = 1 core ÷ the CPU lockd spent" in n for n in table.notes)

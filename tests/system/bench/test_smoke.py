@@ -38,8 +38,12 @@ def test_bench_section_1_on_sqlite_runs_and_reports(tmp_path: Path) -> None:
         assert "one-process HTTP ceiling" in goal[3]
     rows = [r for r in section["rows"] if r[0] == "lockd · SQLite"]
     assert len(rows) == 1
-    _, clients, rate, *_, errors = rows[0]
+    _, clients, rate, *_, cpu_ms, errors = rows[0]
     assert clients == 2 and rate > 0 and errors == 0
+    # the CPU the counted window cost, per cycle: the machine's, and lockd's own within it
+    split = section["data"]["lockd · SQLite @2"]["cpu_ms"]
+    assert cpu_ms == split["machine"] and 0 < split["servers"] < split["machine"]
+    assert split["generator"] > 0
     assert doc["machine"]["nproc"] >= 1
     assert (tmp_path / "latest.md").read_text().startswith("# lockd benchmarks")
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra is installed
