@@ -407,11 +407,11 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(_LOCKD_SEM, _SEM_FULL, _SEM_FULL.replace(">=", ">")),
             Edit(_LOCKD_SEM, _SEM_SLOT, _SEM_SLOT.replace("range(limit)", "range(limit + 1)"))),
            "pause,kill_worker", ("sem",)),
-    Mutant("two_leaders", "a campaign unseats a leader whose lease has < 500 ms left",
+    Mutant("two_leaders", "a campaign unseats a leader whose lease has < 800 ms left",
            "lease_overlap (a leader elected while the previous one was provably live)",
            (Edit(_LOCKD_ELECT, _CAMPAIGN,
                  "    conn.execute(\"UPDATE locks SET expires_ms = ? WHERE name = ? AND expires_ms\"\n"
-                 "                 \" BETWEEN ? AND ?\", (now, name, now + 1, now + 500))\n"
+                 "                 \" BETWEEN ? AND ?\", (now, name, now + 1, now + 800))\n"
                  + _CAMPAIGN),), "pause,pause_grant,kill_worker", ("election",)),
     Mutant("term_reuses_fence", "a new leader's term reuses the previous leader's fence",
            "fence_reused, two_leaders (entries of one term by two leaders)",
