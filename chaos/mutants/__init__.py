@@ -472,7 +472,7 @@ MUTANTS: tuple[Mutant, ...] = (
            workloads=("objects",)),
     Mutant("object_blob_early", "a new body is copied over the visible blob before the check",
            "torn, stale_visible (a stale writer's bytes visible under the newer pointer)",
-           (Edit(_OBJ_SERVICE, _OBJ_STORED, _OBJ_EARLY),), workloads=("objects",)),
+           (Edit(_OBJ_SERVICE, _OBJ_STORED, _OBJ_EARLY),), workloads=("objects",), length=2),
     Mutant("object_stale_blob_kept", "a refused write's new blob is not deleted",
            "orphan_kept (an unreferenced blob written after the proxy's last crash)",
            (Edit(_OBJ_SERVICE, _OBJ_CLEAN, "        except BaseException:\n            raise\n"),),
