@@ -35,6 +35,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench import cpu
+
 __all__ = ["Http", "HttpError", "WORKLOADS", "run", "closed_loop"]
 
 Cycle = Callable[[], Awaitable[None]]
@@ -464,8 +466,6 @@ async def closed_loop(spec: dict, client_ids: list[int], start_at: float | None 
                 lat.append((t1 - t0) * 1000)
 
     async def window_cpu() -> dict[str, float]:
-        from bench import cpu
-
         pids = spec.get("cpu_pids", [])
         await asyncio.sleep(max(0.0, begin - loop.time()))
         before = cpu.snapshot(pids)
